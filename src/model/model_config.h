@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dhs {
 
@@ -38,6 +39,9 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   RopeStyle rope_style = RopeStyle::Half;
   RopeScaling rope_scaling;
+  // Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp's converter
+  // stores Llama-3.1 scaling); empty when absent. [head_dim / 2]
+  std::vector<float> rope_freq_factors;
   bool tied_embeddings = false;  // output projection reuses token_embd
   bool qkv_bias = false;         // Qwen2
   bool qk_norm = false;          // Qwen3: RMSNorm on q and k per head

@@ -1,0 +1,77 @@
+// dhisparse public API: load a model, tokenize, render chat, generate.
+// Front ends (CLI, server) use only this header.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "kv/page_pool.h"
+#include "model/model_config.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dhs {
+
+struct EngineOptions {
+  std::string model_path;           // GGUF file or Hugging Face directory
+  int n_threads = 0;                // 0: all hardware threads
+  int page_size = 16;               // tokens per head-page
+  int64_t max_context = 0;          // 0: the model's trained context, capped at 8192 on the CPU
+  std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact)
+  std::string chat_template;        // override: a file path or the template text itself
+  std::function<void(int64_t done, int64_t total)> progress;  // model loading
+};
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int64_t max_tokens = 256;
+  std::vector<std::string> stop;    // stop strings (not included in the output)
+  bool ignore_eos = false;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;      // generated ids (the stop token not included)
+  std::string text;                 // generated text, cut before any stop string
+  std::string finish_reason;        // "stop" (eos / stop string) or "length"
+  int64_t n_prompt = 0;
+  double prompt_seconds = 0.0;      // prefill time
+  double decode_seconds = 0.0;      // time for tokens after the first
+};
+
+class Engine {
+ public:
+  // Throws dhs::Error with a clear message for bad paths, files, architectures.
+  static std::unique_ptr<Engine> load(const EngineOptions& opts);
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+  virtual int64_t max_context() const = 0;
+
+  // Text -> ids, with BOS when the model asks for it.
+  virtual std::vector<int32_t> tokenize(const std::string& text) const = 0;
+  // Renders the chat template (the model's own, or the override).
+  virtual std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const = 0;
+
+  // Generates from prompt ids. on_text receives printable text as it is produced
+  // (never half a UTF-8 character, never part of a stop string); returning false stops.
+  virtual GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
+                                  const std::function<bool(const std::string&)>& on_text = {}) = 0;
+
+  // Next-token logits after the prompt ([vocab]); the KV is released afterwards.
+  virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
+
+  // KV page accounting (free + used == total when idle).
+  virtual PoolStats kv_stats() const = 0;
+  virtual std::string kv_check() const = 0;  // "" when the pool is consistent
+};
+
+// Human-readable summary of a model file: architecture, shapes, dtypes, context,
+// RoPE settings, tokenizer. Throws dhs::Error for bad files.
+std::string describe_model(const std::string& path);
+
+}  // namespace dhs

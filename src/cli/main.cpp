@@ -1,0 +1,132 @@
+// `dhisparse`: the command-line front end. Uses only the public API.
+//   dhisparse generate [-m MODEL] -p PROMPT [--chat] [-n N] [sampling flags]
+//   dhisparse info [MODEL]
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "dhisparse/engine.h"
+
+namespace {
+
+// Where the default model lives: $DHS_MODELS_DIR, else models/ beside the binary's
+// source tree, else ./models.
+std::string default_model_path() {
+  const std::string name = "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* d = std::getenv("DHS_MODELS_DIR")) return std::string(d) + "/" + name;
+#ifdef DHS_SOURCE_DIR
+  const std::string src = std::string(DHS_SOURCE_DIR) + "/models/" + name;
+  if (std::filesystem::exists(src)) return src;
+#endif
+  return "models/" + name;
+}
+
+void progress_bar(int64_t done, int64_t total) {
+  if (!isatty(STDERR_FILENO) && done != total) return;
+  const int width = 30;
+  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\rloading [%s%s] %3d%%", std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), '.').c_str(),
+               total > 0 ? static_cast<int>(100 * done / total) : 100);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+std::string resolve_model(const std::string& m) {
+  if (!m.empty()) return m;
+  const std::string p = default_model_path();
+  if (!std::filesystem::exists(p))
+    throw dhs::Error("the default model is not here (" + p +
+                     "); fetch it with `bash scripts/fetch_model.sh`, or pass -m MODEL");
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dhisparse: long-context LLM decoding engine (CPU backend in this build).\n"
+               "Examples:\n"
+               "  dhisparse generate -p \"What is the capital of France?\" --chat\n"
+               "  dhisparse generate -m model.gguf -p \"Once upon a time\" -n 64 --temperature 0.8\n"
+               "  dhisparse info models/SmolLM2-135M-Instruct.Q4_1.gguf"};
+  app.require_subcommand(1);
+
+  dhs::EngineOptions eo;
+  dhs::GenerateOptions go;
+  std::string model, prompt, system_prompt;
+  bool chat = false, quiet = false;
+
+  auto* gen = app.add_subcommand("generate", "Generate text from a prompt, streaming it to stdout");
+  gen->add_option("-m,--model", model, "GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)");
+  gen->add_option("-p,--prompt", prompt, "Prompt text")->required();
+  gen->add_flag("--chat", chat, "Wrap the prompt as a user message in the model's chat template");
+  gen->add_option("--system", system_prompt, "System message (with --chat)");
+  gen->add_option("--chat-template", eo.chat_template, "Override the chat template (file path or template text)");
+  gen->add_option("-n,--max-tokens", go.max_tokens, "Maximum tokens to generate")->check(CLI::Range(0, 1 << 24))->capture_default_str();
+  gen->add_option("--temperature", go.sampling.temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  gen->add_option("--top-k", go.sampling.top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::NonNegativeNumber)->capture_default_str();
+  gen->add_option("--top-p", go.sampling.top_p, "Nucleus sampling mass; 1 = off")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  gen->add_option("--min-p", go.sampling.min_p, "Drop tokens below min_p x the top probability; 0 = off")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  gen->add_option("--repeat-penalty", go.sampling.repetition_penalty, "Repetition penalty; 1 = off")->check(CLI::Range(0.01, 100.0))->capture_default_str();
+  gen->add_option("--repeat-last-n", go.sampling.repetition_window, "Tokens the repetition penalty looks back over; 0 = all")->check(CLI::NonNegativeNumber)->capture_default_str();
+  gen->add_option("--seed", go.sampling.seed, "RNG seed")->capture_default_str();
+  gen->add_option("--stop", go.stop, "Stop string (repeatable)");
+  gen->add_flag("--ignore-eos", go.ignore_eos, "Keep generating after end-of-sequence tokens");
+  gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
+  gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);
+  gen->add_option("--block-size", eo.page_size, "Tokens per KV head-page")->check(CLI::Range(1, 256))->capture_default_str();
+  gen->add_option("--weights", eo.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
+  gen->add_flag("-q,--quiet", quiet, "Print only the generated text");
+
+  auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer");
+  info->add_option("model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (info->parsed()) {
+      std::cout << dhs::describe_model(resolve_model(model));
+      return 0;
+    }
+    eo.model_path = resolve_model(model);
+    if (!quiet) eo.progress = progress_bar;
+    auto engine = dhs::Engine::load(eo);
+    std::string text = prompt;
+    if (chat) {
+      std::vector<dhs::ChatMessage> msgs;
+      if (!system_prompt.empty()) msgs.push_back({"system", system_prompt});
+      msgs.push_back({"user", prompt});
+      text = engine->render_chat(msgs, true);
+    }
+    const auto ids = engine->tokenize(text);
+    if (!chat) std::cout << prompt;
+    std::cout.flush();
+    auto res = engine->generate(ids, go, [](const std::string& piece) {
+      std::cout << piece;
+      std::cout.flush();
+      return true;
+    });
+    std::cout << "\n";
+    if (!quiet) {
+      const double pp = res.prompt_seconds > 0 ? res.n_prompt / res.prompt_seconds : 0.0;
+      const double tg = res.decode_seconds > 0 ? (res.tokens.size() - 1) / res.decode_seconds : 0.0;
+      std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s\n",
+                   static_cast<long long>(res.n_prompt), pp, res.tokens.size(), tg, res.finish_reason.c_str());
+    }
+    return 0;
+  } catch (const dhs::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

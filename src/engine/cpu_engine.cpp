@@ -1,0 +1,204 @@
+// The CPU engine: one request at a time over the head-paged KV substrate.
+// Prefill runs in chunks; decode appends one token per step. Later issues add
+// the CUDA backend and continuous batching behind the same Engine interface.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backend/cpu/cpu_matrix.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "dhisparse/engine.h"
+#include "engine/stop_matcher.h"
+#include "kv/page_table.h"
+#include "model/arch/llama_cpu.h"
+#include "model/gguf_source.h"
+#include "model/hf_source.h"
+#include "model/model_loader.h"
+
+namespace dhs {
+
+namespace {
+
+constexpr int64_t kCpuContextCap = 8192;
+constexpr int64_t kPrefillChunk = 512;
+
+std::unique_ptr<Tokenizer> load_tokenizer(const WeightSource& src) {
+  if (const auto* g = dynamic_cast<const GgufSource*>(&src)) return Tokenizer::from_gguf(g->file());
+  if (const auto* h = dynamic_cast<const HfDirSource*>(&src)) {
+    DHS_CHECK(!h->tokenizer_json_path().empty(), "{}: no tokenizer.json in the model directory", h->dir());
+    return Tokenizer::from_hf_files(h->tokenizer_json_path(), h->tokenizer_config_path());
+  }
+  throw Error("unknown model source");
+}
+
+std::string load_template_override(const std::string& t) {
+  std::error_code ec;
+  if (t.find("{%") == std::string::npos && t.find("{{") == std::string::npos &&
+      std::filesystem::is_regular_file(t, ec)) {
+    std::ifstream f(t, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  DHS_CHECK(t.find("{%") != std::string::npos || t.find("{{") != std::string::npos,
+            "--chat-template: '{}' is neither a readable file nor template text", t);
+  return t;
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+class CpuEngine final : public Engine {
+ public:
+  explicit CpuEngine(const EngineOptions& o) {
+    if (o.n_threads > 0) ThreadPool::set_global_threads(o.n_threads);
+    DHS_CHECK(o.weight_type == "f16" || o.weight_type == "f32", "weight type must be f16 or f32, got '{}'",
+              o.weight_type);
+    DHS_CHECK(o.page_size >= 1 && o.page_size <= 256, "page size must be in [1, 256], got {}", o.page_size);
+    src_ = open_weights(o.model_path);
+    tok_ = load_tokenizer(*src_);
+    const std::string tmpl = o.chat_template.empty() ? tok_->chat_template() : load_template_override(o.chat_template);
+    if (!tmpl.empty()) chat_ = std::make_unique<ChatTemplate>(tmpl);
+    model_ = std::make_unique<LlamaCpu>(*src_, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
+                                        o.progress);
+    const ModelConfig& c = model_->config();
+    max_ctx_ = o.max_context > 0 ? o.max_context : std::min<int64_t>(c.max_context, kCpuContextCap);
+    DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
+    const int64_t pages_per_list = (max_ctx_ + o.page_size - 1) / o.page_size;
+    pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
+                                       static_cast<int>(c.head_dim));
+    page_size_ = o.page_size;
+  }
+
+  const ModelConfig& config() const override { return model_->config(); }
+  const Tokenizer& tokenizer() const override { return *tok_; }
+  int64_t max_context() const override { return max_ctx_; }
+
+  std::vector<int32_t> tokenize(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    if (tok_->add_bos() && tok_->bos_id() >= 0) ids.push_back(tok_->bos_id());
+    auto rest = tok_->encode(text, /*parse_special=*/true);
+    ids.insert(ids.end(), rest.begin(), rest.end());
+    return ids;
+  }
+
+  std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const override {
+    DHS_CHECK(chat_ != nullptr, "this model has no chat template; pass --chat-template");
+    const std::string bos = tok_->bos_id() >= 0 ? tok_->token_text(tok_->bos_id()) : "";
+    const std::string eos = tok_->eos_id() >= 0 ? tok_->token_text(tok_->eos_id()) : "";
+    return chat_->render(messages, add_generation_prompt, bos, eos);
+  }
+
+  std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) override {
+    PageTable table = new_table();
+    std::vector<float> logits;
+    try {
+      prefill(table, prompt, &logits);
+    } catch (...) {
+      table.release(*pool_);
+      throw;
+    }
+    table.release(*pool_);
+    return logits;
+  }
+
+  GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
+                          const std::function<bool(const std::string&)>& on_text) override {
+    DHS_CHECK(opts.max_tokens >= 0, "max_tokens must be >= 0, got {}", opts.max_tokens);
+    Sampler sampler(opts.sampling);
+    GenerateResult res;
+    res.n_prompt = static_cast<int64_t>(prompt.size());
+    PageTable table = new_table();
+    // The table's pages go back to the pool however generation ends.
+    struct Release {
+      PageTable& t;
+      PagePool& p;
+      ~Release() { t.release(p); }
+    } release{table, *pool_};
+
+    std::vector<int32_t> history = prompt;
+    std::vector<float> logits;
+    const auto t0 = Clock::now();
+    prefill(table, prompt, &logits);
+    res.prompt_seconds = seconds_since(t0);
+
+    StreamDecoder dec(*tok_, /*skip_special=*/true);
+    StopMatcher stops(opts.stop);
+    const int64_t vocab = model_->config().vocab_size;
+    const auto& stop_ids = tok_->stop_ids();
+    auto t_decode = Clock::now();
+    res.finish_reason = "length";
+    for (int64_t i = 0; i < opts.max_tokens; ++i) {
+      const int32_t id = sampler.sample(logits.data(), vocab, history);
+      if (i == 0) t_decode = Clock::now();
+      if (!opts.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+        res.finish_reason = "stop";
+        break;
+      }
+      res.tokens.push_back(id);
+      history.push_back(id);
+      const std::string ready = stops.push(dec.push(id));
+      res.text += ready;
+      if (!ready.empty() && on_text && !on_text(ready)) {
+        res.finish_reason = "abort";
+        break;
+      }
+      if (stops.stopped()) {
+        res.finish_reason = "stop";
+        break;
+      }
+      if (i + 1 == opts.max_tokens) break;
+      DHS_CHECK(table.n_tokens() + 1 <= max_ctx_, "context full ({} tokens)", max_ctx_);
+      step(table, &id, 1, &logits);
+    }
+    if (res.finish_reason != "stop" || !stops.stopped()) {
+      const std::string tail = stops.finish(dec.flush());
+      res.text += tail;
+      if (!tail.empty() && on_text) on_text(tail);
+    }
+    res.decode_seconds = res.tokens.size() > 1 ? seconds_since(t_decode) : 0.0;
+    return res;
+  }
+
+  PoolStats kv_stats() const override { return pool_->stats(); }
+  std::string kv_check() const override { return pool_->check_invariants(); }
+
+ private:
+  PageTable new_table() const {
+    const ModelConfig& c = model_->config();
+    return PageTable(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), page_size_);
+  }
+
+  void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) {
+    DHS_CHECK(table.reserve(*pool_, n), "out of KV pages ({} free, {} needed)", pool_->n_free(),
+              table.pages_needed(n));
+    model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);
+  }
+
+  void prefill(PageTable& table, const std::vector<int32_t>& prompt, std::vector<float>* logits) {
+    DHS_CHECK(!prompt.empty(), "empty prompt");
+    DHS_CHECK(static_cast<int64_t>(prompt.size()) < max_ctx_,
+              "prompt has {} tokens; the context holds {} (raise --ctx-size up to the model's {})", prompt.size(),
+              max_ctx_, model_->config().max_context);
+    for (size_t b = 0; b < prompt.size(); b += kPrefillChunk) {
+      const int64_t n = std::min<int64_t>(kPrefillChunk, static_cast<int64_t>(prompt.size() - b));
+      step(table, prompt.data() + b, n, logits);
+    }
+  }
+
+  std::unique_ptr<WeightSource> src_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<ChatTemplate> chat_;
+  std::unique_ptr<LlamaCpu> model_;
+  std::unique_ptr<PagePool> pool_;
+  int64_t max_ctx_ = 0;
+  int page_size_ = 16;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& opts) { return std::make_unique<CpuEngine>(opts); }
+
+}  // namespace dhs

@@ -1,0 +1,191 @@
+#include "model/arch/llama_cpu.h"
+
+#include <cmath>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kv/page_lists.h"
+#include "model/dequant.h"
+
+namespace dhs {
+
+namespace {
+
+// Dequantizes a whole tensor to fp32 after checking its shape.   out: [prod(shape)]
+std::vector<float> load_f32(const WeightSource& src, const std::string& name, std::vector<int64_t> shape) {
+  const RawTensor* t = src.find(name);
+  DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
+  DHS_CHECK(t->shape == shape, "model: tensor '{}' has shape [{}], expected [{}]", name,
+            fmt::join(t->shape, ", "), fmt::join(shape, ", "));
+  DHS_CHECK(dequant_supported(t->dtype), "model: tensor '{}' has unsupported type {}", name,
+            dtype_traits(t->dtype).name);
+  const int64_t cols = shape.back();
+  const int64_t rows = t->n_elems() / cols;
+  const size_t row_bytes = dtype_row_bytes(t->dtype, cols);
+  DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
+  std::vector<float> out(static_cast<size_t>(t->n_elems()));
+  ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r)
+      dequantize_row(t->dtype, t->data + static_cast<size_t>(r) * row_bytes, out.data() + r * cols, cols);
+  }, 64);
+  return out;
+}
+
+CpuMatrix load_matrix(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols,
+                      CpuWeightType wt) {
+  std::vector<float> f = load_f32(src, name, {rows, cols});
+  return CpuMatrix(f.data(), rows, cols, wt);
+}
+
+}  // namespace
+
+LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& progress) : cfg_(src.config()) {
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv;
+  const int64_t F = cfg_.ffn_hidden, V = cfg_.vocab_size;
+  const int64_t total = cfg_.n_layers + 2;
+  int64_t done = 0;
+  auto tick = [&] {
+    if (progress) progress(++done, total);
+  };
+  tok_embd_ = load_matrix(src, "token_embd.weight", V, H, wt);
+  output_norm_ = load_f32(src, "output_norm.weight", {H});
+  if (!cfg_.tied_embeddings) output_ = load_matrix(src, "output.weight", V, H, wt);
+  tick();
+  layers_.resize(static_cast<size_t>(cfg_.n_layers));
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    const std::string p = fmt::format("blk.{}.", l);
+    L.attn_norm = load_f32(src, p + "attn_norm.weight", {H});
+    L.ffn_norm = load_f32(src, p + "ffn_norm.weight", {H});
+    L.wq = load_matrix(src, p + "attn_q.weight", Hq * D, H, wt);
+    L.wk = load_matrix(src, p + "attn_k.weight", Hkv * D, H, wt);
+    L.wv = load_matrix(src, p + "attn_v.weight", Hkv * D, H, wt);
+    L.wo = load_matrix(src, p + "attn_output.weight", H, Hq * D, wt);
+    L.w_gate = load_matrix(src, p + "ffn_gate.weight", F, H, wt);
+    L.w_up = load_matrix(src, p + "ffn_up.weight", F, H, wt);
+    L.w_down = load_matrix(src, p + "ffn_down.weight", H, F, wt);
+    if (cfg_.qkv_bias) {
+      L.bq = load_f32(src, p + "attn_q.bias", {Hq * D});
+      L.bk = load_f32(src, p + "attn_k.bias", {Hkv * D});
+      L.bv = load_f32(src, p + "attn_v.bias", {Hkv * D});
+    }
+    if (cfg_.qk_norm) {
+      L.q_norm = load_f32(src, p + "attn_q_norm.weight", {D});
+      L.k_norm = load_f32(src, p + "attn_k_norm.weight", {D});
+    }
+    tick();
+  }
+  inv_freq_.resize(static_cast<size_t>(D / 2));
+  cpu::rope_inv_freq(cfg_, inv_freq_.data());
+  tick();
+}
+
+size_t LlamaCpu::weight_bytes() const {
+  size_t n = tok_embd_.n_bytes() + output_.n_bytes();
+  for (const auto& L : layers_)
+    n += L.wq.n_bytes() + L.wk.n_bytes() + L.wv.n_bytes() + L.wo.n_bytes() + L.w_gate.n_bytes() +
+         L.w_up.n_bytes() + L.w_down.n_bytes();
+  return n;
+}
+
+void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
+                       bool all_logits) {
+  const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv;
+  const int64_t F = cfg_.ffn_hidden, V = cfg_.vocab_size;
+  DHS_ASSERT(!batch.empty());
+
+  // Flatten the batch: token t of the step belongs to sequence seq_of[t] at position pos[t].
+  std::vector<int32_t> q_indptr{0}, pos, tokens, seq_len;
+  std::vector<const PageTable*> tables;
+  for (const Seq& s : batch) {
+    DHS_ASSERT(s.n_new > 0 && s.table->capacity_tokens() >= s.table->n_tokens() + s.n_new);
+    for (int64_t i = 0; i < s.n_new; ++i) {
+      DHS_CHECK(s.tokens[i] >= 0 && s.tokens[i] < V, "token id {} out of range [0, {})", s.tokens[i], V);
+      tokens.push_back(s.tokens[i]);
+      pos.push_back(static_cast<int32_t>(s.table->n_tokens() + i));
+    }
+    q_indptr.push_back(static_cast<int32_t>(tokens.size()));
+    seq_len.push_back(static_cast<int32_t>(s.table->n_tokens() + s.n_new));
+    tables.push_back(s.table);
+  }
+  const int64_t T = static_cast<int64_t>(tokens.size());
+
+  std::vector<float> x(static_cast<size_t>(T * H));          // [T, hidden] residual stream
+  std::vector<float> h(static_cast<size_t>(T * H));          // [T, hidden] normed
+  std::vector<float> q(static_cast<size_t>(T * Hq * D));     // [T, n_heads_q, head_dim]
+  std::vector<float> k(static_cast<size_t>(T * Hkv * D));    // [T, n_heads_kv, head_dim]
+  std::vector<float> v(static_cast<size_t>(T * Hkv * D));    // [T, n_heads_kv, head_dim]
+  std::vector<float> att(static_cast<size_t>(T * Hq * D));   // [T, n_heads_q, head_dim]
+  std::vector<float> o(static_cast<size_t>(T * H));          // [T, hidden]
+  std::vector<float> gate(static_cast<size_t>(T * F)), up(static_cast<size_t>(T * F));  // [T, ffn]
+
+  for (int64_t t = 0; t < T; ++t) tok_embd_.row_to_f32(tokens[static_cast<size_t>(t)], x.data() + t * H);
+  dump("embd", -1, x.data(), T, H);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    cpu::rms_norm(x.data(), L.attn_norm.data(), h.data(), T, H, cfg_.rms_eps);
+    dump("attn_norm", l, h.data(), T, H);
+    cpu::matmul(L.wq, h.data(), q.data(), T, L.bq.empty() ? nullptr : L.bq.data());
+    cpu::matmul(L.wk, h.data(), k.data(), T, L.bk.empty() ? nullptr : L.bk.data());
+    cpu::matmul(L.wv, h.data(), v.data(), T, L.bv.empty() ? nullptr : L.bv.data());
+    if (cfg_.qk_norm) {
+      cpu::rms_norm(q.data(), L.q_norm.data(), q.data(), T * Hq, D, cfg_.rms_eps);
+      cpu::rms_norm(k.data(), L.k_norm.data(), k.data(), T * Hkv, D, cfg_.rms_eps);
+    }
+    cpu::rope(q.data(), pos.data(), T, Hq, D, inv_freq_.data(), cfg_.rope_style);
+    cpu::rope(k.data(), pos.data(), T, Hkv, D, inv_freq_.data(), cfg_.rope_style);
+    dump("q_rope", l, q.data(), T, Hq * D);
+    dump("k_rope", l, k.data(), T, Hkv * D);
+    for (size_t s = 0; s < batch.size(); ++s)
+      cpu::append_kv(*batch[s].table, pool, l, k.data() + q_indptr[s] * Hkv * D, v.data() + q_indptr[s] * Hkv * D,
+                     pos.data() + q_indptr[s], batch[s].n_new);
+
+    const PageLists lists = dense_page_lists(tables, l, seq_len);
+    cpu::AttentionParams ap;
+    ap.q = q.data();
+    ap.out = att.data();
+    ap.q_indptr = q_indptr.data();
+    ap.lists = &lists;
+    ap.pool = &pool;
+    ap.n_heads_q = static_cast<int>(Hq);
+    ap.n_heads_kv = static_cast<int>(Hkv);
+    ap.head_dim = static_cast<int>(D);
+    ap.scale = scale;
+    cpu::attention(ap);
+    dump("attn_out", l, att.data(), T, Hq * D);
+
+    cpu::matmul(L.wo, att.data(), o.data(), T);
+    cpu::add_inplace(x.data(), o.data(), T * H);
+    cpu::rms_norm(x.data(), L.ffn_norm.data(), h.data(), T, H, cfg_.rms_eps);
+    cpu::matmul(L.w_gate, h.data(), gate.data(), T);
+    cpu::matmul(L.w_up, h.data(), up.data(), T);
+    cpu::silu_mul(gate.data(), up.data(), gate.data(), T, F);
+    cpu::matmul(L.w_down, gate.data(), o.data(), T);
+    dump("ffn_out", l, o.data(), T, H);
+    cpu::add_inplace(x.data(), o.data(), T * H);
+    dump("l_out", l, x.data(), T, H);
+  }
+  for (const Seq& s : batch) s.table->commit(s.n_new);
+
+  // Rows whose logits are wanted: all, or each sequence's last token.
+  std::vector<int64_t> rows;
+  if (all_logits) {
+    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
+  } else {
+    for (size_t s = 0; s < batch.size(); ++s) rows.push_back(q_indptr[s + 1] - 1);
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  std::vector<float> hr(static_cast<size_t>(R * H));  // [R, hidden]
+  for (int64_t i = 0; i < R; ++i)
+    cpu::rms_norm(x.data() + rows[static_cast<size_t>(i)] * H, output_norm_.data(), hr.data() + i * H, 1, H,
+                  cfg_.rms_eps);
+  dump("result_norm", -1, hr.data(), R, H);
+  logits->resize(static_cast<size_t>(R * V));
+  cpu::matmul(cfg_.tied_embeddings ? tok_embd_ : output_, hr.data(), logits->data(), R);
+}
+
+}  // namespace dhs

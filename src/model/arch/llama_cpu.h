@@ -1,0 +1,63 @@
+// The Llama family (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5 with QKV bias,
+// Qwen3 with q/k RMSNorm) on the CPU backend: weights dequantized at load,
+// forward written as a straight line of backend ops over head-paged KV.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_matrix.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/weight_source.h"
+
+namespace dhs {
+
+class LlamaCpu {
+ public:
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  // Dumps named intermediates ("attn_norm", layer) for golden comparisons.
+  // data: [n_tok, n] row-major for the whole batch.
+  using DebugHook = std::function<void(const std::string& name, int layer, const float* data, int64_t n_tok, int64_t n)>;
+
+  // Throws dhs::Error when a required tensor is missing or has the wrong shape/type.
+  LlamaCpu(const WeightSource& src, CpuWeightType weight_type, const Progress& progress = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  size_t weight_bytes() const;
+  void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
+
+  struct Seq {
+    PageTable* table = nullptr;      // KV of this request; capacity reserved for the new tokens
+    const int32_t* tokens = nullptr; // [n_new] appended at positions table->n_tokens() ...
+    int64_t n_new = 0;
+  };
+  // Runs the new tokens of every sequence through the model, appends their K/V
+  // and commits them to each table. logits: [n_seqs, vocab] for each sequence's
+  // last token, or [sum n_new, vocab] when all_logits.
+  void forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
+               bool all_logits = false);
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm;        // [hidden]
+    std::vector<float> bq, bk, bv;                 // [n_heads * head_dim] (Qwen2) or empty
+    std::vector<float> q_norm, k_norm;             // [head_dim] (Qwen3) or empty
+    CpuMatrix wq, wk, wv, wo;                      // [out, in]
+    CpuMatrix w_gate, w_up, w_down;
+  };
+  void dump(const char* name, int layer, const float* data, int64_t n_tok, int64_t n) const {
+    if (debug_) debug_(name, layer, data, n_tok, n);
+  }
+
+  ModelConfig cfg_;
+  CpuMatrix tok_embd_;   // [vocab, hidden]
+  CpuMatrix output_;     // [vocab, hidden]; empty when tied to tok_embd_
+  std::vector<float> output_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  DebugHook debug_;
+};
+
+}  // namespace dhs
