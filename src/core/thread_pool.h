@@ -2,6 +2,7 @@
 // range, split into one contiguous chunk per thread (llama.cpp's ggml threadpool
 // does the same for its matmuls). The calling thread takes part in the work.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -41,8 +42,10 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t job_n_ = 0, job_grain_ = 1;
   uint64_t generation_ = 0;
-  int pending_ = 0;
   bool stop_ = false;
+  std::atomic<uint64_t> generation_atomic_{0};
+  std::atomic<int> pending_atomic_{0};
+  std::atomic<bool> stop_atomic_{false};
 };
 
 }  // namespace dhs

@@ -1,0 +1,603 @@
+// Tree-walking evaluator of the chat-template interpreter (see jinja_interpreter.h).
+// Expression semantics are Python's, as jinja2 compiles templates to Python:
+// `and`/`or` return an operand, `/` is true division, `//` and `%` floor,
+// comparisons chain, and operations on undefined raise (except printing it,
+// testing it, iterating it and passing it to |default).
+#include "tokenizer/jinja_interpreter.h"
+
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "tokenizer/jinja_builtins.h"
+#include "tokenizer/jinja_text.h"
+
+namespace dhs::jinja {
+
+const Value* Scope::lookup(const std::string& name) const {
+  for (const Scope* s = this; s; s = s->parent.get()) {
+    const auto it = s->vars.find(name);
+    if (it != s->vars.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+Interpreter::Interpreter(std::function<std::tm()> clock, RenderLimits limits)
+    : clock_(std::move(clock)), limits_(limits) {}
+
+namespace {
+
+[[noreturn]] void located(SourcePos pos, const std::string& msg) {
+  throw Error(fmt::format("chat template error at line {}, column {}: {}", pos.line, pos.col, msg));
+}
+
+[[noreturn]] void bad_operands(const char* op, const Value& a, const Value& b) {
+  if (a.is_undefined()) fail_undefined(a);
+  if (b.is_undefined()) fail_undefined(b);
+  throw JinjaError(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
+}
+
+// Python ints do not overflow; ours are 64-bit and say so instead of wrapping.
+int64_t add_i(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) throw JinjaError("integer overflow");
+  return r;
+}
+int64_t sub_i(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) throw JinjaError("integer overflow");
+  return r;
+}
+int64_t mul_i(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) throw JinjaError("integer overflow");
+  return r;
+}
+
+Value repeat(const Value& seq, int64_t n, size_t max_bytes) {
+  if (n < 0) n = 0;
+  if (seq.is_string()) {
+    if (!seq.str().empty() && static_cast<uint64_t>(n) > max_bytes / seq.str().size())
+      throw JinjaError("string repetition result too large");
+    std::string out;
+    out.reserve(seq.str().size() * static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) out += seq.str();
+    return Value::string(std::move(out));
+  }
+  const auto& items = seq.array().items;
+  if (!items.empty() && static_cast<uint64_t>(n) > (size_t{1} << 24) / items.size())
+    throw JinjaError("list repetition result too large");
+  std::vector<Value> out;
+  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), items.begin(), items.end());
+  return seq.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
+}
+
+int64_t floor_div(int64_t a, int64_t b) {
+  if (b == 0) throw JinjaError("integer division or modulo by zero");
+  if (a == INT64_MIN && b == -1) throw JinjaError("integer overflow");
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+int64_t floor_mod(int64_t a, int64_t b) {
+  if (b == 0) throw JinjaError("integer division or modulo by zero");
+  if (b == -1) return 0;
+  int64_t r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+
+double float_mod(double a, double b) {
+  if (b == 0.0) throw JinjaError("float modulo");
+  double r = std::fmod(a, b);
+  if (r != 0.0 && ((r < 0) != (b < 0))) r += b;
+  else if (r == 0.0) r = std::copysign(0.0, b);
+  return r;
+}
+
+bool contains(const Value& container, const Value& item) {
+  switch (container.kind()) {
+    case Kind::String:
+      if (!item.is_string())
+        throw JinjaError(fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
+      return container.str().find(item.str()) != std::string::npos;
+    case Kind::List:
+    case Kind::Tuple:
+      for (const auto& x : container.array().items)
+        if (py_eq(x, item)) return true;
+      return false;
+    case Kind::Dict: return container.object().find(item) != nullptr;
+    case Kind::Undefined: return false;
+    default: throw JinjaError(fmt::format("argument of type '{}' is not iterable", type_name(container)));
+  }
+}
+
+std::optional<int64_t> slice_bound(const Value& v) {
+  if (v.is_none() || v.is_undefined()) return std::nullopt;
+  if (!v.is_integral()) throw JinjaError("slice indices must be integers or None");
+  return v.as_int();
+}
+
+}  // namespace
+
+std::string Interpreter::render(const TemplateAst& ast, const Value& context) {
+  DHS_ASSERT(context.is_dict());
+  call_depth_ = 0;
+  loop_iterations_ = 0;
+  auto globals = std::make_shared<Scope>();
+  add_globals(globals->vars);
+  auto top = std::make_shared<Scope>();
+  top->parent = globals;
+  for (const auto& [k, v] : context.object().items) top->vars[to_str(k)] = v;
+  struct ClosureReset {
+    std::vector<ScopePtr>& scopes;
+    ~ClosureReset() {
+      for (auto& s : scopes) s->vars.clear();
+      scopes.clear();
+    }
+  } reset{closures_};
+  std::string out;
+  exec(ast.body, top, out);
+  return out;
+}
+
+void Interpreter::append(std::string& out, std::string_view s) {
+  if (out.size() + s.size() > limits_.max_output_bytes)
+    throw JinjaError(fmt::format("output exceeds {} bytes", limits_.max_output_bytes));
+  out += s;
+}
+
+Interpreter::Flow Interpreter::exec(const Body& body, const ScopePtr& scope, std::string& out) {
+  for (const auto& s : body) {
+    Flow f;
+    try {
+      f = exec_stmt(*s, scope, out);
+    } catch (const JinjaError& e) {
+      located(s->pos, e.what());
+    }
+    if (f != Flow::Normal) return f;
+  }
+  return Flow::Normal;
+}
+
+Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
+  switch (s.kind) {
+    case StmtKind::Text: append(out, s.text); return Flow::Normal;
+    case StmtKind::Print: append(out, to_str(eval(*s.expr, scope))); return Flow::Normal;
+    case StmtKind::If:
+      for (size_t i = 0; i < s.conds.size(); ++i)
+        if (truthy(eval(*s.conds[i], scope))) return exec(s.bodies[i], scope, out);
+      return exec(s.else_body, scope, out);
+    case StmtKind::For: exec_for(s, scope, out); return Flow::Normal;
+    case StmtKind::Set: assign(s.target, eval(*s.expr, scope), *scope, scope); return Flow::Normal;
+    case StmtKind::SetBlock: {
+      std::string buf;
+      exec(s.body, scope, buf);
+      assign(s.target, apply_filters(s.filters, Value::string(std::move(buf)), scope), *scope, scope);
+      return Flow::Normal;
+    }
+    case StmtKind::Macro: scope->vars[s.text] = make_macro(s, scope); return Flow::Normal;
+    case StmtKind::CallBlock: {
+      // The body becomes `caller`, a macro the called macro can invoke.
+      const Expr& call = *s.expr;
+      Value callee = eval(*call.obj, scope);
+      CallArgs args;
+      eval_args(call, scope, args);
+      args.kw.emplace_back("caller", make_macro(s, scope));
+      append(out, to_str(this->call(callee, args)));
+      return Flow::Normal;
+    }
+    case StmtKind::FilterBlock: {
+      std::string buf;
+      exec(s.body, scope, buf);
+      append(out, to_str(apply_filters(s.filters, Value::string(std::move(buf)), scope)));
+      return Flow::Normal;
+    }
+    case StmtKind::With: {
+      auto inner = std::make_shared<Scope>();
+      inner->parent = scope;
+      for (size_t i = 0; i < s.params.size(); ++i) inner->vars[s.params[i]] = eval(*s.defaults[i], scope);
+      return exec(s.body, inner, out);
+    }
+    case StmtKind::Break: return Flow::Break;
+    case StmtKind::Continue: return Flow::Continue;
+  }
+  return Flow::Normal;
+}
+
+void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out) {
+  const Value seq = eval(*s.expr, scope);
+  std::vector<Value> items = iterate(seq);
+  if (s.cond) {  // "for x in xs if cond": filter first, so loop.* counts kept items
+    std::vector<Value> kept;
+    for (auto& item : items) {
+      auto probe = std::make_shared<Scope>();
+      probe->parent = scope;
+      assign(s.target, item, *probe, probe);
+      if (truthy(eval(*s.cond, probe))) kept.push_back(std::move(item));
+    }
+    items = std::move(kept);
+  }
+  if (items.empty()) {
+    exec(s.else_body, scope, out);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (++loop_iterations_ > limits_.max_loop_iterations)
+      throw JinjaError(fmt::format("more than {} loop iterations", limits_.max_loop_iterations));
+    auto body_scope = std::make_shared<Scope>();
+    body_scope->parent = scope;
+    assign(s.target, items[i], *body_scope, body_scope);
+    Value loop = Value::dict();
+    auto& o = loop.object().items;
+    o.emplace_back(Value::string("index"), Value::integer(i + 1));
+    o.emplace_back(Value::string("index0"), Value::integer(i));
+    o.emplace_back(Value::string("revindex"), Value::integer(n - i));
+    o.emplace_back(Value::string("revindex0"), Value::integer(n - i - 1));
+    o.emplace_back(Value::string("first"), Value::boolean(i == 0));
+    o.emplace_back(Value::string("last"), Value::boolean(i == n - 1));
+    o.emplace_back(Value::string("length"), Value::integer(n));
+    o.emplace_back(Value::string("depth"), Value::integer(1));
+    o.emplace_back(Value::string("depth0"), Value::integer(0));
+    o.emplace_back(Value::string("previtem"), i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
+    o.emplace_back(Value::string("nextitem"), i + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
+    o.emplace_back(Value::string("cycle"), Value::function("loop.cycle", [i](Interpreter&, CallArgs& a) {
+                     if (a.pos.empty()) throw JinjaError("no items for cycling given");
+                     return a.pos[static_cast<size_t>(i) % a.pos.size()];
+                   }));
+    body_scope->vars["loop"] = std::move(loop);
+    if (exec(s.body, body_scope, out) == Flow::Break) break;
+  }
+}
+
+void Interpreter::assign(const Target& t, Value v, Scope& scope, const ScopePtr& lookup_from) {
+  switch (t.kind) {
+    case Target::Kind::Name: scope.vars[t.names[0]] = std::move(v); return;
+    case Target::Kind::Tuple: {
+      std::vector<Value> parts = iterate(v);
+      if (parts.size() < t.names.size())
+        throw JinjaError(fmt::format("not enough values to unpack (expected {}, got {})", t.names.size(), parts.size()));
+      if (parts.size() > t.names.size())
+        throw JinjaError(fmt::format("too many values to unpack (expected {})", t.names.size()));
+      for (size_t i = 0; i < parts.size(); ++i) scope.vars[t.names[i]] = std::move(parts[i]);
+      return;
+    }
+    case Target::Kind::NsAttr: {
+      const Value* ns = lookup_from->lookup(t.names[0]);
+      if (!ns || !ns->is_namespace()) throw JinjaError("cannot assign attribute on non-namespace object");
+      ns->object().set(Value::string(t.attr), std::move(v));
+      return;
+    }
+  }
+}
+
+Value Interpreter::make_macro(const Stmt& s, const ScopePtr& scope) {
+  const Stmt* def = &s;
+  ScopePtr closure = scope;
+  closures_.push_back(scope);
+  const std::string name = s.kind == StmtKind::Macro ? s.text : "caller";
+  return Value::function(name, [this, def, closure, name](Interpreter&, CallArgs& a) {
+    if (call_depth_ >= limits_.max_call_depth)
+      throw JinjaError(fmt::format("macro '{}' nested more than {} calls deep", name, limits_.max_call_depth));
+    if (a.pos.size() > def->params.size())
+      throw JinjaError(fmt::format("macro '{}' takes not more than {} argument(s)", name, def->params.size()));
+    auto local = std::make_shared<Scope>();
+    local->parent = closure;
+    std::vector<bool> bound(def->params.size(), false);
+    for (size_t i = 0; i < a.pos.size(); ++i) {
+      local->vars[def->params[i]] = a.pos[i];
+      bound[i] = true;
+    }
+    for (auto& [k, v] : a.kw) {
+      size_t i = 0;
+      while (i < def->params.size() && def->params[i] != k) ++i;
+      if (i < def->params.size()) {
+        if (bound[i]) throw JinjaError(fmt::format("macro '{}' got multiple values for argument '{}'", name, k));
+        bound[i] = true;
+        local->vars[k] = v;
+      } else if (k == "caller") {
+        local->vars[k] = v;
+      } else {
+        throw JinjaError(fmt::format("macro '{}' takes no keyword argument '{}'", name, k));
+      }
+    }
+    for (size_t i = 0; i < def->params.size(); ++i) {
+      if (bound[i]) continue;
+      local->vars[def->params[i]] = def->defaults[i]
+                                        ? eval(*def->defaults[i], local)
+                                        : Value::undefined(fmt::format("'{}' is undefined", def->params[i]));
+    }
+    struct DepthGuard {
+      int& d;
+      explicit DepthGuard(int& depth) : d(depth) { ++d; }
+      ~DepthGuard() { --d; }
+    } guard(call_depth_);
+    std::string buf;
+    exec(def->body, local, buf);
+    return Value::string(std::move(buf));
+  });
+}
+
+Value Interpreter::apply_filters(const std::vector<ExprPtr>& filters, Value v, const ScopePtr& scope) {
+  for (const auto& f : filters) {
+    CallArgs args;
+    eval_args(*f, scope, args);
+    v = filter(f->name, v, args);
+  }
+  return v;
+}
+
+Value Interpreter::call(const Value& fn, CallArgs& args) {
+  if (fn.is_undefined()) fail_undefined(fn);
+  if (!fn.is_function()) throw JinjaError(fmt::format("'{}' object is not callable", type_name(fn)));
+  return fn.function().fn(*this, args);
+}
+
+Value Interpreter::filter(const std::string& name, const Value& v, CallArgs& args) {
+  return apply_filter(*this, name, v, args);
+}
+
+bool Interpreter::test(const std::string& name, const Value& v, CallArgs& args) {
+  return apply_test(*this, name, v, args);
+}
+
+Value Interpreter::get_attr(const Value& obj, const std::string& name) {
+  switch (obj.kind()) {
+    case Kind::Undefined: fail_undefined(obj);
+    case Kind::Dict: {
+      Value m = get_method(obj, name);
+      if (!m.is_undefined()) return m;
+      if (const Value* v = obj.object().find(name)) return *v;
+      return Value::undefined(fmt::format("'dict object' has no attribute '{}'", name));
+    }
+    case Kind::Namespace:
+      if (const Value* v = obj.object().find(name)) return *v;
+      return Value::undefined(fmt::format("'Namespace object' has no attribute '{}'", name));
+    case Kind::String:
+    case Kind::List:
+    case Kind::Tuple: {
+      Value m = get_method(obj, name);
+      if (!m.is_undefined()) return m;
+      break;
+    }
+    default: break;
+  }
+  return Value::undefined(fmt::format("'{} object' has no attribute '{}'", type_name(obj), name));
+}
+
+Value Interpreter::get_item(const Value& obj, const Value& key) {
+  switch (obj.kind()) {
+    case Kind::Undefined: fail_undefined(obj);
+    case Kind::Dict:
+      if (const Value* v = obj.object().find(key)) return *v;
+      break;
+    case Kind::List:
+    case Kind::Tuple:
+    case Kind::String:
+      if (key.is_integral()) {
+        int64_t i = key.as_int();
+        if (obj.is_string()) {
+          const auto offs = utf8_offsets(obj.str());
+          const int64_t n = static_cast<int64_t>(offs.size()) - 1;
+          if (i < 0) i += n;
+          if (i >= 0 && i < n)
+            return Value::string(obj.str().substr(offs[i], offs[i + 1] - offs[i]));
+        } else {
+          const auto& items = obj.array().items;
+          const int64_t n = static_cast<int64_t>(items.size());
+          if (i < 0) i += n;
+          if (i >= 0 && i < n) return items[static_cast<size_t>(i)];
+        }
+        return Value::undefined(fmt::format("{} object has no element {}", type_name(obj), key.as_int()));
+      }
+      break;
+    default: break;
+  }
+  // jinja2 falls back to attribute lookup for string keys.
+  if (key.is_string()) return get_attr(obj, key.str());
+  return Value::undefined(fmt::format("'{} object' has no item {}", type_name(obj), repr(key)));
+}
+
+void Interpreter::eval_args(const Expr& e, const ScopePtr& scope, CallArgs& args) {
+  for (const auto& a : e.items) args.pos.push_back(eval(*a, scope));
+  for (const auto& [k, a] : e.kwargs) args.kw.emplace_back(k, eval(*a, scope));
+}
+
+Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
+  try {
+    return eval_impl(e, scope);
+  } catch (const JinjaError& err) {
+    located(e.pos, err.what());
+  }
+}
+
+Value Interpreter::eval_impl(const Expr& e, const ScopePtr& scope) {
+  switch (e.kind) {
+    case ExprKind::Literal: return e.value;
+    case ExprKind::Name: {
+      if (const Value* v = scope->lookup(e.name)) return *v;
+      return Value::undefined(fmt::format("'{}' is undefined", e.name));
+    }
+    case ExprKind::List:
+    case ExprKind::Tuple: {
+      std::vector<Value> items;
+      items.reserve(e.items.size());
+      for (const auto& x : e.items) items.push_back(eval(*x, scope));
+      return e.kind == ExprKind::List ? Value::list(std::move(items)) : Value::tuple(std::move(items));
+    }
+    case ExprKind::Dict: {
+      Value d = Value::dict();
+      for (size_t i = 0; i + 1 < e.items.size(); i += 2) d.object().set(eval(*e.items[i], scope), eval(*e.items[i + 1], scope));
+      return d;
+    }
+    case ExprKind::GetAttr: return get_attr(eval(*e.obj, scope), e.name);
+    case ExprKind::GetItem: {
+      Value obj = eval(*e.obj, scope);
+      return get_item(obj, eval(*e.items[0], scope));
+    }
+    case ExprKind::Slice: {
+      const Value obj = eval(*e.obj, scope);
+      if (obj.is_undefined()) fail_undefined(obj);
+      std::optional<int64_t> b, en, st;
+      if (e.items[0]) b = slice_bound(eval(*e.items[0], scope));
+      if (e.items[1]) en = slice_bound(eval(*e.items[1], scope));
+      if (e.items[2]) st = slice_bound(eval(*e.items[2], scope));
+      if (!obj.is_string() && !obj.is_array()) throw JinjaError(fmt::format("'{}' object is not subscriptable", type_name(obj)));
+      std::vector<size_t> offs;
+      if (obj.is_string()) offs = utf8_offsets(obj.str());
+      const int64_t len = obj.is_string() ? static_cast<int64_t>(offs.size()) - 1 : static_cast<int64_t>(obj.array().items.size());
+      // Python's slice.indices()
+      const int64_t step = st.value_or(1);
+      if (step == 0) throw JinjaError("slice step cannot be zero");
+      const int64_t lower = step < 0 ? -1 : 0, upper = step < 0 ? len - 1 : len;
+      auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
+        if (!v) return dflt;
+        int64_t x = *v;
+        if (x < 0) x += len;
+        return x < lower ? lower : x > upper ? upper : x;
+      };
+      const int64_t start = clamp(b, step < 0 ? upper : lower), stop = clamp(en, step < 0 ? lower : upper);
+      if (obj.is_string()) {
+        std::string out;
+        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out += obj.str().substr(offs[i], offs[i + 1] - offs[i]);
+        return Value::string(std::move(out));
+      }
+      std::vector<Value> out;
+      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(obj.array().items[static_cast<size_t>(i)]);
+      return obj.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
+    }
+    case ExprKind::Call: {
+      Value callee = eval(*e.obj, scope);
+      CallArgs args;
+      eval_args(e, scope, args);
+      return call(callee, args);
+    }
+    case ExprKind::Filter: {
+      Value v = eval(*e.obj, scope);
+      CallArgs args;
+      eval_args(e, scope, args);
+      return filter(e.name, v, args);
+    }
+    case ExprKind::Test: {
+      Value v = eval(*e.obj, scope);
+      CallArgs args;
+      eval_args(e, scope, args);
+      return Value::boolean(test(e.name, v, args) != e.negated);
+    }
+    case ExprKind::Not: return Value::boolean(!truthy(eval(*e.obj, scope)));
+    case ExprKind::Neg:
+    case ExprKind::Pos: {
+      const Value v = eval(*e.obj, scope);
+      if (v.is_undefined()) fail_undefined(v);
+      if (e.kind == ExprKind::Pos && v.is_number()) return v.is_bool() ? Value::integer(v.as_int()) : v;
+      if (v.is_integral()) return Value::integer(sub_i(0, v.as_int()));
+      if (v.is_float()) return Value::number(-v.as_float());
+      throw JinjaError(fmt::format("bad operand type for unary {}: '{}'", e.kind == ExprKind::Neg ? '-' : '+', type_name(v)));
+    }
+    case ExprKind::Binary: return eval_binary(e, scope);
+    case ExprKind::Compare: return eval_compare(e, scope);
+    case ExprKind::Cond:
+      if (truthy(eval(*e.obj, scope))) return eval(*e.items[0], scope);
+      if (e.items[1]) return eval(*e.items[1], scope);
+      return Value::undefined("the inline if-expression evaluated to false and no else section was defined");
+  }
+  return Value();
+}
+
+Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
+  const std::string& op = e.name;
+  Value a = eval(*e.items[0], scope);
+  if (op == "and") return truthy(a) ? eval(*e.items[1], scope) : a;
+  if (op == "or") return truthy(a) ? a : eval(*e.items[1], scope);
+  const Value b = eval(*e.items[1], scope);
+  if (op == "~") {
+    std::string s = to_str(a);
+    s += to_str(b);
+    return Value::string(std::move(s));
+  }
+  const bool ints = a.is_integral() && b.is_integral();
+  const bool nums = a.is_number() && b.is_number();
+  if (op == "+") {
+    if (ints) return Value::integer(add_i(a.as_int(), b.as_int()));
+    if (nums) return Value::number(a.as_float() + b.as_float());
+    if (a.is_string() && b.is_string()) {
+      if (a.str().size() + b.str().size() > limits_.max_output_bytes) throw JinjaError("string too large");
+      return Value::string(a.str() + b.str());
+    }
+    if (a.is_array() && a.kind() == b.kind()) {
+      std::vector<Value> items = a.array().items;
+      items.insert(items.end(), b.array().items.begin(), b.array().items.end());
+      return a.kind() == Kind::Tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
+    }
+    bad_operands("+", a, b);
+  }
+  if (op == "-") {
+    if (ints) return Value::integer(sub_i(a.as_int(), b.as_int()));
+    if (nums) return Value::number(a.as_float() - b.as_float());
+    bad_operands("-", a, b);
+  }
+  if (op == "*") {
+    if (ints) return Value::integer(mul_i(a.as_int(), b.as_int()));
+    if (nums) return Value::number(a.as_float() * b.as_float());
+    if ((a.is_string() || a.is_array()) && b.is_integral()) return repeat(a, b.as_int(), limits_.max_output_bytes);
+    if ((b.is_string() || b.is_array()) && a.is_integral()) return repeat(b, a.as_int(), limits_.max_output_bytes);
+    bad_operands("*", a, b);
+  }
+  if (op == "/") {
+    if (!nums) bad_operands("/", a, b);
+    if (b.as_float() == 0.0) throw JinjaError("division by zero");
+    return Value::number(a.as_float() / b.as_float());
+  }
+  if (op == "//") {
+    if (ints) return Value::integer(floor_div(a.as_int(), b.as_int()));
+    if (!nums) bad_operands("//", a, b);
+    if (b.as_float() == 0.0) throw JinjaError("float floor division by zero");
+    return Value::number(std::floor(a.as_float() / b.as_float()));
+  }
+  if (op == "%") {
+    if (ints) return Value::integer(floor_mod(a.as_int(), b.as_int()));
+    if (nums) return Value::number(float_mod(a.as_float(), b.as_float()));
+    if (a.is_string()) throw JinjaError("printf-style string formatting (%) is not supported");
+    bad_operands("%", a, b);
+  }
+  if (op == "**") {
+    if (ints && b.as_int() >= 0) {
+      int64_t base = a.as_int(), exp = b.as_int(), acc = 1;
+      while (exp > 0) {
+        if (exp & 1) acc = mul_i(acc, base);
+        exp >>= 1;
+        if (exp > 0) base = mul_i(base, base);
+      }
+      return Value::integer(acc);
+    }
+    if (nums) return Value::number(std::pow(a.as_float(), b.as_float()));
+    bad_operands("**", a, b);
+  }
+  throw JinjaError(fmt::format("unknown operator '{}'", op));
+}
+
+Value Interpreter::eval_compare(const Expr& e, const ScopePtr& scope) {
+  Value left = eval(*e.obj, scope);
+  for (size_t i = 0; i < e.ops.size(); ++i) {
+    Value right = eval(*e.items[i], scope);
+    const std::string& op = e.ops[i];
+    bool ok;
+    if (op == "==") ok = py_eq(left, right);
+    else if (op == "!=") ok = !py_eq(left, right);
+    else if (op == "<") ok = py_lt(left, right);
+    else if (op == "<=") ok = py_lt(left, right) || py_eq(left, right);
+    else if (op == ">") ok = py_lt(right, left);
+    else if (op == ">=") ok = py_lt(right, left) || py_eq(left, right);
+    else if (op == "in") ok = contains(right, left);
+    else ok = !contains(right, left);  // notin
+    if (!ok) return Value::boolean(false);
+    left = std::move(right);
+  }
+  return Value::boolean(true);
+}
+
+}  // namespace dhs::jinja

@@ -1,0 +1,1 @@
+dhs_test(test_sampler LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sampler.cpp LIBS dhs_engine)
