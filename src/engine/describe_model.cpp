@@ -51,7 +51,7 @@ std::string describe_model(const std::string& path) {
   o << fmt::format("rms eps       {}\n", c.rms_eps);
   o << fmt::format("embeddings    {}\n", c.tied_embeddings ? "tied (output = token_embd)" : "separate output");
   o << "dtypes       ";
-  for (const auto& [ty, n] : n_by_type) o << fmt::format(" {}: {} tensors ({:.1f} M)", ty, n, params_by_type[ty] / 1e6);
+  for (const auto& [ty, n] : n_by_type) o << fmt::format(" {}: {} tensors ({:.3f} M)", ty, n, params_by_type[ty] / 1e6);
   o << "\n";
   if (tok) {
     o << fmt::format("tokenizer     {}, {} tokens, bos {} eos {}{}\n", tok->kind_name(), tok->vocab_size(),

@@ -11,11 +11,9 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
       pre_(std::move(spec.pre)),
       pre_name_(std::move(spec.pre_name)),
       ignore_merges_(spec.ignore_merges) {
-  for (int b = 0; b < 256; ++b) {
-    byte_ids_[b] = vocab_.find(byte_to_unicode(static_cast<unsigned char>(b)));
-    DHS_CHECK(byte_ids_[b] >= 0, "tokenizer: byte-level vocabulary has no token for byte 0x{:02X}",
-              b);
-  }
+  // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): like HF without
+  // an unknown token, such bytes are dropped from the input.
+  for (int b = 0; b < 256; ++b) byte_ids_[b] = vocab_.find(byte_to_unicode(static_cast<unsigned char>(b)));
   merges_.reserve(spec.merges.size());
   int32_t rank = 0;
   for (const auto& [a, b] : spec.merges) {
@@ -48,7 +46,8 @@ void ByteLevelBpeTokenizer::encode_word(std::string_view word, std::vector<int32
     ids.push_back(whole);
   } else {
     ids.reserve(word.size());
-    for (unsigned char c : word) ids.push_back(byte_ids_[c]);
+    for (unsigned char c : word)
+      if (byte_ids_[c] >= 0) ids.push_back(byte_ids_[c]);
     merges_.apply(ids);
   }
   out.insert(out.end(), ids.begin(), ids.end());

@@ -26,7 +26,6 @@ struct ByteLevelBpeSpec {
 
 class ByteLevelBpeTokenizer final : public TokenizerBase {
  public:
-  // Throws dhs::Error if a byte has no single-character token.
   explicit ByteLevelBpeTokenizer(ByteLevelBpeSpec spec);
 
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const override;
@@ -40,7 +39,7 @@ class ByteLevelBpeTokenizer final : public TokenizerBase {
   PreTokenizer pre_;
   std::string pre_name_;
   bool ignore_merges_;
-  std::array<int32_t, 256> byte_ids_{};  // id of the one-character token of each byte
+  std::array<int32_t, 256> byte_ids_{};  // id of each byte's one-character token, -1 if none
 
   static constexpr size_t kMaxCacheEntries = 1 << 16;
   mutable std::mutex cache_mu_;

@@ -20,17 +20,36 @@ std::tm local_now() {
   return tm;
 }
 
-nlohmann::ordered_json base_context(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                    const std::string& bos_token, const std::string& eos_token) {
-  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
-  auto& msgs = ctx["messages"] = nlohmann::ordered_json::array();
-  for (const auto& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
-  ctx["tools"] = nullptr;
-  ctx["documents"] = nullptr;
-  ctx["add_generation_prompt"] = add_generation_prompt;
-  ctx["bos_token"] = bos_token;
-  ctx["eos_token"] = eos_token;
+// The variables transformers passes for plain messages, built as values directly
+// (going through JSON costs more than rendering a long conversation).
+jinja::Value base_context(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                          const std::string& bos_token, const std::string& eos_token) {
+  using jinja::Value;
+  std::vector<Value> msgs;
+  msgs.reserve(messages.size());
+  for (const auto& m : messages) {
+    Value d = Value::dict();
+    d.object().items.emplace_back(Value::string("role"), Value::string(m.role));
+    d.object().items.emplace_back(Value::string("content"), Value::string(m.content));
+    msgs.push_back(std::move(d));
+  }
+  Value ctx = Value::dict();
+  auto& o = ctx.object();
+  o.set(Value::string("messages"), Value::list(std::move(msgs)));
+  o.set(Value::string("tools"), Value::none());
+  o.set(Value::string("documents"), Value::none());
+  o.set(Value::string("add_generation_prompt"), Value::boolean(add_generation_prompt));
+  o.set(Value::string("bos_token"), Value::string(bos_token));
+  o.set(Value::string("eos_token"), Value::string(eos_token));
   return ctx;
+}
+
+jinja::Value to_value(const nlohmann::ordered_json& j) {
+  try {
+    return jinja::from_json(j);
+  } catch (const jinja::JinjaError& e) {
+    throw Error(std::string("chat template variables: ") + e.what());
+  }
 }
 
 }  // namespace
@@ -51,30 +70,30 @@ void ChatTemplate::set_clock(std::function<std::tm()> now) { impl_->clock = std:
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos_token, const std::string& eos_token) const {
-  return render(base_context(messages, add_generation_prompt, bos_token, eos_token));
+  return render_value(base_context(messages, add_generation_prompt, bos_token, eos_token));
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos_token, const std::string& eos_token,
                                  const nlohmann::ordered_json& extra) const {
   DHS_CHECK(extra.is_object() || extra.is_null(), "chat template variables must be a JSON object");
-  auto ctx = base_context(messages, add_generation_prompt, bos_token, eos_token);
-  if (extra.is_object())
-    for (const auto& [k, v] : extra.items()) ctx[k] = v;
-  return render(ctx);
+  jinja::Value ctx = base_context(messages, add_generation_prompt, bos_token, eos_token);
+  if (extra.is_object()) {
+    const jinja::Value more = to_value(extra);
+    for (const auto& [k, v] : more.object().items) ctx.object().set(k, v);
+  }
+  return render_value(ctx);
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   DHS_CHECK(context.is_object(), "chat template context must be a JSON object");
-  jinja::Value ctx;
-  try {
-    ctx = jinja::from_json(context);
-  } catch (const jinja::JinjaError& e) {
-    throw Error(std::string("chat template context: ") + e.what());
-  }
+  return render_value(to_value(context));
+}
+
+std::string ChatTemplate::render_value(const jinja::Value& context) const {
   jinja::Interpreter interp(impl_->clock);
   try {
-    return interp.render(*impl_->ast, ctx);
+    return interp.render(*impl_->ast, context);
   } catch (const jinja::JinjaError& e) {  // raised outside any statement
     throw Error(std::string("chat template error: ") + e.what());
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace dhs {
+namespace jinja { class Value; }
 
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool"
@@ -47,6 +48,8 @@ class ChatTemplate {
   void set_clock(std::function<std::tm()> now);
 
  private:
+  std::string render_value(const jinja::Value& context) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

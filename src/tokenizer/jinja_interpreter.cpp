@@ -109,7 +109,10 @@ bool contains(const Value& container, const Value& item) {
       for (const auto& x : container.array().items)
         if (py_eq(x, item)) return true;
       return false;
-    case Kind::Dict: return container.object().find(item) != nullptr;
+    case Kind::Dict:
+      if (item.kind() == Kind::List || item.is_dict() || item.is_namespace())
+        throw JinjaError(fmt::format("unhashable type: '{}'", type_name(item)));
+      return container.object().find(item) != nullptr;
     case Kind::Undefined: return false;
     default: throw JinjaError(fmt::format("argument of type '{}' is not iterable", type_name(container)));
   }
@@ -166,7 +169,12 @@ Interpreter::Flow Interpreter::exec(const Body& body, const ScopePtr& scope, std
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
   switch (s.kind) {
     case StmtKind::Text: append(out, s.text); return Flow::Normal;
-    case StmtKind::Print: append(out, to_str(eval(*s.expr, scope))); return Flow::Normal;
+    case StmtKind::Print: {
+      const Value v = eval(*s.expr, scope);
+      if (v.is_string()) append(out, v.str());
+      else append(out, to_str(v));
+      return Flow::Normal;
+    }
     case StmtKind::If:
       for (size_t i = 0; i < s.conds.size(); ++i)
         if (truthy(eval(*s.conds[i], scope))) return exec(s.bodies[i], scope, out);
@@ -234,6 +242,7 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& ou
     assign(s.target, items[i], *body_scope, body_scope);
     Value loop = Value::dict();
     auto& o = loop.object().items;
+    o.reserve(12);
     o.emplace_back(Value::string("index"), Value::integer(i + 1));
     o.emplace_back(Value::string("index0"), Value::integer(i));
     o.emplace_back(Value::string("revindex"), Value::integer(n - i));
@@ -561,7 +570,7 @@ Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
   if (op == "%") {
     if (ints) return Value::integer(floor_mod(a.as_int(), b.as_int()));
     if (nums) return Value::number(float_mod(a.as_float(), b.as_float()));
-    if (a.is_string()) throw JinjaError("printf-style string formatting (%) is not supported");
+    if (a.is_string()) return percent_format(a.str(), b);
     bad_operands("%", a, b);
   }
   if (op == "**") {
@@ -574,7 +583,10 @@ Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
       }
       return Value::integer(acc);
     }
-    if (nums) return Value::number(std::pow(a.as_float(), b.as_float()));
+    if (nums) {
+      if (a.as_float() == 0.0 && b.as_float() < 0) throw JinjaError("0.0 cannot be raised to a negative power");
+      return Value::number(std::pow(a.as_float(), b.as_float()));
+    }
     bad_operands("**", a, b);
   }
   throw JinjaError(fmt::format("unknown operator '{}'", op));

@@ -382,6 +382,18 @@ std::string py_title(std::string_view s) {
   return out;
 }
 
+std::string py_center(std::string_view s, int64_t width, std::string_view fill) {
+  const int64_t len = static_cast<int64_t>(utf8_length(s));
+  if (len >= width) return std::string(s);
+  const int64_t marg = width - len;
+  const int64_t left = marg / 2 + (marg & width & 1);  // CPython's split of the padding
+  std::string out;
+  for (int64_t i = 0; i < left; ++i) out += fill;
+  out += s;
+  for (int64_t i = 0; i < marg - left; ++i) out += fill;
+  return out;
+}
+
 std::string jinja_title(std::string_view s) {
   // jinja2 splits on runs of [-\s({\[<] (kept as items) and title-cases each item:
   // first code point upper, the rest lower.

@@ -36,6 +36,7 @@ std::string py_upper(std::string_view s);
 std::string py_lower(std::string_view s);
 std::string py_capitalize(std::string_view s);  // str.capitalize()
 std::string py_title(std::string_view s);       // str.title()
+std::string py_center(std::string_view s, int64_t width, std::string_view fill);  // str.center()
 std::string jinja_title(std::string_view s);    // jinja2's |title filter (splits on -, space, ({[<)
 bool py_is_alpha(char32_t cp);
 bool py_is_cased_upper(char32_t cp);

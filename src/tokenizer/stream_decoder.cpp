@@ -8,8 +8,8 @@ namespace dhs {
 
 std::string StreamDecoder::push(int32_t id) {
   const std::string bytes = tok_.decode_token(id, skip_special_, at_start_);
+  if (!(skip_special_ && tok_.is_special(id))) at_start_ = false;
   if (bytes.empty()) return {};
-  at_start_ = false;
   pending_ += bytes;
   std::string out;
   pending_.erase(0, utf8::append_sanitized(out, pending_, /*final=*/false));

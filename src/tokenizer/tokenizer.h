@@ -37,9 +37,9 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual std::string token_text(int32_t id) const = 0;  // raw vocabulary entry
   virtual int32_t token_id(std::string_view text) const = 0;  // exact vocabulary entry, -1 if absent
-  // Bytes of one token as decode() renders them. `at_start`: no earlier token rendered
-  // anything (SentencePiece drops the space it prefixed to the text there). Empty for a
-  // special token when skip_special. Throws dhs::Error for an id outside the vocabulary.
+  // Bytes of one token as decode() renders them. `at_start`: this is the first token
+  // not skipped (SentencePiece drops the space it prefixed to the text there). Empty for
+  // a special token when skip_special. Throws dhs::Error for an id outside the vocabulary.
   virtual std::string decode_token(int32_t id, bool skip_special, bool at_start) const = 0;
   virtual bool is_special(int32_t id) const = 0;
   int32_t bos_id() const { return bos_id_; }  // -1 if none
@@ -70,7 +70,7 @@ class StreamDecoder {
   const Tokenizer& tok_;
   bool skip_special_;
   std::string pending_;  // bytes of an incomplete UTF-8 sequence
-  bool at_start_ = true;  // nothing rendered yet (see Tokenizer::decode_token)
+  bool at_start_ = true;  // no token taken yet (see Tokenizer::decode_token)
 };
 
 }  // namespace dhs

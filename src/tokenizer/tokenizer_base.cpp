@@ -18,7 +18,11 @@ std::string TokenizerBase::decode_token(int32_t id, bool skip_special, bool at_s
 
 std::string TokenizerBase::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string out;
-  for (int32_t id : ids) out += decode_token(id, skip_special, out.empty());
+  bool at_start = true;
+  for (int32_t id : ids) {
+    out += decode_token(id, skip_special, at_start);
+    if (!(skip_special && is_special(id))) at_start = false;
+  }
   return out;
 }
 

@@ -33,7 +33,7 @@ class TokenizerBase : public Tokenizer {
 
  protected:
   // `bytes` holds what each token decodes to (set by the derived constructor);
-  // `strip_leading_space`: the first rendered token loses one leading space.
+  // `strip_leading_space_`: the first token not skipped loses one leading space.
   TokenizerBase(Vocab vocab, std::vector<AddedToken> added)
       : vocab_(std::move(vocab)), added_(std::move(added)) {}
 
