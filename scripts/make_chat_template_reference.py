@@ -385,6 +385,7 @@ SNIPPETS = [
     "{% filter upper %}hello {{ 'x' }}{% endfilter %} {% filter replace('a', 'o') | title %}banana{% endfilter %}",
     "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]",
     "{% generation %}gen {{ s }}{% endgeneration %}|{% for i in [1, 2] %}{% generation %}{{ i }}{% endgeneration %}{% endfor %}",
+    "{% generation %}{% set g = 1 %}[{{ g }}]{% endgeneration %}[{{ g }}]",
     # globals
     "{{ strftime_now('%Y-%m-%d %H:%M %A %b %d %B %j %a %p') }}",
     "{{ strftime_now('%d %b %Y') }} {{ strftime_now('') }}|",

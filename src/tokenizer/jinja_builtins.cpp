@@ -441,7 +441,8 @@ Value percent_format(const std::string& fmt, const Value& args) {
       out += body;
       continue;
     }
-    std::string spec = "%" + flags + (width ? std::to_string(*width) : "") + (prec ? "." + std::to_string(*prec) : "");
+    std::string spec = fmt::format("%{}{}{}", flags, width ? std::to_string(*width) : std::string(),
+                                   prec ? fmt::format(".{}", *prec) : std::string());
     char buf[512];
     if (conv == 'd' || conv == 'i' || conv == 'u' || conv == 'o' || conv == 'x' || conv == 'X' || conv == 'c') {
       int64_t n;

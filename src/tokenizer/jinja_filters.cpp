@@ -508,7 +508,7 @@ Value f_tojson(Interpreter&, const Value& v, CallArgs& a) {
     if (ind.is_string()) st.indent_str = ind.str();
     else if (ind.is_integral()) st.indent = static_cast<int>(std::max<int64_t>(0, ind.as_int()));
     else throw JinjaError("tojson indent must be an integer or a string");
-    st.item_sep = ",";
+    st.item_sep.resize(1);  // json.dumps: (",", ": ") when indenting
   }
   if (p.has(2)) {
     const Value& seps = p.get(2, Value::none());

@@ -253,11 +253,12 @@ class Parser {
       expect_block_end();
     } else if (tag == "generation") {
       // transformers' AssistantTracker tag: marks assistant text for training
-      // masks; for rendering it is just its body.
+      // masks. It renders its body as a call block does, so in a scope of its own.
+      auto s = stmt(StmtKind::With, pos);
       expect_block_end();
-      Body inner = parse_body({"endgeneration"}, end);
+      s->body = parse_body({"endgeneration"}, end);
       expect_block_end();
-      for (auto& st : inner) out.push_back(std::move(st));
+      out.push_back(std::move(s));
     } else if (tag == "block" || tag == "extends" || tag == "include" || tag == "import" || tag == "from") {
       syntax_error(pos, fmt::format("'{}' is not supported in chat templates", tag));
     } else {

@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/gguf_file.h"
 #include "test_paths.h"
+#include "tokenizer/byte_unicode.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -233,6 +235,30 @@ TEST(TokenizerMistral, StreamingDecodeAndSpeed) {
   const std::vector<Case> cases = load_cases(data("mistral/reference.json"));
   expect_streaming(*tok, cases);
   EXPECT_LT(seconds_to_encode(*tok, big_text(cases)), 1.0);
+}
+
+// ---- arbitrary bytes -------------------------------------------------------------
+
+// Random bytes, invalid UTF-8 included, survive encode/decode: byte-level BPE spells
+// every byte (SmolLM2's vocabulary lacks a few, which are dropped as HF drops them),
+// SentencePiece falls back to <0xNN> tokens.
+TEST(TokenizerBytes, RandomBytesRoundTrip) {
+  const auto smol = Tokenizer::from_hf_files(data("smollm2/tokenizer.json"), "");
+  const auto mistral = Tokenizer::from_hf_files(data("mistral/tokenizer.json"), "");
+  std::vector<unsigned char> spelled;
+  for (int b = 0; b < 256; ++b)
+    if (smol->token_id(byte_to_unicode(static_cast<unsigned char>(b))) >= 0) spelled.push_back(b);
+  EXPECT_EQ(spelled.size(), 235u);
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string any, spellable;
+    for (int i = 0, n = static_cast<int>(rng() % 40); i < n; ++i) {
+      any += static_cast<char>(rng() % 256);
+      spellable += static_cast<char>(spelled[rng() % spelled.size()]);
+    }
+    EXPECT_EQ(smol->decode(smol->encode(spellable)), spellable);
+    EXPECT_EQ(mistral->decode(mistral->encode(any, false)), any);
+  }
 }
 
 // ---- errors ------------------------------------------------------------------------
