@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Builds the tokenizer test data in tests/data/tokenizer/ with Hugging Face `tokenizers`.
 
-Two reference tokenizers, each rebuilt here as a HF tokenizer.json from its original
-vocabulary (no model hub is needed):
+Two real reference tokenizers, each rebuilt here as a HF tokenizer.json from its
+original vocabulary (no model hub is needed), and one small synthetic one:
 
   smollm2/  byte-level BPE of the default model, from the GGUF vocabulary and merges of
             models/SmolLM2-135M-Instruct.Q4_1.gguf, with the pre-tokenizer SmolLM2's own
@@ -12,10 +12,13 @@ vocabulary (no model hub is needed):
             Written both as a legacy-style Llama/Mistral tokenizer.json (Prepend + Replace
             normalizer, byte_fallback, merges ordered by score) and as a vocab-only GGUF
             (tokenizer.ggml.model = "llama", scores, token types).
+  synthetic_llama3/  a few-token byte-level vocabulary in Llama-3's tokenizer.json layout
+            (Split regex, ignore_merges, "a b" merges, TemplateProcessing BOS).
 
 For every corpus string the reference files hold HF's ids with special tokens parsed
-(`ids`) and with no added tokens registered (`ids_plain`: special-token text encoded as
-plain text), and HF's decode of `ids` (`decoded`). For Mistral, `ids_metaspace` are the
+(`ids`) and with no special tokens registered (`ids_plain`: special-token text encoded as
+plain text; non-special added tokens still match, as in Tokenizer::encode with
+parse_special = false), and HF's decode of `ids` (`decoded`). For Mistral, `ids_metaspace` are the
 ids of the same vocabulary laid out the newer way (Metaspace pre-tokenizer, prepend
 scheme "first"; the C++ test rewrites tokenizer.json that way), and sentencepiece's own
 ids are checked against HF's when the `sentencepiece` package is importable.
@@ -176,6 +179,79 @@ def build_smollm2(model_path, out_dir):
         "tokenizer": "SmolLM2-135M-Instruct (byte-level BPE, pre-tokenizer smollm)",
         "produced_by": f"tokenizers {__import__('tokenizers').__version__}",
         "cases": refs,
+    })
+
+
+# ---- byte-level BPE, Llama-3 layout: a tiny synthetic vocabulary ------------------
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def gpt2_byte_chars():
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+
+
+def build_synthetic_llama3(out_dir):
+    """What Llama-3's tokenizer.json does, on a vocabulary small enough to read: a Split
+    with the Llama-3 regex then ByteLevel without regex, ignore_merges (a word that is a
+    vocabulary entry is taken whole: "abc" has no merge path), merges written as "a b"
+    strings, a non-special added token, and a TemplateProcessing post-processor that
+    puts <|begin_of_text|> first (so add_bos)."""
+    chars = gpt2_byte_chars()
+    vocab = {chars[b]: b for b in range(256)}
+    for word in ["ab", "abc", "\u0120ab", "12", "123", "\u0120the", "he", "the"]:
+        vocab[word] = len(vocab)
+    bot, tool = len(vocab), len(vocab) + 1
+    j = {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": bot, "content": "<|begin_of_text|>", "special": True, "single_word": False,
+             "lstrip": False, "rstrip": False, "normalized": False},
+            {"id": tool, "content": "<tool>", "special": False, "single_word": False,
+             "lstrip": False, "rstrip": False, "normalized": False},
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [],
+                           "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bot],
+                                                                   "tokens": ["<|begin_of_text|>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": True, "vocab": vocab,
+                  "merges": ["a b", "\u0120 ab", "1 2", "12 3", "h e", "t he", "\u0120 the"]},
+    }
+    d = os.path.join(out_dir, "synthetic_llama3")
+    os.makedirs(d, exist_ok=True)
+    write_json(os.path.join(d, "tokenizer.json"), j)
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    # Plain: special tokens become ordinary (unmergeable) vocabulary entries, ids unchanged.
+    for t in j["added_tokens"]:
+        if t["special"]:
+            j["model"]["vocab"][t["content"]] = t["id"]
+    j["added_tokens"] = [t for t in j["added_tokens"] if not t["special"]]
+    plain = Tokenizer.from_str(json.dumps(j))
+    corpus = ["abc ab abcd", "<tool>abc<|begin_of_text|> ab", "1234567 12", "the other theme",
+              "I'M HERE\n\n  ok  ", "x<tool>y"] + CORPUS
+    write_json(os.path.join(d, "reference.json"), {
+        "tokenizer": "synthetic Llama-3-style byte-level BPE",
+        "produced_by": f"tokenizers {__import__('tokenizers').__version__}",
+        "cases": references(tok, plain, corpus),
     })
 
 
@@ -350,6 +426,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     build_smollm2(args.model, args.out)
+    build_synthetic_llama3(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         build_mistral(args.spm_model or fetch_mistral_model(tmp), args.out)
 

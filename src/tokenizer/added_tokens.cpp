@@ -25,7 +25,8 @@ std::vector<Fragment> AddedTokenMatcher::split(std::string_view text, bool parse
   std::vector<Fragment> out;
   size_t text_begin = 0;  // start of the pending plain-text fragment
   auto emit_text = [&](size_t end) {
-    if (end > text_begin) out.push_back({text.substr(text_begin, end - text_begin), -1, text_begin});
+    if (end > text_begin)
+      out.push_back({text.substr(text_begin, end - text_begin), -1, text_begin});
   };
   for (size_t pos = 0; pos < text.size();) {
     const AddedToken* hit = nullptr;

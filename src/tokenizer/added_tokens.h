@@ -36,7 +36,7 @@ class AddedTokenMatcher {
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
  private:
-  std::vector<AddedToken> tokens_;                 // longest first
+  std::vector<AddedToken> tokens_;                        // longest first
   std::array<std::vector<uint32_t>, 256> by_first_byte_;  // indices into tokens_
 };
 

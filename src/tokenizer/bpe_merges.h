@@ -27,7 +27,8 @@ class BpeMerges {
     int32_t merged;
   };
   static uint64_t key(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   const Merge* find(int32_t left, int32_t right) const {
     const auto it = pairs_.find(key(left, right));

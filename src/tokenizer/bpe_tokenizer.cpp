@@ -13,7 +13,8 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
       ignore_merges_(spec.ignore_merges) {
   // Some vocabularies lack a few control bytes (SmolLM2 has no 0x04): like HF without
   // an unknown token, such bytes are dropped from the input.
-  for (int b = 0; b < 256; ++b) byte_ids_[b] = vocab_.find(byte_to_unicode(static_cast<unsigned char>(b)));
+  for (int b = 0; b < 256; ++b)
+    byte_ids_[b] = vocab_.find(byte_to_unicode(static_cast<unsigned char>(b)));
   merges_.reserve(spec.merges.size());
   int32_t rank = 0;
   for (const auto& [a, b] : spec.merges) {
@@ -26,8 +27,8 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
   for (int32_t id = 0; id < vocab_.size(); ++id) {
     const TokenType t = vocab_.type(id);
     // Added tokens are stored as their text, not in GPT-2 characters.
-    const bool plain = t == TokenType::Control || t == TokenType::UserDefined ||
-                       t == TokenType::Unknown;
+    const bool plain =
+        t == TokenType::Control || t == TokenType::UserDefined || t == TokenType::Unknown;
     bytes_[id] = plain ? vocab_.text(id) : byte_level_decode(vocab_.text(id));
   }
 }
@@ -56,7 +57,8 @@ void ByteLevelBpeTokenizer::encode_word(std::string_view word, std::vector<int32
   cache_.emplace(word, std::move(ids));
 }
 
-std::vector<int32_t> ByteLevelBpeTokenizer::encode(std::string_view text, bool parse_special) const {
+std::vector<int32_t> ByteLevelBpeTokenizer::encode(std::string_view text,
+                                                   bool parse_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
   std::vector<std::string_view> words;

@@ -57,6 +57,15 @@ jinja::Value to_value(const nlohmann::ordered_json& j) {
 struct ChatTemplate::Impl {
   std::unique_ptr<jinja::TemplateAst> ast;
   std::function<std::tm()> clock = local_now;
+
+  std::string render(const jinja::Value& context) const {
+    jinja::Interpreter interp(clock);
+    try {
+      return interp.render(*ast, context);
+    } catch (const jinja::JinjaError& e) {  // raised outside any statement
+      throw Error(std::string("chat template error: ") + e.what());
+    }
+  }
 };
 
 ChatTemplate::ChatTemplate(const std::string& source) : impl_(std::make_unique<Impl>()) {
@@ -70,7 +79,7 @@ void ChatTemplate::set_clock(std::function<std::tm()> now) { impl_->clock = std:
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos_token, const std::string& eos_token) const {
-  return render_value(base_context(messages, add_generation_prompt, bos_token, eos_token));
+  return impl_->render(base_context(messages, add_generation_prompt, bos_token, eos_token));
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
@@ -82,21 +91,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     const jinja::Value more = to_value(extra);
     for (const auto& [k, v] : more.object().items) ctx.object().set(k, v);
   }
-  return render_value(ctx);
+  return impl_->render(ctx);
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   DHS_CHECK(context.is_object(), "chat template context must be a JSON object");
-  return render_value(to_value(context));
-}
-
-std::string ChatTemplate::render_value(const jinja::Value& context) const {
-  jinja::Interpreter interp(impl_->clock);
-  try {
-    return interp.render(*impl_->ast, context);
-  } catch (const jinja::JinjaError& e) {  // raised outside any statement
-    throw Error(std::string("chat template error: ") + e.what());
-  }
+  return impl_->render(to_value(context));
 }
 
 }  // namespace dhs

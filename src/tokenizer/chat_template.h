@@ -12,13 +12,13 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace dhs {
-namespace jinja { class Value; }
 
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool"
   std::string content;
 };
 
+// Parsed once, rendered many times; render() is const and may run concurrently.
 class ChatTemplate {
  public:
   // Parses the template; throws dhs::Error with line/column on a syntax error.
@@ -48,8 +48,6 @@ class ChatTemplate {
   void set_clock(std::function<std::tm()> now);
 
  private:
-  std::string render_value(const jinja::Value& context) const;
-
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -3,6 +3,7 @@
 // Where jinja2 returns a generator (map, select, unique, reverse, items, batch)
 // these return a list; that only shows if a template prints one without |list.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -28,8 +29,11 @@ Value get_path(Interpreter& in, const Value& item, const Value& attribute) {
   const std::string sep = ".";
   Value cur = item;
   for (const auto& part : py_split(attribute.str(), &sep, -1)) {
-    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-    cur = in.get_item(cur, digits ? Value::integer(std::stoll(part)) : Value::string(part));
+    // "0" in "items.0.name" is an index (jinja2: int(x) if x.isdigit())
+    int64_t idx = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), idx);
+    const bool digits = !part.empty() && part[0] != '-' && ec == std::errc() && end == part.data() + part.size();
+    cur = in.get_item(cur, digits ? Value::integer(idx) : Value::string(part));
   }
   return cur;
 }

@@ -110,7 +110,7 @@ bool contains(const Value& container, const Value& item) {
         if (py_eq(x, item)) return true;
       return false;
     case Kind::Dict:
-      if (item.kind() == Kind::List || item.is_dict() || item.is_namespace())
+      if (item.kind() == Kind::List || item.is_dict())
         throw JinjaError(fmt::format("unhashable type: '{}'", type_name(item)));
       return container.object().find(item) != nullptr;
     case Kind::Undefined: return false;
@@ -119,8 +119,8 @@ bool contains(const Value& container, const Value& item) {
 }
 
 std::optional<int64_t> slice_bound(const Value& v) {
-  if (v.is_none() || v.is_undefined()) return std::nullopt;
-  if (!v.is_integral()) throw JinjaError("slice indices must be integers or None");
+  if (v.is_none()) return std::nullopt;
+  if (!v.is_integral()) throw JinjaError("slice indices must be integers or None or have an __index__ method");
   return v.as_int();
 }
 
@@ -289,9 +289,9 @@ Value Interpreter::make_macro(const Stmt& s, const ScopePtr& scope) {
   ScopePtr closure = scope;
   closures_.push_back(scope);
   const std::string name = s.kind == StmtKind::Macro ? s.text : "caller";
-  return Value::function(name, [this, def, closure, name](Interpreter&, CallArgs& a) {
-    if (call_depth_ >= limits_.max_call_depth)
-      throw JinjaError(fmt::format("macro '{}' nested more than {} calls deep", name, limits_.max_call_depth));
+  return Value::function(name, [def, closure, name](Interpreter& in, CallArgs& a) {
+    if (in.call_depth_ >= in.limits_.max_call_depth)
+      throw JinjaError(fmt::format("macro '{}' nested more than {} calls deep", name, in.limits_.max_call_depth));
     if (a.pos.size() > def->params.size())
       throw JinjaError(fmt::format("macro '{}' takes not more than {} argument(s)", name, def->params.size()));
     auto local = std::make_shared<Scope>();
@@ -317,16 +317,16 @@ Value Interpreter::make_macro(const Stmt& s, const ScopePtr& scope) {
     for (size_t i = 0; i < def->params.size(); ++i) {
       if (bound[i]) continue;
       local->vars[def->params[i]] = def->defaults[i]
-                                        ? eval(*def->defaults[i], local)
+                                        ? in.eval(*def->defaults[i], local)
                                         : Value::undefined(fmt::format("'{}' is undefined", def->params[i]));
     }
     struct DepthGuard {
       int& d;
       explicit DepthGuard(int& depth) : d(depth) { ++d; }
       ~DepthGuard() { --d; }
-    } guard(call_depth_);
+    } guard(in.call_depth_);
     std::string buf;
-    exec(def->body, local, buf);
+    in.exec(def->body, local, buf);
     return Value::string(std::move(buf));
   });
 }

@@ -83,8 +83,9 @@ class Value {
 
  private:
   Kind kind_ = Kind::Undefined;
-  std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<Array>,
-               std::shared_ptr<Object>, std::shared_ptr<Function>>
+  // Undefined keeps its message in the string alternative (empty by default).
+  std::variant<std::string, bool, int64_t, double, std::shared_ptr<Array>, std::shared_ptr<Object>,
+               std::shared_ptr<Function>>
       v_;
 };
 

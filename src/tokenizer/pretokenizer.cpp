@@ -51,7 +51,8 @@ Regex::Regex(const std::string& pattern, bool literal) {
     throw Error(fmt::format("tokenizer: bad pre-tokenizer regex at offset {}: {} (pattern: {})",
                             err_offset, reinterpret_cast<const char*>(msg), pattern));
   }
-  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  pcre2_jit_compile(code,
+                    PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
   code_ = code;
 }
 
@@ -67,7 +68,8 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof(msg));
-      throw Error(fmt::format("tokenizer: regex match failed: {}", reinterpret_cast<const char*>(msg)));
+      throw Error(
+          fmt::format("tokenizer: regex match failed: {}", reinterpret_cast<const char*>(msg)));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.data);
     const size_t b = ov[0], e = ov[1];
@@ -77,7 +79,8 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     } else {
       // Empty match: step over one character (never into the middle of one).
       start = b + 1;
-      while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+      while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80)
+        ++start;
     }
   }
 }
@@ -121,7 +124,8 @@ void PreTokenizer::add_split(const std::string& pattern, bool literal, SplitBeha
 void PreTokenizer::add_digits(bool individual) {
   // \p{N} is Rust's char::is_numeric (Nd, Nl, No), which HF's Digits uses.
   steps_.push_back({std::make_shared<Regex>(R"(\p{N})", false),
-                    individual ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, false});
+                    individual ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false,
+                    false});
 }
 
 void PreTokenizer::add_byte_level(bool add_prefix_space, bool use_regex) {

@@ -118,7 +118,8 @@ std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text,
       out.push_back(f.id);
       continue;
     }
-    bool prefix = prefix_ == SpacePrefix::Always || (prefix_ == SpacePrefix::First && f.offset == 0);
+    bool prefix =
+        prefix_ == SpacePrefix::Always || (prefix_ == SpacePrefix::First && f.offset == 0);
     if (!prefix_before_space_ && f.text.starts_with(' ')) prefix = false;
     norm.clear();
     if (prefix) norm += kSpace;
@@ -136,7 +137,8 @@ std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text,
     // Metaspace split: words begin at each "▁" (the "▁" stays with the word after it).
     const std::string_view s = norm;
     size_t begin = 0;
-    for (size_t pos = s.find(kSpace, 1); pos != std::string_view::npos; pos = s.find(kSpace, pos + 1)) {
+    for (size_t pos = s.find(kSpace, 1); pos != std::string_view::npos;
+         pos = s.find(kSpace, pos + 1)) {
       if (pos > begin) encode_word(s.substr(begin, pos - begin), out);
       begin = pos;
     }

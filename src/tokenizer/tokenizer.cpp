@@ -2,9 +2,8 @@
 // SentencePiece-style with byte fallback) and tokenizer_config.json (bos/eos,
 // add_bos_token, chat_template). The GGUF factory is in tokenizer_gguf.cpp.
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -81,13 +80,15 @@ PreTokenizer parse_byte_level_pre(const json& pre) {
     } else if (type == "Split") {
       const json& pat = c.at("pattern");
       const bool literal = pat.contains("String");
-      const std::string pattern = literal ? pat["String"].get<std::string>() : pat.at("Regex").get<std::string>();
+      const std::string pattern =
+          literal ? pat["String"].get<std::string>() : pat.at("Regex").get<std::string>();
       p.add_split(pattern, literal, parse_behavior(str_or(c, "behavior", "Isolated")),
                   bool_or(c, "invert", false));
     } else if (type == "Digits") {
       p.add_digits(bool_or(c, "individual_digits", false));
     } else {
-      throw Error(fmt::format("tokenizer.json: unsupported pre_tokenizer '{}' for byte-level BPE", type));
+      throw Error(
+          fmt::format("tokenizer.json: unsupported pre_tokenizer '{}' for byte-level BPE", type));
     }
   });
   return p;
@@ -124,10 +125,8 @@ std::string template_bos(const json& post) {
   return bos;
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer_json_path,
-                                                    const std::string& tokenizer_config_path) {
+std::unique_ptr<Tokenizer> load_hf_files(const std::string& tokenizer_json_path,
+                                         const std::string& tokenizer_config_path) {
   const json j = read_json(tokenizer_json_path);
   DHS_CHECK(j.contains("model") && j["model"].is_object(), "tokenizer.json: no model in {}",
             tokenizer_json_path);
@@ -148,7 +147,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
     tokens[id] = text;
     types[id] = type;
   };
-  for (const auto& [text, id] : model.at("vocab").items()) put(id.get<int64_t>(), text, TokenType::Normal);
+  for (const auto& [text, id] : model.at("vocab").items())
+    put(id.get<int64_t>(), text, TokenType::Normal);
   std::vector<AddedToken> added;
   if (j.contains("added_tokens")) {
     for (const json& a : j["added_tokens"]) {
@@ -163,7 +163,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
     }
   }
   for (size_t i = 0; i < tokens.size(); ++i)  // holes in the id space
-    if (types[i] == TokenType::Unused && tokens[i].empty()) tokens[i] = fmt::format("<unused_{}>", i);
+    if (types[i] == TokenType::Unused && tokens[i].empty())
+      tokens[i] = fmt::format("<unused_{}>", i);
 
   const json pre = j.value("pre_tokenizer", json());
   const json norm = j.value("normalizer", json());
@@ -205,7 +206,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
     if (metaspace) {
       for_each_component(pre, [&](const json& c) {
         const std::string type = str_or(c, "type", "");
-        DHS_CHECK(type == "Metaspace", "tokenizer.json: unsupported pre_tokenizer '{}' with Metaspace", type);
+        DHS_CHECK(type == "Metaspace",
+                  "tokenizer.json: unsupported pre_tokenizer '{}' with Metaspace", type);
         DHS_CHECK(str_or(c, "replacement", "\xE2\x96\x81") == "\xE2\x96\x81",
                   "tokenizer.json: Metaspace replacement other than U+2581 is not supported");
         // Older files: add_prefix_space; newer: prepend_scheme always / first / never.
@@ -218,7 +220,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
       });
       spec.prefix_before_space = false;
     } else {
-      DHS_CHECK(pre.is_null(), "tokenizer.json: unsupported pre_tokenizer for SentencePiece-style BPE");
+      DHS_CHECK(pre.is_null(),
+                "tokenizer.json: unsupported pre_tokenizer for SentencePiece-style BPE");
       spec.prefix = prepend ? SpacePrefix::Always : SpacePrefix::Never;
       spec.prefix_before_space = true;
     }
@@ -227,14 +230,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
       for (size_t i = 0; i < tokens.size(); ++i)
         if (tokens[i] == unk) {
           spec.unk_id = static_cast<int32_t>(i);
-          if (types[i] == TokenType::Control || types[i] == TokenType::Normal) types[i] = TokenType::Unknown;
+          if (types[i] == TokenType::Control || types[i] == TokenType::Normal)
+            types[i] = TokenType::Unknown;
           break;
         }
     }
     if (byte_fallback) {
       for (size_t i = 0; i < tokens.size(); ++i)
-        if (types[i] == TokenType::Normal && tokens[i].size() == 6 && tokens[i].starts_with("<0x") &&
-            tokens[i].ends_with(">"))
+        if (types[i] == TokenType::Normal && tokens[i].size() == 6 &&
+            tokens[i].starts_with("<0x") && tokens[i].ends_with(">"))
           types[i] = TokenType::Byte;
     }
     spec.vocab = Vocab(std::move(tokens), std::move(types));
@@ -279,6 +283,18 @@ std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer
   }
   tok->set_meta(meta);
   return tok;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> Tokenizer::from_hf_files(const std::string& tokenizer_json_path,
+                                                    const std::string& tokenizer_config_path) {
+  try {
+    return load_hf_files(tokenizer_json_path, tokenizer_config_path);
+  } catch (const json::exception& e) {  // a field of the wrong type or missing
+    throw Error(
+        fmt::format("tokenizer: unexpected content in {}: {}", tokenizer_json_path, e.what()));
+  }
 }
 
 }  // namespace dhs

@@ -63,8 +63,8 @@ void TokenizerBase::set_meta(const TokenizerMeta& meta) {
   // End-of-turn / end-of-text markers of the common chat formats. Only special
   // tokens count: a plain vocabulary entry spelled "</s>" ends nothing.
   static const char* const kEndMarkers[] = {
-      "<|im_end|>",  "<|eot_id|>",   "<|eom_id|>", "<|end_of_text|>", "<end_of_turn>",
-      "</s>",        "<|endoftext|>", "<|end|>",
+      "<|im_end|>",    "<|eot_id|>", "<|eom_id|>",    "<|end_of_text|>",
+      "<end_of_turn>", "</s>",       "<|endoftext|>", "<|end|>",
   };
   for (const char* name : kEndMarkers) {
     const int32_t id = vocab_.find(name);

@@ -35,7 +35,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
   DHS_CHECK(model == "gpt2" || model == "llama",
             "tokenizer: unsupported tokenizer.ggml.model '{}' (supported: gpt2, llama)", model);
-  std::vector<std::string> tokens = f.at("tokenizer.ggml.tokens").as_strings("tokenizer.ggml.tokens");
+  std::vector<std::string> tokens =
+      f.at("tokenizer.ggml.tokens").as_strings("tokenizer.ggml.tokens");
   std::vector<TokenType> types(tokens.size(), TokenType::Normal);
   if (const gguf::Value* v = f.find("tokenizer.ggml.token_type")) {
     const std::vector<int64_t>& tt = v->as_ints("tokenizer.ggml.token_type");
@@ -67,10 +68,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::GgufFile& f) {
     tok = std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
   } else {
     SentencePieceSpec spec;
-    const std::vector<double>& scores = f.at("tokenizer.ggml.scores").as_floats("tokenizer.ggml.scores");
+    const std::vector<double>& scores =
+        f.at("tokenizer.ggml.scores").as_floats("tokenizer.ggml.scores");
     spec.scores.assign(scores.begin(), scores.end());
     spec.prefix = optional_bool(f, "tokenizer.ggml.add_space_prefix", true) ? SpacePrefix::Always
-                                                                           : SpacePrefix::Never;
+                                                                            : SpacePrefix::Never;
     spec.prefix_before_space = true;
     spec.unk_id = optional_id(f, "tokenizer.ggml.unknown_token_id");
     if (spec.unk_id < 0) {

@@ -15,7 +15,7 @@ enum class TokenType : uint8_t {
   Control = 3,      // special tokens: <|im_start|>, <s>, ...
   UserDefined = 4,  // added tokens that are not special: matched in text, never merged
   Unused = 5,
-  Byte = 6,         // SentencePiece byte fallback <0xNN>
+  Byte = 6,  // SentencePiece byte fallback <0xNN>
 };
 
 // Lets string-keyed unordered maps be searched with a string_view.

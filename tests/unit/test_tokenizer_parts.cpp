@@ -41,7 +41,11 @@ TEST(TokenizerUtf8, SanitizeHoldsBackTruncatedTail) {
   EXPECT_EQ(held, 2u);
   EXPECT_EQ(sanitize("ab\xE4\xBD", true), "ab\xEF\xBF\xBD");
   // Invalid bytes in the middle never wait: one U+FFFD per maximal subpart.
-  EXPECT_EQ(sanitize("a\xFF" "b\xE0\x80", false), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(sanitize("a\xFF"
+                     "b\xE0\x80",
+                     false),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_TRUE(utf8::is_valid("h\xC3\xA9llo \xE4\xBD\xA0"));
   EXPECT_FALSE(utf8::is_valid("\xC3"));
 }
@@ -59,7 +63,8 @@ TEST(TokenizerByteMap, IsGpt2sAndReversible) {
 }
 
 // The plain definition of BPE: merge the best-ranked adjacent pair, leftmost first.
-std::vector<int32_t> naive_bpe(std::vector<int32_t> s, const std::map<std::pair<int, int>, std::pair<int, int>>& m) {
+std::vector<int32_t> naive_bpe(std::vector<int32_t> s,
+                               const std::map<std::pair<int, int>, std::pair<int, int>>& m) {
   for (;;) {
     int best = -1, best_rank = 0;
     for (size_t i = 0; i + 1 < s.size(); ++i) {
@@ -112,7 +117,8 @@ TEST(TokenizerPreTokenizer, Gpt2Regex) {
   const PreTokenizer p = PreTokenizer::from_gguf_pre("gpt2");
   EXPECT_EQ(split(p, "Hello world's  test 123!!\n"),
             (Words{"Hello", " world", "'s", " ", " test", " 123", "!!", "\n"}));
-  EXPECT_EQ(split(p, "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD"), (Words{"caf\xC3\xA9", " \xE4\xBD\xA0\xE5\xA5\xBD"}));
+  EXPECT_EQ(split(p, "caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD"),
+            (Words{"caf\xC3\xA9", " \xE4\xBD\xA0\xE5\xA5\xBD"}));
   EXPECT_EQ(split(p, ""), Words{});
 }
 
@@ -130,7 +136,10 @@ TEST(TokenizerPreTokenizer, Llama3GroupsDigitsByThree) {
 
 TEST(TokenizerPreTokenizer, InvalidUtf8FallsBetweenMatches) {
   const PreTokenizer p = PreTokenizer::from_gguf_pre("gpt2");
-  EXPECT_EQ(split(p, "ab\xFF" "cd"), (Words{"ab", "\xFF", "cd"}));
+  EXPECT_EQ(split(p,
+                  "ab\xFF"
+                  "cd"),
+            (Words{"ab", "\xFF", "cd"}));
 }
 
 TEST(TokenizerPreTokenizer, SplitBehaviors) {
@@ -151,12 +160,15 @@ TEST(TokenizerPreTokenizer, UnknownGgufPreIsAClearError) {
     PreTokenizer::from_gguf_pre("no-such-pre");
     FAIL() << "expected dhs::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported tokenizer.ggml.pre 'no-such-pre'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unsupported tokenizer.ggml.pre 'no-such-pre'"),
+              std::string::npos);
   }
 }
 
 TEST(TokenizerAddedTokens, LongestLeftmostAndSpecialOnlyWhenParsed) {
-  const AddedTokenMatcher m({{1, "<|im", true}, {2, "<|im_start|>", true}, {3, "[X]", false},
+  const AddedTokenMatcher m({{1, "<|im", true},
+                             {2, "<|im_start|>", true},
+                             {3, "[X]", false},
                              {4, "<L>", true, /*lstrip=*/true, /*rstrip=*/true}});
   auto ids = [&](std::string_view text, bool parse_special) {
     std::vector<std::string> out;

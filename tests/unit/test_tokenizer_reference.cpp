@@ -1,17 +1,17 @@
 // Tokenizers against Hugging Face `tokenizers` reference ids (tests/data/tokenizer/,
 // made by scripts/make_tokenizer_reference.py): SmolLM2's byte-level BPE from the
-// default model's GGUF and from tokenizer.json, Mistral's SentencePiece BPE from
-// tokenizer.json (legacy and Metaspace layouts) and from a vocab-only GGUF. Also
-// round trips, streaming decode, special-token metadata and encode speed.
+// default model's GGUF and from tokenizer.json, a synthetic Llama-3-layout
+// tokenizer.json, Mistral's SentencePiece BPE from tokenizer.json (legacy and
+// Metaspace layouts) and from a vocab-only GGUF. Also round trips, streaming decode,
+// special-token metadata and encode speed.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "core/error.h"
 #include "model/gguf_file.h"
@@ -48,7 +48,8 @@ std::vector<Case> load_cases(const std::string& path) {
     k.decoded = c.at("decoded");
     k.ids = c.at("ids").get<std::vector<int32_t>>();
     k.ids_plain = c.at("ids_plain").get<std::vector<int32_t>>();
-    if (c.contains("ids_metaspace")) k.ids_metaspace = c["ids_metaspace"].get<std::vector<int32_t>>();
+    if (c.contains("ids_metaspace"))
+      k.ids_metaspace = c["ids_metaspace"].get<std::vector<int32_t>>();
     cases.push_back(std::move(k));
   }
   EXPECT_GE(cases.size(), 40u);
@@ -117,9 +118,9 @@ std::unique_ptr<Tokenizer> smollm2_from_gguf() {
   return Tokenizer::from_gguf(f);
 }
 
-#define SKIP_WITHOUT_MODEL()                                                               \
-  if (!fs::exists(test::default_model_path()))                                             \
-  GTEST_SKIP() << "default model " << test::default_model_path()                          \
+#define SKIP_WITHOUT_MODEL()                                     \
+  if (!fs::exists(test::default_model_path()))                   \
+  GTEST_SKIP() << "default model " << test::default_model_path() \
                << " not present (scripts/fetch_model.sh downloads it)"
 
 void expect_smollm2_meta(const Tokenizer& tok) {
@@ -183,6 +184,19 @@ TEST(TokenizerSmolLM2, Encodes100KBFast) {
   EXPECT_LT(seconds_to_encode(*tok, word), 1.0);
 }
 
+// ---- Llama-3 layout (synthetic vocabulary) -----------------------------------------
+
+TEST(TokenizerLlama3Layout, SplitRegexIgnoreMergesAndTemplateBos) {
+  // Split(Llama-3 regex) + ByteLevel(no regex), ignore_merges, "a b" merges, a
+  // non-special added token, BOS from the TemplateProcessing post-processor.
+  const auto tok = Tokenizer::from_hf_files(data("synthetic_llama3/tokenizer.json"), "");
+  EXPECT_EQ(tok->kind(), TokenizerKind::ByteLevelBpe);
+  EXPECT_EQ(tok->bos_id(), tok->token_id("<|begin_of_text|>"));
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_FALSE(tok->is_special(tok->token_id("<tool>")));
+  expect_reference(*tok, load_cases(data("synthetic_llama3/reference.json")));
+}
+
 // ---- Mistral: SentencePiece BPE ---------------------------------------------------
 
 void expect_mistral_meta(const Tokenizer& tok) {
@@ -194,7 +208,8 @@ void expect_mistral_meta(const Tokenizer& tok) {
   EXPECT_EQ(tok.stop_ids(), std::vector<int32_t>{2});
   EXPECT_TRUE(tok.is_special(0));  // <unk>
   // Byte fallback tokens decode to their byte; BOS is skipped, then the prefix space.
-  EXPECT_EQ(tok.decode({1, tok.token_id("\xE2\x96\x81Hello"), tok.token_id("<0x21>")}, true), "Hello!");
+  EXPECT_EQ(tok.decode({1, tok.token_id("\xE2\x96\x81Hello"), tok.token_id("<0x21>")}, true),
+            "Hello!");
 }
 
 TEST(TokenizerMistral, TokenizerJsonMatchesHfReference) {
@@ -208,11 +223,16 @@ TEST(TokenizerMistral, MetaspaceLayoutMatchesHfReference) {
   // The same vocabulary the newer way: no normalizer, Metaspace(prepend_scheme first).
   json j = read_json(data("mistral/tokenizer.json"));
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                        {"prepend_scheme", "first"}, {"split", false}};
-  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                  {"prepend_scheme", "first"}, {"split", false}};
-  const fs::path path = fs::temp_directory_path() / ("dhs_metaspace_" + std::to_string(::getpid()) + ".json");
+  j["pre_tokenizer"] = {{"type", "Metaspace"},
+                        {"replacement", "\xE2\x96\x81"},
+                        {"prepend_scheme", "first"},
+                        {"split", false}};
+  j["decoder"] = {{"type", "Metaspace"},
+                  {"replacement", "\xE2\x96\x81"},
+                  {"prepend_scheme", "first"},
+                  {"split", false}};
+  const fs::path path =
+      fs::temp_directory_path() / ("dhs_metaspace_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << j.dump();
   const auto tok = Tokenizer::from_hf_files(path.string(), "");
   fs::remove(path);
@@ -265,7 +285,8 @@ TEST(TokenizerBytes, RandomBytesRoundTrip) {
 
 TEST(TokenizerErrors, MissingOrUnsupportedFiles) {
   EXPECT_THROW(Tokenizer::from_hf_files(data("no/such/tokenizer.json"), ""), Error);
-  const fs::path path = fs::temp_directory_path() / ("dhs_wordpiece_" + std::to_string(::getpid()) + ".json");
+  const fs::path path =
+      fs::temp_directory_path() / ("dhs_wordpiece_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})";
   try {
     Tokenizer::from_hf_files(path.string(), "");
@@ -273,6 +294,9 @@ TEST(TokenizerErrors, MissingOrUnsupportedFiles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos) << e.what();
   }
+  // A field of the wrong type is a dhs::Error too, not a JSON library exception.
+  std::ofstream(path, std::ios::trunc) << R"({"model": {"type": "BPE", "vocab": {"a": "zero"}}})";
+  EXPECT_THROW(Tokenizer::from_hf_files(path.string(), ""), Error);
   fs::remove(path);
 }
 
