@@ -3,3 +3,4 @@ dhs_test(test_engine LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine.cpp
 add_test(NAME test_cli COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_cli.sh $<TARGET_FILE:dhisparse> ${DHS_MODELS_DIR}/SmolLM2-135M-Instruct.Q4_1.gguf)
 set_tests_properties(test_cli PROPERTIES LABELS e2e SKIP_RETURN_CODE 77)
 dhs_test(test_hf_vs_gguf LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hf_vs_gguf.cpp LIBS dhs_engine nlohmann_json::nlohmann_json)
+include(${CMAKE_CURRENT_LIST_DIR}/tiny.cmake)
