@@ -4,13 +4,15 @@
 
 namespace dhs {
 
-PagePool::PagePool(Tier tier, int64_t n_pages, int page_size, int head_dim)
+PagePool::PagePool(Tier tier, int64_t n_pages, int page_size, int head_dim, bool with_storage)
     : tier_(tier), n_pages_(n_pages), page_size_(page_size), head_dim_(head_dim) {
   DHS_CHECK(n_pages > 0 && n_pages < (int64_t{1} << 31), "page pool: bad page count {}", n_pages);
   DHS_CHECK(page_size > 0 && head_dim > 0, "page pool: bad page shape {}x{}", page_size, head_dim);
   const size_t n_elems = static_cast<size_t>(n_pages) * page_size * head_dim;
-  k_.assign(n_elems, 0.0f);
-  v_.assign(n_elems, 0.0f);
+  if (with_storage) {
+    k_.assign(n_elems, 0.0f);
+    v_.assign(n_elems, 0.0f);
+  }
   used_.assign(static_cast<size_t>(n_pages), 0);
   free_.reserve(static_cast<size_t>(n_pages));
   // Highest slot at the bottom so slots come out in ascending order (easier to read in tests).

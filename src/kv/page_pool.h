@@ -20,12 +20,15 @@ struct PoolStats {
 
 class PagePool {
  public:
-  PagePool(Tier tier, int64_t n_pages, int page_size, int head_dim);
+  // with_storage = false: allocator and accounting only, for pools whose pages
+  // live elsewhere (the CUDA backend's HBM pool); k_page/v_page must not be used.
+  PagePool(Tier tier, int64_t n_pages, int page_size, int head_dim, bool with_storage = true);
 
   Tier tier() const { return tier_; }
   int page_size() const { return page_size_; }
   int head_dim() const { return head_dim_; }
   int64_t n_pages() const { return n_pages_; }
+  bool has_storage() const { return !k_.empty(); }
   int64_t n_free() const { return static_cast<int64_t>(free_.size()); }
   int64_t n_used() const { return n_pages_ - n_free(); }
   PoolStats stats() const { return {n_pages_, n_free(), n_used()}; }

@@ -1,11 +1,18 @@
 #include "kv/page_table.h"
 
+#include <atomic>
+
 #include "core/error.h"
 
 namespace dhs {
 
+namespace {
+std::atomic<uint64_t> g_next_table_id{1};
+}
+
 PageTable::PageTable(int n_layers, int n_heads_kv, int page_size)
-    : n_layers_(n_layers), n_heads_kv_(n_heads_kv), page_size_(page_size) {
+    : id_(g_next_table_id++),
+      n_layers_(n_layers), n_heads_kv_(n_heads_kv), page_size_(page_size) {
   DHS_CHECK(n_layers > 0 && n_heads_kv > 0 && page_size > 0, "page table: bad shape");
   lists_.resize(static_cast<size_t>(n_layers) * n_heads_kv);
 }

@@ -22,6 +22,9 @@ class PageTable {
   PageTable(PageTable&&) noexcept = default;
   PageTable& operator=(PageTable&&) noexcept = default;
 
+  // Unique per constructed table (never reused), so mirrors of it (the device page
+  // table) can tell a new request in a reused slot from the one they copied.
+  uint64_t id() const { return id_; }
   int n_layers() const { return n_layers_; }
   int n_heads_kv() const { return n_heads_kv_; }
   int page_size() const { return page_size_; }
@@ -62,6 +65,7 @@ class PageTable {
   void set_page(List& l, int64_t page_idx, PageRef p);
   void shrink_to_pages(PagePool& pool, int64_t n_pages);
 
+  uint64_t id_;
   int n_layers_, n_heads_kv_, page_size_;
   int64_t n_tokens_ = 0;
   int64_t n_pages_ = 0;

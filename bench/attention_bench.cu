@@ -1,0 +1,307 @@
+// Per-layer decode attention benchmark on Llama-3.1-8B shapes (32 q heads, 8 KV heads,
+// d 128, page 16, q_len 1): dense lists and sparse lists (a random ~30% of each head's
+// pages, different per head) over a pool whose pages are shuffled, and dense lists over
+// contiguous pages (SDPA's layout), ctx 8k/32k/128k x batch 1/4/8/32. Each sample is one CUDA
+// graph replay of the op (split-KV kernel + merge kernel), timed with events, with L2
+// flushed before it (a kernel reads a 256 MiB buffer; L2 is 60 MB). GB/s = KV bytes read / time.
+// Appends JSON lines to --out; the PyTorch anchor (anchors/sdpa_anchor.py) appends its
+// rows to the same file in the same device call (bench/device_run.sh).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
+#include "backend/cuda/device_page_pool.h"
+#include "core/fp16.h"
+#include "kv/page_lists.h"
+
+namespace {
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 16;
+constexpr size_t kFlushBytes = size_t{256} << 20;
+
+// Reads the flush buffer: fills L2 with clean lines of other data (a memset would leave
+// dirty lines whose write-back would be charged to the next timed kernel).
+__global__ void l2_flush_kernel(const int4* __restrict__ buf, size_t n, int* sink) {
+  int acc = 0;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int4 v = __ldcg(buf + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7f3a5c11) *sink = acc;  // keeps the loads
+}
+
+struct Options {
+  std::string out, tune_out, commit = "unknown", run_id = "";
+  int reps = 50;
+  int stages = 3;
+  int min_pages = 8;
+  bool tune = false;
+  bool quick = false;
+};
+
+struct Timing {
+  double median_us = 0;
+  std::vector<double> samples_us;
+};
+
+// Lists for batch x kHkv rows of n_pg pages each; keep_frac < 1 keeps the first and last page
+// plus each other page with that probability (sorted, as a policy emits them).
+dhs::PageLists make_lists(int batch, int ctx, double keep_frac, const std::vector<int32_t>& perm, std::mt19937& rng) {
+  dhs::PageLists L;
+  L.n_requests = batch;
+  L.n_heads_kv = kHkv;
+  L.seq_len.assign(static_cast<size_t>(batch), ctx);
+  const int n_pg = ctx / kPage;
+  L.indptr.reserve(static_cast<size_t>(batch) * kHkv + 1);
+  L.indptr.push_back(0);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (int r = 0; r < batch; ++r)
+    for (int h = 0; h < kHkv; ++h) {
+      const size_t base = static_cast<size_t>(r * kHkv + h) * n_pg;
+      for (int i = 0; i < n_pg; ++i) {
+        if (keep_frac < 1.0 && i != 0 && i != n_pg - 1 && u(rng) >= keep_frac) continue;
+        L.slots.push_back(perm[base + static_cast<size_t>(i)]);
+        L.page_pos.push_back(i);
+      }
+      L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
+    }
+  return L;
+}
+
+struct Bench {
+  Options opt;
+  std::string gpu;
+  int n_sm = 0;
+  dhs::cuda::DevicePagePool* pool = nullptr;
+  dhs::cuda::DevicePageLists* lists = nullptr;
+  __nv_bfloat16* q_d = nullptr;
+  __nv_bfloat16* out_d = nullptr;
+  int32_t* q_indptr_d = nullptr;
+  uint8_t* flush_d = nullptr;
+  cudaStream_t stream = nullptr;
+  FILE* out = nullptr;
+  FILE* tune_out = nullptr;
+
+  // Median over reps graph replays of the op, L2 flushed before each.
+  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps) {
+    dhs::cuda::DecodeAttentionArgs a;
+    a.q_d = q_d;
+    a.q_indptr_d = q_indptr_d;
+    a.max_q_len = 1;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    a.out_d = out_d;
+    a.min_pages_per_worker = min_pages;
+    (void)batch;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    DHS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    dhs::cuda::decode_attention(a, *lists, *pool, ws, stream);
+    DHS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) DHS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * reps));
+    for (auto& e : ev) DHS_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < reps; ++i) {
+      l2_flush_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const int4*>(flush_d), kFlushBytes / 16,
+                                                 reinterpret_cast<int*>(flush_d));
+      DHS_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * i)], stream));
+      DHS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      DHS_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], stream));
+    }
+    DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    Timing t;
+    for (int i = 0; i < reps; ++i) {
+      float ms = 0;
+      DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[static_cast<size_t>(2 * i)], ev[static_cast<size_t>(2 * i + 1)]));
+      t.samples_us.push_back(ms * 1e3);
+    }
+    for (auto& e : ev) DHS_CUDA_CHECK(cudaEventDestroy(e));
+    DHS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    DHS_CUDA_CHECK(cudaGraphDestroy(graph));
+    std::vector<double> s = t.samples_us;
+    std::sort(s.begin(), s.end());
+    t.median_us = s[s.size() / 2];
+    return t;
+  }
+
+  bool output_finite(int batch) {
+    std::vector<uint16_t> h(static_cast<size_t>(batch) * kHq * kD);
+    DHS_CUDA_CHECK(cudaMemcpy(h.data(), out_d, h.size() * 2, cudaMemcpyDeviceToHost));
+    for (uint16_t x : h)
+      if (!std::isfinite(dhs::bf16_to_f32(x))) return false;
+    return true;
+  }
+
+  void emit(FILE* f, const char* impl, int ctx, int batch, const Timing& t, double bytes, double frac,
+            const dhs::cuda::DecodeAttentionWorkspace& ws, int min_pages) {
+    if (f == nullptr) return;
+    std::fprintf(f,
+                 "{\"commit\":\"%s\",\"run_id\":\"%s\",\"gpu\":\"%s\",\"impl\":\"%s\",\"ctx\":%d,\"batch\":%d,"
+                 "\"q_len\":1,\"n_heads_q\":%d,\"n_heads_kv\":%d,\"head_dim\":%d,\"page_size\":%d,"
+                 "\"us\":%.2f,\"GBps\":%.1f,\"kv_bytes\":%.0f,\"pages_read_frac\":%.4f,\"n_workers\":%d,"
+                 "\"stages\":%d,\"min_pages_per_worker\":%d,\"page_layout\":\"%s\",\"timing\":\"cuda graph replay, events, L2 flushed "
+                 "by reading 256 MiB before each sample, median\",\"samples\":[",
+                 opt.commit.c_str(), opt.run_id.c_str(), gpu.c_str(), impl, ctx, batch, kHq, kHkv, kD, kPage,
+                 t.median_us, bytes / t.median_us / 1e3, bytes, frac, ws.n_workers(), ws.stages(), min_pages,
+                 std::strstr(impl, "contig") ? "each head's pages contiguous in the pool"
+                                             : "pages shuffled over the pool");
+    for (size_t i = 0; i < t.samples_us.size(); ++i)
+      std::fprintf(f, "%s%.2f", i ? "," : "", t.samples_us[i]);
+    std::fprintf(f, "]}\n");
+    std::fflush(f);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "missing value for %s\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--out") opt.out = next();
+    else if (a == "--tune-out") opt.tune_out = next();
+    else if (a == "--commit") opt.commit = next();
+    else if (a == "--run-id") opt.run_id = next();
+    else if (a == "--reps") opt.reps = std::stoi(next());
+    else if (a == "--stages") opt.stages = std::stoi(next());
+    else if (a == "--min-pages") opt.min_pages = std::stoi(next());
+    else if (a == "--tune") opt.tune = true;
+    else if (a == "--quick") opt.quick = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: attention_bench [--out F.jsonl] [--commit SHA] [--run-id ID] [--reps N] [--stages 2|3|4]\n"
+                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick]\n");
+      return 2;
+    }
+  }
+  if (dhs::cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU\n");
+    return 0;
+  }
+  Bench b;
+  b.opt = opt;
+  cudaDeviceProp prop;
+  DHS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  b.gpu = prop.name;
+  b.n_sm = prop.multiProcessorCount;
+  if (!opt.out.empty()) b.out = std::fopen(opt.out.c_str(), "a");
+  if (!opt.tune_out.empty()) b.tune_out = std::fopen(opt.tune_out.c_str(), "a");
+
+  const std::vector<int> ctxs = opt.quick ? std::vector<int>{8192, 131072} : std::vector<int>{8192, 32768, 131072};
+  const std::vector<int> batches = opt.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 4, 8, 32};
+  int64_t max_pages = 0;
+  for (int c : ctxs)
+    for (int bt : batches) max_pages = std::max<int64_t>(max_pages, int64_t{bt} * kHkv * (c / kPage));
+  size_t free_b = 0, total_b = 0;
+  DHS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t page_bytes = size_t{2} * kPage * kD * 2;  // K + V
+  const size_t budget = free_b - (size_t{4} << 30);       // leave 4 GiB for everything else
+  max_pages = std::min<int64_t>(max_pages, static_cast<int64_t>(budget / page_bytes));
+  std::printf("gpu %s, %d SMs, pool %lld head-pages (%.1f GB K+V), free %.1f GB\n", b.gpu.c_str(), b.n_sm,
+              static_cast<long long>(max_pages), max_pages * page_bytes / 1e9, free_b / 1e9);
+
+  dhs::cuda::DevicePagePool pool(max_pages, kPage, kD);
+  pool.fill_random(1, -1.0f, 1.0f, nullptr);
+  dhs::cuda::DevicePageLists lists(32, kHkv, max_pages);
+  b.pool = &pool;
+  b.lists = &lists;
+  DHS_CUDA_CHECK(cudaMalloc(&b.q_d, size_t{32} * kHq * kD * 2));
+  DHS_CUDA_CHECK(cudaMalloc(&b.out_d, size_t{32} * kHq * kD * 2));
+  DHS_CUDA_CHECK(cudaMalloc(&b.q_indptr_d, 33 * 4));
+  DHS_CUDA_CHECK(cudaMalloc(&b.flush_d, kFlushBytes));
+  DHS_CUDA_CHECK(cudaMemset(b.flush_d, 0x11, kFlushBytes));
+  dhs::cuda::fill_random_bf16(b.q_d, size_t{32} * kHq * kD, 7, -3.0f, 3.0f, nullptr);
+  std::vector<int32_t> qi(33);
+  std::iota(qi.begin(), qi.end(), 0);
+  DHS_CUDA_CHECK(cudaMemcpy(b.q_indptr_d, qi.data(), 33 * 4, cudaMemcpyHostToDevice));
+  DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+
+  dhs::cuda::DecodeAttentionWorkspace ws(32, kHq, kHkv, kD, 1, opt.stages);
+  std::printf("workspace: %d workers (warps), %.1f MB partials, stages %d, min pages/worker %d\n", ws.n_workers(),
+              ws.bytes() / 1e6, ws.stages(), opt.min_pages);
+
+  std::mt19937 rng(42);
+  std::printf("%-7s %-6s %-11s %10s %9s %8s\n", "ctx", "batch", "impl", "us", "GB/s", "frac");
+  for (int ctx : ctxs)
+    for (int batch : batches) {
+      const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
+      if (n_pages > max_pages) {
+        std::printf("%-7d %-6d skipped: %lld pages do not fit\n", ctx, batch, static_cast<long long>(n_pages));
+        continue;
+      }
+      // Each head's pages are scattered over the pool, as after many allocations.
+      std::vector<int32_t> perm(static_cast<size_t>(n_pages));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> identity(static_cast<size_t>(n_pages));
+      std::iota(identity.begin(), identity.end(), 0);
+      // 0: dense, pages scattered over the pool (a pool after churn); 1: sparse30, scattered;
+      // 2: dense, each head's pages contiguous in the pool (SDPA's layout: like for like).
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool sparse = variant == 1;
+        const dhs::PageLists L = make_lists(batch, ctx, sparse ? 0.3 : 1.0, variant == 2 ? identity : perm, rng);
+        lists.upload(L);
+        const double frac = static_cast<double>(L.nnz()) / static_cast<double>(n_pages);
+        const double bytes = static_cast<double>(L.nnz()) * page_bytes;
+        const Timing t = b.time_op(ws, batch, opt.min_pages, opt.reps);
+        const char* impl = variant == 0 ? "dhisparse-dense" : variant == 1 ? "dhisparse-sparse30" : "dhisparse-dense-contig";
+        std::printf("%-7d %-6d %-18s %10.1f %9.1f %8.3f%s\n", ctx, batch, impl, t.median_us,
+                    bytes / t.median_us / 1e3, frac, b.output_finite(batch) ? "" : "  NON-FINITE OUTPUT");
+        b.emit(b.out, impl, ctx, batch, t, bytes, frac, ws, opt.min_pages);
+      }
+    }
+
+  if (opt.tune) {
+    // Variant sweep (stages x min pages per worker) on the shapes of the goals.
+    std::printf("\ntuning (dense, median us): stages / min_pages\n");
+    const int shapes[][2] = {{8192, 1}, {32768, 1}, {32768, 8}, {131072, 8}};
+    for (int stages : {2, 3}) {
+      dhs::cuda::DecodeAttentionWorkspace wt(32, kHq, kHkv, kD, 1, stages);
+      for (const auto& sh : shapes) {
+        const int ctx = sh[0], batch = sh[1];
+        const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
+        if (n_pages > max_pages) continue;
+        std::vector<int32_t> perm(static_cast<size_t>(n_pages));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        lists.upload(make_lists(batch, ctx, 1.0, perm, rng));
+        std::printf("  stages %d workers %4d ctx %6d batch %2d:", stages, wt.n_workers(), ctx, batch);
+        for (int mp : {2, 4, 8, 16}) {
+          const Timing t = b.time_op(wt, batch, mp, 20);
+          std::printf("  mp%-2d %7.1f", mp, t.median_us);
+          b.emit(b.tune_out, "dhisparse-dense", ctx, batch, t, static_cast<double>(n_pages) * page_bytes, 1.0, wt,
+                 mp);
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  if (b.out) std::fclose(b.out);
+  if (b.tune_out) std::fclose(b.tune_out);
+  cudaFree(b.q_d);
+  cudaFree(b.out_d);
+  cudaFree(b.q_indptr_d);
+  cudaFree(b.flush_d);
+  return 0;
+}

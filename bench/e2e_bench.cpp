@@ -1,0 +1,158 @@
+// End-to-end decode on the Llama-3.1-8B shape with random bf16 weights (speed
+// does not depend on weight values): time per output token (one captured decode
+// step: all 32 layers, logits and sampling) at each context x batch whose KV fits
+// in HBM, next to the floor (weight bytes + KV bytes) / measured read bandwidth;
+// plus chunked prefill throughput and TTFT. JSON lines to --out.
+//   e2e_bench [--ctx 8192,32768,131072] [--batch 1,4,8,32] [--prefill 32768,131072] [--out FILE] [--commit C]
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "model/arch/llama_cuda.h"
+
+using namespace dhs;
+
+namespace {
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ',')) v.push_back(std::stoll(x));
+  return v;
+}
+
+ModelConfig llama31_8b() {
+  ModelConfig c;
+  c.name = "llama-3.1-8b-shape (random bf16)";
+  c.n_layers = 32;
+  c.hidden = 4096;
+  c.n_heads_q = 32;
+  c.n_heads_kv = 8;
+  c.head_dim = 128;
+  c.ffn_hidden = 14336;
+  c.vocab_size = 128256;
+  c.max_context = 131072;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling.kind = RopeScaling::Kind::Llama3;
+  c.rope_scaling.factor = 8.0f;
+  return c;
+}
+
+// Device-to-device copy rate (bytes read + written per second): the read ceiling we compare against.
+double measure_copy_gbps() {
+  const size_t n = size_t{4} << 30;
+  void *a, *b;
+  DHS_CUDA_CHECK(cudaMalloc(&a, n));
+  DHS_CUDA_CHECK(cudaMalloc(&b, n));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float best = 1e9f;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * static_cast<double>(n) / (best * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> ctxs = {8192, 32768, 131072}, batches = {1, 4, 8, 32}, prefills = {32768};
+  std::string out = "bench/results/decode_e2e.jsonl", commit = "unknown";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--ctx")) ctxs = parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--batch")) batches = parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--prefill")) prefills = parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--commit")) commit = argv[i + 1];
+  }
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const double copy_gbps = measure_copy_gbps();
+  std::printf("gpu %s, device copy %.0f GB/s (read+write)\n", prop.name, copy_gbps);
+  std::ofstream jl(out, std::ios::app);
+  const ModelConfig cfg = llama31_8b();
+  size_t free_b, total_b;
+  cudaMemGetInfo(&free_b, &total_b);
+  const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
+  const double weights_est = 16.06e9;
+  std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
+  for (int64_t ctx : ctxs)
+    for (int64_t batch : batches) {
+      const double kv = kv_per_token * static_cast<double>(ctx + 64) * static_cast<double>(batch);
+      if (weights_est + kv + 6e9 > static_cast<double>(free_b)) {
+        std::printf("%-7lld %-5lld  KV %.0f GB does not fit\n", static_cast<long long>(ctx), static_cast<long long>(batch), kv / 1e9);
+        continue;
+      }
+      CudaModelOptions o;
+      o.max_batch = static_cast<int>(batch);
+      o.max_step_tokens = 2048;
+      o.max_context = ctx + 64;
+      auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+      m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
+      std::vector<PageTable> ts;
+      std::vector<int32_t> tok(static_cast<size_t>(batch), 42);
+      std::vector<LlamaCuda::Seq> b;
+      for (int64_t r = 0; r < batch; ++r) ts.emplace_back(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
+      for (int64_t r = 0; r < batch; ++r) {
+        // A context of ctx tokens whose KV is random: attention reads it all the same.
+        ts[static_cast<size_t>(r)].reserve(m->allocator(), ctx + 1);
+        ts[static_cast<size_t>(r)].commit(ctx);
+        b.push_back(LlamaCuda::Seq{&ts[static_cast<size_t>(r)], static_cast<int>(r), &tok[static_cast<size_t>(r)], 1});
+      }
+      const double ms = m->time_decode_step(b, 50);
+      const double bytes = static_cast<double>(m->weight_bytes()) + kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
+      const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
+      std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f\n", static_cast<long long>(ctx), static_cast<long long>(batch), ms, floor_ms,
+                  static_cast<double>(batch) / ms * 1e3, ms / floor_ms);
+      jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
+         << ",\"batch\":" << batch << ",\"policy\":\"dense\",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
+         << ",\"weight_bytes\":" << m->weight_bytes() << ",\"kv_bytes\":" << kv_per_token * ctx * batch
+         << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";
+      for (auto& t : ts) t.release(m->allocator());
+    }
+  // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole.
+  for (int64_t n : prefills) {
+    CudaModelOptions o;
+    o.max_batch = 1;
+    o.max_step_tokens = 2048;
+    o.max_context = n + 16;
+    auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+    PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
+    cudaDeviceSynchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < n; s += 2048) {
+      const int64_t c = std::min<int64_t>(2048, n - s);
+      t.reserve(m->allocator(), c);
+      m->forward({LlamaCuda::Seq{&t, 0, ids.data() + s, c}}, nullptr);
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("prefill %lld tokens: TTFT %.2f s, %.0f tokens/s\n", static_cast<long long>(n), sec, n / sec);
+    jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n
+       << ",\"chunk\":2048,\"ttft_s\":" << sec << ",\"prefill_tok_s\":" << n / sec << "}\n";
+    t.release(m->allocator());
+  }
+  return 0;
+}

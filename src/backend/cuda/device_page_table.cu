@@ -1,0 +1,84 @@
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_page_table.h"
+
+namespace dhs::cuda {
+
+DevicePageTable::DevicePageTable(int max_requests, int n_layers, int n_heads_kv, int64_t max_pages)
+    : max_requests_(max_requests),
+      n_layers_(n_layers),
+      n_heads_kv_(n_heads_kv),
+      n_lists_(n_layers * n_heads_kv),
+      max_pages_(max_pages),
+      synced_(static_cast<size_t>(max_requests), 0),
+      table_id_(static_cast<size_t>(max_requests), 0) {
+  const size_t n = static_cast<size_t>(max_requests) * n_lists_ * max_pages;
+  DHS_CUDA_CHECK(cudaMalloc(&table_d_, n * sizeof(int32_t)));
+  DHS_CUDA_CHECK(cudaMemset(table_d_, 0xff, n * sizeof(int32_t)));
+  DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, static_cast<size_t>(n_lists_) * max_pages * sizeof(int32_t)));
+}
+
+DevicePageTable::~DevicePageTable() {
+  cudaFree(table_d_);
+  cudaFreeHost(staging_h_);
+}
+
+void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
+  if (req < 0 || req >= max_requests_) check(cudaErrorInvalidValue, "DevicePageTable::sync: bad request slot", __FILE__, __LINE__);
+  if (table_id_[static_cast<size_t>(req)] != t.id()) {  // another request now uses this slot
+    table_id_[static_cast<size_t>(req)] = t.id();
+    synced_[static_cast<size_t>(req)] = 0;
+  }
+  const int64_t have = synced_[static_cast<size_t>(req)], want = t.n_pages_per_list();
+  if (want > max_pages_) check(cudaErrorInvalidValue, "DevicePageTable::sync: request longer than max_pages", __FILE__, __LINE__);
+  if (want <= have) {
+    synced_[static_cast<size_t>(req)] = want;  // truncated: stale tail entries are never read
+    return;
+  }
+  const int64_t n_new = want - have;
+  // Staging laid out [n_lists, n_new]; one 2-D copy into the request's rows.
+  for (int l = 0; l < n_layers_; ++l)
+    for (int h = 0; h < n_heads_kv_; ++h)
+      for (int64_t i = 0; i < n_new; ++i)
+        staging_h_[(static_cast<int64_t>(l) * n_heads_kv_ + h) * n_new + i] = t.page(l, h, have + i).slot;
+  int32_t* dst = table_d_ + (static_cast<int64_t>(req) * n_lists_) * max_pages_ + have;
+  DHS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(max_pages_) * 4, staging_h_, static_cast<size_t>(n_new) * 4,
+                                   static_cast<size_t>(n_new) * 4, static_cast<size_t>(n_lists_),
+                                   cudaMemcpyHostToDevice, stream));
+  // The staging buffer is reused by the next sync: wait for this copy to read it.
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  synced_[static_cast<size_t>(req)] = want;
+}
+
+namespace {
+
+__global__ void dense_lists_kernel(const __grid_constant__ DenseListsParams p) {
+  const int row = blockIdx.x;  // req * n_heads_kv + head
+  const int req = row / p.n_heads_kv, head = row % p.n_heads_kv;
+  __shared__ int s_start, s_n;
+  if (threadIdx.x == 0) {
+    // Offset of this row = pages of all earlier requests (every head) + earlier heads of this one.
+    int start = 0;
+    for (int r = 0; r < req; ++r) start += p.n_heads_kv * ((p.seq_len[r] + p.page_size - 1) / p.page_size);
+    const int n = (p.seq_len[req] + p.page_size - 1) / p.page_size;
+    start += head * n;
+    s_start = start;
+    s_n = n;
+    p.indptr[row] = start;
+    if (row == p.n_requests * p.n_heads_kv - 1) p.indptr[row + 1] = start + n;
+  }
+  __syncthreads();
+  const int32_t* src = p.table + ((static_cast<int64_t>(p.req_slot[req]) * p.n_layers + p.layer) * p.n_heads_kv + head) * p.max_pages;
+  for (int i = threadIdx.x; i < s_n; i += blockDim.x) {
+    p.slots[s_start + i] = src[i];
+    p.page_pos[s_start + i] = i;
+  }
+}
+
+}  // namespace
+
+void launch_dense_lists(const DenseListsParams& p, cudaStream_t stream) {
+  if (p.n_requests == 0) return;
+  dense_lists_kernel<<<p.n_requests * p.n_heads_kv, 256, 0, stream>>>(p);
+}
+
+}  // namespace dhs::cuda

@@ -1,0 +1,63 @@
+// The page tables of the requests in flight, mirrored in HBM so that page lists
+// can be built on the device inside a captured step (DESIGN.md §1.2: no host
+// plan, no per-step upload of lists). The host PageTable stays the owner; after
+// it grows, sync() copies only the new pages (one 2-D copy per request).
+//
+//   table_d: [max_requests, n_layers * n_heads_kv, max_pages] int32 page slots
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kv/page_table.h"
+
+namespace dhs::cuda {
+
+class DevicePageTable {
+ public:
+  DevicePageTable(int max_requests, int n_layers, int n_heads_kv, int64_t max_pages);
+  ~DevicePageTable();
+  DevicePageTable(const DevicePageTable&) = delete;
+  DevicePageTable& operator=(const DevicePageTable&) = delete;
+
+  // Copies pages [synced, t.n_pages_per_list()) of request slot `req` (asynchronous on
+  // `stream`; the staging buffer is reused, so call sync() for all requests, then launch).
+  void sync(int req, const PageTable& t, cudaStream_t stream);
+  // Forgets request slot `req` (its table was released or truncated to zero).
+  void reset(int req) { synced_[static_cast<size_t>(req)] = 0; table_id_[static_cast<size_t>(req)] = 0; }
+
+  const int32_t* table_d() const { return table_d_; }
+  int max_requests() const { return max_requests_; }
+  int n_lists() const { return n_lists_; }
+  int64_t max_pages() const { return max_pages_; }
+
+ private:
+  int max_requests_, n_layers_, n_heads_kv_, n_lists_;
+  int64_t max_pages_;
+  int32_t* table_d_ = nullptr;
+  int32_t* staging_h_ = nullptr;  // pinned [n_lists * max_pages]
+  std::vector<int64_t> synced_;   // pages copied per request
+  std::vector<uint64_t> table_id_; // PageTable::id() each slot mirrors
+};
+
+struct DenseListsParams {
+  const int32_t* table = nullptr;    // [max_requests, n_layers * n_heads_kv, max_pages]
+  const int32_t* req_slot = nullptr; // [n_requests] table slot of each batch entry
+  const int32_t* seq_len = nullptr;  // [n_requests] tokens in KV (this step's included)
+  int32_t* indptr = nullptr;         // [n_requests * n_heads_kv + 1]
+  int32_t* slots = nullptr;          // [nnz]
+  int32_t* page_pos = nullptr;       // [nnz]
+  int n_requests = 0;
+  int n_layers = 0;
+  int n_heads_kv = 0;
+  int64_t max_pages = 0;
+  int layer = 0;
+  int page_size = 16;
+};
+
+// The dense policy on the device: every page of `layer` for each (request, KV head).
+// One block per CSR row; each derives its offset from the lengths (no host plan).
+void launch_dense_lists(const DenseListsParams& p, cudaStream_t stream);
+
+}  // namespace dhs::cuda

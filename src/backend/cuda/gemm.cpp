@@ -1,0 +1,70 @@
+#include "backend/cuda/gemm.h"
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace dhs::cuda {
+
+namespace {
+void lt_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cuBLASLt error {} in {}", static_cast<int>(s), what));
+}
+}  // namespace
+
+Gemm::Gemm(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  lt_check(cublasLtCreate(&lt_), "cublasLtCreate");
+  DHS_CUDA_CHECK(cudaMalloc(&workspace_d_, workspace_bytes_));
+}
+
+Gemm::~Gemm() {
+  for (auto& [k, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  cudaFree(workspace_d_);
+  cublasLtDestroy(lt_);
+}
+
+// Row-major y[n, out] = x[n, in] W[out, in]^T is, in cuBLAS's column-major terms,
+// C[out, n] = op(A) B with A = W seen as col-major [in, out] (transposed) and
+// B = x seen as col-major [in, n].
+const Gemm::Plan& Gemm::plan(int64_t n_tok, int64_t in, int64_t out, GemmOut out_type, float beta) {
+  const auto key = std::make_tuple(n_tok, in, out, static_cast<int>(out_type), beta != 0.0f);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  Plan p;
+  lt_check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
+  lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
+  const cudaDataType_t ct = out_type == GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  lt_check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<uint64_t>(in), static_cast<uint64_t>(out), in), "A");
+  lt_check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<uint64_t>(in), static_cast<uint64_t>(n_tok), in), "B");
+  lt_check(cublasLtMatrixLayoutCreate(&p.c, ct, static_cast<uint64_t>(out), static_cast<uint64_t>(n_tok), out), "C");
+  cublasLtMatmulPreference_t pref;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
+                                                sizeof(workspace_bytes_)),
+           "pref ws");
+  cublasLtMatmulHeuristicResult_t res{};
+  int n_res = 0;
+  lt_check(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &n_res), "heuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  DHS_CHECK(n_res > 0, "cuBLASLt has no algorithm for GEMM n={} in={} out={}", n_tok, in, out);
+  p.algo = res.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
+               int64_t out, GemmOut out_type, cudaStream_t stream, float beta) {
+  DHS_CHECK(beta == 0.0f || out_type == GemmOut::F32, "GEMM accumulation needs fp32 output");
+  const Plan& p = plan(n_tok, in, out, out_type, beta);
+  const float alpha = 1.0f;
+  lt_check(cublasLtMatmul(lt_, p.desc, &alpha, w_d, p.a, x_d, p.b, &beta, y_d, p.c, y_d, p.c, &p.algo, workspace_d_,
+                          workspace_bytes_, stream),
+           "matmul");
+}
+
+}  // namespace dhs::cuda

@@ -1,0 +1,44 @@
+// Weight GEMMs on cuBLASLt: y[n_tok, out] = x[n_tok, in] · W[out, in]^T, bf16
+// inputs, fp32 accumulation, bf16 or fp32 output. Plans (layouts + the
+// heuristic's algorithm) are cached per shape; the workspace is allocated once,
+// so calls are graph-capturable.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace dhs::cuda {
+
+enum class GemmOut { BF16, F32 };
+
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = 32u << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // w_d: [out, in] bf16 row-major; x_d: [n_tok, in] bf16; y_d: [n_tok, out] (bf16 or fp32).
+  // beta = 1 accumulates into y (fp32 output only; residual adds).
+  void run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
+           int64_t out, GemmOut out_type, cudaStream_t stream, float beta = 0.0f);
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const Plan& plan(int64_t n_tok, int64_t in, int64_t out, GemmOut out_type, float beta);
+
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_d_ = nullptr;
+  size_t workspace_bytes_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
+};
+
+}  // namespace dhs::cuda

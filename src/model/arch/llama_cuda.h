@@ -1,0 +1,122 @@
+// The Llama family on the CUDA backend: bf16 weights in HBM (dequantized at
+// load, or random from a seed for benchmarks), fused QKV and gate/up GEMMs on
+// cuBLASLt, head-paged bf16 KV, the self-planning decode kernel, chunked
+// tensor-core prefill, sampling on the GPU. A decode step of batch B is
+// captured once into a CUDA graph and replayed: the host only uploads the
+// step's small inputs (ids, positions, append slots, lengths) and reads back
+// the sampled ids.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/decode_attention.h"
+#include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/device_page_table.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/sampling.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/weight_source.h"
+
+namespace dhs {
+
+struct CudaModelOptions {
+  int max_batch = 8;           // requests per step
+  int max_step_tokens = 2048;  // prefill chunk (tokens of one step over all requests)
+  int64_t max_context = 8192;  // tokens per request
+  int64_t n_pages = 0;         // KV head-pages in HBM; 0: enough for max_batch x max_context
+  int page_size = 16;
+};
+
+class LlamaCuda {
+ public:
+  // Real weights: every tensor dequantized on the host, rounded to bf16, uploaded.
+  LlamaCuda(const WeightSource& src, const CudaModelOptions& o);
+  // Random bf16 weights from a seed, for speed measurements (values do not
+  // change kernel speed). Norm weights are 1, so activations stay bounded.
+  LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptions& o);
+  ~LlamaCuda();
+
+  const ModelConfig& config() const { return cfg_; }
+  PagePool& allocator() { return *alloc_; }   // page accounting of the HBM pool
+  size_t weight_bytes() const { return weight_bytes_; }
+  cuda::DevicePagePool& kv_pool() { return *pool_; }
+  cudaStream_t stream() const { return stream_; }
+
+  struct Seq {
+    PageTable* table = nullptr;       // capacity reserved for the new tokens (from allocator())
+    int req_slot = 0;                 // row of the device page table [0, max_batch)
+    const int32_t* tokens = nullptr;  // [n_new]
+    int64_t n_new = 0;
+  };
+  // Prefill (any n_new) or decode (n_new == 1 for all) of a batch. Commits the
+  // tables. logits (host, optional): [n_seqs, vocab] of each sequence's last token.
+  // Decode steps of all-1 batches run through a captured graph when use_graph.
+  void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
+
+  // Greedy ids of the last forward's rows, computed on the GPU ([n_seqs]).
+  std::vector<int32_t> greedy_ids();
+
+  // Times: the decode step (graph replay) for the current batch, in ms (median of n).
+  double time_decode_step(const std::vector<Seq>& batch, int n_iters);
+
+ private:
+  struct Layer {
+    __nv_bfloat16 *w_qkv = nullptr, *w_o = nullptr, *w_gu = nullptr, *w_down = nullptr;
+    float *attn_norm = nullptr, *ffn_norm = nullptr;
+    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  };
+  void allocate(const CudaModelOptions& o);
+  void upload_step(const std::vector<Seq>& batch, bool decode);
+  void run_layers(int n_tok, int n_req, bool decode);
+  void* dalloc(size_t bytes);
+
+  ModelConfig cfg_;
+  CudaModelOptions opt_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> allocs_;
+  size_t weight_bytes_ = 0;
+
+  __nv_bfloat16* tok_embd_ = nullptr;  // [vocab, hidden]
+  __nv_bfloat16* output_ = nullptr;    // [vocab, hidden] (== tok_embd_ when tied)
+  float* output_norm_ = nullptr;       // [hidden]
+  float* inv_freq_ = nullptr;          // [head_dim / 2]
+  std::vector<Layer> layers_;
+
+  std::unique_ptr<PagePool> alloc_;
+  std::unique_ptr<cuda::DevicePagePool> pool_;
+  std::unique_ptr<cuda::DevicePageTable> table_;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
+
+  // Step inputs (device; fixed addresses so a captured graph keeps reading them).
+  int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
+  int32_t *q_indptr_d_ = nullptr, *seq_len_d_ = nullptr, *req_slot_d_ = nullptr, *last_row_d_ = nullptr;
+  int32_t *indptr_d_ = nullptr, *slots_d_ = nullptr, *page_pos_d_ = nullptr;  // one layer's lists
+  int32_t* staging_h_ = nullptr;  // pinned host copy of the step inputs
+  size_t staging_ints_ = 0;
+  // Activations.
+  float* x_d_ = nullptr;               // [T, hidden] fp32 residual stream
+  __nv_bfloat16* h_d_ = nullptr;       // [T, hidden]
+  __nv_bfloat16* qkv_d_ = nullptr;     // [T, (Hq + 2 Hkv) D]
+  __nv_bfloat16* q_d_ = nullptr;       // [T, Hq D] rotated queries
+  __nv_bfloat16* att_d_ = nullptr;     // [T, Hq D]
+  __nv_bfloat16* gu_d_ = nullptr;      // [T, 2 F]
+  __nv_bfloat16* act_d_ = nullptr;     // [T, F]
+  __nv_bfloat16* hlast_d_ = nullptr;   // [B, hidden] normed last rows
+  float* last_x_d_ = nullptr;          // [B, hidden]
+  float* logits_d_ = nullptr;          // [B, vocab]
+  cuda::SamplingRow* samp_rows_d_ = nullptr;
+  uint64_t* rng_d_ = nullptr;
+  int32_t* out_ids_d_ = nullptr;       // [B]
+  int last_n_req_ = 0;
+
+  std::map<int, cudaGraphExec_t> graphs_;  // decode step per batch size
+};
+
+}  // namespace dhs

@@ -1,0 +1,9 @@
+# CUDA glue ops and GPU sampling against the CPU reference (label cuda; skip without a GPU).
+# The test files also build as plain executables with -DDHS_NO_GTEST (gtest_shim.h), for
+# the lent GPU machine, which has no GTest.
+dhs_test(test_cuda_ops LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.cu
+  LIBS dhs_cuda dhs_cpu dhs_kv)
+dhs_test(test_cuda_sampling LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_sampling.cu
+  LIBS dhs_cuda dhs_engine)

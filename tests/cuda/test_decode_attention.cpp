@@ -1,0 +1,399 @@
+// CUDA decode attention vs the CPU reference (cpu::attention) on awkward shapes:
+// 17 requests, 97 tokens, last pages 3/16 full, per-head page lists of length 0..N
+// (random subsets, empty lists), q_len 1, 5, 8 and mixed, GQA 32/8 d128 and 9/3 d64,
+// plus CUDA-graph capture replayed over lists of other lengths.
+//
+// A standalone program (no GTest: the device machine has none): exits 0 when every case
+// passes, 1 on any failure, 77 (ctest SKIP_RETURN_CODE) when there is no GPU.
+// DHS_TEST_QUICK=1 skips the long-context cases (for compute-sanitizer runs).
+//
+// Tolerance, per output element: |gpu - ref| <= 4e-3 + 1e-2 * |ref|, every element.
+// The reference runs in fp32 on the SAME bf16-rounded q, k, v, so only the kernel's own
+// rounding remains: (1) the output is stored as bf16: <= 2^-9 |ref| (inside the 1e-2 rtol);
+// (2) P is rounded to bf16 before the P V product. The denominator sums the same rounded
+// weights, so out = sum w~_i v_i with w~_i = w_i (1 + e_i), |e_i| <= 2^-9, and
+// |out - ref| <= 2^-9 * max_i |v_i - ref| <= 2^-9 * 2 = 3.9e-3 for |v| <= 1 (inside atol).
+// fp32 accumulation order and exp2f vs expf add ~1e-6. LSE: |gpu - ref| <= 4e-3 (the same
+// 2^-9 relative error of the denominator, as a log), and -inf exactly where ref is -inf.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
+#include "backend/cuda/device_page_pool.h"
+#include "core/fp16.h"
+#include "kv/page_lists.h"
+#include "kv/page_pool.h"
+
+namespace {
+
+using dhs::PageLists;
+using dhs::PagePool;
+
+constexpr int kPage = 16;
+constexpr double kAtol = 4e-3, kRtol = 1e-2, kLseAtol = 4e-3;
+
+float round_bf16(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
+
+enum class ListKind { Dense, Sparse, SparseShuffled, Empty };
+
+struct Case {
+  std::string name;
+  int n_heads_q, n_heads_kv, head_dim;
+  std::vector<int> seq_len;
+  std::vector<int> q_len;
+  ListKind lists;
+  int min_pages_per_worker = 8;
+  float q_amp = 3.0f;  // q ~ U(-q_amp, q_amp): larger makes attention peakier
+  bool quick = true;   // part of the DHS_TEST_QUICK set
+};
+
+// Host side of one problem: pool (bf16-rounded fp32), page ids per (request, head), q.
+struct Problem {
+  int n_requests = 0, n_heads_q = 0, n_heads_kv = 0, head_dim = 0;
+  std::vector<int32_t> seq_len, q_indptr;
+  std::vector<std::vector<int32_t>> slots_of;  // [req * n_heads_kv + h][logical page] -> slot
+  std::unique_ptr<PagePool> pool;
+  std::vector<float> q;  // [n_rows, n_heads_q, head_dim], bf16-rounded
+};
+
+Problem make_problem(const Case& c, std::mt19937& rng) {
+  Problem pr;
+  pr.n_requests = static_cast<int>(c.seq_len.size());
+  pr.n_heads_q = c.n_heads_q;
+  pr.n_heads_kv = c.n_heads_kv;
+  pr.head_dim = c.head_dim;
+  pr.seq_len.assign(c.seq_len.begin(), c.seq_len.end());
+  pr.q_indptr.assign(1, 0);
+  for (int r = 0; r < pr.n_requests; ++r) pr.q_indptr.push_back(pr.q_indptr.back() + c.q_len[r]);
+  int64_t n_pages = 0;
+  for (int s : c.seq_len) n_pages += static_cast<int64_t>((s + kPage - 1) / kPage) * c.n_heads_kv;
+  n_pages += 7;  // spare slots nobody lists
+  pr.pool = std::make_unique<PagePool>(dhs::Tier::Device, n_pages, kPage, c.head_dim);
+  // Pages of a request's heads are scattered over the pool, as after many allocations.
+  std::vector<int32_t> perm(static_cast<size_t>(n_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const float nan = std::nanf("");
+  size_t next = 0;
+  const int d = c.head_dim;
+  for (int r = 0; r < pr.n_requests; ++r)
+    for (int h = 0; h < c.n_heads_kv; ++h) {
+      std::vector<int32_t> ids;
+      const int n_pg = (c.seq_len[r] + kPage - 1) / kPage;
+      for (int i = 0; i < n_pg; ++i) {
+        const int32_t slot = perm[next++];
+        ids.push_back(slot);
+        float* kp = pr.pool->k_page(dhs::PageRef{dhs::Tier::Device, slot});
+        float* vp = pr.pool->v_page(dhs::PageRef{dhs::Tier::Device, slot});
+        for (int t = 0; t < kPage; ++t) {
+          const bool valid = i * kPage + t < c.seq_len[r];
+          for (int j = 0; j < d; ++j) {
+            // Rows past seq_len hold NaN: the kernel must never let them reach the output.
+            kp[t * d + j] = valid ? round_bf16(u(rng)) : nan;
+            vp[t * d + j] = valid ? round_bf16(u(rng)) : nan;
+          }
+        }
+      }
+      pr.slots_of.push_back(std::move(ids));
+    }
+  // Unlisted spare pages: NaN too.
+  for (size_t i = next; i < perm.size(); ++i) {
+    float* kp = pr.pool->k_page(dhs::PageRef{dhs::Tier::Device, perm[i]});
+    float* vp = pr.pool->v_page(dhs::PageRef{dhs::Tier::Device, perm[i]});
+    std::fill(kp, kp + kPage * d, nan);
+    std::fill(vp, vp + kPage * d, nan);
+  }
+  std::uniform_real_distribution<float> uq(-c.q_amp, c.q_amp);
+  pr.q.resize(static_cast<size_t>(pr.q_indptr.back()) * c.n_heads_q * d);
+  for (auto& x : pr.q) x = round_bf16(uq(rng));
+  return pr;
+}
+
+PageLists make_lists(const Problem& pr, ListKind kind, std::mt19937& rng) {
+  PageLists L;
+  L.n_requests = pr.n_requests;
+  L.n_heads_kv = pr.n_heads_kv;
+  L.seq_len = pr.seq_len;
+  L.indptr.push_back(0);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  for (int r = 0; r < pr.n_requests; ++r)
+    for (int h = 0; h < pr.n_heads_kv; ++h) {
+      const auto& ids = pr.slots_of[static_cast<size_t>(r * pr.n_heads_kv + h)];
+      std::vector<int32_t> keep;
+      if (kind == ListKind::Dense) {
+        for (size_t i = 0; i < ids.size(); ++i) keep.push_back(static_cast<int32_t>(i));
+      } else if (kind == ListKind::Sparse || kind == ListKind::SparseShuffled) {
+        // Per head: empty (15%), a single page (10%), or a random subset of random density.
+        const double x = u01(rng);
+        if (x < 0.15) {
+        } else if (x < 0.25) {
+          keep.push_back(static_cast<int32_t>(rng() % ids.size()));
+        } else {
+          const double p_keep = 0.1 + 0.8 * u01(rng);
+          for (size_t i = 0; i < ids.size(); ++i)
+            if (u01(rng) < p_keep) keep.push_back(static_cast<int32_t>(i));
+        }
+        if (kind == ListKind::SparseShuffled) std::shuffle(keep.begin(), keep.end(), rng);
+      }
+      for (int32_t i : keep) {
+        L.slots.push_back(ids[static_cast<size_t>(i)]);
+        L.page_pos.push_back(i);
+      }
+      L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
+    }
+  return L;
+}
+
+struct Reference {
+  std::vector<float> out, lse;
+};
+
+Reference run_cpu(const Problem& pr, const PageLists& L) {
+  Reference ref;
+  const size_t n = pr.q.size();
+  ref.out.assign(n, 0.0f);
+  ref.lse.assign(n / static_cast<size_t>(pr.head_dim), 0.0f);
+  dhs::cpu::AttentionParams p;
+  p.q = pr.q.data();
+  p.out = ref.out.data();
+  p.lse = ref.lse.data();
+  p.q_indptr = pr.q_indptr.data();
+  p.lists = &L;
+  p.pool = pr.pool.get();
+  p.n_heads_q = pr.n_heads_q;
+  p.n_heads_kv = pr.n_heads_kv;
+  p.head_dim = pr.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(pr.head_dim));
+  dhs::cpu::attention(p);
+  return ref;
+}
+
+// Device buffers of one problem.
+struct DeviceProblem {
+  __nv_bfloat16* q_d = nullptr;
+  __nv_bfloat16* out_d = nullptr;
+  float* lse_d = nullptr;
+  int32_t* q_indptr_d = nullptr;
+  size_t n_out = 0, n_lse = 0;
+  ~DeviceProblem() {
+    cudaFree(q_d);
+    cudaFree(out_d);
+    cudaFree(lse_d);
+    cudaFree(q_indptr_d);
+  }
+};
+
+void upload_problem(const Problem& pr, DeviceProblem& dp) {
+  dp.n_out = pr.q.size();
+  dp.n_lse = dp.n_out / static_cast<size_t>(pr.head_dim);
+  std::vector<uint16_t> qb(dp.n_out);
+  for (size_t i = 0; i < dp.n_out; ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
+  DHS_CUDA_CHECK(cudaMalloc(&dp.q_d, dp.n_out * 2));
+  DHS_CUDA_CHECK(cudaMalloc(&dp.out_d, dp.n_out * 2));
+  DHS_CUDA_CHECK(cudaMalloc(&dp.lse_d, dp.n_lse * 4));
+  DHS_CUDA_CHECK(cudaMalloc(&dp.q_indptr_d, pr.q_indptr.size() * 4));
+  DHS_CUDA_CHECK(cudaMemcpy(dp.q_d, qb.data(), dp.n_out * 2, cudaMemcpyHostToDevice));
+  DHS_CUDA_CHECK(cudaMemcpy(dp.q_indptr_d, pr.q_indptr.data(), pr.q_indptr.size() * 4, cudaMemcpyHostToDevice));
+}
+
+void poison(DeviceProblem& dp) {  // NaN everywhere: every element must be written
+  DHS_CUDA_CHECK(cudaMemset(dp.out_d, 0xff, dp.n_out * 2));
+  DHS_CUDA_CHECK(cudaMemset(dp.lse_d, 0xff, dp.n_lse * 4));
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());  // before work on a non-blocking stream
+}
+
+// Compares every element; prints the worst and returns the number of violations.
+int64_t compare(const std::string& what, const DeviceProblem& dp, const Reference& ref) {
+  std::vector<uint16_t> ob(dp.n_out);
+  std::vector<float> lse(dp.n_lse);
+  DHS_CUDA_CHECK(cudaMemcpy(ob.data(), dp.out_d, dp.n_out * 2, cudaMemcpyDeviceToHost));
+  DHS_CUDA_CHECK(cudaMemcpy(lse.data(), dp.lse_d, dp.n_lse * 4, cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  double worst = 0.0, worst_lse = 0.0, num = 0.0, den = 0.0;
+  size_t first_bad = SIZE_MAX;
+  for (size_t i = 0; i < dp.n_out; ++i) {
+    const double g = dhs::bf16_to_f32(ob[i]), r = ref.out[i];
+    const double err = std::fabs(g - r);
+    if (!(err <= kAtol + kRtol * std::fabs(r))) {  // NaN fails
+      if (first_bad == SIZE_MAX) first_bad = i;
+      ++bad;
+    }
+    if (err > worst || std::isnan(err)) worst = std::isnan(err) ? INFINITY : err;
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  int64_t bad_lse = 0;
+  for (size_t i = 0; i < dp.n_lse; ++i) {
+    const double g = lse[i], r = ref.lse[i];
+    bool ok;
+    if (std::isinf(r) && r < 0)
+      ok = std::isinf(g) && g < 0;
+    else
+      ok = std::fabs(g - r) <= kLseAtol;
+    if (!ok) ++bad_lse;
+    if (!std::isinf(r)) worst_lse = std::max(worst_lse, std::isnan(g) ? INFINITY : std::fabs(g - r));
+  }
+  std::printf("  %-44s out: max|err| %.2e rel-L2 %.2e bad %lld/%zu | lse: max|err| %.2e bad %lld/%zu\n",
+              what.c_str(), worst, den > 0 ? std::sqrt(num / den) : 0.0, static_cast<long long>(bad), dp.n_out,
+              worst_lse, static_cast<long long>(bad_lse), dp.n_lse);
+  if (first_bad != SIZE_MAX)
+    std::printf("    first bad element %zu: gpu %g ref %g\n", first_bad,
+                static_cast<double>(dhs::bf16_to_f32(ob[first_bad])), static_cast<double>(ref.out[first_bad]));
+  return bad + bad_lse;
+}
+
+int max_of(const std::vector<int>& v) { return *std::max_element(v.begin(), v.end()); }
+
+// One case: CPU reference vs the op, then the op captured in a CUDA graph and replayed
+// over other lists (other lengths) uploaded in place.
+int64_t run_case(const Case& c, std::mt19937& rng) {
+  std::printf("[case] %s: %zu requests, heads %d/%d, d %d, q_len max %d, min_pages %d\n", c.name.c_str(),
+              c.seq_len.size(), c.n_heads_q, c.n_heads_kv, c.head_dim, max_of(c.q_len), c.min_pages_per_worker);
+  const Problem pr = make_problem(c, rng);
+  const PageLists lists = make_lists(pr, c.lists, rng);
+  const PageLists dense = make_lists(pr, ListKind::Dense, rng);  // capacity: the most any list set needs
+  const Reference ref = run_cpu(pr, lists);
+
+  dhs::cuda::DevicePagePool pool(pr.pool->n_pages(), kPage, c.head_dim);
+  pool.upload(*pr.pool);
+  dhs::cuda::DevicePageLists dlists(pr.n_requests, c.n_heads_kv, std::max<int64_t>(dense.nnz(), 1));
+  dlists.upload(lists);
+  DeviceProblem dp;
+  upload_problem(pr, dp);
+  const int max_q_len = max_of(c.q_len);
+  dhs::cuda::DecodeAttentionWorkspace ws(pr.n_requests, c.n_heads_q, c.n_heads_kv, c.head_dim, max_q_len);
+  dhs::cuda::DecodeAttentionArgs a;
+  a.q_d = dp.q_d;
+  a.q_indptr_d = dp.q_indptr_d;
+  a.max_q_len = max_q_len;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.out_d = dp.out_d;
+  a.lse_d = dp.lse_d;
+  a.min_pages_per_worker = c.min_pages_per_worker;
+
+  int64_t bad = 0;
+  poison(dp);
+  dhs::cuda::decode_attention(a, dlists, pool, ws, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  bad += compare("stream launch, nnz " + std::to_string(lists.nnz()), dp, ref);
+
+  // Graph: capture once, replay over the same lists, then over dense lists of other lengths.
+  cudaStream_t s;
+  DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DHS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  dhs::cuda::decode_attention(a, dlists, pool, ws, s);
+  DHS_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  poison(dp);
+  DHS_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+  bad += compare("graph replay, same lists", dp, ref);
+  if (c.lists != ListKind::Dense) {
+    dlists.upload(dense);
+    const Reference ref_dense = run_cpu(pr, dense);
+    poison(dp);
+    DHS_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+    bad += compare("graph replay, dense lists, nnz " + std::to_string(dense.nnz()), dp, ref_dense);
+  }
+  DHS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  DHS_CUDA_CHECK(cudaGraphDestroy(graph));
+  DHS_CUDA_CHECK(cudaStreamDestroy(s));
+  return bad;
+}
+
+// 17 requests of awkward lengths: 97 (last page 1/16), 99 (3/16), 1, 16, 17, ... up to ~600.
+std::vector<int> awkward_lengths(std::mt19937& rng, int n, int min_len) {
+  std::vector<int> v = {97, 99, 1, 16, 17, 33, 255, 256, 257, 611};
+  std::uniform_int_distribution<int> d(1, 400);
+  while (static_cast<int>(v.size()) < n) v.push_back(d(rng));
+  v.resize(static_cast<size_t>(n));
+  for (auto& x : v) x = std::max(x, min_len);
+  return v;
+}
+
+}  // namespace
+
+int main() {
+  if (dhs::cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU (test_decode_attention needs a CUDA device)\n");
+    return 77;
+  }
+  const bool quick = std::getenv("DHS_TEST_QUICK") != nullptr;
+  std::mt19937 rng(20261129);
+  std::vector<Case> cases;
+  const std::vector<int> q1(17, 1), q5(17, 5);
+  std::vector<int> qmix(17);
+  for (int i = 0; i < 17; ++i) qmix[static_cast<size_t>(i)] = 1 + i % 5;
+  cases.push_back({"llama 32/8 d128 q1 dense", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Dense});
+  cases.push_back({"llama 32/8 d128 q1 sparse", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Sparse});
+  cases.push_back({"llama 32/8 d128 q5 sparse", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse});
+  cases.push_back({"llama 32/8 d128 q5 dense", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Dense});
+  cases.push_back({"llama 32/8 d128 q1..5 shuffled, 1 page/worker", 32, 8, 128, awkward_lengths(rng, 17, 5), qmix,
+                   ListKind::SparseShuffled, 1});
+  cases.push_back({"llama 32/8 d128 q8 sparse", 32, 8, 128, awkward_lengths(rng, 5, 8), std::vector<int>(5, 8),
+                   ListKind::Sparse, 2});
+  cases.push_back({"gqa 9/3 d64 q1 dense", 9, 3, 64, awkward_lengths(rng, 17, 1), q1, ListKind::Dense});
+  cases.push_back({"gqa 9/3 d64 q5 sparse", 9, 3, 64, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse});
+  cases.push_back({"gqa 9/3 d64 q1..5 sparse, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 17, 5), qmix,
+                   ListKind::Sparse, 1});
+  cases.push_back({"llama all lists empty", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Empty});
+  Case peaky{"llama 32/8 d128 q1 dense, peaky scores", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Dense};
+  peaky.q_amp = 24.0f;
+  cases.push_back(peaky);
+  // Long lists split over many workers: the merge kernel's path.
+  Case lng{"llama long 20000/5001/97 q1 dense", 32, 8, 128, {20000, 5001, 97}, {1, 1, 1}, ListKind::Dense};
+  lng.quick = false;
+  cases.push_back(lng);
+  Case lng5{"llama long 12000/3000/99 q5 sparse", 32, 8, 128, {12000, 3000, 99}, {5, 5, 5}, ListKind::Sparse};
+  lng5.quick = false;
+  cases.push_back(lng5);
+  Case lng64{"gqa 9/3 d64 long 9001 q5 dense", 9, 3, 64, {9001, 17}, {5, 2}, ListKind::Dense};
+  lng64.quick = false;
+  cases.push_back(lng64);
+
+  int passed = 0, failed = 0;
+  for (const Case& c : cases) {
+    if (quick && !c.quick) continue;
+    int64_t bad = 0;
+    try {
+      bad = run_case(c, rng);
+    } catch (const std::exception& e) {
+      std::printf("  exception: %s\n", e.what());
+      bad = 1;
+    }
+    std::printf("%s %s\n", bad == 0 ? "PASS" : "FAIL", c.name.c_str());
+    (bad == 0 ? passed : failed) += 1;
+  }
+  // Shape checks fail loudly.
+  {
+    bool threw = false;
+    try {
+      dhs::cuda::DecodeAttentionWorkspace ws(4, 32, 8, 96, 1);
+    } catch (const std::exception& e) {
+      threw = std::string(e.what()).find("head_dim") != std::string::npos;
+      std::printf("  head_dim 96 rejected: %s\n", e.what());
+    }
+    std::printf("%s unsupported head_dim is rejected\n", threw ? "PASS" : "FAIL");
+    (threw ? passed : failed) += 1;
+  }
+  std::printf("%d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,155 @@
+// The default model on the CUDA backend against the CPU backend: prompt logits
+// within a bf16 tolerance, greedy continuations equal for >= 32 tokens on each
+// prompt (or a divergence at a near-tie of the CPU logits, with its top-2 gap
+// printed), batched decode through the captured graph equal to one-by-one.
+// Standalone program (exit 77 = skipped: no GPU or no model).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_check.h"
+#include "model/arch/llama_cpu.h"
+#include "model/arch/llama_cuda.h"
+#include "model/gguf_source.h"
+#include "test_paths.h"
+
+using namespace dhs;
+
+namespace {
+
+int failures = 0;
+#define CHECK_TRUE(c, ...)            \
+  do {                                \
+    if (!(c)) {                       \
+      std::printf("FAIL: " __VA_ARGS__); \
+      std::printf("\n");              \
+      ++failures;                     \
+    }                                 \
+  } while (0)
+
+int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max_element(l, l + n) - l); }
+float top2_gap(const float* l, int64_t n) {
+  std::vector<float> v(l, l + n);
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+}  // namespace
+
+int main() {
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU\n");
+    return 77;
+  }
+  if (!std::filesystem::exists(test::default_model_path())) {
+    std::printf("SKIP: default model missing (scripts/fetch_model.sh)\n");
+    return 77;
+  }
+  std::ifstream in(test::data_dir() + "/reference/smollm2_135m.json");
+  const auto ref = nlohmann::json::parse(in);
+  GgufSource src(test::default_model_path());
+  const ModelConfig& c = src.config();
+  const int64_t V = c.vocab_size;
+  LlamaCpu cpu(src, CpuWeightType::F32);
+  CudaModelOptions o;
+  o.max_batch = 4;
+  o.max_step_tokens = 512;
+  o.max_context = 2048;
+  LlamaCuda gpu(src, o);
+
+  const int n_greedy = 32;
+  // bf16 weights and activations against fp32: measured max |dlogit| ~0.1-0.3 on this
+  // model; 1.0 still catches any real bug (a wrong head, page or mask moves logits by units).
+  const float logit_tol = 1.0f;
+  // A greedy divergence is accepted only where the CPU's top-2 gap is below this
+  // (a near-tie that bf16 rounding can flip).
+  const float tie_gap = 0.5f;
+  std::vector<std::vector<int32_t>> gpu_greedy_all;
+  std::vector<std::vector<std::vector<float>>> gpu_step_logits;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& p : ref["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
+  for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    const auto& ids = prompts[pi];
+    PagePool cpool(Tier::Host, c.n_layers * c.n_heads_kv * 200, 16, static_cast<int>(c.head_dim));
+    PageTable ct(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
+    PageTable gt(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
+    std::vector<float> cl, gl;
+    for (size_t b = 0; b < ids.size(); b += 512) {
+      const int64_t n = std::min<int64_t>(512, static_cast<int64_t>(ids.size() - b));
+      ct.reserve(cpool, n);
+      cpu.forward({LlamaCpu::Seq{&ct, ids.data() + b, n}}, cpool, &cl);
+      CHECK_TRUE(gt.reserve(gpu.allocator(), n), "reserve");
+      gpu.forward({LlamaCuda::Seq{&gt, 0, ids.data() + b, n}}, &gl);
+    }
+    float md = 0;
+    for (int64_t i = 0; i < V; ++i) md = std::max(md, std::fabs(cl[static_cast<size_t>(i)] - gl[static_cast<size_t>(i)]));
+    std::printf("prompt %zu (%zu tokens): max |dlogit| %.3f\n", pi, ids.size(), md);
+    CHECK_TRUE(md < logit_tol, "prompt %zu logits differ by %.3f", pi, md);
+    CHECK_TRUE(gpu.greedy_ids()[0] == argmax(gl.data(), V), "GPU greedy sampler != argmax of GPU logits");
+    // Greedy: each side continues with its own tokens; the first divergence is checked.
+    std::vector<int32_t> cg, gg;
+    std::vector<std::vector<float>> steps;  // GPU logits after each fed token (first prompts)
+    int diverged = -1;
+    for (int s = 0; s < n_greedy; ++s) {
+      const int32_t a = argmax(cl.data(), V);
+      const int32_t b = gpu.greedy_ids()[0];
+      CHECK_TRUE(b == argmax(gl.data(), V), "GPU greedy sampler != argmax of GPU logits (step %d)", s);
+      cg.push_back(a);
+      gg.push_back(b);
+      if (a != b && diverged < 0) {
+        diverged = s;
+        const float gap = top2_gap(cl.data(), V);
+        std::printf("  diverged at step %d: cpu %d gpu %d, cpu top-2 gap %.4f\n", s, a, b, gap);
+        CHECK_TRUE(gap < tie_gap, "prompt %zu diverged at step %d with a clear cpu top-2 gap %.3f", pi, s, gap);
+      }
+      if (s + 1 == n_greedy) break;
+      ct.reserve(cpool, 1);
+      cpu.forward({LlamaCpu::Seq{&ct, &a, 1}}, cpool, &cl);
+      gt.reserve(gpu.allocator(), 1);
+      gpu.forward({LlamaCuda::Seq{&gt, 0, &b, 1}}, &gl);  // decode: captured graph
+      if (pi < 3) steps.push_back(gl);
+    }
+    if (diverged < 0) std::printf("  greedy equal for %d tokens\n", n_greedy);
+    gpu_step_logits.push_back(std::move(steps));
+    gpu_greedy_all.push_back(gg);
+    ct.release(cpool);
+    gt.release(gpu.allocator());
+  }
+  // Batched: 3 prompts decoded together through the graph, fed the tokens of their
+  // solo runs, give each one's solo logits (GEMM shapes differ with the batch, so
+  // bf16 rounding may differ: same tolerance as against the CPU).
+  {
+    std::vector<PageTable> ts;
+    for (int r = 0; r < 3; ++r) ts.emplace_back(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
+    for (int r = 0; r < 3; ++r) {
+      const auto& ids = prompts[static_cast<size_t>(r)];
+      ts[r].reserve(gpu.allocator(), static_cast<int64_t>(ids.size()));
+      gpu.forward({LlamaCuda::Seq{&ts[r], r, ids.data(), static_cast<int64_t>(ids.size())}}, nullptr);
+    }
+    float md = 0;
+    std::vector<int32_t> cur(3);
+    std::vector<float> bl;
+    for (int s = 0; s < 16; ++s) {
+      std::vector<LlamaCuda::Seq> b;
+      for (int r = 0; r < 3; ++r) {
+        cur[r] = gpu_greedy_all[static_cast<size_t>(r)][static_cast<size_t>(s)];
+        ts[r].reserve(gpu.allocator(), 1);
+        b.push_back(LlamaCuda::Seq{&ts[r], r, &cur[r], 1});
+      }
+      gpu.forward(b, &bl);
+      for (int r = 0; r < 3; ++r) {
+        const auto& solo = gpu_step_logits[static_cast<size_t>(r)][static_cast<size_t>(s)];
+        for (int64_t i = 0; i < V; ++i) md = std::max(md, std::fabs(bl[static_cast<size_t>(r * V + i)] - solo[static_cast<size_t>(i)]));
+      }
+    }
+    std::printf("batched (3 requests, 16 steps) vs solo: max |dlogit| %.3f\n", md);
+    CHECK_TRUE(md < logit_tol, "batched decode differs from single-request decode by %.3f", md);
+    for (auto& t : ts) t.release(gpu.allocator());
+  }
+  CHECK_TRUE(gpu.allocator().n_used() == 0 && gpu.allocator().check_invariants().empty(), "page accounting");
+  std::printf(failures ? "FAILED (%d)\n" : "PASSED\n", failures);
+  return failures ? 1 : 0;
+}
