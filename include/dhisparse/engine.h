@@ -18,10 +18,11 @@ namespace dhs {
 
 struct EngineOptions {
   std::string model_path;           // GGUF file or Hugging Face directory
+  std::string device = "cpu";       // cpu, or cuda (bf16 weights and KV on the GPU)
   int n_threads = 0;                // 0: all hardware threads
   int page_size = 16;               // tokens per head-page
-  int64_t max_context = 0;          // 0: the model's trained context, capped at 8192 on the CPU
-  std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact)
+  int64_t max_context = 0;          // 0: the model's trained context (capped at 8192 on the CPU)
+  std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact); CUDA: always bf16
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
 };

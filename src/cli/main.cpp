@@ -48,7 +48,7 @@ std::string resolve_model(const std::string& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dhisparse: long-context LLM decoding engine (CPU backend in this build).\n"
+  CLI::App app{"dhisparse: long-context LLM decoding engine.\n"
                "Examples:\n"
                "  dhisparse generate -p \"What is the capital of France?\" --chat\n"
                "  dhisparse generate -m model.gguf -p \"Once upon a time\" -n 64 --temperature 0.8\n"
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", go.sampling.seed, "RNG seed")->capture_default_str();
   gen->add_option("--stop", go.stop, "Stop string (repeatable)");
   gen->add_flag("--ignore-eos", go.ignore_eos, "Keep generating after end-of-sequence tokens");
+  gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
   gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);
   gen->add_option("--block-size", eo.page_size, "Tokens per KV head-page")->check(CLI::Range(1, 256))->capture_default_str();

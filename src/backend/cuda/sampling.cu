@@ -84,6 +84,12 @@ __device__ __forceinline__ u64 make_key(float x, int i) {
 }
 __device__ __forceinline__ int key_id(u64 k) { return static_cast<int>(~static_cast<unsigned>(k & 0xffffffffull)); }
 __device__ __forceinline__ float key_x(u64 k) { return ord2f(static_cast<unsigned>(k >> 32)); }
+// x at a histogram bin edge: edges may fall in the ord ranges of NaNs; clamp them to +-inf.
+__device__ __forceinline__ float edge_x(u64 k) {
+  unsigned o = static_cast<unsigned>(k >> 32);
+  o = o < 0x007fffffu ? 0x007fffffu : (o > 0xff800000u ? 0xff800000u : o);
+  return ord2f(o);
+}
 
 struct RowCtx {
   const float* logits;       // [vocab]
@@ -335,7 +341,7 @@ __device__ bool hist_level(const RowCtx& c, Crit& cr, Sel& sel, long long* known
             const int b = nb - 1 - r;
             const u64 klo = lo + (static_cast<u64>(b) << shift);
             const u64 khi = b == nb - 1 ? hi : klo + ((1ull << shift) - 1);
-            const float e_lo = expf(key_x(klo) - cr.m), e_hi = expf(key_x(khi) - cr.m);
+            const float e_lo = expf(edge_x(klo) - cr.m), e_hi = expf(edge_x(khi) - cr.m);
             const float eps = strict ? 0.0f : 1e-5f;
             kept = kept && e_lo >= cr.min_p * (1.0f + eps);
             dropped = dropped || e_hi < cr.min_p * (1.0f - eps);
@@ -597,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
       known = -1;
     }
     Crit cr{true, static_cast<u64>(k), false, 1.0, false, 0.0f, 0.0, m};
-    sel = Sel{lo0, kKeyMax, 0, 0, 0};
+    sel = Sel{lo0, kmax, 0, 0, 0};
     select(c, cr, sel, known, false, cap, region, s);
     const long long kk = static_cast<long long>(k) - static_cast<long long>(sel.above_cnt);
     kp = static_cast<int>(kk < 0 ? 0 : (kk > sel.n ? sel.n : kk));
@@ -632,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
         if (minp_on) d_cut = fminf(d_cut, -logf(cr.min_p) + 0.01f);
         if (d_cut < INFINITY) lo0 = static_cast<u64>(f2ord(m - d_cut)) << 32;
       }
-      sel = Sel{lo0, kKeyMax, 0, 0, 0};
+      sel = Sel{lo0, kmax, 0, 0, 0};
       select(c, cr, sel, known, hist_first, cap, region, s);
       list_scan(s_keys, s_cum, sel.n, m, s);
     }

@@ -1,6 +1,6 @@
-// The CPU engine: one request at a time over the head-paged KV substrate.
-// Prefill runs in chunks; decode appends one token per step. Later issues add
-// the CUDA backend and continuous batching behind the same Engine interface.
+// The local engine: one request at a time over the head-paged KV substrate, on
+// the CPU or the CUDA backend (a StepRunner). Prefill runs in chunks; decode
+// appends one token per step. Continuous batching comes with the server.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +12,7 @@
 #include "dhisparse/engine.h"
 #include "engine/stop_matcher.h"
 #include "kv/page_table.h"
-#include "model/arch/llama_cpu.h"
+#include "engine/step_runner.h"
 #include "model/gguf_source.h"
 #include "model/hf_source.h"
 #include "model/model_loader.h"
@@ -22,7 +22,6 @@ namespace dhs {
 namespace {
 
 constexpr int64_t kCpuContextCap = 8192;
-constexpr int64_t kPrefillChunk = 512;
 
 std::unique_ptr<Tokenizer> load_tokenizer(const WeightSource& src) {
   if (const auto* g = dynamic_cast<const GgufSource*>(&src)) return Tokenizer::from_gguf(g->file());
@@ -50,29 +49,26 @@ std::string load_template_override(const std::string& t) {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-class CpuEngine final : public Engine {
+class LocalEngine final : public Engine {
  public:
-  explicit CpuEngine(const EngineOptions& o) {
+  explicit LocalEngine(const EngineOptions& o) {
     if (o.n_threads > 0) ThreadPool::set_global_threads(o.n_threads);
-    DHS_CHECK(o.weight_type == "f16" || o.weight_type == "f32", "weight type must be f16 or f32, got '{}'",
-              o.weight_type);
+    DHS_CHECK(o.device == "cpu" || o.device == "cuda", "device must be cpu or cuda, got '{}'", o.device);
     DHS_CHECK(o.page_size >= 1 && o.page_size <= 256, "page size must be in [1, 256], got {}", o.page_size);
     src_ = open_weights(o.model_path);
     tok_ = load_tokenizer(*src_);
     const std::string tmpl = o.chat_template.empty() ? tok_->chat_template() : load_template_override(o.chat_template);
     if (!tmpl.empty()) chat_ = std::make_unique<ChatTemplate>(tmpl);
-    model_ = std::make_unique<LlamaCpu>(*src_, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
-                                        o.progress);
-    const ModelConfig& c = model_->config();
-    max_ctx_ = o.max_context > 0 ? o.max_context : std::min<int64_t>(c.max_context, kCpuContextCap);
+    const ModelConfig& c = src_->config();
+    // The CPU keeps a whole-context pool in host memory: cap it; the GPU takes the model's context.
+    const int64_t dflt = o.device == "cpu" ? std::min<int64_t>(c.max_context, kCpuContextCap) : c.max_context;
+    max_ctx_ = o.max_context > 0 ? o.max_context : dflt;
     DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
-    const int64_t pages_per_list = (max_ctx_ + o.page_size - 1) / o.page_size;
-    pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
-                                       static_cast<int>(c.head_dim));
+    runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
     page_size_ = o.page_size;
   }
 
-  const ModelConfig& config() const override { return model_->config(); }
+  const ModelConfig& config() const override { return runner_->config(); }
   const Tokenizer& tokenizer() const override { return *tok_; }
   int64_t max_context() const override { return max_ctx_; }
 
@@ -97,10 +93,10 @@ class CpuEngine final : public Engine {
     try {
       prefill(table, prompt, &logits);
     } catch (...) {
-      table.release(*pool_);
+      table.release(runner_->pages());
       throw;
     }
-    table.release(*pool_);
+    table.release(runner_->pages());
     return logits;
   }
 
@@ -116,7 +112,7 @@ class CpuEngine final : public Engine {
       PageTable& t;
       PagePool& p;
       ~Release() { t.release(p); }
-    } release{table, *pool_};
+    } release{table, runner_->pages()};
 
     std::vector<int32_t> history = prompt;
     std::vector<float> logits;
@@ -126,7 +122,7 @@ class CpuEngine final : public Engine {
 
     StreamDecoder dec(*tok_, /*skip_special=*/true);
     StopMatcher stops(opts.stop);
-    const int64_t vocab = model_->config().vocab_size;
+    const int64_t vocab = runner_->config().vocab_size;
     const auto& stop_ids = tok_->stop_ids();
     auto t_decode = Clock::now();
     res.finish_reason = "length";
@@ -162,28 +158,29 @@ class CpuEngine final : public Engine {
     return res;
   }
 
-  PoolStats kv_stats() const override { return pool_->stats(); }
-  std::string kv_check() const override { return pool_->check_invariants(); }
+  PoolStats kv_stats() const override { return runner_->pages().stats(); }
+  std::string kv_check() const override { return runner_->pages().check_invariants(); }
 
  private:
   PageTable new_table() const {
-    const ModelConfig& c = model_->config();
+    const ModelConfig& c = runner_->config();
     return PageTable(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), page_size_);
   }
 
   void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) {
-    DHS_CHECK(table.reserve(*pool_, n), "out of KV pages ({} free, {} needed)", pool_->n_free(),
-              table.pages_needed(n));
-    model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);
+    PagePool& pool = runner_->pages();
+    DHS_CHECK(table.reserve(pool, n), "out of KV pages ({} free, {} needed)", pool.n_free(), table.pages_needed(n));
+    runner_->step(table, ids, n, logits);
   }
 
   void prefill(PageTable& table, const std::vector<int32_t>& prompt, std::vector<float>* logits) {
     DHS_CHECK(!prompt.empty(), "empty prompt");
     DHS_CHECK(static_cast<int64_t>(prompt.size()) < max_ctx_,
               "prompt has {} tokens; the context holds {} (raise --ctx-size up to the model's {})", prompt.size(),
-              max_ctx_, model_->config().max_context);
-    for (size_t b = 0; b < prompt.size(); b += kPrefillChunk) {
-      const int64_t n = std::min<int64_t>(kPrefillChunk, static_cast<int64_t>(prompt.size() - b));
+              max_ctx_, runner_->config().max_context);
+    const int64_t chunk = runner_->max_step_tokens();
+    for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
+      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(prompt.size() - b));
       step(table, prompt.data() + b, n, logits);
     }
   }
@@ -191,14 +188,13 @@ class CpuEngine final : public Engine {
   std::unique_ptr<WeightSource> src_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<ChatTemplate> chat_;
-  std::unique_ptr<LlamaCpu> model_;
-  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<StepRunner> runner_;
   int64_t max_ctx_ = 0;
   int page_size_ = 16;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> Engine::load(const EngineOptions& opts) { return std::make_unique<CpuEngine>(opts); }
+std::unique_ptr<Engine> Engine::load(const EngineOptions& opts) { return std::make_unique<LocalEngine>(opts); }
 
 }  // namespace dhs

@@ -1,0 +1,40 @@
+// StepRunner on the CPU backend.
+#include "core/error.h"
+#include "engine/step_runner.h"
+#include "model/arch/llama_cpu.h"
+
+namespace dhs {
+
+namespace {
+
+class CpuRunner final : public StepRunner {
+ public:
+  CpuRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
+    DHS_CHECK(o.weight_type == "f16" || o.weight_type == "f32", "weight type must be f16 or f32, got '{}'",
+              o.weight_type);
+    model_ = std::make_unique<LlamaCpu>(src, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
+                                        o.progress);
+    const ModelConfig& c = model_->config();
+    const int64_t pages_per_list = (max_ctx + o.page_size - 1) / o.page_size;
+    pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
+                                       static_cast<int>(c.head_dim));
+  }
+  const ModelConfig& config() const override { return model_->config(); }
+  PagePool& pages() override { return *pool_; }
+  int64_t max_step_tokens() const override { return 512; }
+  void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) override {
+    model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);
+  }
+
+ private:
+  std::unique_ptr<LlamaCpu> model_;
+  std::unique_ptr<PagePool> pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_cpu_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
+  return std::make_unique<CpuRunner>(src, o, max_ctx);
+}
+
+}  // namespace dhs
