@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds (here, where the project's Debian dependencies are) everything the GPU
+# run needs, for sm_90a, and packs it into .devcarry/bin.tar.xz with libfmt: the
+# lent GPU machine lacks some -dev packages (PCRE2), so binaries travel.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+cmake -S . -B build-cu -DCMAKE_CUDA_ARCHITECTURES=90a -DDHS_TESTS=ON > build-cu.configure.log
+cmake --build build-cu -j"$(nproc)" --target dhisparse e2e_bench attention_bench prefill_bench \
+  test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_llama_cuda
+rm -rf .devcarry/bin && mkdir -p .devcarry/bin
+cp build-cu/dhisparse build-cu/bench/{e2e_bench,attention_bench,prefill_bench} \
+   build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_llama_cuda} \
+   /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
+tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin
+ls -la .devcarry
