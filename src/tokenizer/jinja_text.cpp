@@ -3,6 +3,8 @@
 // outside it keep their case (Python would map a few more, e.g. Armenian).
 #include "tokenizer/jinja_text.h"
 
+#include "tokenizer/utf8.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -42,23 +44,7 @@ char32_t utf8_next(std::string_view s, size_t& i) {
   return cp;
 }
 
-void utf8_append(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+void utf8_append(std::string& out, char32_t cp) { utf8::append(out, cp); }
 
 std::vector<size_t> utf8_offsets(std::string_view s) {
   std::vector<size_t> offs;

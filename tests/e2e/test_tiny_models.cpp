@@ -11,6 +11,8 @@
 // each prompt (decode path, one token per step).
 #include <gtest/gtest.h>
 
+#include "test_base64.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,26 +40,7 @@ namespace {
 constexpr float kLogitTol = 1e-4f;
 constexpr int kPageSize = 16;
 
-std::vector<float> decode_b64_f32(const std::string& s) {
-  static const std::string tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::vector<uint8_t> bytes;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : s) {
-    if (c == '=') break;
-    const auto p = tbl.find(c);
-    if (p == std::string::npos) continue;
-    acc = (acc << 6) | static_cast<uint32_t>(p);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes.push_back(static_cast<uint8_t>((acc >> bits) & 0xff));
-    }
-  }
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), out.size() * 4);
-  return out;
-}
+using test::decode_b64_f32;
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

@@ -7,35 +7,15 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/page_lists.h"
-#include "model/dequant.h"
+#include "model/tensor_load.h"
 
 namespace dhs {
 
 namespace {
 
-// Dequantizes a whole tensor to fp32 after checking its shape.   out: [prod(shape)]
-std::vector<float> load_f32(const WeightSource& src, const std::string& name, std::vector<int64_t> shape) {
-  const RawTensor* t = src.find(name);
-  DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
-  DHS_CHECK(t->shape == shape, "model: tensor '{}' has shape [{}], expected [{}]", name,
-            fmt::join(t->shape, ", "), fmt::join(shape, ", "));
-  DHS_CHECK(dequant_supported(t->dtype), "model: tensor '{}' has unsupported type {}", name,
-            dtype_traits(t->dtype).name);
-  const int64_t cols = shape.back();
-  const int64_t rows = t->n_elems() / cols;
-  const size_t row_bytes = dtype_row_bytes(t->dtype, cols);
-  DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
-  std::vector<float> out(static_cast<size_t>(t->n_elems()));
-  ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    for (int64_t r = b; r < e; ++r)
-      dequantize_row(t->dtype, t->data + static_cast<size_t>(r) * row_bytes, out.data() + r * cols, cols);
-  }, 64);
-  return out;
-}
-
 CpuMatrix load_matrix(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols,
                       CpuWeightType wt) {
-  std::vector<float> f = load_f32(src, name, {rows, cols});
+  std::vector<float> f = load_tensor_f32(src, name, {rows, cols});
   return CpuMatrix(f.data(), rows, cols, wt);
 }
 
@@ -50,15 +30,15 @@ LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& pr
     if (progress) progress(++done, total);
   };
   tok_embd_ = load_matrix(src, "token_embd.weight", V, H, wt);
-  output_norm_ = load_f32(src, "output_norm.weight", {H});
+  output_norm_ = load_tensor_f32(src, "output_norm.weight", {H});
   if (!cfg_.tied_embeddings) output_ = load_matrix(src, "output.weight", V, H, wt);
   tick();
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     const std::string p = fmt::format("blk.{}.", l);
-    L.attn_norm = load_f32(src, p + "attn_norm.weight", {H});
-    L.ffn_norm = load_f32(src, p + "ffn_norm.weight", {H});
+    L.attn_norm = load_tensor_f32(src, p + "attn_norm.weight", {H});
+    L.ffn_norm = load_tensor_f32(src, p + "ffn_norm.weight", {H});
     L.wq = load_matrix(src, p + "attn_q.weight", Hq * D, H, wt);
     L.wk = load_matrix(src, p + "attn_k.weight", Hkv * D, H, wt);
     L.wv = load_matrix(src, p + "attn_v.weight", Hkv * D, H, wt);
@@ -67,13 +47,13 @@ LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& pr
     L.w_up = load_matrix(src, p + "ffn_up.weight", F, H, wt);
     L.w_down = load_matrix(src, p + "ffn_down.weight", H, F, wt);
     if (cfg_.qkv_bias) {
-      L.bq = load_f32(src, p + "attn_q.bias", {Hq * D});
-      L.bk = load_f32(src, p + "attn_k.bias", {Hkv * D});
-      L.bv = load_f32(src, p + "attn_v.bias", {Hkv * D});
+      L.bq = load_tensor_f32(src, p + "attn_q.bias", {Hq * D});
+      L.bk = load_tensor_f32(src, p + "attn_k.bias", {Hkv * D});
+      L.bv = load_tensor_f32(src, p + "attn_v.bias", {Hkv * D});
     }
     if (cfg_.qk_norm) {
-      L.q_norm = load_f32(src, p + "attn_q_norm.weight", {D});
-      L.k_norm = load_f32(src, p + "attn_k_norm.weight", {D});
+      L.q_norm = load_tensor_f32(src, p + "attn_q_norm.weight", {D});
+      L.k_norm = load_tensor_f32(src, p + "attn_k_norm.weight", {D});
     }
     tick();
   }

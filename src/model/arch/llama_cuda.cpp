@@ -11,30 +11,9 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
-#include "model/dequant.h"
+#include "model/tensor_load.h"
 
 namespace dhs {
-
-namespace {
-
-std::vector<float> host_f32(const WeightSource& src, const std::string& name, std::vector<int64_t> shape) {
-  const RawTensor* t = src.find(name);
-  DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
-  DHS_CHECK(t->shape == shape, "model: tensor '{}' has shape [{}], expected [{}]", name, fmt::join(t->shape, ", "),
-            fmt::join(shape, ", "));
-  DHS_CHECK(dequant_supported(t->dtype), "model: tensor '{}' has unsupported type {}", name, dtype_traits(t->dtype).name);
-  const int64_t cols = shape.back(), rows = t->n_elems() / cols;
-  const size_t row_bytes = dtype_row_bytes(t->dtype, cols);
-  DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
-  std::vector<float> out(static_cast<size_t>(t->n_elems()));
-  ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
-    for (int64_t r = b; r < e; ++r)
-      dequantize_row(t->dtype, t->data + static_cast<size_t>(r) * row_bytes, out.data() + r * cols, cols);
-  }, 64);
-  return out;
-}
-
-}  // namespace
 
 void* LlamaCuda::dalloc(size_t bytes) {
   void* p = nullptr;
@@ -115,29 +94,29 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  tok_embd_ = up_bf16(host_f32(src, "token_embd.weight", {V, H}));
-  output_ = cfg_.tied_embeddings ? tok_embd_ : up_bf16(host_f32(src, "output.weight", {V, H}));
-  output_norm_ = up_f32(host_f32(src, "output_norm.weight", {H}));
+  tok_embd_ = up_bf16(load_tensor_f32(src, "token_embd.weight", {V, H}));
+  output_ = cfg_.tied_embeddings ? tok_embd_ : up_bf16(load_tensor_f32(src, "output.weight", {V, H}));
+  output_norm_ = up_f32(load_tensor_f32(src, "output_norm.weight", {H}));
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     Layer& L = layers_[static_cast<size_t>(l)];
     const std::string p = fmt::format("blk.{}.", l);
-    L.attn_norm = up_f32(host_f32(src, p + "attn_norm.weight", {H}));
-    L.ffn_norm = up_f32(host_f32(src, p + "ffn_norm.weight", {H}));
+    L.attn_norm = up_f32(load_tensor_f32(src, p + "attn_norm.weight", {H}));
+    L.ffn_norm = up_f32(load_tensor_f32(src, p + "ffn_norm.weight", {H}));
     // Fused projections: rows [q; k; v] and [gate; up].
-    L.w_qkv = up_bf16(cat(cat(host_f32(src, p + "attn_q.weight", {Hq * D, H}), host_f32(src, p + "attn_k.weight", {Hkv * D, H})),
-                          host_f32(src, p + "attn_v.weight", {Hkv * D, H})));
-    L.w_o = up_bf16(host_f32(src, p + "attn_output.weight", {H, Hq * D}));
-    L.w_gu = up_bf16(cat(host_f32(src, p + "ffn_gate.weight", {F, H}), host_f32(src, p + "ffn_up.weight", {F, H})));
-    L.w_down = up_bf16(host_f32(src, p + "ffn_down.weight", {H, F}));
+    L.w_qkv = up_bf16(cat(cat(load_tensor_f32(src, p + "attn_q.weight", {Hq * D, H}), load_tensor_f32(src, p + "attn_k.weight", {Hkv * D, H})),
+                          load_tensor_f32(src, p + "attn_v.weight", {Hkv * D, H})));
+    L.w_o = up_bf16(load_tensor_f32(src, p + "attn_output.weight", {H, Hq * D}));
+    L.w_gu = up_bf16(cat(load_tensor_f32(src, p + "ffn_gate.weight", {F, H}), load_tensor_f32(src, p + "ffn_up.weight", {F, H})));
+    L.w_down = up_bf16(load_tensor_f32(src, p + "ffn_down.weight", {H, F}));
     if (cfg_.qkv_bias) {
-      L.bq = up_f32(host_f32(src, p + "attn_q.bias", {Hq * D}));
-      L.bk = up_f32(host_f32(src, p + "attn_k.bias", {Hkv * D}));
-      L.bv = up_f32(host_f32(src, p + "attn_v.bias", {Hkv * D}));
+      L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
+      L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
+      L.bv = up_f32(load_tensor_f32(src, p + "attn_v.bias", {Hkv * D}));
     }
     if (cfg_.qk_norm) {
-      L.q_norm = up_f32(host_f32(src, p + "attn_q_norm.weight", {D}));
-      L.k_norm = up_f32(host_f32(src, p + "attn_k_norm.weight", {D}));
+      L.q_norm = up_f32(load_tensor_f32(src, p + "attn_q_norm.weight", {D}));
+      L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
 }
