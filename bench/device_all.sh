@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | 
 if [ "${1:-}" != model ]; then
   run attention_bench "$B/attention_bench" --out "$OUT/decode_attention.jsonl" --commit "$C"
   run sdpa_anchor python3 bench/anchors/sdpa_anchor.py --out "$OUT/decode_attention.jsonl" --commit "$C"
-  run e2e_bench "$B/e2e_bench" --ctx 8192,32768,131072 --batch 1,4,8,32 --prefill 32768,131072 --out "$OUT/decode_e2e.jsonl" --commit "$C"
+  run e2e_bench "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4,8,32 --prefill 32768,131072 --out "$OUT/decode_e2e.jsonl" --commit "$C"
   run prefill_bench "$B/prefill_bench" --ctx 32768,131072 --out "$OUT/prefill_attention.jsonl"
   run sdpa_prefill_anchor python3 bench/anchors/sdpa_prefill_anchor.py --out "$OUT/prefill_attention.jsonl"
   for t in test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling; do run "$t" "$B/$t"; done

@@ -2,8 +2,8 @@
 // does not depend on weight values): time per output token (one captured decode
 // step: all 32 layers, logits and sampling) at each context x batch whose KV fits
 // in HBM, next to the floor (weight bytes + KV bytes) / measured read bandwidth;
-// plus chunked prefill throughput and TTFT. JSON lines to --out.
-//   e2e_bench [--ctx 8192,32768,131072] [--batch 1,4,8,32] [--prefill 32768,131072] [--out FILE] [--commit C]
+// plus chunked prefill throughput and TTFT. JSON lines to opts.out.
+// Run as `dhisparse bench` (see src/cli/main.cpp).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -15,19 +15,12 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "bench/e2e_bench.h"
 #include "model/arch/llama_cuda.h"
 
-using namespace dhs;
+namespace dhs {
 
 namespace {
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string x;
-  while (std::getline(ss, x, ',')) v.push_back(std::stoll(x));
-  return v;
-}
 
 ModelConfig llama31_8b() {
   ModelConfig c;
@@ -72,16 +65,12 @@ double measure_copy_gbps() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::vector<int64_t> ctxs = {8192, 32768, 131072}, batches = {1, 4, 8, 32}, prefills = {32768};
-  std::string out = "bench/results/decode_e2e.jsonl", commit = "unknown";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--ctx")) ctxs = parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--batch")) batches = parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prefill")) prefills = parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--commit")) commit = argv[i + 1];
-  }
+int run_e2e_bench(const E2eBenchOptions& opts) {
+  const auto& ctxs = opts.ctx;
+  const auto& batches = opts.batch;
+  const auto& prefills = opts.prefill;
+  const std::string& out = opts.out;
+  const std::string& commit = opts.commit;
   if (cuda::device_count() == 0) {
     std::printf("SKIP: no GPU\n");
     return 77;
@@ -156,3 +145,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace dhs

@@ -6,10 +6,10 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 cmake -S . -B build-cu -DCMAKE_CUDA_ARCHITECTURES=90a -DDHS_TESTS=ON > build-cu.configure.log
-cmake --build build-cu -j"$(nproc)" --target dhisparse e2e_bench attention_bench prefill_bench \
+cmake --build build-cu -j"$(nproc)" --target dhisparse attention_bench prefill_bench \
   test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_llama_cuda
 rm -rf .devcarry/bin && mkdir -p .devcarry/bin
-cp build-cu/dhisparse build-cu/bench/{e2e_bench,attention_bench,prefill_bench} \
+cp build-cu/dhisparse build-cu/bench/{attention_bench,prefill_bench} \
    build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_llama_cuda} \
    /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
 tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin

@@ -10,6 +10,9 @@
 #include <string>
 
 #include "dhisparse/engine.h"
+#ifdef DHS_HAVE_CUDA
+#include "bench/e2e_bench.h"
+#endif
 
 namespace {
 
@@ -83,6 +86,16 @@ int main(int argc, char** argv) {
   gen->add_option("--weights", eo.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
   gen->add_flag("-q,--quiet", quiet, "Print only the generated text");
 
+  std::vector<int64_t> b_ctx = {8192, 32768, 131072}, b_batch = {1, 4, 8, 32}, b_prefill = {32768};
+  std::string b_out = "bench/results/decode_e2e.jsonl", b_commit = "unknown";
+  auto* bench = app.add_subcommand("bench", "GPU: time per output token and prefill of a Llama-3.1-8B-shaped model "
+                                            "(random bf16 weights) at each context x batch that fits in HBM");
+  bench->add_option("--ctx", b_ctx, "Context lengths")->delimiter(',')->capture_default_str();
+  bench->add_option("--batch", b_batch, "Batch sizes")->delimiter(',')->capture_default_str();
+  bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs")->delimiter(',')->capture_default_str();
+  bench->add_option("--out", b_out, "JSON lines are appended here")->capture_default_str();
+  bench->add_option("--commit", b_commit, "Commit recorded in each row");
+
   auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer");
   info->add_option("model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
 
@@ -93,6 +106,19 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (bench->parsed()) {
+#ifdef DHS_HAVE_CUDA
+      dhs::E2eBenchOptions bo;
+      bo.ctx = b_ctx;
+      bo.batch = b_batch;
+      bo.prefill = b_prefill;
+      bo.out = b_out;
+      bo.commit = b_commit;
+      return dhs::run_e2e_bench(bo);
+#else
+      throw dhs::Error("bench: this build has no CUDA backend (nvcc was not found when it was configured)");
+#endif
+    }
     if (info->parsed()) {
       std::cout << dhs::describe_model(resolve_model(model));
       return 0;

@@ -1,0 +1,21 @@
+// `dhisparse bench`: end-to-end decode (TPOT) and prefill (TTFT) of the
+// Llama-3.1-8B shape with random weights on the GPU. CUDA builds only.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dhs {
+
+struct E2eBenchOptions {
+  std::vector<int64_t> ctx = {8192, 32768, 131072};
+  std::vector<int64_t> batch = {1, 4, 8, 32};
+  std::vector<int64_t> prefill = {32768};
+  std::string out = "bench/results/decode_e2e.jsonl";
+  std::string commit = "unknown";
+};
+
+// Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.
+int run_e2e_bench(const E2eBenchOptions& opts);
+
+}  // namespace dhs

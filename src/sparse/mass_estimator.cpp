@@ -1,0 +1,97 @@
+#include "sparse/mass_estimator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace dhs {
+
+float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q) const {
+  const float* mn = s.min(slot);
+  const float* mx = s.max(slot);
+  float acc = 0.0f;
+  for (int d = 0; d < s.head_dim(); ++d) acc += std::max(q[d] * mn[d], q[d] * mx[d]);
+  return acc;
+}
+
+float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q) const {
+  const float* mu = s.mean(slot);
+  const float* m2 = s.m2(slot);
+  const int32_t n = s.n_rows(slot);
+  const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+  float mean_score = 0.0f, var_score = 0.0f;
+  for (int d = 0; d < s.head_dim(); ++d) {
+    mean_score += q[d] * mu[d];
+    var_score += q[d] * q[d] * std::max(0.0f, m2[d] * inv_n);
+  }
+  return mean_score + kappa_ * std::sqrt(var_score);
+}
+
+std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
+  if (name == "minmax") return std::make_shared<MinMaxEstimator>();
+  if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
+  throw Error(fmt::format("unknown mass estimator '{}' (minmax, meanspread)", name));
+}
+
+void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& store,
+                              const PageTable& table, int layer, const std::vector<int>& kv_heads,
+                              const MassQuery& mq, GroupCombine combine, std::vector<double>* mass) {
+  DHS_ASSERT(mq.n_heads_q % table.n_heads_kv() == 0 && mq.seq_len >= 0);
+  DHS_ASSERT(mq.seq_len <= table.capacity_tokens() && mq.row_end >= mq.row_begin);
+  const int ps = table.page_size();
+  const int d = store.head_dim();
+  const int group = mq.n_heads_q / table.n_heads_kv();
+  const int64_t n_pages = (mq.seq_len + ps - 1) / ps;
+  const int64_t q_len = mq.row_end - mq.row_begin;
+  mass->assign(static_cast<size_t>(n_pages), 0.0);
+  if (n_pages == 0) return;
+
+  std::vector<double> score(static_cast<size_t>(n_pages)), part(static_cast<size_t>(n_pages));
+  for (int hk : kv_heads) {
+    // Scores of every page for this KV head's pages, per q head and row.
+    for (int g = 0; g < group; ++g) {
+      const int hq = hk * group + g;
+      for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
+        const int64_t qpos = mq.seq_len - q_len + (row - mq.row_begin);
+        const float* q = mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hq) * d;
+        double m = -INFINITY;
+        for (int64_t i = 0; i < n_pages; ++i) {
+          const int64_t n_vis = std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps);
+          if (n_vis == 0) continue;
+          const int32_t slot = table.page(layer, hk, i).slot;
+          // A visible page without rows means append_summaries was not called for it.
+          DHS_ASSERT(store.n_rows(slot) > 0);
+          const float s = est.score(store, slot, q) * mq.scale;
+          score[static_cast<size_t>(i)] = s;
+          m = std::max(m, static_cast<double>(s));
+        }
+        double z = 0.0;
+        for (int64_t i = 0; i < n_pages; ++i) {
+          const int64_t n_vis = std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps);
+          const double w = n_vis == 0 ? 0.0 : static_cast<double>(n_vis) * std::exp(score[static_cast<size_t>(i)] - m);
+          part[static_cast<size_t>(i)] = w;
+          z += w;
+        }
+        if (z <= 0.0) continue;  // this row sees no key
+        for (int64_t i = 0; i < n_pages; ++i) {
+          const double p = part[static_cast<size_t>(i)] / z;
+          double& acc = (*mass)[static_cast<size_t>(i)];
+          acc = combine == GroupCombine::Sum ? acc + p : std::max(acc, p);
+        }
+      }
+    }
+  }
+  double total = 0.0;
+  for (double v : *mass) total += v;
+  if (total > 0.0)
+    for (double& v : *mass) v /= total;
+}
+
+void estimate_page_mass(const MassEstimator& est, const PageSummaryStore& store, const PageTable& table,
+                        int layer, int kv_head, const MassQuery& mq, GroupCombine combine,
+                        std::vector<double>* mass) {
+  estimate_page_mass_heads(est, store, table, layer, std::vector<int>{kv_head}, mq, combine, mass);
+}
+
+}  // namespace dhs

@@ -1,0 +1,82 @@
+// Mass estimators (DESIGN.md §1.1): turn a query and the page summaries of one
+// (request, KV head) into an estimated, normalised attention mass per page. The
+// selection policies rank and cut pages on these masses.
+//
+//   mass_i = n_i * exp(score_i * scale - max_j score_j * scale),  normalised to sum 1,
+// with n_i the page's tokens visible to the query row and score_i an estimate of
+// the page's q·k (not scaled). The q heads of a GQA group (and, for multi-token
+// steps, the query rows of the request) are each normalised, then combined.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/page_table.h"
+#include "sparse/page_summary.h"
+
+namespace dhs {
+
+class MassEstimator {
+ public:
+  virtual ~MassEstimator() = default;
+  virtual std::string name() const = 0;
+  // Estimated q·k of one page (unscaled).  q: [head_dim]
+  virtual float score(const PageSummaryStore& s, int32_t slot, const float* q) const = 0;
+};
+
+// Quest: sum_d max(q_d * min_d, q_d * max_d). A true upper bound of q·k for every
+// key in the page (up to float rounding), hence never misses a heavy page, but loose
+// for pages of spread-out keys.
+class MinMaxEstimator final : public MassEstimator {
+ public:
+  std::string name() const override { return "minmax"; }
+  float score(const PageSummaryStore& s, int32_t slot, const float* q) const override;
+};
+
+// q·mean + kappa * sqrt(sum_d q_d^2 var_d): the mean score of the page plus kappa
+// standard deviations of q·k over the page's keys, were the dimensions independent.
+// Not a bound; tighter than min/max where keys cluster (kappa = 0: mean only).
+class MeanSpreadEstimator final : public MassEstimator {
+ public:
+  explicit MeanSpreadEstimator(float kappa = 1.0f) : kappa_(kappa) {}
+  std::string name() const override { return "meanspread"; }
+  float kappa() const { return kappa_; }
+  float score(const PageSummaryStore& s, int32_t slot, const float* q) const override;
+
+ private:
+  float kappa_;
+};
+
+// "minmax" | "meanspread" (kappa 1). Throws dhs::Error on another name.
+std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
+
+// How the per-q-head (and per-row) normalised masses of one KV group are combined.
+//   Sum: their mean (a distribution again: sums to 1, so gamma keeps its meaning).
+//   Max: their element-wise max, renormalised to sum 1 (favours pages that any
+//        single head needs).
+enum class GroupCombine { Sum, Max };
+
+struct MassQuery {
+  const float* q = nullptr;  // [n_rows, n_heads_q, head_dim]; rows of this request at row_begin..row_end
+  int32_t row_begin = 0, row_end = 0;
+  int n_heads_q = 0;
+  float scale = 0.0f;  // attention's softmax scale, usually 1/sqrt(head_dim)
+  int64_t seq_len = 0;  // tokens in the request's KV, this step's rows included (last row at seq_len-1)
+};
+
+// Normalised estimated mass of each page 0..n_pages-1 of (layer, kv_head) of `table`,
+// over q heads [kv_head * group, (kv_head+1) * group) with group = n_heads_q / n_heads_kv.
+// Writes n_pages = ceil(seq_len / page_size) values summing to 1 (all 0 if no query row
+// sees a key). Pages no row can see (causally) get 0.
+void estimate_page_mass(const MassEstimator& est, const PageSummaryStore& store, const PageTable& table,
+                        int layer, int kv_head, const MassQuery& mq, GroupCombine combine,
+                        std::vector<double>* mass);
+
+// Same, for several KV heads combined into one distribution per request (SoloHead's shared
+// scoring): every q head of the listed KV heads counts once, combined with `combine`.
+void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& store,
+                              const PageTable& table, int layer, const std::vector<int>& kv_heads,
+                              const MassQuery& mq, GroupCombine combine, std::vector<double>* mass);
+
+}  // namespace dhs

@@ -1,0 +1,69 @@
+// Per-page key summaries (DESIGN.md §1.1): for every head-page slot of one pool,
+// per-dimension min / max of its keys (Quest) and per-dimension mean / variance
+// (Welford), kept up to date as K rows are appended. Selection policies score
+// pages from these without reading the pages themselves.
+//
+// A store is parallel to ONE PagePool: summary i describes page slot i of that
+// pool. Since a head-page holds one (layer, KV head), the slot alone identifies it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+
+namespace dhs {
+
+class PageSummaryStore {
+ public:
+  PageSummaryStore(Tier tier, int64_t n_pages, int head_dim);
+  // Sized for `pool` (same tier, slot count and head_dim).
+  explicit PageSummaryStore(const PagePool& pool);
+
+  Tier tier() const { return tier_; }
+  int head_dim() const { return head_dim_; }
+  int64_t n_pages() const { return n_pages_; }
+
+  // Empties the summary of `slot` (no rows).
+  void reset(int32_t slot);
+  // Adds one key row.  k: [head_dim]
+  void add_row(int32_t slot, const float* k);
+  // Recomputes the summary of `slot` from the first n_rows key rows of the page in `pool`
+  // (after a truncation, or to repair a page written behind the store's back).
+  void rebuild(const PagePool& pool, int32_t slot, int n_rows);
+
+  int32_t n_rows(int32_t slot) const { return n_rows_[idx(slot)]; }
+  // [head_dim] each. Undefined content (±inf for min/max, 0 for mean/var) while n_rows == 0.
+  const float* min(int32_t slot) const { return data_.data() + base(slot) + 0 * head_dim_; }
+  const float* max(int32_t slot) const { return data_.data() + base(slot) + 1 * head_dim_; }
+  const float* mean(int32_t slot) const { return data_.data() + base(slot) + 2 * head_dim_; }
+  // Welford M2 = sum (k_d - mean_d)^2; population variance = m2 / n_rows.
+  const float* m2(int32_t slot) const { return data_.data() + base(slot) + 3 * head_dim_; }
+
+ private:
+  size_t idx(int32_t slot) const;
+  size_t base(int32_t slot) const { return idx(slot) * 4 * static_cast<size_t>(head_dim_); }
+  float* mut(int32_t slot, int which) { return data_.data() + base(slot) + static_cast<size_t>(which * head_dim_); }
+
+  Tier tier_;
+  int64_t n_pages_;
+  int head_dim_;
+  std::vector<float> data_;      // [n_pages, 4 (min, max, mean, m2), head_dim]
+  std::vector<int32_t> n_rows_;  // [n_pages] rows folded into the summary
+};
+
+// The summary half of cpu::append_kv: folds K rows of n_tok tokens into the summaries of
+// the pages they are written to. Call it with the same arguments, after or before append_kv.
+//   k: [n_tok, n_heads_kv, head_dim]; token t is at position pos[t] of `table`, in `layer`.
+// A token written at row 0 of a page resets that page's summary first, so pages reused
+// from the free stack need no separate reset. Positions must arrive in increasing order
+// per page (the way decode, verification and prefill append).
+void append_summaries(const PageTable& table, PageSummaryStore& store, int layer, const float* k,
+                      const int32_t* pos, int64_t n_tok);
+
+// After PageTable::truncate(pool, n_tokens) (rejected speculation): rebuilds the summary
+// of each list's last, now partial, page from the pool so rolled-back rows leave no trace.
+void truncate_summaries(const PageTable& table, const PagePool& pool, PageSummaryStore& store,
+                        int64_t n_tokens);
+
+}  // namespace dhs
