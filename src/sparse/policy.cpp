@@ -1,0 +1,259 @@
+#include "sparse/policy.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace dhs {
+
+namespace {
+
+int64_t n_pages_of(const SelectionInput& in, int req) {
+  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
+  return ((*in.seq_len)[static_cast<size_t>(req)] + t.page_size() - 1) / t.page_size();
+}
+
+std::vector<int32_t> all_pages(int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+std::vector<uint8_t> forced_mask(int64_t n, int n_sink, int n_recent) {
+  std::vector<uint8_t> f(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < std::min<int64_t>(n_sink, n); ++i) f[static_cast<size_t>(i)] = 1;
+  for (int64_t i = std::max<int64_t>(0, n - n_recent); i < n; ++i) f[static_cast<size_t>(i)] = 1;
+  return f;
+}
+
+// Non-forced pages ranked by mass descending, page index ascending (the tie rule).
+std::vector<int32_t> ranked_free(const std::vector<double>& mass, const std::vector<uint8_t>& forced) {
+  std::vector<int32_t> r;
+  for (size_t i = 0; i < mass.size(); ++i)
+    if (!forced[i]) r.push_back(static_cast<int32_t>(i));
+  std::sort(r.begin(), r.end(), [&](int32_t a, int32_t b) {
+    const double ma = mass[static_cast<size_t>(a)], mb = mass[static_cast<size_t>(b)];
+    return ma != mb ? ma > mb : a < b;
+  });
+  return r;
+}
+
+MassQuery mass_query(const SelectionInput& in, int req) {
+  MassQuery mq;
+  mq.q = in.q;
+  mq.row_begin = in.q_indptr[req];
+  mq.row_end = in.q_indptr[req + 1];
+  mq.n_heads_q = in.n_heads_q;
+  mq.scale = in.scale;
+  mq.seq_len = (*in.seq_len)[static_cast<size_t>(req)];
+  return mq;
+}
+
+// True when the request's pages should simply all be read: nothing to score with.
+bool no_scoring_possible(const SelectionInput& in, int req) {
+  return in.q_indptr[req + 1] == in.q_indptr[req] || n_pages_of(in, req) == 0;
+}
+
+void fill_dense(const SelectionInput& in, int req, RequestPages* out) {
+  const int hkv = (*in.tables)[static_cast<size_t>(req)]->n_heads_kv();
+  out->assign(static_cast<size_t>(hkv), all_pages(n_pages_of(in, req)));
+}
+
+}  // namespace
+
+std::vector<int32_t> coverage_set(const std::vector<double>& mass, int n_sink, int n_recent, double gamma) {
+  const int64_t n = static_cast<int64_t>(mass.size());
+  if (gamma >= 1.0) return all_pages(n);
+  const std::vector<uint8_t> forced = forced_mask(n, n_sink, n_recent);
+  std::vector<int32_t> out;
+  double covered = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    if (forced[static_cast<size_t>(i)]) {
+      out.push_back(static_cast<int32_t>(i));
+      covered += mass[static_cast<size_t>(i)];
+    }
+  for (int32_t i : ranked_free(mass, forced)) {
+    if (covered >= gamma) break;
+    out.push_back(i);
+    covered += mass[static_cast<size_t>(i)];
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int32_t> top_k_set(const std::vector<double>& mass, int n_sink, int n_recent, int k) {
+  const int64_t n = static_cast<int64_t>(mass.size());
+  const int64_t want = std::clamp<int64_t>(k, 0, n);
+  const std::vector<uint8_t> forced = forced_mask(n, n_sink, n_recent);
+  std::vector<int32_t> rank;
+  for (int64_t i = 0; i < std::min<int64_t>(n_sink, n); ++i) rank.push_back(static_cast<int32_t>(i));
+  for (int64_t i = n - 1; i >= std::max<int64_t>(0, n - n_recent); --i)
+    if (i >= n_sink) rank.push_back(static_cast<int32_t>(i));
+  for (int32_t i : ranked_free(mass, forced)) rank.push_back(i);
+  rank.resize(static_cast<size_t>(want));
+  std::sort(rank.begin(), rank.end());
+  return rank;
+}
+
+PageLists SelectionPolicy::select(const SelectionInput& in) const {
+  DHS_ASSERT(in.tables && in.seq_len && in.q_indptr && !in.tables->empty());
+  DHS_ASSERT(in.tables->size() == in.seq_len->size());
+  const int n_req = static_cast<int>(in.tables->size());
+  const int hkv = (*in.tables)[0]->n_heads_kv();
+  std::vector<RequestPages> chosen(static_cast<size_t>(n_req));
+  ThreadPool::global().parallel_for(n_req, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) {
+      DHS_ASSERT((*in.seq_len)[static_cast<size_t>(r)] <= (*in.tables)[static_cast<size_t>(r)]->capacity_tokens());
+      select_request(in, static_cast<int>(r), &chosen[static_cast<size_t>(r)]);
+    }
+  });
+
+  PageLists pl;
+  pl.n_requests = n_req;
+  pl.n_heads_kv = hkv;
+  pl.seq_len = *in.seq_len;
+  pl.indptr.reserve(static_cast<size_t>(n_req * hkv + 1));
+  pl.indptr.push_back(0);
+  for (int r = 0; r < n_req; ++r) {
+    const PageTable& t = *(*in.tables)[static_cast<size_t>(r)];
+    const RequestPages& rp = chosen[static_cast<size_t>(r)];
+    DHS_ASSERT(static_cast<int>(rp.size()) == hkv && t.n_heads_kv() == hkv);
+    const int64_t n_pages = n_pages_of(in, r);
+    for (int h = 0; h < hkv; ++h) {
+      for (int32_t i : rp[static_cast<size_t>(h)]) {
+        DHS_ASSERT(i >= 0 && i < n_pages);
+        pl.slots.push_back(t.page(in.layer, h, i).slot);
+        pl.page_pos.push_back(i);
+      }
+      pl.indptr.push_back(static_cast<int32_t>(pl.slots.size()));
+    }
+  }
+  return pl;
+}
+
+void DensePolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  fill_dense(in, req, out);
+}
+
+std::string SinkWindowPolicy::name() const { return fmt::format("sinkwindow-{}-{}", n_sink_, n_window_); }
+
+void SinkWindowPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  const int64_t n = n_pages_of(in, req);
+  const std::vector<uint8_t> f = forced_mask(n, n_sink_, n_window_);
+  std::vector<int32_t> pages;
+  for (int64_t i = 0; i < n; ++i)
+    if (f[static_cast<size_t>(i)]) pages.push_back(static_cast<int32_t>(i));
+  out->assign(static_cast<size_t>((*in.tables)[static_cast<size_t>(req)]->n_heads_kv()), pages);
+}
+
+CoverageGammaPolicy::CoverageGammaPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p)
+    : est_(std::move(est)), p_(p) {
+  DHS_ASSERT(est_ && p_.n_sink >= 0 && p_.n_recent >= 0);
+}
+
+std::string CoverageGammaPolicy::name() const { return fmt::format("coverage-{}-{}", p_.gamma, est_->name()); }
+
+void CoverageGammaPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  if (no_scoring_possible(in, req) || p_.gamma >= 1.0) return fill_dense(in, req, out);
+  DHS_ASSERT(in.summaries != nullptr);
+  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
+  const MassQuery mq = mass_query(in, req);
+  out->resize(static_cast<size_t>(t.n_heads_kv()));
+  std::vector<double> mass;
+  for (int h = 0; h < t.n_heads_kv(); ++h) {
+    estimate_page_mass(*est_, *in.summaries, t, in.layer, h, mq, p_.combine, &mass);
+    (*out)[static_cast<size_t>(h)] = coverage_set(mass, p_.n_sink, p_.n_recent, p_.gamma);
+  }
+}
+
+TopKPolicy::TopKPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p) : est_(std::move(est)), p_(p) {
+  DHS_ASSERT(est_ && p_.budget >= 0 && p_.n_sink >= 0 && p_.n_recent >= 0);
+}
+
+std::string TopKPolicy::name() const { return fmt::format("topk-{}-{}", p_.budget, est_->name()); }
+
+void TopKPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  if (no_scoring_possible(in, req) || p_.budget >= n_pages_of(in, req)) return fill_dense(in, req, out);
+  DHS_ASSERT(in.summaries != nullptr);
+  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
+  const MassQuery mq = mass_query(in, req);
+  out->resize(static_cast<size_t>(t.n_heads_kv()));
+  std::vector<double> mass;
+  for (int h = 0; h < t.n_heads_kv(); ++h) {
+    estimate_page_mass(*est_, *in.summaries, t, in.layer, h, mq, p_.combine, &mass);
+    (*out)[static_cast<size_t>(h)] = top_k_set(mass, p_.n_sink, p_.n_recent, p_.budget);
+  }
+}
+
+SoloHeadPolicy::SoloHeadPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p)
+    : est_(std::move(est)), p_(p) {
+  DHS_ASSERT(est_ && p_.budget >= 0 && p_.n_sink >= 0 && p_.n_recent >= 0);
+}
+
+std::string SoloHeadPolicy::name() const {
+  return p_.budget > 0 ? fmt::format("solohead-k{}-{}", p_.budget, est_->name())
+                       : fmt::format("solohead-{}-{}", p_.gamma, est_->name());
+}
+
+void SoloHeadPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  if (no_scoring_possible(in, req)) return fill_dense(in, req, out);
+  if (p_.budget > 0 ? p_.budget >= n_pages_of(in, req) : p_.gamma >= 1.0) return fill_dense(in, req, out);
+  DHS_ASSERT(in.summaries != nullptr);
+  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
+  std::vector<int> heads(static_cast<size_t>(t.n_heads_kv()));
+  std::iota(heads.begin(), heads.end(), 0);
+  std::vector<double> mass;
+  estimate_page_mass_heads(*est_, *in.summaries, t, in.layer, heads, mass_query(in, req), p_.combine, &mass);
+  const std::vector<int32_t> pages = p_.budget > 0 ? top_k_set(mass, p_.n_sink, p_.n_recent, p_.budget)
+                                                   : coverage_set(mass, p_.n_sink, p_.n_recent, p_.gamma);
+  out->assign(heads.size(), pages);
+}
+
+DenseBelowPolicy::DenseBelowPolicy(std::unique_ptr<SelectionPolicy> inner, int64_t min_seq_len)
+    : inner_(std::move(inner)), min_seq_len_(min_seq_len) {
+  DHS_ASSERT(inner_ != nullptr);
+}
+
+std::string DenseBelowPolicy::name() const { return fmt::format("{}-dense<{}", inner_->name(), min_seq_len_); }
+
+void DenseBelowPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
+  if ((*in.seq_len)[static_cast<size_t>(req)] < min_seq_len_) return dense_.select_request(in, req, out);
+  inner_->select_request(in, req, out);
+}
+
+std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg) {
+  DHS_CHECK(cfg.n_sink >= 0 && cfg.n_recent >= 0, "sink and recent page counts must be >= 0");
+  DHS_CHECK(cfg.budget >= 0, "--budget must be >= 0 (got {})", cfg.budget);
+  ScoredParams sp;
+  sp.gamma = cfg.gamma;
+  sp.budget = cfg.budget;
+  sp.n_sink = cfg.n_sink;
+  sp.n_recent = cfg.n_recent;
+  sp.combine = cfg.combine;
+  std::unique_ptr<SelectionPolicy> p;
+  if (cfg.name == "dense") {
+    return std::make_unique<DensePolicy>();
+  } else if (cfg.name == "coverage") {
+    DHS_CHECK(cfg.gamma > 0.0 && cfg.gamma <= 1.0, "--gamma must be in (0, 1] (got {})", cfg.gamma);
+    p = std::make_unique<CoverageGammaPolicy>(make_estimator(cfg.estimator), sp);
+  } else if (cfg.name == "topk") {
+    DHS_CHECK(cfg.budget > 0, "--sparse-policy topk needs --budget > 0 (pages per list)");
+    p = std::make_unique<TopKPolicy>(make_estimator(cfg.estimator), sp);
+  } else if (cfg.name == "sinkwindow") {
+    const int window = cfg.budget > 0 ? cfg.budget - cfg.n_sink : cfg.n_recent;
+    DHS_CHECK(window >= 0, "--budget {} is smaller than the {} sink pages", cfg.budget, cfg.n_sink);
+    p = std::make_unique<SinkWindowPolicy>(cfg.n_sink, window);
+  } else if (cfg.name == "solohead") {
+    DHS_CHECK(cfg.budget > 0 || (cfg.gamma > 0.0 && cfg.gamma <= 1.0), "--gamma must be in (0, 1] (got {})",
+              cfg.gamma);
+    p = std::make_unique<SoloHeadPolicy>(make_estimator(cfg.estimator), sp);
+  } else {
+    throw Error(fmt::format("unknown sparse policy '{}' (dense, coverage, topk, sinkwindow, solohead)", cfg.name));
+  }
+  if (cfg.dense_below > 0) p = std::make_unique<DenseBelowPolicy>(std::move(p), cfg.dense_below);
+  return p;
+}
+
+}  // namespace dhs

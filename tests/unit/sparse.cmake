@@ -1,0 +1,2 @@
+dhs_test(test_sparse_summary LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sparse_summary.cpp LIBS dhs_sparse dhs_cpu)
+dhs_test(test_sparse_policy LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sparse_policy.cpp LIBS dhs_sparse dhs_cpu)

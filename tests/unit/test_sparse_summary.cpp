@@ -1,0 +1,231 @@
+// Page summaries against a brute-force min/max/mean/variance over each page's
+// tokens (after random appends, partial last pages, truncation and page reuse),
+// the Quest min/max bound against every token's q·k, and the normalised page
+// masses against an independent statement of their definition.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "sparse/mass_estimator.h"
+#include "test_sparse_fixture.h"
+
+namespace dhs {
+namespace {
+
+using test::SparseWorld;
+
+// Every page of every list of `t` that holds tokens, against its rows in the pool.
+void expect_summaries_exact(const SparseWorld& w, const PageTable& t) {
+  const int ps = w.page_size, D = w.head_dim;
+  const int64_t n_pages = (t.n_tokens() + ps - 1) / ps;
+  for (int l = 0; l < w.n_layers; ++l)
+    for (int h = 0; h < w.n_heads_kv; ++h)
+      for (int64_t i = 0; i < n_pages; ++i) {
+        const PageRef pg = t.page(l, h, i);
+        const int n_rows = static_cast<int>(std::min<int64_t>(ps, t.n_tokens() - i * ps));
+        ASSERT_EQ(w.store.n_rows(pg.slot), n_rows) << "layer " << l << " head " << h << " page " << i;
+        const float* kp = w.pool.k_page(pg);
+        for (int d = 0; d < D; ++d) {
+          float mn = INFINITY, mx = -INFINITY;
+          double sum = 0.0;
+          for (int r = 0; r < n_rows; ++r) {
+            mn = std::min(mn, kp[r * D + d]);
+            mx = std::max(mx, kp[r * D + d]);
+            sum += kp[r * D + d];
+          }
+          const double mean = sum / n_rows;
+          double m2 = 0.0;
+          for (int r = 0; r < n_rows; ++r) m2 += (kp[r * D + d] - mean) * (kp[r * D + d] - mean);
+          ASSERT_EQ(w.store.min(pg.slot)[d], mn);  // min/max are exact, not approximate
+          ASSERT_EQ(w.store.max(pg.slot)[d], mx);
+          // Welford in fp32 over <= page_size rows of magnitude <= ~6.
+          ASSERT_NEAR(w.store.mean(pg.slot)[d], mean, 1e-5);
+          ASSERT_NEAR(w.store.m2(pg.slot)[d], m2, 1e-4 * (1.0 + m2));
+        }
+      }
+}
+
+TEST(PageSummary, MatchesBruteForceAfterRandomAppends) {
+  std::mt19937 rng(1);
+  SparseWorld w(2, 3, 16, 24, 2 * 3 * 20);
+  PageTable& a = w.add_request();
+  PageTable& b = w.add_request();
+  w.append_random(a, 97, rng);  // last page 1/16 full
+  w.append_random(b, 35, rng);  // last page 3/16 full
+  expect_summaries_exact(w, a);
+  expect_summaries_exact(w, b);
+  w.append_random(b, 13, rng);  // exactly full pages
+  expect_summaries_exact(w, b);
+}
+
+TEST(PageSummary, TruncateThenReappend) {
+  std::mt19937 rng(2);
+  SparseWorld w(2, 2, 16, 8, 2 * 2 * 8);
+  PageTable& t = w.add_request();
+  w.append_random(t, 60, rng);
+  t.truncate(w.pool, 37);  // rejected speculation: rows 37..59 are gone
+  truncate_summaries(t, w.pool, w.store, 37);
+  expect_summaries_exact(w, t);
+  w.append_random(t, 20, rng);
+  expect_summaries_exact(w, t);
+  t.truncate(w.pool, 48);  // to a page boundary
+  truncate_summaries(t, w.pool, w.store, 48);
+  w.append_random(t, 3, rng);
+  expect_summaries_exact(w, t);
+}
+
+TEST(PageSummary, ReusedPagesStartClean) {
+  std::mt19937 rng(3);
+  SparseWorld w(1, 2, 16, 8, 8);
+  PageTable& a = w.add_request();
+  w.append_random(a, 64, rng);
+  a.release(w.pool);
+  PageTable& b = w.add_request();  // takes the same slots back from the free stack
+  w.append_random(b, 21, rng);
+  expect_summaries_exact(w, b);
+}
+
+TEST(PageSummary, AppendingOutOfOrderIsCaught) {
+  SparseWorld w(1, 1, 4, 4, 4);
+  PageTable& t = w.add_request();
+  ASSERT_TRUE(t.reserve(w.pool, 4));
+  const std::vector<float> k(4, 1.0f);
+  const int32_t pos = 2;  // row 2 of a page whose rows 0..1 were never summarised
+  EXPECT_THROW(append_summaries(t, w.store, 0, k.data(), &pos, 1), Error);
+}
+
+TEST(MassEstimator, MinMaxIsAnUpperBoundOfEveryToken) {
+  std::mt19937 rng(4);
+  SparseWorld w(1, 2, 16, 40, 2 * 12);
+  PageTable& t = w.add_request();
+  w.append_random(t, 181, rng);
+  const MinMaxEstimator est;
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> q = test::random_vec(40, rng, 2.0f);
+    for (int h = 0; h < 2; ++h)
+      for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
+        const PageRef pg = t.page(0, h, i);
+        const float bound = est.score(w.store, pg.slot, q.data());
+        for (int r = 0; r < w.store.n_rows(pg.slot); ++r) {
+          const float* k = w.pool.k_page(pg) + r * 40;
+          double dot = 0.0, mag = 0.0;
+          for (int d = 0; d < 40; ++d) {
+            dot += static_cast<double>(q[d]) * k[d];
+            mag += std::abs(static_cast<double>(q[d]) * k[d]);
+          }
+          // Slack: fp32 rounding of the bound's own sum, relative to sum |q_d k_d|.
+          ASSERT_GE(bound, dot - 1e-5 * mag) << "page " << i << " row " << r;
+        }
+      }
+  }
+}
+
+// The definition, independently: per q head and row, scores from the summaries (in
+// double), mass = n_visible * exp(s*scale - max), normalised; combined; renormalised.
+std::vector<double> brute_mass(const SparseWorld& w, const PageTable& t, int layer, const std::vector<int>& heads,
+                               const std::vector<float>& q, int n_rows, int n_heads_q, int64_t seq_len, float scale,
+                               GroupCombine combine, bool minmax, float kappa) {
+  const int ps = w.page_size, D = w.head_dim, group = n_heads_q / w.n_heads_kv;
+  const int64_t n_pages = (seq_len + ps - 1) / ps;
+  std::vector<double> out(static_cast<size_t>(n_pages), 0.0);
+  for (int hk : heads)
+    for (int g = 0; g < group; ++g)
+      for (int row = 0; row < n_rows; ++row) {
+        const float* qr = q.data() + (row * n_heads_q + hk * group + g) * D;
+        const int64_t qpos = seq_len - n_rows + row;
+        std::vector<double> s(static_cast<size_t>(n_pages)), n(static_cast<size_t>(n_pages));
+        double m = -INFINITY;
+        for (int64_t i = 0; i < n_pages; ++i) {
+          n[i] = static_cast<double>(std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps));
+          const int32_t slot = t.page(layer, hk, i).slot;
+          double sc = 0.0, var = 0.0;
+          for (int d = 0; d < D; ++d) {
+            if (minmax) {
+              sc += std::max(static_cast<double>(qr[d]) * w.store.min(slot)[d],
+                             static_cast<double>(qr[d]) * w.store.max(slot)[d]);
+            } else {
+              sc += static_cast<double>(qr[d]) * w.store.mean(slot)[d];
+              var += static_cast<double>(qr[d]) * qr[d] * w.store.m2(slot)[d] / w.store.n_rows(slot);
+            }
+          }
+          s[i] = (sc + (minmax ? 0.0 : kappa * std::sqrt(var))) * scale;
+          if (n[i] > 0) m = std::max(m, s[i]);
+        }
+        double z = 0.0;
+        for (int64_t i = 0; i < n_pages; ++i) z += n[i] > 0 ? n[i] * std::exp(s[i] - m) : 0.0;
+        for (int64_t i = 0; i < n_pages; ++i) {
+          const double p = n[i] > 0 ? n[i] * std::exp(s[i] - m) / z : 0.0;
+          out[i] = combine == GroupCombine::Sum ? out[i] + p : std::max(out[i], p);
+        }
+      }
+  double tot = 0.0;
+  for (double v : out) tot += v;
+  for (double& v : out) v /= tot;
+  return out;
+}
+
+TEST(MassEstimator, NormalisedMassMatchesDefinition) {
+  std::mt19937 rng(5);
+  const int Hkv = 2, Hq = 6, D = 16, ps = 16;
+  SparseWorld w(2, Hkv, ps, D, 2 * Hkv * 10);
+  PageTable& t = w.add_request();
+  w.append_random(t, 151, rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int n_rows : {1, 3}) {  // decode, and verification of 2 draft tokens (causal)
+    const std::vector<float> q = test::random_vec(static_cast<size_t>(n_rows * Hq * D), rng, 1.5f);
+    MassQuery mq;
+    mq.q = q.data();
+    mq.row_begin = 0;
+    mq.row_end = n_rows;
+    mq.n_heads_q = Hq;
+    mq.scale = scale;
+    mq.seq_len = 151;
+    for (GroupCombine c : {GroupCombine::Sum, GroupCombine::Max})
+      for (int est_i = 0; est_i < 2; ++est_i) {
+        const bool minmax = est_i == 0;
+        const MinMaxEstimator mm;
+        const MeanSpreadEstimator ms(0.7f);
+        const MassEstimator& est = minmax ? static_cast<const MassEstimator&>(mm) : ms;
+        for (int h = 0; h < Hkv; ++h) {
+          std::vector<double> got;
+          estimate_page_mass(est, w.store, t, 1, h, mq, c, &got);
+          const std::vector<double> want = brute_mass(w, t, 1, {h}, q, n_rows, Hq, 151, scale, c, minmax, 0.7f);
+          ASSERT_EQ(got.size(), want.size());
+          double sum = 0.0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_NEAR(got[i], want[i], 1e-4 * want[i] + 1e-9) << "page " << i;
+            sum += got[i];
+          }
+          EXPECT_NEAR(sum, 1.0, 1e-12);
+        }
+        std::vector<double> got;
+        estimate_page_mass_heads(est, w.store, t, 1, {0, 1}, mq, c, &got);
+        const std::vector<double> want = brute_mass(w, t, 1, {0, 1}, q, n_rows, Hq, 151, scale, c, minmax, 0.7f);
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4 * want[i] + 1e-9);
+      }
+  }
+}
+
+TEST(MassEstimator, EmptyAndOnePage) {
+  std::mt19937 rng(6);
+  SparseWorld w(1, 1, 16, 8, 4);
+  PageTable& t = w.add_request();
+  const std::vector<float> q = test::random_vec(8, rng);
+  MassQuery mq{q.data(), 0, 1, 1, 0.35f, 0};
+  std::vector<double> m{1.0, 2.0};
+  estimate_page_mass(MinMaxEstimator{}, w.store, t, 0, 0, mq, GroupCombine::Sum, &m);
+  EXPECT_TRUE(m.empty());
+  w.append_random(t, 5, rng);
+  mq.seq_len = 5;
+  estimate_page_mass(MinMaxEstimator{}, w.store, t, 0, 0, mq, GroupCombine::Sum, &m);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0], 1.0);
+  EXPECT_THROW(make_estimator("nope"), Error);
+  EXPECT_EQ(make_estimator("meanspread")->name(), "meanspread");
+}
+
+}  // namespace
+}  // namespace dhs
