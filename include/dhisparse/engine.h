@@ -25,6 +25,11 @@ struct EngineOptions {
   std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact); CUDA: always bf16
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
+  // Sparse decode (CPU backend so far): dense | coverage | topk | sinkwindow | solohead.
+  std::string sparse_policy = "dense";
+  double gamma = 0.99;              // coverage: estimated attention mass kept per (layer, KV head, step)
+  int budget = 0;                   // topk / sinkwindow / solohead: pages per list
+  int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
 };
 
 struct GenerateOptions {

@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", go.sampling.seed, "RNG seed")->capture_default_str();
   gen->add_option("--stop", go.stop, "Stop string (repeatable)");
   gen->add_flag("--ignore-eos", go.ignore_eos, "Keep generating after end-of-sequence tokens");
+  gen->add_option("--sparse-policy", eo.sparse_policy, "KV pages each head reads: dense, coverage (gamma), topk (budget), sinkwindow, solohead")
+      ->check(CLI::IsMember({"dense", "coverage", "topk", "sinkwindow", "solohead"}))->capture_default_str();
+  gen->add_option("--gamma", eo.gamma, "coverage: attention mass to keep per layer, KV head and step")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(CLI::NonNegativeNumber);
+  gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
   gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
   gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);

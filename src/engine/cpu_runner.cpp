@@ -18,6 +18,16 @@ class CpuRunner final : public StepRunner {
     const int64_t pages_per_list = (max_ctx + o.page_size - 1) / o.page_size;
     pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
                                        static_cast<int>(c.head_dim));
+    if (o.sparse_policy != "dense") {
+      PolicyConfig pc;
+      pc.name = o.sparse_policy;
+      pc.gamma = o.gamma;
+      pc.budget = o.budget;
+      pc.dense_below = o.dense_below;
+      policy_ = make_policy(pc);
+      summaries_ = std::make_unique<PageSummaryStore>(*pool_);
+      model_->set_sparsity(policy_.get(), summaries_.get());
+    }
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
@@ -29,6 +39,8 @@ class CpuRunner final : public StepRunner {
  private:
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<SelectionPolicy> policy_;
+  std::unique_ptr<PageSummaryStore> summaries_;
 };
 
 }  // namespace

@@ -12,6 +12,7 @@ class CudaRunner final : public StepRunner {
  public:
   CudaRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
+    DHS_CHECK(o.sparse_policy == "dense", "--sparse-policy {}: sparse decode runs on the CPU backend so far", o.sparse_policy);
     CudaModelOptions co;
     co.max_batch = 1;
     co.max_step_tokens = 2048;

@@ -140,3 +140,40 @@ TEST_F(EngineTest, BadRequestsFailCleanlyWithoutLeakingPages) {
 
 }  // namespace
 }  // namespace dhs
+
+namespace dhs {
+namespace {
+
+// Sparse decode through the engine: coverage with gamma = 1 keeps every page, so its
+// greedy tokens equal dense ones exactly; gamma = 0.99 still answers the question.
+TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  auto dense = Engine::load(o);
+  o.sparse_policy = "coverage";
+  o.gamma = 1.0;
+  auto full = Engine::load(o);
+  o.gamma = 0.99;
+  auto cov = Engine::load(o);
+  GenerateOptions go;
+  go.max_tokens = 24;
+  go.ignore_eos = true;
+  const auto ids = dense->tokenize(
+      "Item 1: apples. Item 2: pears. Item 3: plums. Item 4: figs. Item 5: dates. Item 6: limes. The list");
+  EXPECT_EQ(full->generate(ids, go).tokens, dense->generate(ids, go).tokens);
+  const auto q = cov->tokenize(cov->render_chat({{"user", "What is the capital of France?"}}, true));
+  GenerateOptions g2;
+  g2.max_tokens = 16;
+  const auto r = cov->generate(q, g2);
+  EXPECT_NE(r.text.find("Paris"), std::string::npos) << r.text;
+  for (Engine* e : {dense.get(), full.get(), cov.get()}) {
+    EXPECT_EQ(e->kv_stats().n_used, 0);
+    EXPECT_EQ(e->kv_check(), "");
+  }
+  o.sparse_policy = "nonsense";
+  EXPECT_THROW(Engine::load(o), Error);
+}
+
+}  // namespace
+}  // namespace dhs

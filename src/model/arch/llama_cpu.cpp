@@ -91,6 +91,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     tables.push_back(s.table);
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
+  const bool decode_step = T == static_cast<int64_t>(batch.size());
 
   std::vector<float> x(static_cast<size_t>(T * H));          // [T, hidden] residual stream
   std::vector<float> h(static_cast<size_t>(T * H));          // [T, hidden] normed
@@ -120,11 +121,23 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     cpu::rope(k.data(), pos.data(), T, Hkv, D, inv_freq_.data(), cfg_.rope_style);
     dump("q_rope", l, q.data(), T, Hq * D);
     dump("k_rope", l, k.data(), T, Hkv * D);
-    for (size_t s = 0; s < batch.size(); ++s)
+    for (size_t s = 0; s < batch.size(); ++s) {
       cpu::append_kv(*batch[s].table, pool, l, k.data() + q_indptr[s] * Hkv * D, v.data() + q_indptr[s] * Hkv * D,
                      pos.data() + q_indptr[s], batch[s].n_new);
+      if (summaries_)
+        append_summaries(*batch[s].table, *summaries_, l, k.data() + q_indptr[s] * Hkv * D, pos.data() + q_indptr[s],
+                         batch[s].n_new);
+    }
 
-    const PageLists lists = dense_page_lists(tables, l, seq_len);
+    PageLists lists;
+    // Sparse selection serves decode steps; prefill reads every page (a chunk's
+    // queries span the whole prompt, and its own pages are not summarised yet).
+    if (policy_ && decode_step) {
+      SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
+      lists = policy_->select(in);
+    } else {
+      lists = dense_page_lists(tables, l, seq_len);
+    }
     cpu::AttentionParams ap;
     ap.q = q.data();
     ap.out = att.data();

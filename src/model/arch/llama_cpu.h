@@ -11,6 +11,8 @@
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "model/weight_source.h"
+#include "sparse/page_summary.h"
+#include "sparse/policy.h"
 
 namespace dhs {
 
@@ -27,6 +29,12 @@ class LlamaCpu {
   const ModelConfig& config() const { return cfg_; }
   size_t weight_bytes() const;
   void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
+  // Sparse decode: page summaries kept up to date at every append (when a store is
+  // given) and the policy choosing each layer's page lists (nullptr: dense).
+  void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries) {
+    policy_ = policy;
+    summaries_ = summaries;
+  }
 
   struct Seq {
     PageTable* table = nullptr;      // KV of this request; capacity reserved for the new tokens
@@ -58,6 +66,8 @@ class LlamaCpu {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
   DebugHook debug_;
+  const SelectionPolicy* policy_ = nullptr;
+  PageSummaryStore* summaries_ = nullptr;
 };
 
 }  // namespace dhs
