@@ -46,6 +46,7 @@ struct GenerateResult {
   int64_t n_prompt = 0;
   double prompt_seconds = 0.0;      // prefill time
   double decode_seconds = 0.0;      // time for tokens after the first
+  double pages_read_frac = 1.0;     // KV pages read by decode attention / all pages (sparse policies)
 };
 
 class Engine {

@@ -150,8 +150,10 @@ int main(int argc, char** argv) {
     if (!quiet) {
       const double pp = res.prompt_seconds > 0 ? res.n_prompt / res.prompt_seconds : 0.0;
       const double tg = res.decode_seconds > 0 ? (res.tokens.size() - 1) / res.decode_seconds : 0.0;
-      std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s\n",
+      std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s",
                    static_cast<long long>(res.n_prompt), pp, res.tokens.size(), tg, res.finish_reason.c_str());
+      if (eo.sparse_policy != "dense") std::fprintf(stderr, " | KV pages read: %.1f%%", 100.0 * res.pages_read_frac);
+      std::fprintf(stderr, "\n");
     }
     return 0;
   } catch (const dhs::Error& e) {

@@ -32,6 +32,11 @@ class CpuRunner final : public StepRunner {
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
   int64_t max_step_tokens() const override { return 512; }
+  double take_pages_read_frac() override {
+    const auto st = model_->sparsity_stats();
+    model_->reset_sparsity_stats();
+    return st.pages_total > 0 ? static_cast<double>(st.pages_read) / static_cast<double>(st.pages_total) : 1.0;
+  }
   void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) override {
     model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);
   }

@@ -119,6 +119,7 @@ class LocalEngine final : public Engine {
     const auto t0 = Clock::now();
     prefill(table, prompt, &logits);
     res.prompt_seconds = seconds_since(t0);
+    runner_->take_pages_read_frac();  // count decode steps only
 
     StreamDecoder dec(*tok_, /*skip_special=*/true);
     StopMatcher stops(opts.stop);
@@ -155,6 +156,7 @@ class LocalEngine final : public Engine {
       if (!tail.empty() && on_text) on_text(tail);
     }
     res.decode_seconds = res.tokens.size() > 1 ? seconds_since(t_decode) : 0.0;
+    res.pages_read_frac = runner_->take_pages_read_frac();
     return res;
   }
 

@@ -22,6 +22,8 @@ class StepRunner {
   // and writes the last token's logits ([vocab]).
   virtual void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) = 0;
   virtual int64_t max_step_tokens() const = 0;  // prefill chunk
+  // Fraction of KV pages read by sparse decode steps since the last call (1 when dense).
+  virtual double take_pages_read_frac() { return 1.0; }
 };
 
 std::unique_ptr<StepRunner> make_cpu_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx);

@@ -135,6 +135,9 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     if (policy_ && decode_step) {
       SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
       lists = policy_->select(in);
+      stats_.pages_read += lists.nnz();
+      for (size_t r = 0; r < seq_len.size(); ++r)
+        stats_.pages_total += Hkv * ((seq_len[r] + pool.page_size() - 1) / pool.page_size());
     } else {
       lists = dense_page_lists(tables, l, seq_len);
     }

@@ -67,6 +67,17 @@ class LlamaCpu {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   DebugHook debug_;
   const SelectionPolicy* policy_ = nullptr;
+ public:
+  // Pages the policy selected vs all pages, summed over decode steps, layers and heads.
+  struct SparsityStats {
+    int64_t pages_read = 0;
+    int64_t pages_total = 0;
+  };
+  const SparsityStats& sparsity_stats() const { return stats_; }
+  void reset_sparsity_stats() { stats_ = {}; }
+
+ private:
+  SparsityStats stats_;
   PageSummaryStore* summaries_ = nullptr;
 };
 
