@@ -1,5 +1,6 @@
-# CUDA tests (label cuda). Standalone programs, not GTest: the lent GPU machine has no
-# GTest, and the same binary runs here and there. Exit code 77 = skipped (no GPU).
+# CUDA tests (label cuda). Built here for sm_90a and carried to the GPU machine
+# (bench/prebuild.sh), which lacks some of the project's -dev packages. Some are
+# standalone programs (exit code 77 = skipped: no GPU), some GoogleTest (GTEST_SKIP).
 
 # CMake 3.25 knows no "CUDA20" dialect flag for nvcc (newer CMake does): tell it for the
 # CUDA test targets of this directory (the C++20 headers of core/ and kv/ need it).
