@@ -15,7 +15,7 @@
 //  * RoPE angle: both sides compute pos * inv_freq in double (GPU: sincos() in double),
 //    so positions up to 131071 need no extra tolerance. (An fp32 angle would be off by
 //    up to 0.0078 rad there: ~1 bf16 ulp on every element — the test catches it.)
-// DHS_TEST_SMALL=1 shrinks the sizes (for compute-sanitizer runs).
+// DHS_TEST_SMALL=1 (or DHS_TEST_QUICK=1) shrinks the sizes (for compute-sanitizer runs).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -43,9 +43,12 @@ namespace {
 using dhs::DType;
 namespace dc = dhs::cuda;
 
-bool small_mode() {
-  const char* e = std::getenv("DHS_TEST_SMALL");
-  return e && *e && *e != '0';
+bool small_mode() {  // DHS_TEST_SMALL or the project's DHS_TEST_QUICK (sanitizer runs)
+  for (const char* name : {"DHS_TEST_SMALL", "DHS_TEST_QUICK"}) {
+    const char* e = std::getenv(name);
+    if (e && *e && *e != '0') return true;
+  }
+  return false;
 }
 
 // ---- host helpers ----------------------------------------------------------------

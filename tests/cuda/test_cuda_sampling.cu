@@ -7,8 +7,8 @@
 //  * same seed and counter -> same tokens; a captured graph replayed twice draws new
 //    tokens each replay, and the same ones again after the counters are reset.
 // The CPU filter below restates sampler.cpp step by step; CpuMirrorAgreesWithSampler checks
-// that every token dhs::Sampler draws lies in it. DHS_TEST_SMALL=1 shrinks everything (for
-// compute-sanitizer); DHS_CUDA_BENCH=1 adds timings (µs per call).
+// that every token dhs::Sampler draws lies in it. DHS_TEST_SMALL=1|2 (or DHS_TEST_QUICK=1) shrinks
+// everything (for compute-sanitizer); DHS_CUDA_BENCH=1 adds timings (µs per call).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,9 +38,11 @@ bool env_on(const char* name) {
   return e && *e && *e != '0';
 }
 // DHS_TEST_SMALL=1: fewer rows and draws (memcheck); 2: also vocab <= 5000 only (racecheck).
+// The project's DHS_TEST_QUICK=1 (its sanitizer runs) counts as level 2.
 int small_level() {
   const char* e = std::getenv("DHS_TEST_SMALL");
-  return e ? std::atoi(e) : 0;
+  if (e && *e) return std::atoi(e);
+  return env_on("DHS_TEST_QUICK") ? 2 : 0;
 }
 bool small_mode() { return small_level() >= 1; }
 bool tiny_mode() { return small_level() >= 2; }
