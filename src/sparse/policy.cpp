@@ -148,6 +148,26 @@ void SinkWindowPolicy::select_request(const SelectionInput& in, int req, Request
   out->assign(static_cast<size_t>((*in.tables)[static_cast<size_t>(req)]->n_heads_kv()), pages);
 }
 
+namespace {
+
+// Scores every KV head of one request and lets `pick` choose its pages from the
+// estimated masses (shared by the coverage and top-k policies).
+template <typename Pick>
+void select_per_head(const SelectionInput& in, int req, const MassEstimator& est, GroupCombine combine,
+                     RequestPages* out, Pick pick) {
+  DHS_ASSERT(in.summaries != nullptr);
+  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
+  const MassQuery mq = mass_query(in, req);
+  out->resize(static_cast<size_t>(t.n_heads_kv()));
+  std::vector<double> mass;
+  for (int h = 0; h < t.n_heads_kv(); ++h) {
+    estimate_page_mass(est, *in.summaries, t, in.layer, h, mq, combine, &mass);
+    (*out)[static_cast<size_t>(h)] = pick(mass);
+  }
+}
+
+}  // namespace
+
 CoverageGammaPolicy::CoverageGammaPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p)
     : est_(std::move(est)), p_(p) {
   DHS_ASSERT(est_ && p_.n_sink >= 0 && p_.n_recent >= 0);
@@ -157,15 +177,9 @@ std::string CoverageGammaPolicy::name() const { return fmt::format("coverage-{}-
 
 void CoverageGammaPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
   if (no_scoring_possible(in, req) || p_.gamma >= 1.0) return fill_dense(in, req, out);
-  DHS_ASSERT(in.summaries != nullptr);
-  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
-  const MassQuery mq = mass_query(in, req);
-  out->resize(static_cast<size_t>(t.n_heads_kv()));
-  std::vector<double> mass;
-  for (int h = 0; h < t.n_heads_kv(); ++h) {
-    estimate_page_mass(*est_, *in.summaries, t, in.layer, h, mq, p_.combine, &mass);
-    (*out)[static_cast<size_t>(h)] = coverage_set(mass, p_.n_sink, p_.n_recent, p_.gamma);
-  }
+  select_per_head(in, req, *est_, p_.combine, out, [&](const std::vector<double>& mass) {
+    return coverage_set(mass, p_.n_sink, p_.n_recent, p_.gamma);
+  });
 }
 
 TopKPolicy::TopKPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p) : est_(std::move(est)), p_(p) {
@@ -176,15 +190,9 @@ std::string TopKPolicy::name() const { return fmt::format("topk-{}-{}", p_.budge
 
 void TopKPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
   if (no_scoring_possible(in, req) || p_.budget >= n_pages_of(in, req)) return fill_dense(in, req, out);
-  DHS_ASSERT(in.summaries != nullptr);
-  const PageTable& t = *(*in.tables)[static_cast<size_t>(req)];
-  const MassQuery mq = mass_query(in, req);
-  out->resize(static_cast<size_t>(t.n_heads_kv()));
-  std::vector<double> mass;
-  for (int h = 0; h < t.n_heads_kv(); ++h) {
-    estimate_page_mass(*est_, *in.summaries, t, in.layer, h, mq, p_.combine, &mass);
-    (*out)[static_cast<size_t>(h)] = top_k_set(mass, p_.n_sink, p_.n_recent, p_.budget);
-  }
+  select_per_head(in, req, *est_, p_.combine, out, [&](const std::vector<double>& mass) {
+    return top_k_set(mass, p_.n_sink, p_.n_recent, p_.budget);
+  });
 }
 
 SoloHeadPolicy::SoloHeadPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p)
