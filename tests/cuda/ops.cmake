@@ -7,3 +7,6 @@ dhs_test(test_cuda_ops LABEL cuda
 dhs_test(test_cuda_sampling LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_sampling.cu
   LIBS dhs_cuda dhs_engine)
+dhs_test(test_page_select LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_page_select.cu
+  LIBS dhs_cuda dhs_sparse dhs_kv)

@@ -1,0 +1,399 @@
+// Score, select and compact kernels of sparse decode; see page_select.h.
+#include "backend/cuda/page_select.h"
+
+#include "backend/cuda/cuda_check.h"
+
+namespace dhs::cuda {
+
+namespace {
+
+constexpr int kSelectThreads = 256;
+constexpr int kSelectWarps = kSelectThreads / 32;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// DPL consecutive bf16 values (DPL = 2, 4, 8: one 4-, 8- or 16-byte load) as floats.
+template <int DPL>
+__device__ __forceinline__ void load_bf16(const __nv_bfloat16* src, float* out) {
+  if constexpr (DPL == 2) {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(src);
+    out[0] = __low2float(v);
+    out[1] = __high2float(v);
+  } else if constexpr (DPL == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      out[2 * i] = __low2float(v[i]);
+      out[2 * i + 1] = __high2float(v[i]);
+    }
+  } else {
+    static_assert(DPL == 8, "head_dim must be 64, 128 or 256");
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __low2float(v[i]);
+      out[2 * i + 1] = __high2float(v[i]);
+    }
+  }
+}
+
+// ---- 1. score ----------------------------------------------------------------------
+// scores[i, j] for dense page i and q vector j = qi * group + g (query row qi of the
+// request, q head g of the group), in log2 units: est(q.k) * scale * log2(e).
+template <int DPL>
+__global__ void __launch_bounds__(256) score_pages_kernel(const __grid_constant__ PageSelectParams p) {
+  const int lane = threadIdx.x & 31;
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int n_lists = p.n_requests * p.n_heads_kv;
+  const int64_t total = p.dense_indptr[n_lists];
+  const int64_t b = warp * total / p.n_score_warps, e = (warp + 1) * total / p.n_score_warps;
+  if (b >= e) return;
+  // The list holding page b: the largest row with indptr[row] <= b (never an empty one,
+  // since indptr[row + 1] > b for the largest such row).
+  int lo = 0, hi = n_lists;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (p.dense_indptr[mid] <= b) lo = mid; else hi = mid;
+  }
+  int row = lo, row_end = p.dense_indptr[row + 1];
+  const int group = p.n_heads_q / p.n_heads_kv;
+  const int D = DPL * 32;
+  const float mul = p.scale * kLog2e;
+  for (int64_t i = b; i < e; ++i) {
+    while (i >= row_end) row_end = p.dense_indptr[++row + 1];
+    const int req = row / p.n_heads_kv, h = row % p.n_heads_kv;
+    const int q0 = p.q_indptr[req], n_vec = (p.q_indptr[req + 1] - q0) * group;
+    float s0[DPL], s1[DPL];
+    const __nv_bfloat16* sm = p.summaries + static_cast<int64_t>(p.dense_slots[i]) * 2 * D + lane * DPL;
+    load_bf16<DPL>(sm, s0);
+    load_bf16<DPL>(sm + D, s1);
+    for (int j = 0; j < n_vec; ++j) {
+      const int qi = j / group, g = j - qi * group;
+      float q[DPL];
+      load_bf16<DPL>(p.q + (static_cast<int64_t>(q0 + qi) * p.n_heads_q + h * group + g) * D + lane * DPL, q);
+      float a = 0.0f, c = 0.0f;
+      if (p.kind == SummaryKind::MinMax) {
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) a += fmaxf(q[d] * s0[d], q[d] * s1[d]);
+        a = warp_sum(a);
+      } else {
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) {
+          a += q[d] * s0[d];
+          c += q[d] * q[d] * fmaxf(s1[d], 0.0f);
+        }
+        a = warp_sum(a) + p.kappa * sqrtf(warp_sum(c));
+      }
+      if (lane == 0) p.scores[i * p.q_stride + j] = a * mul;
+    }
+  }
+}
+
+// ---- 2. select -----------------------------------------------------------------------
+// Deterministic block reductions: per-warp shuffles, then every thread adds the warp
+// partials in the same order (no third barrier, same value in every thread).
+__device__ __forceinline__ float block_sum(float v, float* s_red) {
+  v = warp_sum(v);
+  __syncthreads();  // the previous reduction's reads of s_red are done
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kSelectWarps; ++w) t += s_red[w];
+  return t;
+}
+
+__device__ __forceinline__ int block_sum_int(int v, int* s_red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  int t = 0;
+#pragma unroll
+  for (int w = 0; w < kSelectWarps; ++w) t += s_red[w];
+  return t;
+}
+
+// Exclusive prefix over threads (in thread order) of v; *total gets the sum.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* s_red, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) s_red[warp] = x;
+  __syncthreads();
+  int before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kSelectWarps; ++w) {
+    if (w < warp) before += s_red[w];
+    all += s_red[w];
+  }
+  *total = all;
+  return before + x - v;
+}
+
+// Combined (max, sum) of the online softmax denominators of two partial ranges.
+__device__ __forceinline__ void merge_mz(float& m, float& z, float m2, float z2) {
+  const float mm = fmaxf(m, m2);
+  if (mm == -INFINITY) return;
+  z = z * exp2f(m - mm) + z2 * exp2f(m2 - mm);
+  m = mm;
+}
+
+__global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
+  extern __shared__ float s_mass[];
+  __shared__ float s_red[kSelectWarps], s_red_m[kSelectWarps];
+  __shared__ int s_redi[kSelectWarps];
+  const int row = blockIdx.x;
+  const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
+  if (p.share_heads && h != 0) return;  // SoloHead: the request's head-0 block decides for all
+  const int base = p.dense_indptr[row], n = p.dense_indptr[row + 1] - base;
+  const int seq = p.seq_len[req];
+  const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0;
+  const int group = p.n_heads_q / p.n_heads_kv;
+  const int tid = threadIdx.x;
+  // Each thread owns a contiguous chunk of page indices (index order = prefix order).
+  const int per = (n + kSelectThreads - 1) / kSelectThreads;
+  const int i0 = min(n, tid * per), i1 = min(n, i0 + per);
+  const int sink = min(p.n_sink, n), recent_from = max(sink, n - p.n_recent);
+  auto forced = [&](int i) { return i < sink || i >= recent_from; };
+
+  enum Mode { kAll, kForced, kCut } mode = kCut;
+  int k_top = 0;
+  if (n == 0 || q_len == 0 || seq < p.dense_below) mode = kAll;
+  else if (p.rule == SelectRule::SinkWindow) mode = kForced;
+  else if (p.rule == SelectRule::Coverage && p.gamma >= 1.0f) mode = kAll;
+  else if (p.rule == SelectRule::TopK) {
+    k_top = p.budget_frac && !p.share_heads ? static_cast<int>(ceilf(p.budget_frac[h] * static_cast<float>(n))) : p.budget;
+    if (k_top >= n) mode = kAll;
+  }
+
+  float* m = n <= p.smem_pages ? s_mass : p.mass + base;
+  uint32_t thr = 0;  // the cut: pages of mass bits > thr are in, == thr by index up to k_eq
+  int k_eq = 0;
+  bool topk_forced_only = false;
+  if (mode == kCut) {
+    for (int i = i0; i < i1; ++i) m[i] = 0.0f;
+    const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
+    for (int hh = h_first; hh <= h_last; ++hh) {
+      const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
+      for (int j = 0; j < q_len * group; ++j) {
+        const int qpos = seq - q_len + j / group;
+        float mx = -INFINITY, z = 0.0f;
+        for (int i = i0; i < i1; ++i) {
+          const int nv = min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size);
+          if (nv == 0) continue;
+          merge_mz(mx, z, p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j], static_cast<float>(nv));
+        }
+        // Block-wide (max, sum): max first, then the rescaled sums.
+        float mxa = mx;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o));
+        __syncthreads();
+        if ((tid & 31) == 0) s_red_m[tid >> 5] = mxa;
+        __syncthreads();
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kSelectWarps; ++w) M = fmaxf(M, s_red_m[w]);
+        const float Z = block_sum(mx == -INFINITY ? 0.0f : z * exp2f(mx - M), s_red);
+        if (!(Z > 0.0f)) continue;  // this row sees no key (uniform across the block)
+        const float inv_z = 1.0f / Z;
+        for (int i = i0; i < i1; ++i) {
+          const int nv = min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size);
+          const float w = nv == 0 ? 0.0f
+                                  : static_cast<float>(nv) *
+                                        exp2f(p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] - M) * inv_z;
+          m[i] = p.combine_max ? fmaxf(m[i], w) : m[i] + w;
+        }
+      }
+    }
+    float tot = 0.0f;
+    for (int i = i0; i < i1; ++i) tot += m[i];
+    tot = block_sum(tot, s_red);
+    if (tot > 0.0f) {
+      const float inv = 1.0f / tot;
+      for (int i = i0; i < i1; ++i) m[i] *= inv;
+    }
+    // (Each thread reads back only its own chunk of m below: no barrier needed for m.)
+    if (p.mass_out)
+      for (int i = i0; i < i1; ++i) p.mass_out[base + i] = m[i];
+
+    if (p.rule == SelectRule::Coverage) {
+      float fm = 0.0f, fr = 0.0f;
+      for (int i = i0; i < i1; ++i) (forced(i) ? fm : fr) += m[i];
+      fm = block_sum(fm, s_red);
+      fr = block_sum(fr, s_red);
+      const float need = p.gamma - fm;
+      if (need <= 0.0f) mode = kForced;
+      else if (fr < need) mode = kAll;  // rounding shortfall: every page
+      else {
+        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr.
+        for (int bit = 30; bit >= 0; --bit) {
+          const uint32_t cand = thr | (1u << bit);
+          float s = 0.0f;
+          for (int i = i0; i < i1; ++i)
+            if (!forced(i) && __float_as_uint(m[i]) >= cand) s += m[i];
+          if (block_sum(s, s_red) >= need) thr = cand;
+        }
+        float gt = 0.0f;
+        for (int i = i0; i < i1; ++i)
+          if (!forced(i) && __float_as_uint(m[i]) > thr) gt += m[i];
+        gt = block_sum(gt, s_red);
+        const float tv = __uint_as_float(thr);
+        // tv > 0: S(>= 0) >= need > S(> thr), so some page of mass tv > 0 sits at the cut.
+        k_eq = tv > 0.0f ? max(1, static_cast<int>(ceilf((need - gt) / tv))) : n;
+      }
+    } else {  // TopK
+      const int n_forced = sink + (n - recent_from);
+      if (k_top <= n_forced) topk_forced_only = true;
+      else {
+        const int want = k_top - n_forced;  // free pages to add
+        for (int bit = 30; bit >= 0; --bit) {
+          const uint32_t cand = thr | (1u << bit);
+          int c = 0;
+          for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(m[i]) >= cand;
+          if (block_sum_int(c, s_redi) >= want) thr = cand;
+        }
+        int gt = 0;
+        for (int i = i0; i < i1; ++i) gt += !forced(i) && __float_as_uint(m[i]) > thr;
+        k_eq = want - block_sum_int(gt, s_redi);
+      }
+    }
+  }
+
+  // Ranks of the free pages tied at the cut, in index order.
+  int eq_before = 0;
+  if (mode == kCut && !topk_forced_only) {
+    int c = 0;
+    for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(m[i]) == thr;
+    int all;
+    eq_before = block_exclusive_scan(c, s_redi, &all);
+  }
+  // Top-k with k at most the forced pages: sinks first, then the newest recent pages.
+  const int k_sink = min(k_top, sink), k_recent = k_top - k_sink;
+  auto chosen = [&](int i, int& eq_rank) -> bool {
+    if (mode == kAll) return true;
+    if (mode == kForced) return forced(i);
+    if (topk_forced_only) return i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
+    if (forced(i)) return true;
+    const uint32_t b = __float_as_uint(m[i]);
+    if (b > thr) return true;
+    if (b == thr) return eq_rank++ < k_eq;
+    return false;
+  };
+  int cnt = 0;
+  {
+    int r = eq_before;
+    for (int i = i0; i < i1; ++i) cnt += chosen(i, r);
+  }
+  int total = 0;
+  const int off = block_exclusive_scan(cnt, s_redi, &total);
+  const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
+  for (int hh = h_first; hh <= h_last; ++hh) {
+    const int lrow = req * p.n_heads_kv + hh;
+    const int bh = p.dense_indptr[lrow];
+    int o = bh + off, r = eq_before;
+    for (int i = i0; i < i1; ++i)
+      if (chosen(i, r)) {
+        p.stage_slots[o] = p.dense_slots[bh + i];
+        p.stage_pos[o] = p.dense_page_pos[bh + i];
+        ++o;
+      }
+    if (tid == 0) {
+      p.counts[lrow] = total;
+      if (p.stats) {
+        atomicAdd(&p.stats[2 * hh], static_cast<unsigned long long>(total));
+        atomicAdd(&p.stats[2 * hh + 1], static_cast<unsigned long long>(n));
+      }
+    }
+  }
+}
+
+// ---- 3. compact ----------------------------------------------------------------------
+__global__ void __launch_bounds__(kSelectThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
+  __shared__ int s_redi[kSelectWarps];
+  const int row = blockIdx.x;
+  int s = 0;
+  for (int r = threadIdx.x; r < row; r += blockDim.x) s += p.counts[r];
+  const int off = block_sum_int(s, s_redi);
+  const int c = p.counts[row];
+  if (threadIdx.x == 0) {
+    p.indptr[row + 1] = off + c;
+    if (row == 0) p.indptr[0] = 0;
+  }
+  const int base = p.dense_indptr[row];
+  for (int i = threadIdx.x; i < c; i += blockDim.x) {
+    p.slots[off + i] = p.stage_slots[base + i];
+    p.page_pos[off + i] = p.stage_pos[base + i];
+  }
+}
+
+}  // namespace
+
+void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
+  const int n_lists = p.n_requests * p.n_heads_kv;
+  if (n_lists <= 0) return;
+  if (p.rule != SelectRule::SinkWindow) {
+    const int blocks = p.n_score_warps / 8;
+    switch (p.head_dim) {
+      case 64: score_pages_kernel<2><<<blocks, 256, 0, stream>>>(p); break;
+      case 128: score_pages_kernel<4><<<blocks, 256, 0, stream>>>(p); break;
+      case 256: score_pages_kernel<8><<<blocks, 256, 0, stream>>>(p); break;
+      default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
+    }
+    DHS_CUDA_CHECK(cudaGetLastError());
+  }
+  select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
+  DHS_CUDA_CHECK(cudaGetLastError());
+  compact_lists_kernel<<<n_lists, kSelectThreads, 0, stream>>>(p);
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+PageSelectWorkspace::PageSelectWorkspace(int max_lists, int64_t max_nnz, int q_stride)
+    : max_lists_(max_lists), max_nnz_(max_nnz), q_stride_(q_stride) {
+  if (max_lists <= 0 || max_nnz < 0 || max_nnz >= (int64_t{1} << 31) || q_stride <= 0)
+    check(cudaErrorInvalidValue, "PageSelectWorkspace: bad capacity", __FILE__, __LINE__);
+  int dev = 0, sms = 0;
+  DHS_CUDA_CHECK(cudaGetDevice(&dev));
+  DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  n_score_warps_ = sms * 4 * 8;  // 4 blocks of 8 warps per SM: enough loads in flight
+  const size_t nnz = static_cast<size_t>(max_nnz > 0 ? max_nnz : 1);
+  DHS_CUDA_CHECK(cudaMalloc(&scores_d_, nnz * q_stride * sizeof(float)));
+  DHS_CUDA_CHECK(cudaMalloc(&mass_d_, nnz * sizeof(float)));
+  DHS_CUDA_CHECK(cudaMalloc(&counts_d_, static_cast<size_t>(max_lists) * sizeof(int32_t)));
+  DHS_CUDA_CHECK(cudaMalloc(&stage_slots_d_, nnz * sizeof(int32_t)));
+  DHS_CUDA_CHECK(cudaMalloc(&stage_pos_d_, nnz * sizeof(int32_t)));
+}
+
+PageSelectWorkspace::~PageSelectWorkspace() {
+  cudaFree(scores_d_);
+  cudaFree(mass_d_);
+  cudaFree(counts_d_);
+  cudaFree(stage_slots_d_);
+  cudaFree(stage_pos_d_);
+}
+
+void PageSelectWorkspace::bind(PageSelectParams* p) const {
+  p->scores = scores_d_;
+  p->mass = mass_d_;
+  p->counts = counts_d_;
+  p->stage_slots = stage_slots_d_;
+  p->stage_pos = stage_pos_d_;
+  p->q_stride = q_stride_;
+  p->n_score_warps = n_score_warps_;
+  p->smem_pages = kSelectSmemPages;
+}
+
+}  // namespace dhs::cuda

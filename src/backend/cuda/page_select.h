@@ -1,0 +1,113 @@
+// Sparse page selection on the device (DESIGN.md §1.1-1.2): from one layer's dense
+// page lists, this step's rotated queries and the page summaries, the CSR lists of
+// the pages each (request, KV head) reads — the device twin of sparse/policy.h, with
+// the same definitions (coverage_set / top_k_set are its oracle in the tests).
+//
+// Three kernels, no host sync, no allocation, fixed grids (capturable in a graph):
+//   1. score   — every dense page, all q heads of its GQA group and all query rows:
+//                estimated q.k (MinMax: sum_d max(q_d min_d, q_d max_d); MeanSpread:
+//                q.mean + kappa sqrt(sum_d q_d^2 var_d)), scaled, in log2 units. The
+//                flattened page space is split evenly over a fixed grid of warps, each
+//                finding its first list from the prefix sums (as the attention kernel).
+//   2. select  — one block per list (per request under SoloHead): per q vector an
+//                online (max, sum) over n_i * 2^(s_i - max) -> normalised masses,
+//                combined over the group's q vectors (mean or max), renormalised; then
+//                the rule's cut: coverage-gamma (heaviest pages until the mass reaches
+//                gamma) or top-k, both by a 31-step bisection on the float bits of the
+//                masses (non-negative floats order as their bits), ties by page index.
+//                Forced pages (first n_sink, last n_recent) are always in.
+//   3. compact — prefix sums of the chosen counts -> CSR indptr; copies the lists.
+// Every reduction has a fixed order, so the same inputs give the same lists.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_page_summary.h"
+
+namespace dhs::cuda {
+
+enum class SelectRule { Coverage, TopK, SinkWindow };
+
+struct PageSelectParams {
+  // This layer's dense lists: every page of each (request, KV head), ascending page_pos.
+  const int32_t* dense_indptr = nullptr;    // [n_requests * n_heads_kv + 1]
+  const int32_t* dense_slots = nullptr;     // [nnz_dense]
+  const int32_t* dense_page_pos = nullptr;  // [nnz_dense]
+  const int32_t* seq_len = nullptr;         // [n_requests] tokens in KV, this step's included
+  const __nv_bfloat16* q = nullptr;         // [n_rows, n_heads_q, head_dim] (RoPE applied)
+  const int32_t* q_indptr = nullptr;        // [n_requests + 1]
+  const __nv_bfloat16* summaries = nullptr; // [n_pages, 2, head_dim] (device_page_summary.h)
+  SummaryKind kind = SummaryKind::MinMax;
+  float kappa = 1.0f;  // MeanSpread
+
+  SelectRule rule = SelectRule::Coverage;
+  float gamma = 0.99f;                   // Coverage
+  int budget = 0;                        // TopK: pages per list (when budget_frac is null)
+  const float* budget_frac = nullptr;    // TopK: [n_heads_kv] ceil(frac * n_pages) per KV head, or null
+  int n_sink = 1;                        // forced first pages (SinkWindow: the sinks)
+  int n_recent = 1;                      // forced last pages (SinkWindow: the window)
+  bool combine_max = false;              // q vectors of a group: false = mean, true = max
+  bool share_heads = false;              // SoloHead: one set per request from all heads' masses
+  int dense_below = 0;                   // requests with seq_len < this read every page
+
+  // Workspace (PageSelectWorkspace).
+  float* scores = nullptr;        // [nnz_dense, q_stride]
+  float* mass = nullptr;          // [nnz_dense] for lists longer than smem_pages
+  int32_t* counts = nullptr;      // [n_lists]
+  int32_t* stage_slots = nullptr; // [nnz_dense] chosen pages at their list's dense offset
+  int32_t* stage_pos = nullptr;   // [nnz_dense]
+
+  // Output: the lists attention reads.
+  int32_t* indptr = nullptr;    // [n_requests * n_heads_kv + 1]
+  int32_t* slots = nullptr;     // [nnz <= nnz_dense]
+  int32_t* page_pos = nullptr;  // [nnz]
+  unsigned long long* stats = nullptr;  // [n_heads_kv, 2] += (pages chosen, pages in list), or null
+  float* mass_out = nullptr;    // [nnz_dense] the normalised masses of scored lists (tests), or null
+
+  int n_requests = 0;
+  int n_heads_q = 0;
+  int n_heads_kv = 0;
+  int head_dim = 0;      // 64, 128 or 256
+  int page_size = 16;
+  int q_stride = 0;      // >= (n_heads_q / n_heads_kv) * max q_len
+  float scale = 0.0f;    // softmax scale, usually 1/sqrt(head_dim)
+  int n_score_warps = 0; // grid of the score kernel, in warps (multiple of 8)
+  int smem_pages = 0;    // lists up to this length keep their masses in shared memory
+};
+
+// Launches score (unless SinkWindow), select and compact on `stream`. No checks.
+void launch_page_select(const PageSelectParams& p, cudaStream_t stream);
+
+// Buffers sized once from maxima and reused by every step (and graph replay).
+class PageSelectWorkspace {
+ public:
+  PageSelectWorkspace(int max_lists, int64_t max_nnz, int q_stride);
+  ~PageSelectWorkspace();
+  PageSelectWorkspace(const PageSelectWorkspace&) = delete;
+  PageSelectWorkspace& operator=(const PageSelectWorkspace&) = delete;
+
+  // Fills the workspace fields of p (and q_stride, n_score_warps, smem_pages).
+  void bind(PageSelectParams* p) const;
+  int max_lists() const { return max_lists_; }
+  int64_t max_nnz() const { return max_nnz_; }
+  int q_stride() const { return q_stride_; }
+
+ private:
+  int max_lists_;
+  int64_t max_nnz_;
+  int q_stride_;
+  int n_score_warps_ = 0;
+  float* scores_d_ = nullptr;
+  float* mass_d_ = nullptr;
+  int32_t* counts_d_ = nullptr;
+  int32_t* stage_slots_d_ = nullptr;
+  int32_t* stage_pos_d_ = nullptr;
+};
+
+// Shared-memory capacity of the select kernel, in pages per list (46 KiB of fp32 masses:
+// no opt-in needed; 128k tokens at page 16 are 8192 pages).
+inline constexpr int kSelectSmemPages = 11776;
+
+}  // namespace dhs::cuda

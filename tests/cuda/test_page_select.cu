@@ -1,0 +1,526 @@
+// Device page summaries and sparse selection (backend/cuda/device_page_summary.h,
+// page_select.h) against the CPU substrate (sparse/page_summary.h, mass_estimator.h,
+// policy.h), on awkward shapes: 17 requests of 1 .. 3000 tokens (last pages partly full),
+// GQA 32/8 d128 and 9/3 d64, q_len 1 and 5 mixed, keys with planted "needle" rows so that
+// the masses are peaked and the coverage sets non-trivial.
+//
+// Tolerances and why:
+//  * MinMax summaries: exact. The pool holds bf16 values; min/max of them are bf16 values.
+//  * MeanSpread summaries: one bf16 rounding of the fp32 value: |gpu - ref| <= 2^-8 |ref|
+//    (+1e-6 for sums that cancel to ~0).
+//  * Masses (MinMax; same summaries on both sides): per page |gpu - cpu| <= 2e-4 cpu + 1e-7.
+//    Both compute q.k bounds in fp32 (128 products, different order: ~1e-6 relative of
+//    sum |terms| <= ~100, i.e. ~1e-4 absolute in the scaled score, 1e-4 relative in exp);
+//    the CPU normalises in double, the GPU in fp32 (~1e-6).
+//  * Lists: top-k and sink+window lists must equal the CPU policy's exactly. A coverage
+//    list may differ from the CPU's only where the CPU's cut is within 1e-4 of gamma (a
+//    borderline the mass tolerance above can flip); every GPU coverage list must satisfy
+//    the definition on the GPU's own masses (forced pages in, reaches gamma, minimal, the
+//    heaviest free pages, ties by index) within 1e-5 of float summation.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/device_page_summary.h"
+#include "backend/cuda/page_select.h"
+#include "core/fp16.h"
+#include "gtest_shim.h"
+#include "kv/page_lists.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "sparse/mass_estimator.h"
+#include "sparse/page_summary.h"
+#include "sparse/policy.h"
+
+namespace {
+
+namespace dc = dhs::cuda;
+constexpr int kPage = 16;
+
+bool quick() {
+  const char* e = std::getenv("DHS_TEST_QUICK");
+  return e && *e && *e != '0';
+}
+bool have_gpu() { return dc::device_count() > 0; }
+float round_bf16(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
+
+template <typename T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  DHS_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  if (!h.empty()) DHS_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> h(n);
+  if (n) DHS_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// One layer's KV for a batch: host pool + tables + CPU summaries, the same on the device.
+struct Problem {
+  int n_heads_q = 0, n_heads_kv = 0, head_dim = 0;
+  std::vector<int32_t> seq_len, q_indptr;
+  std::unique_ptr<dhs::PagePool> pool;
+  std::vector<std::unique_ptr<dhs::PageTable>> tables;
+  std::vector<const dhs::PageTable*> table_ptrs;
+  std::vector<float> q;  // [rows, Hq, D], bf16-rounded
+  std::unique_ptr<dc::DevicePagePool> pool_d;
+};
+
+Problem make_problem(int hq, int hkv, int d, const std::vector<int>& seq, const std::vector<int>& q_len,
+                     std::mt19937& rng) {
+  Problem pr;
+  pr.n_heads_q = hq;
+  pr.n_heads_kv = hkv;
+  pr.head_dim = d;
+  pr.seq_len.assign(seq.begin(), seq.end());
+  pr.q_indptr.assign(1, 0);
+  for (int l : q_len) pr.q_indptr.push_back(pr.q_indptr.back() + l);
+  int64_t n_pages = 5;
+  for (int s : seq) n_pages += static_cast<int64_t>((s + kPage - 1) / kPage) * hkv;
+  pr.pool = std::make_unique<dhs::PagePool>(dhs::Tier::Device, n_pages, kPage, d);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  const int group = hq / hkv;
+  // q first: needles are keys aligned with one of their group's q heads.
+  const int n_rows = pr.q_indptr.back();
+  pr.q.resize(static_cast<size_t>(n_rows) * hq * d);
+  for (float& x : pr.q) x = round_bf16(nd(rng));
+  for (size_t r = 0; r < seq.size(); ++r) {
+    auto t = std::make_unique<dhs::PageTable>(1, hkv, kPage);
+    if (!t->reserve(*pr.pool, seq[r])) throw std::runtime_error("pool too small");
+    t->commit(seq[r]);
+    const int q_last = pr.q_indptr[r + 1] - 1;
+    for (int h = 0; h < hkv; ++h)
+      for (int p = 0; p < seq[r]; ++p) {
+        int row;
+        float* k = pr.pool->k_page(t->page_of_token(0, h, p, &row)) + row * d;
+        float* v = pr.pool->v_page(t->page_of_token(0, h, p, &row)) + row * d;
+        // ~1 key in 60 is a needle: 0.35 x a q head of the group + noise (peaked masses).
+        const bool needle = u01(rng) < 1.0f / 60.0f;
+        const float* qv = pr.q.data() + (static_cast<size_t>(q_last) * hq + h * group + (p % group)) * d;
+        for (int j = 0; j < d; ++j) {
+          k[j] = round_bf16(needle ? 0.35f * qv[j] + 0.3f * nd(rng) : nd(rng));
+          v[j] = round_bf16(nd(rng));
+        }
+      }
+    pr.table_ptrs.push_back(t.get());
+    pr.tables.push_back(std::move(t));
+  }
+  pr.pool_d = std::make_unique<dc::DevicePagePool>(n_pages, kPage, d);
+  // Unused rows of partial pages stay 0 in the host pool; the summaries never read them.
+  pr.pool_d->upload(*pr.pool);
+  return pr;
+}
+
+// dst_slot / pos of every token of every request as one prefill-like step.
+void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_t>* pos) {
+  for (size_t r = 0; r < pr.seq_len.size(); ++r)
+    for (int p = 0; p < pr.seq_len[r]; ++p) {
+      pos->push_back(p);
+      for (int h = 0; h < pr.n_heads_kv; ++h) {
+        int row;
+        dst->push_back(pr.tables[r]->page_of_token(0, h, p, &row).slot);
+      }
+    }
+}
+
+std::unique_ptr<dc::DevicePageSummaries> summarize_on_device(const Problem& pr, dc::SummaryKind kind) {
+  auto s = std::make_unique<dc::DevicePageSummaries>(pr.pool->n_pages(), pr.head_dim, kind);
+  std::vector<int32_t> dst, pos;
+  all_tokens(pr, &dst, &pos);
+  int32_t* dst_d = to_device(dst);
+  int32_t* pos_d = to_device(pos);
+  dc::SummarizePagesParams sp;
+  sp.k_pool = pr.pool_d->k_d();
+  sp.summaries = s->data_d();
+  sp.pos = pos_d;
+  sp.dst_slot = dst_d;
+  sp.kind = kind;
+  sp.n_pages = pr.pool->n_pages();
+  sp.page_size = kPage;
+  sp.n_tok = static_cast<int64_t>(pos.size());
+  sp.n_heads_kv = pr.n_heads_kv;
+  sp.head_dim = pr.head_dim;
+  dc::launch_summarize_pages(sp, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaFree(dst_d);
+  cudaFree(pos_d);
+  return s;
+}
+
+std::vector<int> seq_lens_17() {
+  return {1, 15, 16, 17, 97, 3, 256, 1000, 1601, 33, 2048, 700, 64, 129, 3000, 480, 900};
+}
+std::vector<int> q_lens_17(bool multi) {
+  std::vector<int> q(17, 1);
+  if (multi)
+    for (int i = 0; i < 17; i += 3) q[static_cast<size_t>(i)] = std::min(5, seq_lens_17()[static_cast<size_t>(i)]);
+  return q;
+}
+
+TEST(DeviceSummaries, MatchTheCpuStoreOnPrefillAndDecodeSteps) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(7);
+  for (auto [hq, hkv, d] : {std::tuple{32, 8, 128}, std::tuple{9, 3, 64}}) {
+    Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(false), rng);
+    dhs::PageSummaryStore cpu(*pr.pool);
+    for (auto* t : pr.table_ptrs)
+      for (int h = 0; h < hkv; ++h)
+        for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
+          cpu.rebuild(*pr.pool, t->page(0, h, i).slot,
+                      static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+    for (auto kind : {dc::SummaryKind::MinMax, dc::SummaryKind::MeanSpread}) {
+      auto s = summarize_on_device(pr, kind);
+      const auto h = to_host(reinterpret_cast<const uint16_t*>(s->data_d()), static_cast<size_t>(pr.pool->n_pages()) * 2 * d);
+      int64_t checked = 0, bad = 0;
+      for (auto* t : pr.table_ptrs)
+        for (int hh = 0; hh < hkv; ++hh)
+          for (int64_t i = 0; i < t->n_pages_per_list(); ++i) {
+            const int32_t slot = t->page(0, hh, i).slot;
+            const int n = cpu.n_rows(slot);
+            for (int j = 0; j < d; ++j) {
+              const float g0 = dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2) * d + j]);
+              const float g1 = dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2 + 1) * d + j]);
+              ++checked;
+              if (kind == dc::SummaryKind::MinMax) {
+                bad += g0 != cpu.min(slot)[j] || g1 != cpu.max(slot)[j];
+              } else {
+                const float mean = cpu.mean(slot)[j], var = cpu.m2(slot)[j] / static_cast<float>(n);
+                bad += std::fabs(g0 - mean) > std::ldexp(std::fabs(mean), -8) + 1e-6f ||
+                       std::fabs(g1 - var) > std::ldexp(std::fabs(var), -8) + 1e-6f;
+              }
+            }
+          }
+      EXPECT_EQ(bad, 0) << "of " << checked << " summary elements, hq " << hq << " kind "
+                        << (kind == dc::SummaryKind::MinMax ? "minmax" : "meanspread");
+    }
+    // A decode step (one new token per request, the last) recomputes the last page only:
+    // change that token's key, summarize just it, compare the page again.
+    auto s = summarize_on_device(pr, dc::SummaryKind::MinMax);
+    std::vector<int32_t> dst, pos;
+    for (size_t r = 0; r < pr.seq_len.size(); ++r) {
+      const int p = pr.seq_len[r] - 1;
+      pos.push_back(p);
+      for (int hh = 0; hh < hkv; ++hh) {
+        int row;
+        const dhs::PageRef ref = pr.tables[r]->page_of_token(0, hh, p, &row);
+        dst.push_back(ref.slot);
+        float* k = pr.pool->k_page(ref) + row * d;
+        for (int j = 0; j < d; ++j) k[j] = round_bf16(5.0f * std::sin(0.37f * j + r));
+        cpu.rebuild(*pr.pool, ref.slot, row + 1);
+      }
+    }
+    pr.pool_d->upload(*pr.pool);
+    int32_t* dst_d = to_device(dst);
+    int32_t* pos_d = to_device(pos);
+    dc::SummarizePagesParams sp;
+    sp.k_pool = pr.pool_d->k_d();
+    sp.summaries = s->data_d();
+    sp.pos = pos_d;
+    sp.dst_slot = dst_d;
+    sp.n_pages = pr.pool->n_pages();
+    sp.page_size = kPage;
+    sp.n_tok = static_cast<int64_t>(pos.size());
+    sp.n_heads_kv = hkv;
+    sp.head_dim = d;
+    dc::launch_summarize_pages(sp, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto h = to_host(reinterpret_cast<const uint16_t*>(s->data_d()), static_cast<size_t>(pr.pool->n_pages()) * 2 * d);
+    int64_t bad = 0;
+    for (int32_t slot : dst)
+      for (int j = 0; j < d; ++j)
+        bad += dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2) * d + j]) != cpu.min(slot)[j] ||
+               dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2 + 1) * d + j]) != cpu.max(slot)[j];
+    EXPECT_EQ(bad, 0) << "decode-step summaries differ";
+    cudaFree(dst_d);
+    cudaFree(pos_d);
+  }
+}
+
+struct PolicyCase {
+  std::string name;
+  dhs::PolicyConfig cpu;
+  dc::SelectRule rule;
+};
+
+std::vector<PolicyCase> policy_cases() {
+  std::vector<PolicyCase> v;
+  auto cov = [&](double g, int sink, int recent, bool mx) {
+    PolicyCase c{"coverage-" + std::to_string(g), {}, dc::SelectRule::Coverage};
+    c.cpu.name = "coverage";
+    c.cpu.gamma = g;
+    c.cpu.n_sink = sink;
+    c.cpu.n_recent = recent;
+    c.cpu.combine = mx ? dhs::GroupCombine::Max : dhs::GroupCombine::Sum;
+    if (mx) c.name += "-max";
+    return c;
+  };
+  for (double g : {0.05, 0.5, 0.9, 0.95, 0.99, 1.0}) v.push_back(cov(g, 1, 1, false));
+  v.push_back(cov(0.98, 0, 0, false));
+  v.push_back(cov(0.98, 4, 2, true));
+  for (int k : {1, 2, 3, 8, 50}) {
+    PolicyCase c{"topk-" + std::to_string(k), {}, dc::SelectRule::TopK};
+    c.cpu.name = "topk";
+    c.cpu.budget = k;
+    c.cpu.n_sink = 1;
+    c.cpu.n_recent = 2;
+    v.push_back(c);
+  }
+  {
+    PolicyCase c{"sinkwindow", {}, dc::SelectRule::SinkWindow};
+    c.cpu.name = "sinkwindow";
+    c.cpu.n_sink = 2;
+    c.cpu.n_recent = 5;
+    c.cpu.budget = 7;
+    v.push_back(c);
+  }
+  {
+    PolicyCase c = cov(0.95, 1, 1, false);
+    c.name = "solohead-0.95";
+    c.cpu.name = "solohead";
+    v.push_back(c);
+  }
+  {
+    PolicyCase c = cov(0.9, 1, 1, false);
+    c.name = "coverage-0.9-dense-below-1000";
+    c.cpu.dense_below = 1000;
+    v.push_back(c);
+  }
+  return v;
+}
+
+// Checks one coverage list against the definition on masses m (all of the list's pages).
+std::string coverage_violation(const std::vector<double>& m, const std::vector<int32_t>& set, int sink, int recent,
+                               double gamma) {
+  const int n = static_cast<int>(m.size());
+  if (gamma >= 1.0) return static_cast<int>(set.size()) == n ? "" : "gamma 1 must take every page";
+  std::vector<char> in(static_cast<size_t>(n), 0);
+  for (int32_t i : set) in[static_cast<size_t>(i)] = 1;
+  auto forced = [&](int i) { return i < sink || i >= std::max(sink, n - recent); };
+  double cov = 0.0, min_free_in = 1e9;
+  int min_free_idx = -1;
+  for (int i = 0; i < n; ++i) {
+    if (forced(i) && !in[static_cast<size_t>(i)]) return "forced page " + std::to_string(i) + " missing";
+    if (in[static_cast<size_t>(i)]) {
+      cov += m[static_cast<size_t>(i)];
+      if (!forced(i) && m[static_cast<size_t>(i)] <= min_free_in) {
+        min_free_in = m[static_cast<size_t>(i)];
+        min_free_idx = i;
+      }
+    }
+  }
+  const bool all = static_cast<int>(set.size()) == n;
+  if (cov < gamma - 1e-5 && !all) return "mass " + std::to_string(cov) + " below gamma";
+  if (min_free_idx >= 0 && cov - min_free_in >= gamma + 1e-5) return "not minimal";
+  for (int i = 0; i < n; ++i)
+    if (!forced(i) && !in[static_cast<size_t>(i)] && min_free_idx >= 0) {
+      const double a = m[static_cast<size_t>(i)];
+      if (a > min_free_in || (a == min_free_in && i < min_free_idx)) return "a heavier page left out";
+    }
+  return "";
+}
+
+void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind kind, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi_q), rng);
+  const int n_req = static_cast<int>(pr.seq_len.size());
+  const int group = hq / hkv;
+  int max_q = 0;
+  for (int r = 0; r < n_req; ++r) max_q = std::max(max_q, pr.q_indptr[r + 1] - pr.q_indptr[r]);
+  auto sums_d = summarize_on_device(pr, kind);
+  dhs::PageSummaryStore cpu_store(*pr.pool);
+  for (auto* t : pr.table_ptrs)
+    for (int h = 0; h < hkv; ++h)
+      for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
+        cpu_store.rebuild(*pr.pool, t->page(0, h, i).slot,
+                          static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+  const dhs::PageLists dense = dhs::dense_page_lists(pr.table_ptrs, 0, pr.seq_len);
+  dc::DevicePageLists dense_d(n_req, hkv, dense.nnz());
+  dense_d.upload(dense);
+  std::vector<uint16_t> qb(pr.q.size());
+  for (size_t i = 0; i < qb.size(); ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
+  auto* q_d = reinterpret_cast<__nv_bfloat16*>(to_device(qb));
+  int32_t* q_indptr_d = to_device(pr.q_indptr);
+  const int n_lists = n_req * hkv;
+  dc::PageSelectWorkspace ws(n_lists, dense.nnz(), group * max_q);
+  int32_t* out_indptr = to_device(std::vector<int32_t>(static_cast<size_t>(n_lists + 1), -7));
+  int32_t* out_slots = to_device(std::vector<int32_t>(static_cast<size_t>(dense.nnz()), -7));
+  int32_t* out_pos = to_device(std::vector<int32_t>(static_cast<size_t>(dense.nnz()), -7));
+  float* mass_d = to_device(std::vector<float>(static_cast<size_t>(dense.nnz()), -1.0f));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  dhs::SelectionInput in;
+  in.tables = &pr.table_ptrs;
+  in.layer = 0;
+  in.seq_len = &pr.seq_len;
+  in.q = pr.q.data();
+  in.q_indptr = pr.q_indptr.data();
+  in.n_heads_q = hq;
+  in.scale = scale;
+  in.summaries = &cpu_store;
+
+  for (const PolicyCase& pc : policy_cases()) {
+    if (kind == dc::SummaryKind::MeanSpread && pc.rule != dc::SelectRule::Coverage) continue;
+    dhs::PolicyConfig cfg = pc.cpu;
+    cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : "meanspread";
+    const auto policy = dhs::make_policy(cfg);
+    const dhs::PageLists want = policy->select(in);
+
+    dc::PageSelectParams p;
+    p.dense_indptr = dense_d.indptr_d();
+    p.dense_slots = dense_d.slots_d();
+    p.dense_page_pos = dense_d.page_pos_d();
+    p.seq_len = dense_d.seq_len_d();
+    p.q = q_d;
+    p.q_indptr = q_indptr_d;
+    p.summaries = sums_d->data_d();
+    p.kind = kind;
+    p.rule = pc.rule;
+    p.gamma = static_cast<float>(cfg.gamma);
+    p.budget = cfg.budget;
+    p.n_sink = cfg.n_sink;
+    p.n_recent = pc.rule == dc::SelectRule::SinkWindow ? cfg.budget - cfg.n_sink : cfg.n_recent;
+    p.combine_max = cfg.combine == dhs::GroupCombine::Max;
+    p.share_heads = cfg.name == "solohead";
+    p.dense_below = static_cast<int>(cfg.dense_below);
+    p.indptr = out_indptr;
+    p.slots = out_slots;
+    p.page_pos = out_pos;
+    p.mass_out = mass_d;
+    p.n_requests = n_req;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = d;
+    p.page_size = kPage;
+    p.scale = scale;
+    ws.bind(&p);
+    dc::launch_page_select(p, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
+    ASSERT_EQ(g_indptr[0], 0) << pc.name;
+    const auto g_slots = to_host(out_slots, static_cast<size_t>(g_indptr[n_lists]));
+    const auto g_pos = to_host(out_pos, static_cast<size_t>(g_indptr[n_lists]));
+    const auto g_mass = to_host(mass_d, static_cast<size_t>(dense.nnz()));
+
+    // Same launch again: the same lists (fixed-order reductions).
+    dc::launch_page_select(p, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(to_host(out_indptr, static_cast<size_t>(n_lists + 1)) == g_indptr) << pc.name << ": not deterministic";
+
+    int mismatched = 0, mass_bad = 0;
+    for (int r = 0; r < n_req; ++r) {
+      const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
+      const bool scored = pc.rule != dc::SelectRule::SinkWindow && pr.seq_len[static_cast<size_t>(r)] >= cfg.dense_below &&
+                          !(pc.rule == dc::SelectRule::Coverage && cfg.gamma >= 1.0) &&
+                          !(pc.rule == dc::SelectRule::TopK && cfg.budget >= n_pg);
+      std::vector<double> cpu_mass;
+      if (scored && !p.share_heads && kind == dc::SummaryKind::MinMax) {
+        dhs::MassQuery mq;
+        mq.q = pr.q.data();
+        mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
+        mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
+        mq.n_heads_q = hq;
+        mq.scale = scale;
+        mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+        for (int h = 0; h < hkv; ++h) {
+          dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
+                                  cfg.combine, &cpu_mass);
+          const int b = dense.row_begin(r, h);
+          for (int i = 0; i < n_pg; ++i) {
+            const double g = g_mass[static_cast<size_t>(b + i)], c = cpu_mass[static_cast<size_t>(i)];
+            mass_bad += std::fabs(g - c) > 2e-4 * c + 1e-7;
+          }
+        }
+      }
+      for (int h = 0; h < hkv; ++h) {
+        const int row = r * hkv + h;
+        std::vector<int32_t> gp(g_pos.begin() + g_indptr[static_cast<size_t>(row)],
+                                g_pos.begin() + g_indptr[static_cast<size_t>(row) + 1]);
+        std::vector<int32_t> wp(want.page_pos.begin() + want.indptr[static_cast<size_t>(row)],
+                                want.page_pos.begin() + want.indptr[static_cast<size_t>(row) + 1]);
+        // Slots must be the pages' slots.
+        for (size_t i = 0; i < gp.size(); ++i)
+          EXPECT_EQ(g_slots[static_cast<size_t>(g_indptr[static_cast<size_t>(row)]) + i],
+                    pr.tables[static_cast<size_t>(r)]->page(0, h, gp[i]).slot);
+        if (gp == wp) continue;
+        const bool coverage = pc.rule == dc::SelectRule::Coverage;
+        if (!coverage) {
+          ADD_FAILURE() << pc.name << ": request " << r << " head " << h << ": " << gp.size() << " pages, CPU "
+                        << wp.size();
+          continue;
+        }
+        ++mismatched;
+        // Allowed only at a borderline, and the GPU list must satisfy the definition.
+        const int b = dense.row_begin(r, p.share_heads ? 0 : h);  // SoloHead: head 0's range
+        std::vector<double> gm(g_mass.begin() + b, g_mass.begin() + b + n_pg);
+        const std::string why = coverage_violation(gm, gp, cfg.n_sink, cfg.n_recent, cfg.gamma);
+        EXPECT_TRUE(why.empty()) << pc.name << ": request " << r << " head " << h << ": " << why;
+        // The CPU's cut: its mass without its lightest free page must sit within 1e-4 of gamma.
+        std::vector<double> cm = cpu_mass.empty() ? gm : cpu_mass;
+        if (!cpu_mass.empty()) {
+          dhs::MassQuery mq;
+          mq.q = pr.q.data();
+          mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
+          mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
+          mq.n_heads_q = hq;
+          mq.scale = scale;
+          mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+          dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
+                                  cfg.combine, &cm);
+        }
+        double cov = 0.0, lightest = 1e9;
+        for (int32_t i : wp) {
+          cov += cm[static_cast<size_t>(i)];
+          const bool f = i < cfg.n_sink || i >= std::max(cfg.n_sink, n_pg - cfg.n_recent);
+          if (!f) lightest = std::min(lightest, cm[static_cast<size_t>(i)]);
+        }
+        const bool border = std::fabs(cov - cfg.gamma) < 1e-4 || std::fabs(cov - lightest - cfg.gamma) < 1e-4 ||
+                            kind == dc::SummaryKind::MeanSpread;
+        EXPECT_TRUE(border) << pc.name << ": request " << r << " head " << h << " differs from the CPU away from "
+                            << "a borderline (" << gp.size() << " vs " << wp.size() << " pages)";
+      }
+    }
+    EXPECT_EQ(mass_bad, 0) << pc.name << ": masses off the CPU's";
+    // MeanSpread's bf16 summaries differ from the CPU's fp32 ones: only the definition check holds there.
+    if (kind == dc::SummaryKind::MinMax)
+      EXPECT_LE(mismatched, n_lists / 10 + 1) << pc.name << ": too many coverage lists differ from the CPU";
+    std::printf("  %-32s hq %2d d %3d q_len %s %-10s: %lld of %lld pages, %d borderline lists\n", pc.name.c_str(), hq,
+                d, multi_q ? "1,5" : "1  ", kind == dc::SummaryKind::MinMax ? "minmax" : "meanspread",
+                static_cast<long long>(g_indptr[n_lists]), static_cast<long long>(dense.nnz()), mismatched);
+  }
+  cudaFree(q_d);
+  cudaFree(q_indptr_d);
+  cudaFree(out_indptr);
+  cudaFree(out_slots);
+  cudaFree(out_pos);
+  cudaFree(mass_d);
+}
+
+TEST(PageSelect, MatchesTheCpuPoliciesLlama8bShape) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  run_selection_cases(32, 8, 128, false, dc::SummaryKind::MinMax, 11);
+  if (!quick()) run_selection_cases(32, 8, 128, true, dc::SummaryKind::MinMax, 12);
+}
+
+TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  run_selection_cases(9, 3, 64, true, dc::SummaryKind::MinMax, 13);
+  run_selection_cases(9, 3, 64, false, dc::SummaryKind::MeanSpread, 14);
+}
+
+}  // namespace
