@@ -1,0 +1,3 @@
+# Evaluation workloads: RULER-style task generation (fake token counter, plus the
+# SmolLM2 tokenizer from tests/data/tokenizer for real BPE lengths).
+dhs_test(test_ruler_tasks LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ruler_tasks.cpp LIBS dhs_eval dhs_tokenizer)
