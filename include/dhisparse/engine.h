@@ -32,6 +32,26 @@ struct EngineOptions {
   int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
 };
 
+// KV pages read by sparse decode vs all pages, summed over decode steps.
+struct PageCounts {
+  uint64_t read = 0, total = 0;
+  std::vector<uint64_t> layer_head_read, layer_head_total;  // [n_layers * n_heads_kv], or empty
+  double read_frac() const { return total > 0 ? static_cast<double>(read) / static_cast<double>(total) : 1.0; }
+};
+
+// One request's KV kept between calls: for evaluation and tools that branch from one
+// prefix (decode under several policies from the same prefill). Frees its pages when
+// destroyed.
+class Session {
+ public:
+  virtual ~Session() = default;
+  virtual int64_t n_tokens() const = 0;
+  // Appends tokens (prefill in chunks when several), writes the last token's logits ([vocab]).
+  virtual void append(const std::vector<int32_t>& ids, std::vector<float>* logits) = 0;
+  // Drops tokens past n_tokens.
+  virtual void truncate(int64_t n_tokens) = 0;
+};
+
 struct GenerateOptions {
   SamplingParams sampling;
   int64_t max_tokens = 256;
@@ -71,6 +91,13 @@ class Engine {
 
   // Next-token logits after the prompt ([vocab]); the KV is released afterwards.
   virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
+
+  virtual std::unique_ptr<Session> open_session() = 0;
+  // Policy of the following decode steps, as EngineOptions' sparse fields (scoring
+  // policies need an engine loaded with a sparse policy: its page summaries).
+  virtual void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below) = 0;
+  // Page counts of sparse decode since the last call.
+  virtual PageCounts take_page_counts() = 0;
 
   // KV page accounting (free + used == total when idle).
   virtual PoolStats kv_stats() const = 0;

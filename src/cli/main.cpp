@@ -10,6 +10,7 @@
 #include <string>
 
 #include "dhisparse/engine.h"
+#include "dhisparse/eval.h"
 #ifdef DHS_HAVE_CUDA
 #include "bench/e2e_bench.h"
 #endif
@@ -101,6 +102,25 @@ int main(int argc, char** argv) {
   bench->add_option("--out", b_out, "JSON lines are appended here")->capture_default_str();
   bench->add_option("--commit", b_commit, "Commit recorded in each row");
 
+  dhs::EvalOptions ev;
+  std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
+  bool ev_no_chat = false;
+  auto* evc = app.add_subcommand("eval", "Accuracy of sparse decode: RULER-style synthetic tasks, dense and each policy "
+                                         "from one prefill; score, top-1 agreement and KL vs dense, pages read");
+  evc->add_option("-m,--model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
+  evc->add_option("--device", eo.device, "Backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  evc->add_option("--tasks", ev.tasks, "niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, qa (default: all)")->delimiter(',');
+  evc->add_option("--lengths", ev.lengths, "Prompt lengths in tokens")->delimiter(',')->capture_default_str();
+  evc->add_option("--samples", ev.samples, "Samples per task and length")->check(CLI::Range(1, 1000000))->capture_default_str();
+  evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K")->delimiter(',')->capture_default_str();
+  evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
+  evc->add_option("--seed", ev.seed, "Sample seed")->capture_default_str();
+  evc->add_flag("--no-chat", ev_no_chat, "Raw prompts, without the model's chat template");
+  evc->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's")->check(CLI::NonNegativeNumber);
+  evc->add_option("--out", ev.out, "JSON lines are appended here");
+  evc->add_option("--trace-out", ev.trace_out, "Per-(layer, KV head) pages-read fractions per policy and length (JSON)");
+  evc->add_option("--commit", ev.commit, "Commit recorded in each row");
+
   auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer");
   info->add_option("model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
 
@@ -129,6 +149,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     eo.model_path = resolve_model(model);
+    if (evc->parsed()) {
+      for (const std::string& p : ev_policies) ev.policies.push_back(dhs::parse_eval_policy(p));
+      ev.chat = !ev_no_chat;
+      ev.device = eo.device;
+      ev.model_name = std::filesystem::path(eo.model_path).filename().string();
+      eo.sparse_policy = "coverage";  // loads the page summaries every scoring policy needs
+      auto engine = dhs::Engine::load(eo);
+      ev.progress = progress_bar;
+      return dhs::run_eval(*engine, ev);
+    }
     if (!quiet) eo.progress = progress_bar;
     auto engine = dhs::Engine::load(eo);
     std::string text = prompt;

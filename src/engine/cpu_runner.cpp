@@ -19,23 +19,30 @@ class CpuRunner final : public StepRunner {
     pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
                                        static_cast<int>(c.head_dim));
     if (o.sparse_policy != "dense") {
-      PolicyConfig pc;
-      pc.name = o.sparse_policy;
-      pc.gamma = o.gamma;
-      pc.budget = o.budget;
-      pc.dense_below = o.dense_below;
-      policy_ = make_policy(pc);
       summaries_ = std::make_unique<PageSummaryStore>(*pool_);
-      model_->set_sparsity(policy_.get(), summaries_.get());
+      set_policy(policy_config(o));
     }
+  }
+  void set_policy(const PolicyConfig& pc) override {
+    DHS_CHECK(pc.name == "dense" || pc.name == "sinkwindow" || summaries_,
+              "--sparse-policy {}: the engine was loaded dense, without page summaries", pc.name);
+    policy_ = pc.name == "dense" ? nullptr : make_policy(pc);
+    model_->set_sparsity(policy_.get(), summaries_.get());
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
   int64_t max_step_tokens() const override { return 512; }
-  double take_pages_read_frac() override {
+  void truncate(PageTable& table, int64_t n_tokens) override {
+    table.truncate(*pool_, n_tokens);
+    if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
+  }
+  PageCounts take_page_counts() override {
     const auto st = model_->sparsity_stats();
     model_->reset_sparsity_stats();
-    return st.pages_total > 0 ? static_cast<double>(st.pages_read) / static_cast<double>(st.pages_total) : 1.0;
+    PageCounts c;  // the CPU model counts totals only
+    c.read = static_cast<uint64_t>(st.pages_read);
+    c.total = static_cast<uint64_t>(st.pages_total);
+    return c;
   }
   void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) override {
     model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);

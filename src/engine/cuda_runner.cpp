@@ -12,8 +12,9 @@ class CudaRunner final : public StepRunner {
  public:
   CudaRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
-    DHS_CHECK(o.sparse_policy == "dense", "--sparse-policy {}: sparse decode runs on the CPU backend so far", o.sparse_policy);
     CudaModelOptions co;
+    // Summaries cost HBM and a kernel per layer: kept only when the engine is loaded sparse.
+    if (o.sparse_policy != "dense") co.summaries = policy_config(o).estimator;
     co.max_batch = 1;
     co.max_step_tokens = 2048;
     co.max_context = max_ctx;
@@ -21,6 +22,20 @@ class CudaRunner final : public StepRunner {
     if (o.progress) o.progress(0, 1);
     model_ = std::make_unique<LlamaCuda>(src, co);
     if (o.progress) o.progress(1, 1);
+    if (o.sparse_policy != "dense") set_policy(policy_config(o));
+  }
+  void set_policy(const PolicyConfig& pc) override { model_->set_sparsity(pc); }
+  PageCounts take_page_counts() override {
+    const CudaSparsityStats st = model_->sparsity_stats();
+    model_->reset_sparsity_stats();
+    PageCounts c;
+    c.layer_head_read = st.read;
+    c.layer_head_total = st.total;
+    for (size_t i = 0; i < st.read.size(); ++i) {
+      c.read += st.read[i];
+      c.total += st.total[i];
+    }
+    return c;
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return model_->allocator(); }

@@ -119,7 +119,7 @@ class LocalEngine final : public Engine {
     const auto t0 = Clock::now();
     prefill(table, prompt, &logits);
     res.prompt_seconds = seconds_since(t0);
-    runner_->take_pages_read_frac();  // count decode steps only
+    runner_->take_page_counts();  // count decode steps only
 
     StreamDecoder dec(*tok_, /*skip_special=*/true);
     StopMatcher stops(opts.stop);
@@ -156,9 +156,21 @@ class LocalEngine final : public Engine {
       if (!tail.empty() && on_text) on_text(tail);
     }
     res.decode_seconds = res.tokens.size() > 1 ? seconds_since(t_decode) : 0.0;
-    res.pages_read_frac = runner_->take_pages_read_frac();
+    res.pages_read_frac = runner_->take_page_counts().read_frac();
     return res;
   }
+
+  std::unique_ptr<Session> open_session() override;
+
+  void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below) override {
+    EngineOptions o;
+    o.sparse_policy = policy;
+    o.gamma = gamma;
+    o.budget = budget;
+    o.dense_below = dense_below;
+    runner_->set_policy(policy_config(o));
+  }
+  PageCounts take_page_counts() override { return runner_->take_page_counts(); }
 
   PoolStats kv_stats() const override { return runner_->pages().stats(); }
   std::string kv_check() const override { return runner_->pages().check_invariants(); }
@@ -187,6 +199,7 @@ class LocalEngine final : public Engine {
     }
   }
 
+  friend class LocalSession;
   std::unique_ptr<WeightSource> src_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<ChatTemplate> chat_;
@@ -194,6 +207,36 @@ class LocalEngine final : public Engine {
   int64_t max_ctx_ = 0;
   int page_size_ = 16;
 };
+
+// One request's table kept between calls; its pages go back to the pool with it.
+class LocalSession final : public Session {
+ public:
+  explicit LocalSession(LocalEngine& e) : e_(e), table_(e.new_table()) {}
+  ~LocalSession() override { table_.release(e_.runner_->pages()); }
+  int64_t n_tokens() const override { return table_.n_tokens(); }
+  void append(const std::vector<int32_t>& ids, std::vector<float>* logits) override {
+    DHS_CHECK(!ids.empty(), "append: no tokens");
+    DHS_CHECK(table_.n_tokens() + static_cast<int64_t>(ids.size()) <= e_.max_ctx_, "context full ({} tokens)",
+              e_.max_ctx_);
+    for (const int32_t id : ids)
+      DHS_CHECK(id >= 0 && id < e_.runner_->config().vocab_size, "token id {} out of range", id);
+    const int64_t chunk = e_.runner_->max_step_tokens();
+    for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(chunk)) {
+      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size() - b));
+      e_.step(table_, ids.data() + b, n, logits);
+    }
+  }
+  void truncate(int64_t n_tokens) override {
+    DHS_CHECK(n_tokens >= 0 && n_tokens <= table_.n_tokens(), "truncate to {} of {} tokens", n_tokens, table_.n_tokens());
+    e_.runner_->truncate(table_, n_tokens);
+  }
+
+ private:
+  LocalEngine& e_;
+  PageTable table_;
+};
+
+std::unique_ptr<Session> LocalEngine::open_session() { return std::make_unique<LocalSession>(*this); }
 
 }  // namespace
 

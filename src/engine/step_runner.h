@@ -10,6 +10,7 @@
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "model/weight_source.h"
+#include "sparse/policy.h"
 
 namespace dhs {
 
@@ -22,9 +23,17 @@ class StepRunner {
   // and writes the last token's logits ([vocab]).
   virtual void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) = 0;
   virtual int64_t max_step_tokens() const = 0;  // prefill chunk
-  // Fraction of KV pages read by sparse decode steps since the last call (1 when dense).
-  virtual double take_pages_read_frac() { return 1.0; }
+  // Drops tokens past n_tokens (and whatever the backend derived from them).
+  virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
+  // Pages read by sparse decode steps since the last call, then reset.
+  virtual PageCounts take_page_counts() = 0;
+  // The policy of the following decode steps (prefill stays dense). Scoring policies
+  // need page summaries, kept when the runner was built with a sparse policy.
+  virtual void set_policy(const PolicyConfig& pc) = 0;
 };
+
+// EngineOptions' sparse fields as the sparse/ factory reads them.
+PolicyConfig policy_config(const EngineOptions& o);
 
 std::unique_ptr<StepRunner> make_cpu_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx);
 // Throws dhs::Error when this build has no CUDA backend or no GPU is present.

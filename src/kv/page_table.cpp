@@ -1,5 +1,7 @@
 #include "kv/page_table.h"
 
+#include <algorithm>
+
 #include <atomic>
 
 #include "core/error.h"
@@ -56,6 +58,7 @@ void PageTable::commit(int64_t n_new_tokens) {
 }
 
 void PageTable::shrink_to_pages(PagePool& pool, int64_t n_pages) {
+  if (n_pages < n_pages_) low_water_ = std::min(low_water_, n_pages);
   for (auto& l : lists_) {
     for (int64_t i = n_pages; i < n_pages_; ++i) {
       const size_t c = static_cast<size_t>(i / kChunkPages);

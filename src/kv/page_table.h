@@ -53,6 +53,15 @@ class PageTable {
   // Every page this table owns (for accounting checks).
   std::vector<PageRef> all_pages() const;
 
+  // The fewest pages per list the table has had since the last call (INT64_MAX if it
+  // never shrank), then forgets it. For the one mirror of the table (the device page
+  // table): entries past this index may name other slots than the ones it copied.
+  int64_t take_low_water_pages() const {
+    const int64_t v = low_water_;
+    low_water_ = INT64_MAX;
+    return v;
+  }
+
  private:
   using Chunk = std::array<PageRef, kChunkPages>;
   struct List {
@@ -69,6 +78,7 @@ class PageTable {
   int n_layers_, n_heads_kv_, page_size_;
   int64_t n_tokens_ = 0;
   int64_t n_pages_ = 0;
+  mutable int64_t low_water_ = INT64_MAX;  // see take_low_water_pages()
   std::vector<List> lists_;  // [n_layers * n_heads_kv]
 };
 

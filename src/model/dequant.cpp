@@ -16,7 +16,7 @@ namespace dhs {
 
 namespace {
 
-constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q8_0 block
+constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q5_0 / Q8_0 block
 constexpr int kQKK = 256;  // elements per K-quant super-block
 
 inline float load_fp16(const uint8_t* p) {
@@ -111,6 +111,27 @@ void dequant_q4_1(const uint8_t* src, float* dst, int64_t n_blocks) {
     const float m = load_fp16(src + 2);
     const uint8_t* qs = src + 4;
     nibbles_to_f32<true>(qs, 0.f, d, m, dst);
+  }
+}
+
+// Q5_0 block (22 bytes): fp16 d, u32 qh (little-endian), u8 qs[16]. The low 4 bits of
+// element j are the nibbles of qs as in Q4_0; bit j of qh is its fifth bit; x = d * (q - 16).
+// As in Q4_0 the -16 stays inside the product so d < 0, q = 16 gives -0, not +0; every
+// product is exact (11-bit d times a 5-bit |q - 16|).
+void dequant_q5_0(const uint8_t* src, float* dst, int64_t n_blocks) {
+  for (int64_t b = 0; b < n_blocks; ++b, src += 22, dst += kQK) {
+    const float d = load_fp16(src);
+    // Assembled byte by byte: the field is little-endian whatever the host, and at
+    // offset 2 it is not 4-byte aligned.
+    const uint32_t qh = static_cast<uint32_t>(src[2]) | (static_cast<uint32_t>(src[3]) << 8) |
+                        (static_cast<uint32_t>(src[4]) << 16) | (static_cast<uint32_t>(src[5]) << 24);
+    const uint8_t* qs = src + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int q_lo = static_cast<int>((qs[j] & 0x0F) | (((qh >> j) & 1u) << 4)) - 16;
+      const int q_hi = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      dst[j] = d * static_cast<float>(q_lo);
+      dst[j + 16] = d * static_cast<float>(q_hi);
+    }
   }
 }
 
@@ -220,7 +241,7 @@ void dequant_q6_k(const uint8_t* src, float* dst, int64_t n_blocks) {
 }  // namespace
 
 // Sizes are defined for every type dtype_traits knows (the reader sizes tensors it
-// cannot dequantize, e.g. Q5_0); only unknown type ids throw.
+// cannot dequantize, e.g. Q5_1); only unknown type ids throw.
 size_t dtype_row_bytes(DType t, int64_t n) {
   const DTypeTraits tr = dtype_traits(t);
   DHS_CHECK(tr.block_elems != 0, "unknown tensor type id {}", static_cast<uint32_t>(t));
@@ -232,7 +253,7 @@ size_t dtype_row_bytes(DType t, int64_t n) {
 bool dequant_supported(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_1: case DType::Q5_0: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
       return true;
     default:
       return false;
@@ -256,6 +277,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q8_0: dequant_q8_0(s, dst, n_blocks); break;
     case DType::Q4_0: dequant_q4_0(s, dst, n_blocks); break;
     case DType::Q4_1: dequant_q4_1(s, dst, n_blocks); break;
+    case DType::Q5_0: dequant_q5_0(s, dst, n_blocks); break;
     case DType::Q4_K: dequant_q4_k(s, dst, n_blocks); break;
     case DType::Q5_K: dequant_q5_k(s, dst, n_blocks); break;
     case DType::Q6_K: dequant_q6_k(s, dst, n_blocks); break;

@@ -12,7 +12,7 @@ namespace dhs {
 // or n is not a multiple of the block size.
 size_t dtype_row_bytes(DType t, int64_t n);
 
-// Whether dequantize_row supports t (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+// Whether dequantize_row supports t (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K).
 bool dequant_supported(DType t);
 
 // src: n elements of type t (dtype_row_bytes(t, n) bytes); dst: [n] fp32.

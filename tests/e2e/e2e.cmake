@@ -4,3 +4,4 @@ add_test(NAME test_cli COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/test_cli.sh $<TARG
 set_tests_properties(test_cli PROPERTIES LABELS e2e SKIP_RETURN_CODE 77)
 dhs_test(test_hf_vs_gguf LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hf_vs_gguf.cpp LIBS dhs_engine nlohmann_json::nlohmann_json)
 include(${CMAKE_CURRENT_LIST_DIR}/tiny.cmake)
+dhs_test(test_eval LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_eval.cpp LIBS dhs_engine nlohmann_json::nlohmann_json)

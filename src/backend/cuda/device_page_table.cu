@@ -1,6 +1,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_page_table.h"
 
+#include <algorithm>
+
 namespace dhs::cuda {
 
 DevicePageTable::DevicePageTable(int max_requests, int n_layers, int n_heads_kv, int64_t max_pages)
@@ -28,7 +30,9 @@ void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
     table_id_[static_cast<size_t>(req)] = t.id();
     synced_[static_cast<size_t>(req)] = 0;
   }
-  const int64_t have = synced_[static_cast<size_t>(req)], want = t.n_pages_per_list();
+  // Pages past the table's low-water mark may have been freed and reallocated since the last copy.
+  const int64_t have = std::min(synced_[static_cast<size_t>(req)], t.take_low_water_pages());
+  const int64_t want = t.n_pages_per_list();
   if (want > max_pages_) check(cudaErrorInvalidValue, "DevicePageTable::sync: request longer than max_pages", __FILE__, __LINE__);
   if (want <= have) {
     synced_[static_cast<size_t>(req)] = want;  // truncated: stale tail entries are never read

@@ -38,6 +38,20 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
                                                          static_cast<int>(D), 1);
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
+  DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread",
+            "page summaries must be none, minmax or meanspread, got '{}'", o.summaries);
+  if (o.summaries != "none") {
+    const auto kind = o.summaries == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
+    summaries_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), kind);
+    sel_ws_ = std::make_unique<cuda::PageSelectWorkspace>(static_cast<int>(B * Hkv), B * Hkv * pages_per_seq,
+                                                          static_cast<int>(Hq / Hkv));
+    sp_indptr_d_ = ints(B * Hkv + 1);
+    sp_slots_d_ = ints(B * Hkv * pages_per_seq);
+    sp_page_pos_d_ = ints(B * Hkv * pages_per_seq);
+    budget_frac_d_ = static_cast<float*>(dalloc(static_cast<size_t>(L * Hkv) * 4));
+    sparse_stats_d_ = static_cast<unsigned long long*>(dalloc(static_cast<size_t>(L * Hkv * 2) * 8));
+    DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(L * Hkv * 2) * 8));
+  }
   ids_d_ = ints(T);
   pos_d_ = ints(T);
   dst_slot_d_ = ints(L * T * Hkv);
@@ -270,6 +284,21 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
     ra.n_heads_kv = static_cast<int>(Hkv);
     ra.head_dim = static_cast<int>(D);
     cuda::launch_rope_append(ra, stream_);
+    if (summaries_) {
+      // Every step keeps the summaries of the pages it wrote (prefill too: decode scores them).
+      cuda::SummarizePagesParams sm;
+      sm.k_pool = pool_->k_d();
+      sm.summaries = summaries_->data_d();
+      sm.pos = pos_d_;
+      sm.dst_slot = ra.dst_slot;
+      sm.kind = summaries_->kind();
+      sm.n_pages = pool_->n_pages();
+      sm.page_size = opt_.page_size;
+      sm.n_tok = T;
+      sm.n_heads_kv = static_cast<int>(Hkv);
+      sm.head_dim = static_cast<int>(D);
+      cuda::launch_summarize_pages(sm, stream_);
+    }
 
     // The dense policy, on the device: this layer's page lists from the device page table.
     cuda::DenseListsParams dl;
@@ -288,13 +317,41 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
     cuda::launch_dense_lists(dl, stream_);
 
     if (decode) {
+      const int32_t *kv_indptr = indptr_d_, *kv_slots = slots_d_, *kv_page_pos = page_pos_d_;
+      if (sparse_) {
+        // Score and select on the device; attention reads the selected lists in place.
+        cuda::PageSelectParams sp = sel_;
+        sp.dense_indptr = indptr_d_;
+        sp.dense_slots = slots_d_;
+        sp.dense_page_pos = page_pos_d_;
+        sp.seq_len = seq_len_d_;
+        sp.q = q_d_;
+        sp.q_indptr = q_indptr_d_;
+        sp.summaries = summaries_->data_d();
+        if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
+        sp.indptr = sp_indptr_d_;
+        sp.slots = sp_slots_d_;
+        sp.page_pos = sp_page_pos_d_;
+        sp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
+        sp.n_requests = n_req;
+        sp.n_heads_q = static_cast<int>(Hq);
+        sp.n_heads_kv = static_cast<int>(Hkv);
+        sp.head_dim = static_cast<int>(D);
+        sp.page_size = opt_.page_size;
+        sp.scale = scale;
+        sel_ws_->bind(&sp);
+        cuda::launch_page_select(sp, stream_);
+        kv_indptr = sp_indptr_d_;
+        kv_slots = sp_slots_d_;
+        kv_page_pos = sp_page_pos_d_;
+      }
       cuda::DecodeAttentionParams p;
       p.q = q_d_;
       p.out = att_d_;
       p.q_indptr = q_indptr_d_;
-      p.kv_indptr = indptr_d_;
-      p.kv_slots = slots_d_;
-      p.kv_page_pos = page_pos_d_;
+      p.kv_indptr = kv_indptr;
+      p.kv_slots = kv_slots;
+      p.kv_page_pos = kv_page_pos;
       p.seq_len = seq_len_d_;
       p.k_pool = pool_->k_d();
       p.v_pool = pool_->v_d();
@@ -414,6 +471,79 @@ std::vector<int32_t> LlamaCuda::greedy_ids() {
   std::vector<int32_t> ids(static_cast<size_t>(last_n_req_));
   DHS_CUDA_CHECK(cudaMemcpy(ids.data(), out_ids_d_, ids.size() * 4, cudaMemcpyDeviceToHost));
   return ids;
+}
+
+double CudaSparsityStats::read_frac() const {
+  uint64_t r = 0, t = 0;
+  for (size_t i = 0; i < read.size(); ++i) {
+    r += read[i];
+    t += total[i];
+  }
+  return t > 0 ? static_cast<double>(r) / static_cast<double>(t) : 1.0;
+}
+
+void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
+  (void)make_policy(pc);  // the CPU factory's validation: one set of rules for both backends
+  const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+  sparse_ = pc.name != "dense";
+  if (!sparse_) return;
+  DHS_CHECK(summaries_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
+  const bool scoring = pc.name != "sinkwindow";
+  const std::string have = summaries_->kind() == cuda::SummaryKind::MinMax ? "minmax" : "meanspread";
+  DHS_CHECK(!scoring || pc.estimator == have, "--sparse-policy {}: estimator {} but the model keeps {} summaries",
+            pc.name, pc.estimator, have);
+  cuda::PageSelectParams p;
+  p.kind = summaries_->kind();
+  p.gamma = static_cast<float>(pc.gamma);
+  p.n_sink = pc.n_sink;
+  p.n_recent = pc.n_recent;
+  p.combine_max = pc.combine == GroupCombine::Max;
+  p.dense_below = static_cast<int>(std::min<int64_t>(pc.dense_below, INT32_MAX));
+  if (pc.name == "coverage") {
+    p.rule = cuda::SelectRule::Coverage;
+  } else if (pc.name == "topk") {
+    p.rule = cuda::SelectRule::TopK;
+    p.budget = pc.budget;
+  } else if (pc.name == "sinkwindow") {
+    p.rule = cuda::SelectRule::SinkWindow;
+    p.n_recent = pc.budget > 0 ? pc.budget - pc.n_sink : pc.n_recent;  // as make_policy reads --budget
+  } else if (pc.name == "solohead") {
+    p.share_heads = true;
+    p.rule = pc.budget > 0 ? cuda::SelectRule::TopK : cuda::SelectRule::Coverage;
+    p.budget = pc.budget;
+  } else {
+    throw Error(fmt::format("--sparse-policy {}: not on the CUDA backend", pc.name));
+  }
+  if (!budget_frac.empty()) {
+    DHS_CHECK(pc.name == "topk", "per-head budget fractions go with --sparse-policy topk");
+    DHS_CHECK(static_cast<int64_t>(budget_frac.size()) == L * Hkv, "budget fractions: {} values for {} layers x {} KV heads",
+              budget_frac.size(), L, Hkv);
+    DHS_CUDA_CHECK(cudaMemcpy(budget_frac_d_, budget_frac.data(), budget_frac.size() * 4, cudaMemcpyHostToDevice));
+    p.budget_frac = budget_frac_d_;
+  }
+  sel_ = p;
+}
+
+CudaSparsityStats LlamaCuda::sparsity_stats() const {
+  CudaSparsityStats st;
+  if (!sparse_stats_d_) return st;
+  const size_t n = static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv);
+  std::vector<unsigned long long> h(2 * n);
+  DHS_CUDA_CHECK(cudaMemcpy(h.data(), sparse_stats_d_, h.size() * 8, cudaMemcpyDeviceToHost));
+  st.read.resize(n);
+  st.total.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    st.read[i] = h[2 * i];
+    st.total[i] = h[2 * i + 1];
+  }
+  return st;
+}
+
+void LlamaCuda::reset_sparsity_stats() {
+  if (sparse_stats_d_)
+    DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv * 2) * 8));
 }
 
 double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {

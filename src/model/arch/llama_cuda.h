@@ -12,16 +12,19 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_table.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/page_select.h"
 #include "backend/cuda/sampling.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "model/weight_source.h"
+#include "sparse/policy.h"
 
 namespace dhs {
 
@@ -31,6 +34,15 @@ struct CudaModelOptions {
   int64_t max_context = 8192;  // tokens per request
   int64_t n_pages = 0;         // KV head-pages in HBM; 0: enough for max_batch x max_context
   int page_size = 16;
+  // Page summaries kept on every append (needed by scoring policies): "none", "minmax",
+  // "meanspread". Costs 512 B per 4 KiB page of HBM (d 128) and one small kernel per layer.
+  std::string summaries = "none";
+};
+
+// Pages read by sparse decode since the last reset, per (layer, KV head).
+struct CudaSparsityStats {
+  std::vector<uint64_t> read, total;  // [n_layers * n_heads_kv]
+  double read_frac() const;            // all layers and heads; 1 when nothing was counted
 };
 
 class LlamaCuda {
@@ -61,6 +73,15 @@ class LlamaCuda {
 
   // Greedy ids of the last forward's rows, computed on the GPU ([n_seqs]).
   std::vector<int32_t> greedy_ids();
+
+  // Sparse decode (DESIGN.md §1.1): the policy of every following decode step; prefill
+  // stays dense. Scoring policies need the summaries chosen at construction (the
+  // policy's estimator must match them). budget_frac (topk only, optional): per
+  // (layer, KV head) fraction of each list's pages, [n_layers * n_heads_kv] (budgets
+  // replayed from traces of a real model). Drops the captured graphs.
+  void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
+  CudaSparsityStats sparsity_stats() const;
+  void reset_sparsity_stats();
 
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
@@ -93,6 +114,13 @@ class LlamaCuda {
   std::unique_ptr<cuda::DevicePageTable> table_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
+  std::unique_ptr<cuda::DevicePageSummaries> summaries_;
+  std::unique_ptr<cuda::PageSelectWorkspace> sel_ws_;
+  bool sparse_ = false;
+  cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer
+  float* budget_frac_d_ = nullptr;              // [L, Hkv] or null
+  unsigned long long* sparse_stats_d_ = nullptr;  // [L, Hkv, 2]
+  int32_t *sp_indptr_d_ = nullptr, *sp_slots_d_ = nullptr, *sp_page_pos_d_ = nullptr;  // selected lists
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]

@@ -1,0 +1,47 @@
+// dhisparse public API: `dhisparse eval`, the accuracy study of sparse decode
+// (DESIGN.md §4): RULER-style synthetic tasks (src/eval/ruler_tasks.h) at given
+// lengths, dense and every policy on identical prompts from one shared prefill.
+//  * accuracy: greedy output of each policy scored against the task's answers;
+//  * fidelity: the dense continuation teacher-forced under each policy, per decode
+//    step top-1 agreement and KL(dense || policy) of the next-token distributions;
+//  * pages read: per policy, length, layer and KV head, and a histogram of the
+//    per-(layer, head, step) fractions.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dhisparse/engine.h"
+
+namespace dhs {
+
+struct EvalPolicy {
+  std::string name = "dense";  // dense | coverage | topk | sinkwindow | solohead
+  double gamma = 0.99;
+  int budget = 0;
+  std::string label() const;  // "dense", "coverage-0.99", "topk-64", ...
+};
+// "dense", "coverage:0.99", "topk:64", "sinkwindow:32", "solohead:0.98" or "solohead:64".
+// Throws dhs::Error on anything else.
+EvalPolicy parse_eval_policy(const std::string& spec);
+
+struct EvalOptions {
+  std::vector<std::string> tasks;  // task names (src/eval/ruler_tasks.h); empty = all
+  std::vector<int64_t> lengths = {4096};
+  int samples = 100;               // per task and length
+  std::vector<EvalPolicy> policies;  // dense is always run first (the reference)
+  int64_t dense_below = 0;
+  bool chat = true;                // wrap the prompt in the model's chat template when it has one
+  uint64_t seed = 1;
+  std::string out;                 // JSON lines appended here ("" = none)
+  std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
+  std::string commit = "unknown", model_name, device;
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+// Runs the study on `engine` (loaded with a sparse policy, so page summaries are kept),
+// writes the rows, prints a table to stdout. Returns 0.
+int run_eval(Engine& engine, const EvalOptions& opts);
+
+}  // namespace dhs

@@ -1,0 +1,283 @@
+// `dhisparse eval` (include/dhisparse/eval.h): every policy decodes from the same
+// dense prefill of each synthetic sample; the dense continuation is the reference.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "dhisparse/eval.h"
+#include "eval/ruler_tasks.h"
+
+namespace dhs {
+
+std::string EvalPolicy::label() const {
+  if (name == "dense") return "dense";
+  if (name == "coverage" || (name == "solohead" && budget == 0)) return fmt::format("{}-{}", name, gamma);
+  return fmt::format("{}-{}", name, budget);
+}
+
+EvalPolicy parse_eval_policy(const std::string& spec) {
+  EvalPolicy p;
+  const size_t c = spec.find(':');
+  p.name = spec.substr(0, c);
+  const std::string arg = c == std::string::npos ? "" : spec.substr(c + 1);
+  auto number = [&](double lo, double hi) {
+    DHS_CHECK(!arg.empty(), "policy '{}': give a value after ':'", spec);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(arg, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DHS_CHECK(used == arg.size() && v >= lo && v <= hi, "policy '{}': '{}' is not a number in [{}, {}]", spec, arg, lo,
+              hi);
+    return v;
+  };
+  if (p.name == "dense") {
+    DHS_CHECK(arg.empty(), "policy 'dense' takes no value");
+  } else if (p.name == "coverage") {
+    p.gamma = number(1e-6, 1.0);
+  } else if (p.name == "topk" || p.name == "sinkwindow") {
+    p.budget = static_cast<int>(number(1, 1 << 24));
+  } else if (p.name == "solohead") {
+    const double v = number(1e-6, 1 << 24);
+    if (v <= 1.0) p.gamma = v; else p.budget = static_cast<int>(v);
+  } else {
+    throw Error(fmt::format("unknown policy '{}' (dense, coverage:G, topk:K, sinkwindow:K, solohead:G|K)", spec));
+  }
+  return p;
+}
+
+namespace {
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// KL(p || q) of the softmaxes of two logit rows, in double.
+double kl_div(const std::vector<float>& lp, const std::vector<float>& lq) {
+  const double mp = *std::max_element(lp.begin(), lp.end()), mq = *std::max_element(lq.begin(), lq.end());
+  double zp = 0, zq = 0;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    zp += std::exp(lp[i] - mp);
+    zq += std::exp(lq[i] - mq);
+  }
+  const double lzp = std::log(zp) + mp, lzq = std::log(zq) + mq;
+  double kl = 0;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const double a = lp[i] - lzp;
+    kl += std::exp(a) * (a - (lq[i] - lzq));
+  }
+  return std::max(0.0, kl);
+}
+
+constexpr int kHistBins = 10;  // pages-read fraction per (layer, head, step): [0, 0.1), ..., [0.9, 1.0]
+
+struct Agg {  // one (task, length, policy)
+  int n = 0;
+  double score = 0;
+  int64_t steps = 0, top1 = 0;
+  double kl_sum = 0, kl_max = 0;
+  std::vector<double> kls;
+  uint64_t read = 0, total = 0;
+  std::vector<uint64_t> lh_read, lh_total;
+  std::vector<int64_t> hist = std::vector<int64_t>(kHistBins, 0);
+  void add_counts(const PageCounts& c) {
+    read += c.read;
+    total += c.total;
+    if (lh_read.size() < c.layer_head_read.size()) {
+      lh_read.resize(c.layer_head_read.size(), 0);
+      lh_total.resize(c.layer_head_read.size(), 0);
+    }
+    for (size_t i = 0; i < c.layer_head_read.size(); ++i) {
+      lh_read[i] += c.layer_head_read[i];
+      lh_total[i] += c.layer_head_total[i];
+      if (c.layer_head_total[i] > 0) {
+        const double f = static_cast<double>(c.layer_head_read[i]) / static_cast<double>(c.layer_head_total[i]);
+        ++hist[static_cast<size_t>(std::min(kHistBins - 1, static_cast<int>(f * kHistBins)))];
+      }
+    }
+  }
+};
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), q * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int run_eval(Engine& engine, const EvalOptions& o) {
+  std::vector<eval::TaskKind> tasks;
+  if (o.tasks.empty()) tasks = eval::all_tasks();
+  for (const std::string& t : o.tasks) tasks.push_back(eval::parse_task(t));
+  DHS_CHECK(o.samples >= 1, "--samples must be >= 1");
+  std::vector<EvalPolicy> policies{EvalPolicy{}};
+  for (const EvalPolicy& p : o.policies)
+    if (p.name != "dense") policies.push_back(p);
+  const auto& stop_ids = engine.tokenizer().stop_ids();
+  auto is_stop = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
+  auto count_tokens = [&](const std::string& s) { return static_cast<int64_t>(engine.tokenize(s).size()); };
+  bool chat = o.chat;
+  try {
+    (void)engine.render_chat({{"user", "x"}}, true);
+  } catch (const Error&) {
+    chat = false;  // no template
+  }
+
+  std::map<std::tuple<int, int64_t, int>, Agg> agg;  // (task, length, policy index)
+  const int64_t n_total = static_cast<int64_t>(tasks.size() * o.lengths.size()) * o.samples;
+  int64_t done = 0;
+  for (const int64_t len : o.lengths)
+    for (const eval::TaskKind task : tasks)
+      for (int s = 0; s < o.samples; ++s) {
+        const uint64_t seed = o.seed * 1000003u + static_cast<uint64_t>(len) * 7919u + static_cast<uint64_t>(task) * 104729u +
+                              static_cast<uint64_t>(s);
+        const eval::Sample smp = eval::make_sample(task, len, seed, count_tokens);
+        const std::string user = smp.context + smp.question;
+        std::string text = chat ? engine.render_chat({{"user", user}}, true) : user + "\n";
+        text += smp.answer_prefix;
+        const std::vector<int32_t> prompt = engine.tokenize(text);
+        DHS_CHECK(static_cast<int64_t>(prompt.size()) + smp.max_new_tokens <= engine.max_context(),
+                  "eval: a {}-token prompt plus {} new tokens exceeds the context ({}); lower --lengths", prompt.size(),
+                  smp.max_new_tokens, engine.max_context());
+        auto session = engine.open_session();
+        const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+
+        // Dense reference: greedy tokens and the logits before each.
+        engine.set_sparse_policy("dense", 0.99, 0, 0);
+        std::vector<std::vector<float>> ref_logits(1);
+        session->append(prompt, &ref_logits[0]);
+        std::vector<int32_t> ref;
+        for (int k = 0; k < smp.max_new_tokens; ++k) {
+          const int32_t id = argmax(ref_logits.back());
+          if (is_stop(id)) break;
+          ref.push_back(id);
+          if (k + 1 == smp.max_new_tokens) break;
+          ref_logits.emplace_back();
+          session->append({id}, &ref_logits.back());
+        }
+        // ref_logits[k] precedes ref[k]; one more row (the stop) when the reference stopped.
+        const std::string ref_text = engine.tokenizer().decode(ref, /*skip_special=*/true);
+        Agg& ad = agg[{static_cast<int>(task), len, 0}];
+        ad.n += 1;
+        ad.score += eval::score_output(smp, ref_text);
+        engine.take_page_counts();
+
+        for (size_t pi = 1; pi < policies.size(); ++pi) {
+          const EvalPolicy& pol = policies[pi];
+          Agg& a = agg[{static_cast<int>(task), len, static_cast<int>(pi)}];
+          session->truncate(n_prompt);
+          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below);
+          // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
+          int diverged = -1;
+          std::vector<float> lg;
+          const int n_steps = static_cast<int>(ref_logits.size());
+          for (int k = 1; k < n_steps; ++k) {
+            session->append({ref[static_cast<size_t>(k - 1)]}, &lg);
+            a.add_counts(engine.take_page_counts());
+            const bool agree = argmax(lg) == argmax(ref_logits[static_cast<size_t>(k)]);
+            const double kl = kl_div(ref_logits[static_cast<size_t>(k)], lg);
+            a.steps += 1;
+            a.top1 += agree;
+            a.kl_sum += kl;
+            a.kl_max = std::max(a.kl_max, kl);
+            a.kls.push_back(kl);
+            if (!agree && diverged < 0) diverged = k;
+          }
+          // The policy's own greedy output: the dense one up to the first disagreement.
+          std::vector<int32_t> out(ref.begin(), ref.begin() + (diverged < 0 ? static_cast<long>(ref.size()) : diverged));
+          if (diverged >= 0) {
+            // Logits after prompt + ref[0 .. diverged-1]: re-run the last token of that prefix.
+            session->truncate(n_prompt + diverged - 1);
+            session->append({ref[static_cast<size_t>(diverged - 1)]}, &lg);
+            for (int k = diverged; k < smp.max_new_tokens; ++k) {
+              const int32_t id = argmax(lg);
+              if (is_stop(id)) break;
+              out.push_back(id);
+              if (k + 1 == smp.max_new_tokens) break;
+              session->append({id}, &lg);
+            }
+            engine.take_page_counts();  // free-running steps are not counted
+          }
+          a.n += 1;
+          a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
+        }
+        ++done;
+        if (o.progress) o.progress(done, n_total);
+      }
+
+  // Rows, trace and table.
+  std::ofstream out;
+  if (!o.out.empty()) {
+    out.open(o.out, std::ios::app);
+    DHS_CHECK(out.good(), "cannot open {}", o.out);
+  }
+  nlohmann::json trace = nlohmann::json::object();
+  const ModelConfig& cfg = engine.config();
+  std::printf("\n%-16s %7s %-22s %5s %8s %8s %9s %9s %7s\n", "task", "length", "policy", "n", "score", "top1",
+              "KL mean", "KL p99", "pages");
+  for (auto& [key, a] : agg) {
+    const auto [task, len, pi] = key;
+    const EvalPolicy& pol = policies[static_cast<size_t>(pi)];
+    const double score = 100.0 * a.score / std::max(1, a.n);
+    const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
+    const double kl_mean = a.steps ? a.kl_sum / static_cast<double>(a.steps) : 0.0;
+    const double frac = a.total ? static_cast<double>(a.read) / static_cast<double>(a.total) : 1.0;
+    std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f\n", eval::task_name(static_cast<eval::TaskKind>(task)).c_str(),
+                static_cast<long long>(len), pol.label().c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
+    std::vector<double> lh;
+    for (size_t i = 0; i < a.lh_read.size(); ++i)
+      lh.push_back(a.lh_total[i] ? static_cast<double>(a.lh_read[i]) / static_cast<double>(a.lh_total[i]) : 1.0);
+    if (out.is_open()) {
+      nlohmann::json row = {{"commit", o.commit},
+                            {"device", o.device},
+                            {"model", o.model_name},
+                            {"task", eval::task_name(static_cast<eval::TaskKind>(task))},
+                            {"length", len},
+                            {"policy", pol.name},
+                            {"label", pol.label()},
+                            {"gamma", pol.name == "dense" ? 1.0 : pol.gamma},
+                            {"budget", pol.budget},
+                            {"dense_below", o.dense_below},
+                            {"samples", a.n},
+                            {"score", score},
+                            {"decode_steps", a.steps},
+                            {"top1_agree", top1},
+                            {"kl_mean", kl_mean},
+                            {"kl_p99", quantile(a.kls, 0.99)},
+                            {"kl_max", a.kl_max},
+                            {"pages_read_frac", frac},
+                            {"n_layers", cfg.n_layers},
+                            {"n_heads_kv", cfg.n_heads_kv},
+                            {"layer_head_read_frac", lh},
+                            {"hist_bins", kHistBins},
+                            {"read_frac_hist", a.hist}};
+      out << row.dump() << "\n";
+    }
+    if (pi > 0 && !lh.empty()) {
+      // Summed over tasks: one budget vector per (policy, length) for the benchmark to replay.
+      nlohmann::json& t = trace[pol.label()][std::to_string(len)];
+      if (t.is_null()) t = {{"read", std::vector<uint64_t>(a.lh_read.size(), 0)}, {"total", std::vector<uint64_t>(a.lh_read.size(), 0)}};
+      for (size_t i = 0; i < a.lh_read.size(); ++i) {
+        t["read"][i] = t["read"][i].get<uint64_t>() + a.lh_read[i];
+        t["total"][i] = t["total"][i].get<uint64_t>() + a.lh_total[i];
+      }
+    }
+  }
+  if (!o.trace_out.empty()) {
+    nlohmann::json doc = {{"model", o.model_name}, {"commit", o.commit}, {"n_layers", cfg.n_layers},
+                          {"n_heads_kv", cfg.n_heads_kv}, {"page_size", 16}, {"policies", trace}};
+    std::ofstream f(o.trace_out);
+    DHS_CHECK(f.good(), "cannot open {}", o.trace_out);
+    f << doc.dump(1) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace dhs
