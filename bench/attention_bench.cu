@@ -23,6 +23,9 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/device_page_summary.h"
+#include "backend/cuda/page_select.h"
+#include "bench/budget_trace.h"
 #include "core/fp16.h"
 #include "kv/page_lists.h"
 
@@ -50,6 +53,10 @@ struct Options {
   int min_pages = 8;
   bool tune = false;
   bool quick = false;
+  std::string trace;             // budget trace (dhisparse eval --trace-out): per-head budgets replayed
+  int64_t trace_len = 0;         // prompt length of the trace to use (0: its longest)
+  std::vector<int> quest_tokens = {2048, 4096};  // fixed top-k budgets (Quest), tokens per list
+  int trace_layers = 8;          // layers of the 8B shape sampled per traced policy (evenly spaced)
 };
 
 struct Timing {
@@ -81,6 +88,36 @@ dhs::PageLists make_lists(int batch, int ctx, double keep_frac, const std::vecto
   return L;
 }
 
+// Lists whose head h keeps max(2, ceil(frac[h] * n_pg)) pages: the first, the last and
+// random others (a policy's output shape; which pages does not change the read cost).
+dhs::PageLists make_budget_lists(int batch, int ctx, const float* frac, const std::vector<int32_t>& perm,
+                                 std::mt19937& rng) {
+  dhs::PageLists L;
+  L.n_requests = batch;
+  L.n_heads_kv = kHkv;
+  L.seq_len.assign(static_cast<size_t>(batch), ctx);
+  const int n_pg = ctx / kPage;
+  L.indptr.push_back(0);
+  std::vector<int32_t> mid(static_cast<size_t>(n_pg - 2));
+  for (int r = 0; r < batch; ++r)
+    for (int h = 0; h < kHkv; ++h) {
+      const int k = std::clamp(static_cast<int>(std::ceil(frac[h] * n_pg)), 2, n_pg);
+      std::iota(mid.begin(), mid.end(), 1);
+      for (int i = 0; i < k - 2; ++i) std::swap(mid[static_cast<size_t>(i)], mid[static_cast<size_t>(i + rng() % (mid.size() - i))]);
+      std::vector<int32_t> pages(mid.begin(), mid.begin() + (k - 2));
+      pages.push_back(0);
+      pages.push_back(n_pg - 1);
+      std::sort(pages.begin(), pages.end());
+      const size_t base = static_cast<size_t>(r * kHkv + h) * n_pg;
+      for (int32_t i : pages) {
+        L.slots.push_back(perm[base + static_cast<size_t>(i)]);
+        L.page_pos.push_back(i);
+      }
+      L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
+    }
+  return L;
+}
+
 struct Bench {
   Options opt;
   std::string gpu;
@@ -95,20 +132,13 @@ struct Bench {
   FILE* out = nullptr;
   FILE* tune_out = nullptr;
 
-  // Median over reps graph replays of the op, L2 flushed before each.
-  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps) {
-    dhs::cuda::DecodeAttentionArgs a;
-    a.q_d = q_d;
-    a.q_indptr_d = q_indptr_d;
-    a.max_q_len = 1;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
-    a.out_d = out_d;
-    a.min_pages_per_worker = min_pages;
-    (void)batch;
+  // Median over reps graph replays of what `launch` enqueues, L2 flushed before each.
+  template <typename Launch>
+  Timing time_graph(const Launch& launch, int reps) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     DHS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    dhs::cuda::decode_attention(a, *lists, *pool, ws, stream);
+    launch();
     DHS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; ++i) DHS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
@@ -135,6 +165,19 @@ struct Bench {
     std::sort(s.begin(), s.end());
     t.median_us = s[s.size() / 2];
     return t;
+  }
+
+  // The decode attention op (split-KV kernel + merge kernel) over the current lists.
+  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps) {
+    dhs::cuda::DecodeAttentionArgs a;
+    a.q_d = q_d;
+    a.q_indptr_d = q_indptr_d;
+    a.max_q_len = 1;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    a.out_d = out_d;
+    a.min_pages_per_worker = min_pages;
+    (void)batch;
+    return time_graph([&] { dhs::cuda::decode_attention(a, *lists, *pool, ws, stream); }, reps);
   }
 
   bool output_finite(int batch) {
@@ -187,10 +230,22 @@ int main(int argc, char** argv) {
     else if (a == "--min-pages") opt.min_pages = std::stoi(next());
     else if (a == "--tune") opt.tune = true;
     else if (a == "--quick") opt.quick = true;
-    else {
+    else if (a == "--trace") opt.trace = next();
+    else if (a == "--trace-len") opt.trace_len = std::stoll(next());
+    else if (a == "--trace-layers") opt.trace_layers = std::stoi(next());
+    else if (a == "--quest-tokens") {
+      opt.quest_tokens.clear();
+      std::string v = next();
+      for (size_t p = 0; p <= v.size();) {
+        const size_t c = std::min(v.find(',', p), v.size());
+        if (c > p) opt.quest_tokens.push_back(std::stoi(v.substr(p, c - p)));
+        p = c + 1;
+      }
+    } else {
       std::fprintf(stderr,
                    "usage: attention_bench [--out F.jsonl] [--commit SHA] [--run-id ID] [--reps N] [--stages 2|3|4]\n"
-                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick]\n");
+                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick]\n"
+                   "                       [--trace TRACE.json [--trace-len N] [--trace-layers N]] [--quest-tokens T1,T2]\n");
       return 2;
     }
   }
@@ -271,6 +326,108 @@ int main(int argc, char** argv) {
         b.emit(b.out, impl, ctx, batch, t, bytes, frac, ws, opt.min_pages);
       }
     }
+
+  // ---- Sparse: per-head budgets replayed from a real model's trace, fixed Quest budgets, and
+  // the cost of scoring + selection on the device, at 32k and 128k.
+  {
+    struct Pol {
+      std::string impl;
+      std::vector<float> frac;  // [32 layers * 8 heads]
+      int quest_pages = 0;
+    };
+    std::vector<Pol> pols;
+    if (!opt.trace.empty())
+      for (const std::string& label : dhs::budget_trace_labels(opt.trace)) {
+        if (label.rfind("coverage", 0) != 0) continue;
+        const dhs::BudgetTrace tr = dhs::load_budget_trace(opt.trace, label, opt.trace_len);
+        std::printf("trace %s: %s at %lld tokens, %d x %d, mean pages read %.3f\n", tr.model.c_str(), label.c_str(),
+                    static_cast<long long>(tr.length), tr.n_layers, tr.n_heads_kv, tr.mean());
+        pols.push_back({"dhisparse-" + label, tr.mapped(32, kHkv), 0});
+      }
+    for (int tok : opt.quest_tokens) pols.push_back({"dhisparse-quest-" + std::to_string(tok), {}, tok / kPage});
+    const std::vector<int> sctx = opt.quick ? std::vector<int>{131072} : std::vector<int>{32768, 131072};
+    dhs::cuda::DevicePageSummaries sums(max_pages, kD, dhs::cuda::SummaryKind::MinMax);
+    dhs::cuda::fill_random_bf16(sums.data_d(), static_cast<size_t>(max_pages) * 2 * kD, 5, -1.0f, 1.0f, nullptr);
+    dhs::cuda::DevicePageLists dense_lists(32, kHkv, max_pages);
+    int32_t *sel_indptr, *sel_slots, *sel_pos;
+    DHS_CUDA_CHECK(cudaMalloc(&sel_indptr, (32 * kHkv + 1) * 4));
+    DHS_CUDA_CHECK(cudaMalloc(&sel_slots, static_cast<size_t>(max_pages) * 4));
+    DHS_CUDA_CHECK(cudaMalloc(&sel_pos, static_cast<size_t>(max_pages) * 4));
+    dhs::cuda::PageSelectWorkspace sws(32 * kHkv, max_pages, kHq / kHkv);
+    std::printf("\n%-7s %-6s %-30s %10s %8s %9s\n", "ctx", "batch", "impl", "us/layer", "frac", "dense/it");
+    for (int ctx : sctx)
+      for (int batch : batches) {
+        const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
+        if (n_pages > max_pages) continue;
+        std::vector<int32_t> perm(static_cast<size_t>(n_pages));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        const dhs::PageLists dense = make_lists(batch, ctx, 1.0, perm, rng);
+        lists.upload(dense);
+        const Timing td = b.time_op(ws, batch, opt.min_pages, opt.reps);
+        const double dense_bytes = static_cast<double>(dense.nnz()) * page_bytes;
+        b.emit(b.out, "dhisparse-dense", ctx, batch, td, dense_bytes, 1.0, ws, opt.min_pages);
+        std::printf("%-7d %-6d %-30s %10.1f %8.3f %9s\n", ctx, batch, "dhisparse-dense", td.median_us, 1.0, "1.00");
+        for (const Pol& pol : pols) {
+          // Mean over evenly spaced layers of the traced budgets (Quest: one budget for all).
+          const int n_l = pol.frac.empty() ? 1 : std::max(1, std::min(opt.trace_layers, 32));
+          Timing agg;
+          double frac_sum = 0, us_sum = 0;
+          for (int li = 0; li < n_l; ++li) {
+            const int layer = li * 32 / n_l;
+            std::vector<float> f(kHkv);
+            for (int h = 0; h < kHkv; ++h)
+              f[static_cast<size_t>(h)] = pol.frac.empty() ? static_cast<float>(pol.quest_pages) / (ctx / kPage)
+                                                           : pol.frac[static_cast<size_t>(layer * kHkv + h)];
+            const dhs::PageLists L = make_budget_lists(batch, ctx, f.data(), perm, rng);
+            lists.upload(L);
+            const Timing t = b.time_op(ws, batch, opt.min_pages, std::max(10, opt.reps / 2));
+            us_sum += t.median_us;
+            frac_sum += static_cast<double>(L.nnz()) / static_cast<double>(n_pages);
+            agg.samples_us.insert(agg.samples_us.end(), t.samples_us.begin(), t.samples_us.end());
+          }
+          agg.median_us = us_sum / n_l;  // mean over layers of each layer's median
+          const double frac = frac_sum / n_l;
+          b.emit(b.out, pol.impl.c_str(), ctx, batch, agg, frac * n_pages * page_bytes, frac, ws, opt.min_pages);
+          std::printf("%-7d %-6d %-30s %10.1f %8.3f %9.2f\n", ctx, batch, pol.impl.c_str(), agg.median_us, frac,
+                      td.median_us / agg.median_us);
+        }
+        // Scoring + selection + compaction on the device, timed alone (graph replay, L2 flushed).
+        dense_lists.upload(dense);
+        for (int rule = 0; rule < 2; ++rule) {
+          dhs::cuda::PageSelectParams p;
+          p.dense_indptr = dense_lists.indptr_d();
+          p.dense_slots = dense_lists.slots_d();
+          p.dense_page_pos = dense_lists.page_pos_d();
+          p.seq_len = dense_lists.seq_len_d();
+          p.q = b.q_d;
+          p.q_indptr = b.q_indptr_d;
+          p.summaries = sums.data_d();
+          p.rule = rule == 0 ? dhs::cuda::SelectRule::Coverage : dhs::cuda::SelectRule::TopK;
+          p.gamma = 0.99f;
+          p.budget = 4096 / kPage;
+          p.indptr = sel_indptr;
+          p.slots = sel_slots;
+          p.page_pos = sel_pos;
+          p.n_requests = batch;
+          p.n_heads_q = kHq;
+          p.n_heads_kv = kHkv;
+          p.head_dim = kD;
+          p.page_size = kPage;
+          p.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+          sws.bind(&p);
+          const Timing t = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
+          const char* impl = rule == 0 ? "select-coverage" : "select-topk";
+          const double sum_bytes = static_cast<double>(n_pages) * 2 * kD * 2;  // summaries read
+          b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
+          std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",
+                      100.0 * t.median_us / td.median_us);
+        }
+      }
+    cudaFree(sel_indptr);
+    cudaFree(sel_slots);
+    cudaFree(sel_pos);
+  }
 
   if (opt.tune) {
     // Variant sweep (stages x min pages per worker) on the shapes of the goals.

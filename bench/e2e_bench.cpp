@@ -6,6 +6,7 @@
 // Run as `dhisparse bench` (see src/cli/main.cpp).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "bench/budget_trace.h"
 #include "bench/e2e_bench.h"
+#include "core/error.h"
 #include "model/arch/llama_cuda.h"
 
 namespace dhs {
@@ -97,8 +100,12 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       o.max_batch = static_cast<int>(batch);
       o.max_step_tokens = 2048;
       o.max_context = ctx + 64;
+      const bool any_sparse = std::any_of(opts.policies.begin(), opts.policies.end(), [](const std::string& p) { return p != "dense"; });
+      if (any_sparse) o.summaries = "minmax";
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
+      if (m->summaries())  // summaries of the random KV: values do not change the cost
+        cuda::fill_random_bf16(m->summaries()->data_d(), m->summaries()->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
       std::vector<PageTable> ts;
       std::vector<int32_t> tok(static_cast<size_t>(batch), 42);
       std::vector<LlamaCuda::Seq> b;
@@ -109,15 +116,44 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         ts[static_cast<size_t>(r)].commit(ctx);
         b.push_back(LlamaCuda::Seq{&ts[static_cast<size_t>(r)], static_cast<int>(r), &tok[static_cast<size_t>(r)], 1});
       }
-      const double ms = m->time_decode_step(b, 50);
-      const double bytes = static_cast<double>(m->weight_bytes()) + kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
-      const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
-      std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f\n", static_cast<long long>(ctx), static_cast<long long>(batch), ms, floor_ms,
-                  static_cast<double>(batch) / ms * 1e3, ms / floor_ms);
-      jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
-         << ",\"batch\":" << batch << ",\"policy\":\"dense\",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
-         << ",\"weight_bytes\":" << m->weight_bytes() << ",\"kv_bytes\":" << kv_per_token * ctx * batch
-         << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";
+      double dense_ms = 0;
+      for (const std::string& pol : opts.policies) {
+        PolicyConfig pc;
+        std::vector<float> frac;
+        double gamma = 1.0;
+        std::string budgets = "all pages";
+        if (pol == "dense") {
+          pc.name = "dense";
+        } else if (pol.rfind("trace:", 0) == 0) {
+          const BudgetTrace tr = load_budget_trace(opts.trace, pol.substr(6), opts.trace_len);
+          pc.name = "topk";
+          frac = tr.mapped(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv));
+          if (tr.label.rfind("coverage-", 0) == 0) gamma = std::stod(tr.label.substr(9));
+          budgets = "per-(layer, KV head) fractions replayed from " + tr.model + " at " + std::to_string(tr.length) + " tokens";
+        } else if (pol.rfind("quest:", 0) == 0) {
+          pc.name = "topk";
+          pc.budget = std::stoi(pol.substr(6)) / 16;
+          budgets = "top-k, " + pol.substr(6) + " tokens per list";
+        } else {
+          throw Error("bench: unknown policy '" + pol + "' (dense, trace:LABEL, quest:TOKENS)");
+        }
+        m->set_sparsity(pc, frac);
+        const double ms = m->time_decode_step(b, 50);
+        const double read_frac = pc.name == "dense" ? 1.0 : m->sparsity_stats().read_frac();
+        m->reset_sparsity_stats();
+        if (pol == "dense") dense_ms = ms;
+        const double bytes = static_cast<double>(m->weight_bytes()) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
+        const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
+        std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-24s pages %.3f%s\n", static_cast<long long>(ctx),
+                    static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
+                    pol.c_str(), read_frac,
+                    dense_ms > 0 && pol != "dense" ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
+        jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
+           << ",\"batch\":" << batch << ",\"policy\":\"" << pol << "\",\"gamma\":" << gamma << ",\"budgets\":\"" << budgets
+           << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
+           << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
+           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";
+      }
       for (auto& t : ts) t.release(m->allocator());
     }
   // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole.

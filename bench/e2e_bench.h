@@ -13,6 +13,11 @@ struct E2eBenchOptions {
   std::vector<int64_t> prefill = {32768};
   std::string out = "bench/results/decode_e2e.jsonl";
   std::string commit = "unknown";
+  // Decode policies timed at each shape: "dense"; "trace:LABEL" (top-k with per-(layer, KV head)
+  // budgets replayed from `trace`, e.g. trace:coverage-0.99); "quest:TOKENS" (top-k, fixed budget).
+  std::vector<std::string> policies = {"dense"};
+  std::string trace;       // budget trace JSON (dhisparse eval --trace-out)
+  int64_t trace_len = 0;   // its prompt length to use (0: longest)
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

@@ -46,6 +46,17 @@ def random_k_blocks(rng: np.random.Generator, qtype: T) -> np.ndarray:
     return blocks.reshape(ROWS, -1)
 
 
+def random_q5_0_blocks(rng: np.random.Generator) -> np.ndarray:
+    """Q5_0 blocks (fp16 d, u32 qh, qs[16]) with random qh / qs bytes, so every fifth-bit
+    position and nibble pattern occurs, and finite fp16 d of both signs."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[T.Q5_0]
+    n_blocks = ROWS * COLS // block_size
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    d = rng.uniform(1e-4, 2e-2, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)
+    blocks[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(ROWS, -1)
+
+
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else (
         Path(__file__).resolve().parent.parent / "tests/data/gguf/quant_blocks.gguf")
@@ -73,6 +84,13 @@ def main() -> None:
         assert np.isfinite(expected).all()
         w.add_tensor(f"{qtype.name}.q", raw, raw_dtype=qtype)
         w.add_tensor(f"{qtype.name}.expected", expected)
+
+    # Added after the others so their random draws, and hence bytes, stay as they were.
+    raw = random_q5_0_blocks(rng)
+    expected = dequantize(raw, T.Q5_0).reshape(ROWS, COLS).astype(np.float32)
+    assert np.isfinite(expected).all()
+    w.add_tensor("Q5_0.q", raw, raw_dtype=T.Q5_0)
+    w.add_tensor("Q5_0.expected", expected)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -101,6 +101,12 @@ int main(int argc, char** argv) {
   bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs")->delimiter(',')->capture_default_str();
   bench->add_option("--out", b_out, "JSON lines are appended here")->capture_default_str();
   bench->add_option("--commit", b_commit, "Commit recorded in each row");
+  std::vector<std::string> b_policies = {"dense"};
+  std::string b_trace;
+  int64_t b_trace_len = 0;
+  bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS")->delimiter(',')->capture_default_str();
+  bench->add_option("--trace", b_trace, "Budget trace of a real model (dhisparse eval --trace-out)");
+  bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)");
 
   dhs::EvalOptions ev;
   std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
@@ -139,6 +145,9 @@ int main(int argc, char** argv) {
       bo.prefill = b_prefill;
       bo.out = b_out;
       bo.commit = b_commit;
+      bo.policies = b_policies;
+      bo.trace = b_trace;
+      bo.trace_len = b_trace_len;
       return dhs::run_e2e_bench(bo);
 #else
       throw dhs::Error("bench: this build has no CUDA backend (nvcc was not found when it was configured)");

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "gguf_builder.h"
 #include "model/dequant.h"
 #include "model/gguf_file.h"
 #include "test_paths.h"
@@ -174,6 +175,86 @@ TEST(Dequant, Q4_1) {
   expect_bits_eq(dequant(DType::Q4_1, src, 64), want);
 }
 
+// Q5_0 (22 bytes): fp16 d, u32 qh little-endian at byte 2, qs[16] at byte 6 (nibbles as
+// in Q4_0); bit j of qh is bit 4 of element j; x = d * (q - 16).
+TEST(Dequant, Q5_0ByHand) {
+  // Worked out by hand. Block 0: qh = 0x80018001 (bits 0, 15, 16, 31 set), d = 0.5.
+  // Block 1: qh = 0x7FFE7FFE (the complement: those four bits clear, all others set),
+  // d = -0.25. Both: qs[0] = 0xF3, qs[15] = 0x0C, every other qs byte 0.
+  //   element  0: low  nibble of qs[0]  = 3,  block 0: 3 + 16 = 19 -> +3,  block 1: 3  -> -13
+  //   element 16: high nibble of qs[0]  = 15, block 0: 31 -> +15,           block 1: 15 -> -1
+  //   element 15: low  nibble of qs[15] = 12, block 0: 28 -> +12,           block 1: 12 -> -4
+  //   element 31: high nibble of qs[15] = 0,  block 0: 16 -> 0,             block 1: 0  -> -16
+  //   others    : nibble 0,                   block 0: 0  -> -16,           block 1: 16 -> 0
+  const std::vector<uint8_t> src = {
+      0x00, 0x38, 0x01, 0x80, 0x01, 0x80, 0xF3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0C,
+      0x00, 0xB4, 0xFE, 0x7F, 0xFE, 0x7F, 0xF3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0C,
+  };
+  std::vector<float> want(64);
+  for (int j = 0; j < 32; ++j) {
+    want[j] = -8.0f;       // 0.5 * -16
+    want[32 + j] = -0.0f;  // -0.25 * 0: the sign must survive
+  }
+  want[0] = 1.5f, want[16] = 7.5f, want[15] = 6.0f, want[31] = 0.0f;
+  want[32] = 3.25f, want[48] = 0.25f, want[47] = 1.0f, want[63] = 4.0f;
+  expect_bits_eq(dequant(DType::Q5_0, src, 64), want);
+}
+
+// Every 5-bit quant in both halves, fifth bit toggled through all 32 qh positions.
+TEST(Dequant, Q5_0) {
+  std::vector<uint8_t> src(3 * 22, 0);
+  std::vector<float> want;
+  const uint16_t d_bits[3] = {kH_2, kH_m1_25, kH_messy3};
+  const float d[3] = {2.0f, -1.25f, fp16_to_f32(kH_messy3)};
+  for (int b = 0; b < 3; ++b) {
+    uint8_t* blk = &src[22 * b];
+    put16(src, 22 * b, d_bits[b]);
+    for (int j = 0; j < 32; ++j) {
+      const int q = (j * 11 + 5 + 7 * b) % 32;  // a permutation of 0..31 for each block
+      put_nibble32(blk + 6, j, q & 15);
+      blk[2 + j / 8] = static_cast<uint8_t>(blk[2 + j / 8] | ((q >> 4) << (j % 8)));
+      want.push_back(d[b] * static_cast<float>(q - 16));
+    }
+  }
+  expect_bits_eq(dequant(DType::Q5_0, src, 96), want);
+}
+
+// The GGUF reader sizes a Q5_0 tensor (type id 6) as 22 bytes per 32 elements, and its
+// rows dequantize in place.
+TEST(Dequant, Q5_0FromGgufFile) {
+  constexpr uint32_t kTypeQ5_0 = 6;
+  std::vector<uint8_t> blocks(4 * 22, 0);  // ne {64, 2}: two rows of two blocks
+  std::vector<float> want;
+  for (int b = 0; b < 4; ++b) {
+    put16(blocks, 22 * b, b % 2 ? kH_m0_25 : kH_0_5);
+    for (int j = 0; j < 32; ++j) {
+      const int q = (j * 3 + b) % 32;
+      put_nibble32(&blocks[22 * b + 6], j, q & 15);
+      blocks[22 * b + 2 + j / 8] = static_cast<uint8_t>(blocks[22 * b + 2 + j / 8] | ((q >> 4) << (j % 8)));
+      want.push_back((b % 2 ? -0.25f : 0.5f) * static_cast<float>(q - 16));
+    }
+  }
+  test::GgufBuilder g;
+  g.kv_string("general.architecture", "llama");
+  g.tensor_f32("a.weight", {3});  // 12 bytes, so the Q5_0 data starts at a padded offset
+  g.tensor({"q.weight", {64, 2}, kTypeQ5_0, blocks, {}, {}});
+  const std::vector<uint8_t> file = g.build();
+  const gguf::GgufFile f = gguf::GgufFile::parse(file.data(), file.size());
+  const gguf::TensorInfo* t = f.find_tensor("q.weight");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->type, DType::Q5_0);
+  EXPECT_EQ(t->n_bytes, 88u);
+  EXPECT_EQ(t->offset, 32u);
+  std::vector<float> got(128);
+  for (int r = 0; r < 2; ++r) dequantize_row(t->type, t->data + r * dtype_row_bytes(t->type, 64), &got[64 * r], 64);
+  expect_bits_eq(got, want);
+
+  // A row length that is not a multiple of 32 is refused by the reader.
+  g.tensors()[1].ne = {48, 2};
+  const std::vector<uint8_t> bad = g.build();
+  EXPECT_THROW(gguf::GgufFile::parse(bad.data(), bad.size()), Error);
+}
+
 // ---- K-quants -----------------------------------------------------------------------
 
 void set_bits(uint8_t* bytes, int byte, int first_bit, int n_bits, int value) {
@@ -307,8 +388,8 @@ TEST(Dequant, Q6_K) {
 
 TEST(Dequant, UnalignedSourceGivesSameResult) {
   // Blocks inside a file need not be aligned for their fp16 fields; nor does our caller.
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q5_K,
-                  DType::Q6_K}) {
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q4_K,
+                  DType::Q5_K, DType::Q6_K}) {
     const int64_t n = 512;
     const size_t bytes = dtype_row_bytes(t, n);
     std::vector<uint8_t> buf(bytes + 1);
@@ -333,20 +414,22 @@ TEST(Dequant, RowBytes) {
   EXPECT_EQ(dtype_row_bytes(DType::Q4_K, 256), 144u);
   EXPECT_EQ(dtype_row_bytes(DType::Q5_K, 512), 352u);
   EXPECT_EQ(dtype_row_bytes(DType::Q6_K, 768), 630u);
-  EXPECT_EQ(dtype_row_bytes(DType::Q5_0, 32), 22u);  // sized although not dequantizable
+  EXPECT_EQ(dtype_row_bytes(DType::Q5_0, 96), 66u);
+  EXPECT_EQ(dtype_row_bytes(DType::Q5_1, 32), 24u);  // sized although not dequantizable
   EXPECT_EQ(dtype_row_bytes(DType::Q4_K, 0), 0u);
   EXPECT_THROW(dtype_row_bytes(DType::Q4_K, 128), Error);
   EXPECT_THROW(dtype_row_bytes(DType::Q8_0, 33), Error);
+  EXPECT_THROW(dtype_row_bytes(DType::Q5_0, 16), Error);
   EXPECT_THROW(dtype_row_bytes(DType::F32, -1), Error);
   EXPECT_THROW(dtype_row_bytes(static_cast<DType>(99), 32), Error);
 }
 
 TEST(Dequant, SupportedTypes) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K,
-                  DType::Q5_K, DType::Q6_K}) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     EXPECT_TRUE(dequant_supported(t)) << dtype_traits(t).name;
   }
-  for (DType t : {DType::Q5_0, DType::Q5_1, DType::Q8_1, DType::Q2_K, DType::Q3_K, DType::Q8_K, DType::I8,
+  for (DType t : {DType::Q5_1, DType::Q8_1, DType::Q2_K, DType::Q3_K, DType::Q8_K, DType::I8,
                   DType::I32, DType::F64, static_cast<DType>(99)}) {
     EXPECT_FALSE(dequant_supported(t)) << static_cast<uint32_t>(t);
   }
@@ -362,10 +445,16 @@ TEST(Dequant, Errors) {
     EXPECT_NE(std::string(e.what()).find("not a multiple of the block size 256"), std::string::npos) << e.what();
   }
   try {
-    dequantize_row(DType::Q5_0, src.data(), dst.data(), 32);
+    dequantize_row(DType::Q5_1, src.data(), dst.data(), 32);
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Q5_0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q5_1"), std::string::npos) << e.what();
+  }
+  try {
+    dequantize_row(DType::Q5_0, src.data(), dst.data(), 48);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Q5_0 row of 48 elements"), std::string::npos) << e.what();
   }
   EXPECT_THROW(dequantize_row(DType::Q8_0, src.data(), dst.data(), -32), Error);
   EXPECT_NO_THROW(dequantize_row(DType::Q8_0, nullptr, nullptr, 0));
@@ -377,7 +466,7 @@ TEST(DequantCrossCheck, MatchesPythonGguf) {
   const std::string path = test::data_dir() + "/gguf/quant_blocks.gguf";
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing; run scripts/make_gguf_test_data.py";
   const gguf::GgufFile f = gguf::GgufFile::open(path);
-  for (const char* name : {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}) {
+  for (const char* name : {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}) {
     SCOPED_TRACE(name);
     const gguf::TensorInfo* q = f.find_tensor(std::string(name) + ".q");
     const gguf::TensorInfo* x = f.find_tensor(std::string(name) + ".expected");

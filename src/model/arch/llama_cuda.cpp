@@ -441,7 +441,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   const int n_req = static_cast<int>(batch.size());
   upload_step(batch, decode);
   if (decode && use_graph) {
-    auto it = graphs_.find(n_req);
+    auto it = graphs_.find({policy_key_, n_req});
     if (it == graphs_.end()) {
       // Capture once per batch size; replays read the same step-input buffers.
       cudaGraph_t g;
@@ -451,7 +451,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
       cudaGraphExec_t exec;
       DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
       DHS_CUDA_CHECK(cudaGraphDestroy(g));
-      it = graphs_.emplace(n_req, exec).first;
+      it = graphs_.emplace(std::make_pair(policy_key_, n_req), exec).first;
     }
     DHS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   } else {
@@ -485,8 +485,9 @@ double CudaSparsityStats::read_frac() const {
 void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
   (void)make_policy(pc);  // the CPU factory's validation: one set of rules for both backends
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
-  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
-  graphs_.clear();
+  // Everything a captured step bakes in (the select kernels' parameters) is in the key.
+  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
+                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1);
   sparse_ = pc.name != "dense";
   if (!sparse_) return;
   DHS_CHECK(summaries_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
@@ -552,7 +553,7 @@ double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   for (const Seq& s : batch) DHS_CHECK(s.n_new == 1, "time_decode_step: decode batches only");
   forward(batch, nullptr, true);
   for (const Seq& s : batch) s.table->truncate(allocator(), s.table->n_tokens() - 1);
-  auto it = graphs_.find(static_cast<int>(batch.size()));
+  auto it = graphs_.find({policy_key_, static_cast<int>(batch.size())});
   DHS_ASSERT(it != graphs_.end());
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));

@@ -58,6 +58,7 @@ class LlamaCuda {
   PagePool& allocator() { return *alloc_; }   // page accounting of the HBM pool
   size_t weight_bytes() const { return weight_bytes_; }
   cuda::DevicePagePool& kv_pool() { return *pool_; }
+  cuda::DevicePageSummaries* summaries() { return summaries_.get(); }  // null without summaries
   cudaStream_t stream() const { return stream_; }
 
   struct Seq {
@@ -144,7 +145,9 @@ class LlamaCuda {
   int32_t* out_ids_d_ = nullptr;       // [B]
   int last_n_req_ = 0;
 
-  std::map<int, cudaGraphExec_t> graphs_;  // decode step per batch size
+  // Decode step per (policy, batch size): switching policies back and forth (eval) reuses them.
+  std::map<std::pair<std::string, int>, cudaGraphExec_t> graphs_;
+  std::string policy_key_ = "dense";
 };
 
 }  // namespace dhs
