@@ -1,43 +1,101 @@
 #!/usr/bin/env bash
-# Everything GPU in one device call (after bench/prebuild.sh here): the cuda tests,
-# compute-sanitizer memcheck + racecheck on the attention, append and sampling
-# kernels, the decode-attention bench with the PyTorch SDPA/FA2 anchor in the same
-# call, the 8B-shape end-to-end bench, the prefill bench with its anchor, and — when
-# the default model is present in models/ — the GPU-vs-CPU model test and a
-# `generate --device cuda`. JSON lines go to $OUT; a short table is printed last.
-#   DHS_COMMIT=abc1234 bash bench/device_all.sh [model]   # "model": only the model steps
+# Everything GPU, in as few device calls as the 64 MiB-per-call limit allows (after
+# bench/prebuild.sh here). Stages, in the order given:
+#   tests  the cuda tests, compute-sanitizer memcheck + racecheck on the attention, append,
+#          selection and sampling kernels
+#   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
+#          and sparse
+#   eval   `dhisparse eval` on the default model (SmolLM2-135M, 8k native context) at 4k and
+#          7.5k tokens; writes accuracy rows and the budget trace the benches replay
+#   evalq  the same on Qwen2.5-Coder-0.5B (32k native) at 30k tokens, when its parts are in ~/dhs
+#   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
+#          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
+#          TPOT), prefill with its anchor
+# Model parts travel one per call into ~/dhs (.devcarry/smol.part.a?, .devcarry/qwen/part.??)
+# and are joined and hash-checked here. JSON lines and logs go to $OUT; a table is printed last.
+#   DHS_COMMIT=abc1234 bash bench/device_all.sh tests model eval bench
+# DHS_EVAL_SECONDS: time budget of an eval stage (samples per task are sized from a calibration
+# run, at most 100).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dhs_out}
-mkdir -p "$OUT" /tmp/dhs ~/dhs && { [ ! -f .devcarry/smol.part.aa ] || cp .devcarry/smol.part.aa ~/dhs/; } && { [ ! -f .devcarry/smol.part.ab ] || cp .devcarry/smol.part.ab ~/dhs/; } && tar -C /tmp/dhs -xJf .devcarry/bin.tar.xz
+mkdir -p "$OUT" /tmp/dhs ~/dhs
+for f in .devcarry/smol.part.aa .devcarry/smol.part.ab .devcarry/qwen/part.*; do [ -f "$f" ] && cp "$f" ~/dhs/"$(basename "$f" | sed 's/^part\./qwen.part./')"; done
+[ -f .devcarry/bin.tar.xz ] && tar -C /tmp/dhs -xJf .devcarry/bin.tar.xz
 B=/tmp/dhs/bin
 export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-} DHS_TEST_DATA=$PWD/tests/data DHS_MODELS_DIR=$PWD/models
 C=${DHS_COMMIT:-unknown}
 summary=()
 run() { local name=$1; shift; echo "== $name"; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$(printf '%-34s rc=%s  %s' "$name" "$rc" "$(grep -m1 -E 'PASSED|FAILED|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|Skipped' "$OUT/$name.log" | cut -c1-80)")"); tail -3 "$OUT/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
+[ -x $B/dhisparse ] || { echo "no binaries: run bench/prebuild.sh and carry .devcarry/bin.tar.xz"; exit 0; }
 
-if [ "${1:-}" != model ]; then
-  run attention_bench "$B/attention_bench" --out "$OUT/decode_attention.jsonl" --commit "$C"
-  run sdpa_anchor python3 bench/anchors/sdpa_anchor.py --out "$OUT/decode_attention.jsonl" --commit "$C"
-  run e2e_bench "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4,8,32 --prefill 32768,131072 --out "$OUT/decode_e2e.jsonl" --commit "$C"
-  run prefill_bench "$B/prefill_bench" --ctx 32768,131072 --out "$OUT/prefill_attention.jsonl"
-  run sdpa_prefill_anchor python3 bench/anchors/sdpa_prefill_anchor.py --out "$OUT/prefill_attention.jsonl"
-  for t in test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling; do run "$t" "$B/$t"; done
-  for tool in memcheck racecheck; do
-    for t in test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling; do
-      DHS_TEST_QUICK=1 run "sanitizer_${tool}_$t" timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$t"
-    done
-  done
-fi
-# The default model travels in two parts over two calls (64 MiB per call) into ~/dhs.
+SMOL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+QWEN=/tmp/dhs/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 if [ -f ~/dhs/smol.part.aa ] && [ -f ~/dhs/smol.part.ab ]; then
-  mkdir -p models && cat ~/dhs/smol.part.aa ~/dhs/smol.part.ab > models/SmolLM2-135M-Instruct.Q4_1.gguf
-  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  models/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c || rm -f models/*.gguf
+  mkdir -p models && cat ~/dhs/smol.part.aa ~/dhs/smol.part.ab > $SMOL
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $SMOL" | sha256sum -c || rm -f $SMOL
 fi
-if [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-  run test_llama_cuda "$B/test_llama_cuda"
-  run generate_cuda "$B/dhisparse" generate --device cuda -m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p "What is the capital of France?" -n 48
-  cat "$OUT/generate_cuda.log"
+if [ "$(ls ~/dhs/qwen.part.* 2>/dev/null | wc -l)" = 10 ]; then
+  cat ~/dhs/qwen.part.* > $QWEN
+  echo "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32  $QWEN" | sha256sum -c || rm -f $QWEN
 fi
+
+# One eval stage: calibrate on 1 sample per task at the longest length, then as many samples
+# (<= 100) as the time budget allows. $1 name, $2 model, $3 lengths, $4 quest budget (pages).
+eval_stage() {
+  local name=$1 model=$2 lengths=$3 quest=$4 budget=${DHS_EVAL_SECONDS:-300}
+  local pols="coverage:0.95,coverage:0.98,coverage:0.99,topk:$quest"
+  local longest=${lengths##*,} n_len t0 t1 per n
+  n_len=$(echo "$lengths" | tr ',' '\n' | wc -l)
+  t0=$(date +%s.%N)
+  "$B/dhisparse" eval --device cuda -m "$model" --lengths "$longest" --samples 1 --policies "$pols" --seed 99 \
+    > "$OUT/${name}_calib.log" 2>&1
+  t1=$(date +%s.%N)
+  per=$(python3 -c "print(($t1 - $t0) / 7)")
+  n=$(python3 -c "print(max(2, min(100, int($budget / ($per * $n_len)))))")
+  echo "$name: calibration $(printf %.2f "$per") s per sample at $longest tokens -> $n samples per task and length"
+  run "$name" "$B/dhisparse" eval --device cuda -m "$model" --lengths "$lengths" --samples "$n" --policies "$pols" \
+    --out "$OUT/accuracy.jsonl" --trace-out "$OUT/budget_trace_$name.json" --commit "$C"
+  tail -40 "$OUT/$name.log"
+}
+
+for stage in "$@"; do
+  case $stage in
+    tests)
+      T="test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select"
+      for t in $T; do run "$t" "$B/$t"; done
+      for tool in memcheck racecheck; do
+        for t in $T; do
+          DHS_TEST_QUICK=1 run "sanitizer_${tool}_$t" timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$B/$t"
+        done
+      done ;;
+    model)
+      [ -f $SMOL ] || { echo "model: default model missing"; continue; }
+      run test_llama_cuda "$B/test_llama_cuda"
+      run generate_cuda "$B/dhisparse" generate --device cuda -m $SMOL --chat -p "What is the capital of France?" -n 48
+      run generate_cuda_sparse "$B/dhisparse" generate --device cuda -m $SMOL --chat --sparse-policy coverage --gamma 0.95 \
+        -p "What is the capital of France?" -n 48
+      cat "$OUT/generate_cuda.log" "$OUT/generate_cuda_sparse.log" ;;
+    eval)
+      [ -f $SMOL ] && eval_stage eval_smollm2 $SMOL 4096,7680 32 || echo "eval: default model missing" ;;
+    evalq)
+      [ -f $QWEN ] && eval_stage eval_qwen05 $QWEN 30720 128 || echo "evalq: Qwen parts missing ($(ls ~/dhs | tr '\n' ' '))" ;;
+    bench)
+      TRACE=$(ls "$OUT"/budget_trace_eval_qwen05.json bench/results/budget_trace_qwen05.json "$OUT"/budget_trace_eval_smollm2.json \
+              bench/results/budget_trace_smollm2.json 2>/dev/null | head -1)
+      echo "budget trace: ${TRACE:-none}"
+      run attention_bench "$B/attention_bench" --out "$OUT/decode_attention.jsonl" --commit "$C" ${TRACE:+--trace "$TRACE"}
+      run sdpa_anchor python3 bench/anchors/sdpa_anchor.py --out "$OUT/decode_attention.jsonl" --commit "$C"
+      POL=dense,quest:4096
+      [ -n "$TRACE" ] && POL="dense,trace:coverage-0.95,trace:coverage-0.98,trace:coverage-0.99,quest:4096"
+      run e2e_bench "$B/dhisparse" bench --ctx 32768,131072 --batch 1,4,8 --prefill 32768,131072 --policies "$POL" \
+        ${TRACE:+--trace "$TRACE"} --out "$OUT/decode_e2e.jsonl" --commit "$C"
+      run prefill_bench "$B/prefill_bench" --ctx 32768,131072 --out "$OUT/prefill_attention.jsonl"
+      run sdpa_prefill_anchor python3 bench/anchors/sdpa_prefill_anchor.py --out "$OUT/prefill_attention.jsonl"
+      grep -E "dhisparse-|select-" "$OUT/attention_bench.log" | tail -60
+      tail -30 "$OUT/e2e_bench.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
 echo; echo "== summary"; printf '%s\n' "${summary[@]}"
