@@ -104,8 +104,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       if (any_sparse) o.summaries = "minmax";
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
-      if (m->summaries())  // summaries of the random KV: values do not change the cost
-        cuda::fill_random_bf16(m->summaries()->data_d(), m->summaries()->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
+      if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost
+        cuda::fill_random_bf16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
       std::vector<PageTable> ts;
       std::vector<int32_t> tok(static_cast<size_t>(batch), 42);
       std::vector<LlamaCuda::Seq> b;

@@ -30,6 +30,10 @@ struct EngineOptions {
   double gamma = 0.99;              // coverage: estimated attention mass kept per (layer, KV head, step)
   int budget = 0;                   // topk / sinkwindow / solohead: pages per list
   int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
+  std::string estimator = "minmax"; // page mass estimate: minmax (Quest bound), meanspread, gaussian
+  std::string combine = "sum";      // q heads of a GQA group: sum (mean of their masses) or max
+  int sink_pages = 1;               // first pages every sparse list keeps
+  int recent_pages = 1;             // last pages every sparse list keeps
 };
 
 // KV pages read by sparse decode vs all pages, summed over decode steps.
@@ -95,7 +99,9 @@ class Engine {
   virtual std::unique_ptr<Session> open_session() = 0;
   // Policy of the following decode steps, as EngineOptions' sparse fields (scoring
   // policies need an engine loaded with a sparse policy: its page summaries).
-  virtual void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below) = 0;
+  // estimator "" keeps the engine's (EngineOptions::estimator).
+  virtual void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
+                                 const std::string& estimator = "") = 0;
   // Page counts of sparse decode since the last call.
   virtual PageCounts take_page_counts() = 0;
 

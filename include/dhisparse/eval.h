@@ -20,10 +20,11 @@ struct EvalPolicy {
   std::string name = "dense";  // dense | coverage | topk | sinkwindow | solohead
   double gamma = 0.99;
   int budget = 0;
-  std::string label() const;  // "dense", "coverage-0.99", "topk-64", ...
+  std::string estimator;      // "" = the engine's
+  std::string label() const;  // "dense", "coverage-0.99", "topk-64", "coverage-0.99-minmax", ...
 };
-// "dense", "coverage:0.99", "topk:64", "sinkwindow:32", "solohead:0.98" or "solohead:64".
-// Throws dhs::Error on anything else.
+// "dense", "coverage:0.99", "topk:64", "sinkwindow:32", "solohead:0.98" or "solohead:64",
+// optionally "@minmax" / "@gaussian" / "@meanspread" after it. Throws dhs::Error on anything else.
 EvalPolicy parse_eval_policy(const std::string& spec);
 
 struct EvalOptions {
@@ -37,6 +38,7 @@ struct EvalOptions {
   std::string out;                 // JSON lines appended here ("" = none)
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
+  std::string estimator = "minmax", combine = "sum";  // recorded in the rows (the engine's settings)
   std::function<void(int64_t done, int64_t total)> progress;
 };
 

@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
   gen->add_option("--gamma", eo.gamma, "coverage: attention mass to keep per layer, KV head and step")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(CLI::NonNegativeNumber);
   gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
+  gen->add_option("--estimator", eo.estimator, "Page mass estimate: minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian"}))->capture_default_str();
+  gen->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
+  gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  gen->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
   gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);
@@ -121,6 +125,10 @@ int main(int argc, char** argv) {
   evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K")->delimiter(',')->capture_default_str();
   evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
   evc->add_option("--seed", ev.seed, "Sample seed")->capture_default_str();
+  evc->add_option("--estimator", eo.estimator, "Page mass estimate: minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian"}))->capture_default_str();
+  evc->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
+  evc->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  evc->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   evc->add_flag("--no-chat", ev_no_chat, "Raw prompts, without the model's chat template");
   evc->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's")->check(CLI::NonNegativeNumber);
   evc->add_option("--out", ev.out, "JSON lines are appended here");
@@ -162,6 +170,8 @@ int main(int argc, char** argv) {
       for (const std::string& p : ev_policies) ev.policies.push_back(dhs::parse_eval_policy(p));
       ev.chat = !ev_no_chat;
       ev.device = eo.device;
+      ev.estimator = eo.estimator;
+      ev.combine = eo.combine;
       ev.model_name = std::filesystem::path(eo.model_path).filename().string();
       eo.sparse_policy = "coverage";  // loads the page summaries every scoring policy needs
       auto engine = dhs::Engine::load(eo);

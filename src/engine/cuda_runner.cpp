@@ -14,7 +14,9 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
     CudaModelOptions co;
     // Summaries cost HBM and a kernel per layer: kept only when the engine is loaded sparse.
-    if (o.sparse_policy != "dense") co.summaries = policy_config(o).estimator;
+    // Both kinds when loaded sparse, so that eval can compare estimators on one prefill
+    // (2 x 512 B per 4 KiB page at d 128; gaussian reads the meanspread summaries).
+    if (o.sparse_policy != "dense") co.summaries = "both";
     co.max_batch = 1;
     co.max_step_tokens = 2048;
     co.max_context = max_ctx;

@@ -15,12 +15,20 @@ namespace dhs {
 
 std::string EvalPolicy::label() const {
   if (name == "dense") return "dense";
-  if (name == "coverage" || (name == "solohead" && budget == 0)) return fmt::format("{}-{}", name, gamma);
-  return fmt::format("{}-{}", name, budget);
+  const std::string e = estimator.empty() ? "" : "-" + estimator;
+  if (name == "coverage" || (name == "solohead" && budget == 0)) return fmt::format("{}-{}{}", name, gamma, e);
+  return fmt::format("{}-{}{}", name, budget, e);
 }
 
-EvalPolicy parse_eval_policy(const std::string& spec) {
+EvalPolicy parse_eval_policy(const std::string& spec_in) {
   EvalPolicy p;
+  std::string spec = spec_in;
+  if (const size_t at = spec.find('@'); at != std::string::npos) {
+    p.estimator = spec.substr(at + 1);
+    spec = spec.substr(0, at);
+    DHS_CHECK(p.estimator == "minmax" || p.estimator == "meanspread" || p.estimator == "gaussian",
+              "policy '{}': estimator must be minmax, meanspread or gaussian", spec_in);
+  }
   const size_t c = spec.find(':');
   p.name = spec.substr(0, c);
   const std::string arg = c == std::string::npos ? "" : spec.substr(c + 1);
@@ -173,7 +181,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
           const EvalPolicy& pol = policies[pi];
           Agg& a = agg[{static_cast<int>(task), len, static_cast<int>(pi)}];
           session->truncate(n_prompt);
-          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below);
+          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below, pol.estimator);
           // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
           int diverged = -1;
           std::vector<float> lg;
@@ -244,6 +252,8 @@ int run_eval(Engine& engine, const EvalOptions& o) {
                             {"label", pol.label()},
                             {"gamma", pol.name == "dense" ? 1.0 : pol.gamma},
                             {"budget", pol.budget},
+                            {"estimator", pol.estimator.empty() ? o.estimator : pol.estimator},
+                            {"combine", o.combine},
                             {"dense_below", o.dense_below},
                             {"samples", a.n},
                             {"score", score},

@@ -65,6 +65,7 @@ class LocalEngine final : public Engine {
     max_ctx_ = o.max_context > 0 ? o.max_context : dflt;
     DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
     runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
+    opts_ = o;
     page_size_ = o.page_size;
   }
 
@@ -162,8 +163,10 @@ class LocalEngine final : public Engine {
 
   std::unique_ptr<Session> open_session() override;
 
-  void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below) override {
-    EngineOptions o;
+  void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
+                         const std::string& estimator) override {
+    EngineOptions o = opts_;
+    if (!estimator.empty()) o.estimator = estimator;
     o.sparse_policy = policy;
     o.gamma = gamma;
     o.budget = budget;
@@ -206,6 +209,7 @@ class LocalEngine final : public Engine {
   std::unique_ptr<StepRunner> runner_;
   int64_t max_ctx_ = 0;
   int page_size_ = 16;
+  EngineOptions opts_;  // estimator and combine rule for set_sparse_policy
 };
 
 // One request's table kept between calls; its pages go back to the pool with it.

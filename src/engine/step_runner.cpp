@@ -1,6 +1,8 @@
 // What both runners share: the front end's sparse options as a sparse/ PolicyConfig.
 #include "engine/step_runner.h"
 
+#include "core/error.h"
+
 namespace dhs {
 
 PolicyConfig policy_config(const EngineOptions& o) {
@@ -9,6 +11,11 @@ PolicyConfig policy_config(const EngineOptions& o) {
   pc.gamma = o.gamma;
   pc.budget = o.budget;
   pc.dense_below = o.dense_below;
+  pc.estimator = o.estimator;
+  pc.n_sink = o.sink_pages;
+  pc.n_recent = o.recent_pages;
+  DHS_CHECK(o.combine == "sum" || o.combine == "max", "--combine must be sum or max, got '{}'", o.combine);
+  pc.combine = o.combine == "max" ? GroupCombine::Max : GroupCombine::Sum;
   return pc;
 }
 

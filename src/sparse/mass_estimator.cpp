@@ -7,7 +7,7 @@
 
 namespace dhs {
 
-float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q) const {
+float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float) const {
   const float* mn = s.min(slot);
   const float* mx = s.max(slot);
   float acc = 0.0f;
@@ -15,7 +15,7 @@ float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const floa
   return acc;
 }
 
-float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q) const {
+float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float) const {
   const float* mu = s.mean(slot);
   const float* m2 = s.m2(slot);
   const int32_t n = s.n_rows(slot);
@@ -28,10 +28,24 @@ float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const 
   return mean_score + kappa_ * std::sqrt(var_score);
 }
 
+float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
+  const float* mu = s.mean(slot);
+  const float* m2 = s.m2(slot);
+  const int32_t n = s.n_rows(slot);
+  const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+  float mean_score = 0.0f, var_score = 0.0f;
+  for (int d = 0; d < s.head_dim(); ++d) {
+    mean_score += q[d] * mu[d];
+    var_score += q[d] * q[d] * std::max(0.0f, m2[d] * inv_n);
+  }
+  return mean_score + 0.5f * scale * var_score;
+}
+
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
-  throw Error(fmt::format("unknown mass estimator '{}' (minmax, meanspread)", name));
+  if (name == "gaussian") return std::make_shared<GaussianEstimator>();
+  throw Error(fmt::format("unknown mass estimator '{}' (minmax, meanspread, gaussian)", name));
 }
 
 void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& store,
@@ -62,7 +76,7 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
           const int32_t slot = table.page(layer, hk, i).slot;
           // A visible page without rows means append_summaries was not called for it.
           DHS_ASSERT(store.n_rows(slot) > 0);
-          const float s = est.score(store, slot, q) * mq.scale;
+          const float s = est.score(store, slot, q, mq.scale) * mq.scale;
           score[static_cast<size_t>(i)] = s;
           m = std::max(m, static_cast<double>(s));
         }

@@ -21,8 +21,9 @@ class MassEstimator {
  public:
   virtual ~MassEstimator() = default;
   virtual std::string name() const = 0;
-  // Estimated q·k of one page (unscaled).  q: [head_dim]
-  virtual float score(const PageSummaryStore& s, int32_t slot, const float* q) const = 0;
+  // Estimated q·k of one page (unscaled: attention multiplies it by `scale`), in the
+  // sense mass = n * exp(score * scale).  q: [head_dim]
+  virtual float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const = 0;
 };
 
 // Quest: sum_d max(q_d * min_d, q_d * max_d). A true upper bound of q·k for every
@@ -31,7 +32,7 @@ class MassEstimator {
 class MinMaxEstimator final : public MassEstimator {
  public:
   std::string name() const override { return "minmax"; }
-  float score(const PageSummaryStore& s, int32_t slot, const float* q) const override;
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
 };
 
 // q·mean + kappa * sqrt(sum_d q_d^2 var_d): the mean score of the page plus kappa
@@ -42,10 +43,21 @@ class MeanSpreadEstimator final : public MassEstimator {
   explicit MeanSpreadEstimator(float kappa = 1.0f) : kappa_(kappa) {}
   std::string name() const override { return "meanspread"; }
   float kappa() const { return kappa_; }
-  float score(const PageSummaryStore& s, int32_t slot, const float* q) const override;
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
 
  private:
   float kappa_;
+};
+
+// The page's expected exp-score were its keys Gaussian with the page's per-dimension mean
+// and variance (the moment-generating function of q.k): the page's mass is
+//   sum_k exp(scale q.k) ~= n * exp(scale q.mean + scale^2 / 2 * sum_d q_d^2 var_d),
+// i.e. score = q.mean + (scale / 2) sum_d q_d^2 var_d. An estimate of the SUM of a page's
+// attention weights, where MinMax bounds its largest one: what the coverage rule needs.
+class GaussianEstimator final : public MassEstimator {
+ public:
+  std::string name() const override { return "gaussian"; }
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
 };
 
 // "minmax" | "meanspread" (kappa 1). Throws dhs::Error on another name.

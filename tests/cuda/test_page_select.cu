@@ -335,7 +335,8 @@ std::string coverage_violation(const std::vector<double>& m, const std::vector<i
   return "";
 }
 
-void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind kind, uint32_t seed) {
+void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind kind, uint32_t seed,
+                         bool gaussian = false) {
   std::mt19937 rng(seed);
   Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi_q), rng);
   const int n_req = static_cast<int>(pr.seq_len.size());
@@ -377,7 +378,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
   for (const PolicyCase& pc : policy_cases()) {
     if (kind == dc::SummaryKind::MeanSpread && pc.rule != dc::SelectRule::Coverage) continue;
     dhs::PolicyConfig cfg = pc.cpu;
-    cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : "meanspread";
+    cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : gaussian ? "gaussian" : "meanspread";
     const auto policy = dhs::make_policy(cfg);
     const dhs::PageLists want = policy->select(in);
 
@@ -390,6 +391,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     p.q_indptr = q_indptr_d;
     p.summaries = sums_d->data_d();
     p.kind = kind;
+    p.gaussian = gaussian;
     p.rule = pc.rule;
     p.gamma = static_cast<float>(cfg.gamma);
     p.budget = cfg.budget;
@@ -500,7 +502,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     if (kind == dc::SummaryKind::MinMax)
       EXPECT_LE(mismatched, n_lists / 10 + 1) << pc.name << ": too many coverage lists differ from the CPU";
     std::printf("  %-32s hq %2d d %3d q_len %s %-10s: %lld of %lld pages, %d borderline lists\n", pc.name.c_str(), hq,
-                d, multi_q ? "1,5" : "1  ", kind == dc::SummaryKind::MinMax ? "minmax" : "meanspread",
+                d, multi_q ? "1,5" : "1  ", cfg.estimator.c_str(),
                 static_cast<long long>(g_indptr[n_lists]), static_cast<long long>(dense.nnz()), mismatched);
   }
   cudaFree(q_d);
@@ -521,6 +523,7 @@ TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   run_selection_cases(9, 3, 64, true, dc::SummaryKind::MinMax, 13);
   run_selection_cases(9, 3, 64, false, dc::SummaryKind::MeanSpread, 14);
+  run_selection_cases(9, 3, 64, true, dc::SummaryKind::MeanSpread, 15, /*gaussian=*/true);
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ TEST(MassEstimator, MinMaxIsAnUpperBoundOfEveryToken) {
     for (int h = 0; h < 2; ++h)
       for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
         const PageRef pg = t.page(0, h, i);
-        const float bound = est.score(w.store, pg.slot, q.data());
+        const float bound = est.score(w.store, pg.slot, q.data(), 0.125f);
         for (int r = 0; r < w.store.n_rows(pg.slot); ++r) {
           const float* k = w.pool.k_page(pg) + r * 40;
           double dot = 0.0, mag = 0.0;

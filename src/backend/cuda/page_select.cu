@@ -89,7 +89,9 @@ __global__ void __launch_bounds__(256) score_pages_kernel(const __grid_constant_
           a += q[d] * s0[d];
           c += q[d] * q[d] * fmaxf(s1[d], 0.0f);
         }
-        a = warp_sum(a) + p.kappa * sqrtf(warp_sum(c));
+        a = warp_sum(a);
+        c = warp_sum(c);
+        a += p.gaussian ? 0.5f * p.scale * c : p.kappa * sqrtf(c);
       }
       if (lane == 0) p.scores[i * p.q_stride + j] = a * mul;
     }

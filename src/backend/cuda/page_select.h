@@ -6,7 +6,8 @@
 // Three kernels, no host sync, no allocation, fixed grids (capturable in a graph):
 //   1. score   — every dense page, all q heads of its GQA group and all query rows:
 //                estimated q.k (MinMax: sum_d max(q_d min_d, q_d max_d); MeanSpread:
-//                q.mean + kappa sqrt(sum_d q_d^2 var_d)), scaled, in log2 units. The
+//                q.mean + kappa sqrt(sum_d q_d^2 var_d); Gaussian: q.mean + scale/2 sum_d
+//                q_d^2 var_d, the log of a Gaussian page's expected exp-score), scaled, log2 units. The
 //                flattened page space is split evenly over a fixed grid of warps, each
 //                finding its first list from the prefix sums (as the attention kernel).
 //   2. select  — one block per list (per request under SoloHead): per q vector an
@@ -40,7 +41,8 @@ struct PageSelectParams {
   const int32_t* q_indptr = nullptr;        // [n_requests + 1]
   const __nv_bfloat16* summaries = nullptr; // [n_pages, 2, head_dim] (device_page_summary.h)
   SummaryKind kind = SummaryKind::MinMax;
-  float kappa = 1.0f;  // MeanSpread
+  float kappa = 1.0f;     // MeanSpread: q.mean + kappa sqrt(sum q^2 var)
+  bool gaussian = false;  // MeanSpread summaries, Gaussian estimate: q.mean + scale / 2 sum q^2 var
 
   SelectRule rule = SelectRule::Coverage;
   float gamma = 0.99f;                   // Coverage

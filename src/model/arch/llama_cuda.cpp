@@ -38,11 +38,13 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
                                                          static_cast<int>(D), 1);
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
-  DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread",
-            "page summaries must be none, minmax or meanspread, got '{}'", o.summaries);
+  DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread" || o.summaries == "both",
+            "page summaries must be none, minmax, meanspread or both, got '{}'", o.summaries);
   if (o.summaries != "none") {
-    const auto kind = o.summaries == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
-    summaries_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), kind);
+    if (o.summaries != "meanspread")
+      sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
+    if (o.summaries != "minmax")
+      sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
     sel_ws_ = std::make_unique<cuda::PageSelectWorkspace>(static_cast<int>(B * Hkv), B * Hkv * pages_per_seq,
                                                           static_cast<int>(Hq / Hkv));
     sp_indptr_d_ = ints(B * Hkv + 1);
@@ -284,14 +286,15 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
     ra.n_heads_kv = static_cast<int>(Hkv);
     ra.head_dim = static_cast<int>(D);
     cuda::launch_rope_append(ra, stream_);
-    if (summaries_) {
+    for (cuda::DevicePageSummaries* store : {sum_minmax_.get(), sum_meanvar_.get()}) {
+      if (!store) continue;
       // Every step keeps the summaries of the pages it wrote (prefill too: decode scores them).
       cuda::SummarizePagesParams sm;
       sm.k_pool = pool_->k_d();
-      sm.summaries = summaries_->data_d();
+      sm.summaries = store->data_d();
       sm.pos = pos_d_;
       sm.dst_slot = ra.dst_slot;
-      sm.kind = summaries_->kind();
+      sm.kind = store->kind();
       sm.n_pages = pool_->n_pages();
       sm.page_size = opt_.page_size;
       sm.n_tok = T;
@@ -327,7 +330,7 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
         sp.seq_len = seq_len_d_;
         sp.q = q_d_;
         sp.q_indptr = q_indptr_d_;
-        sp.summaries = summaries_->data_d();
+        sp.summaries = sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_->data_d() : sum_meanvar_->data_d();
         if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
         sp.indptr = sp_indptr_d_;
         sp.slots = sp_slots_d_;
@@ -490,13 +493,15 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
                             pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1);
   sparse_ = pc.name != "dense";
   if (!sparse_) return;
-  DHS_CHECK(summaries_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
+  DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
   const bool scoring = pc.name != "sinkwindow";
-  const std::string have = summaries_->kind() == cuda::SummaryKind::MinMax ? "minmax" : "meanspread";
-  DHS_CHECK(!scoring || pc.estimator == have, "--sparse-policy {}: estimator {} but the model keeps {} summaries",
-            pc.name, pc.estimator, have);
+  // gaussian reads the same mean / variance summaries as meanspread.
+  const auto kind = pc.estimator == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
+  DHS_CHECK(!scoring || (kind == cuda::SummaryKind::MinMax ? sum_minmax_ != nullptr : sum_meanvar_ != nullptr),
+            "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", pc.name, pc.estimator);
   cuda::PageSelectParams p;
-  p.kind = summaries_->kind();
+  p.kind = kind;
+  p.gaussian = pc.estimator == "gaussian";
   p.gamma = static_cast<float>(pc.gamma);
   p.n_sink = pc.n_sink;
   p.n_recent = pc.n_recent;

@@ -35,7 +35,8 @@ struct CudaModelOptions {
   int64_t n_pages = 0;         // KV head-pages in HBM; 0: enough for max_batch x max_context
   int page_size = 16;
   // Page summaries kept on every append (needed by scoring policies): "none", "minmax",
-  // "meanspread". Costs 512 B per 4 KiB page of HBM (d 128) and one small kernel per layer.
+  // "meanspread" (also what gaussian reads), "both". Each costs 512 B per 4 KiB page of HBM
+  // (d 128) and one small kernel per layer.
   std::string summaries = "none";
 };
 
@@ -58,7 +59,10 @@ class LlamaCuda {
   PagePool& allocator() { return *alloc_; }   // page accounting of the HBM pool
   size_t weight_bytes() const { return weight_bytes_; }
   cuda::DevicePagePool& kv_pool() { return *pool_; }
-  cuda::DevicePageSummaries* summaries() { return summaries_.get(); }  // null without summaries
+  // The kept summaries (null where not kept).
+  cuda::DevicePageSummaries* summaries(cuda::SummaryKind k) {
+    return k == cuda::SummaryKind::MinMax ? sum_minmax_.get() : sum_meanvar_.get();
+  }
   cudaStream_t stream() const { return stream_; }
 
   struct Seq {
@@ -115,7 +119,7 @@ class LlamaCuda {
   std::unique_ptr<cuda::DevicePageTable> table_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
-  std::unique_ptr<cuda::DevicePageSummaries> summaries_;
+  std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::PageSelectWorkspace> sel_ws_;
   bool sparse_ = false;
   cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer
