@@ -54,7 +54,8 @@ eval_stage() {
     > "$OUT/${name}_calib.log" 2>&1
   t1=$(date +%s.%N)
   per=$(python3 -c "print(($t1 - $t0) / 7)")
-  n=$(python3 -c "print(max(2, min(100, int($budget / ($per * $n_len)))))")
+  n=$(python3 -c "print(max(2, min(100, int($budget / ($per * $n_len * 7)))))")  # 7 tasks
+  [ -n "${DHS_EVAL_SAMPLES:-}" ] && n=$DHS_EVAL_SAMPLES
   echo "$name: calibration $(printf %.2f "$per") s per sample at $longest tokens -> $n samples per task and length"
   run "$name" timeout $((budget * 2)) "$B/dhisparse" eval --device cuda -m "$model" --estimator gaussian --lengths "$lengths" --samples "$n" --policies "$pols" \
     --out "$OUT/accuracy.jsonl" --trace-out "$OUT/budget_trace_$name.json" --commit "$C"

@@ -141,7 +141,16 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   std::map<std::tuple<int, int64_t, int>, Agg> agg;  // (task, length, policy index)
   const int64_t n_total = static_cast<int64_t>(tasks.size() * o.lengths.size()) * o.samples;
   int64_t done = 0;
-  for (const int64_t len : o.lengths)
+  std::ofstream out;
+  if (!o.out.empty()) {
+    out.open(o.out, std::ios::app);
+    DHS_CHECK(out.good(), "cannot open {}", o.out);
+  }
+  nlohmann::json trace = nlohmann::json::object();
+  const ModelConfig& cfg = engine.config();
+  std::printf("\n%-16s %7s %-22s %5s %8s %8s %9s %9s %7s\n", "task", "length", "policy", "n", "score", "top1",
+              "KL mean", "KL p99", "pages");
+  for (const int64_t len : o.lengths) {
     for (const eval::TaskKind task : tasks)
       for (int s = 0; s < o.samples; ++s) {
         const uint64_t seed = o.seed * 1000003u + static_cast<uint64_t>(len) * 7919u + static_cast<uint64_t>(task) * 104729u +
@@ -220,18 +229,10 @@ int run_eval(Engine& engine, const EvalOptions& o) {
         if (o.progress) o.progress(done, n_total);
       }
 
-  // Rows, trace and table.
-  std::ofstream out;
-  if (!o.out.empty()) {
-    out.open(o.out, std::ios::app);
-    DHS_CHECK(out.good(), "cannot open {}", o.out);
-  }
-  nlohmann::json trace = nlohmann::json::object();
-  const ModelConfig& cfg = engine.config();
-  std::printf("\n%-16s %7s %-22s %5s %8s %8s %9s %9s %7s\n", "task", "length", "policy", "n", "score", "top1",
-              "KL mean", "KL p99", "pages");
+  // Rows, trace and table of this length (written as each length completes).
   for (auto& [key, a] : agg) {
-    const auto [task, len, pi] = key;
+    const auto [task, key_len, pi] = key;
+    if (key_len != len) continue;
     const EvalPolicy& pol = policies[static_cast<size_t>(pi)];
     const double score = 100.0 * a.score / std::max(1, a.n);
     const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
@@ -280,6 +281,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
       }
     }
   }
+  out.flush();
   if (!o.trace_out.empty()) {
     nlohmann::json doc = {{"model", o.model_name}, {"commit", o.commit}, {"n_layers", cfg.n_layers},
                           {"n_heads_kv", cfg.n_heads_kv}, {"page_size", 16}, {"policies", trace}};
@@ -287,6 +289,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
     DHS_CHECK(f.good(), "cannot open {}", o.trace_out);
     f << doc.dump(1) << "\n";
   }
+  }  // lengths
   return 0;
 }
 

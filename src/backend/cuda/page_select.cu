@@ -7,7 +7,7 @@ namespace dhs::cuda {
 
 namespace {
 
-constexpr int kSelectThreads = 256;
+constexpr int kSelectThreads = 512;
 constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -182,12 +182,17 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
     if (k_top >= n) mode = kAll;
   }
 
-  float* m = n <= p.smem_pages ? s_mass : p.mass + base;
+  // Masses: shared memory, swizzled so that the k-th page of every thread's chunk sits in one
+  // row (m[k * threads + tid]: no bank conflicts in the chunk loops below), or, for lists too
+  // long for it, the list's own range of the global workspace in index order.
+  const bool in_smem = per * kSelectThreads <= p.smem_pages;
+  float* m_base = in_smem ? s_mass : p.mass + base;
+  auto mass_at = [&](int i) -> float& { return in_smem ? m_base[(i - i0) * kSelectThreads + tid] : m_base[i]; };
   uint32_t thr = 0;  // the cut: pages of mass bits > thr are in, == thr by index up to k_eq
   int k_eq = 0;
   bool topk_forced_only = false;
   if (mode == kCut) {
-    for (int i = i0; i < i1; ++i) m[i] = 0.0f;
+    for (int i = i0; i < i1; ++i) mass_at(i) = 0.0f;
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     for (int hh = h_first; hh <= h_last; ++hh) {
       const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
@@ -217,24 +222,24 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
           const float w = nv == 0 ? 0.0f
                                   : static_cast<float>(nv) *
                                         exp2f(p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] - M) * inv_z;
-          m[i] = p.combine_max ? fmaxf(m[i], w) : m[i] + w;
+          mass_at(i) = p.combine_max ? fmaxf(mass_at(i), w) : mass_at(i) + w;
         }
       }
     }
     float tot = 0.0f;
-    for (int i = i0; i < i1; ++i) tot += m[i];
+    for (int i = i0; i < i1; ++i) tot += mass_at(i);
     tot = block_sum(tot, s_red);
     if (tot > 0.0f) {
       const float inv = 1.0f / tot;
-      for (int i = i0; i < i1; ++i) m[i] *= inv;
+      for (int i = i0; i < i1; ++i) mass_at(i) *= inv;
     }
     // (Each thread reads back only its own chunk of m below: no barrier needed for m.)
     if (p.mass_out)
-      for (int i = i0; i < i1; ++i) p.mass_out[base + i] = m[i];
+      for (int i = i0; i < i1; ++i) p.mass_out[base + i] = mass_at(i);
 
     if (p.rule == SelectRule::Coverage) {
       float fm = 0.0f, fr = 0.0f;
-      for (int i = i0; i < i1; ++i) (forced(i) ? fm : fr) += m[i];
+      for (int i = i0; i < i1; ++i) (forced(i) ? fm : fr) += mass_at(i);
       fm = block_sum(fm, s_red);
       fr = block_sum(fr, s_red);
       const float need = p.gamma - fm;
@@ -246,12 +251,12 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
           const uint32_t cand = thr | (1u << bit);
           float s = 0.0f;
           for (int i = i0; i < i1; ++i)
-            if (!forced(i) && __float_as_uint(m[i]) >= cand) s += m[i];
+            if (!forced(i) && __float_as_uint(mass_at(i)) >= cand) s += mass_at(i);
           if (block_sum(s, s_red) >= need) thr = cand;
         }
         float gt = 0.0f;
         for (int i = i0; i < i1; ++i)
-          if (!forced(i) && __float_as_uint(m[i]) > thr) gt += m[i];
+          if (!forced(i) && __float_as_uint(mass_at(i)) > thr) gt += mass_at(i);
         gt = block_sum(gt, s_red);
         const float tv = __uint_as_float(thr);
         // tv > 0: S(>= 0) >= need > S(> thr), so some page of mass tv > 0 sits at the cut.
@@ -265,11 +270,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
         for (int bit = 30; bit >= 0; --bit) {
           const uint32_t cand = thr | (1u << bit);
           int c = 0;
-          for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(m[i]) >= cand;
+          for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(mass_at(i)) >= cand;
           if (block_sum_int(c, s_redi) >= want) thr = cand;
         }
         int gt = 0;
-        for (int i = i0; i < i1; ++i) gt += !forced(i) && __float_as_uint(m[i]) > thr;
+        for (int i = i0; i < i1; ++i) gt += !forced(i) && __float_as_uint(mass_at(i)) > thr;
         k_eq = want - block_sum_int(gt, s_redi);
       }
     }
@@ -279,7 +284,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
   int eq_before = 0;
   if (mode == kCut && !topk_forced_only) {
     int c = 0;
-    for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(m[i]) == thr;
+    for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(mass_at(i)) == thr;
     int all;
     eq_before = block_exclusive_scan(c, s_redi, &all);
   }
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
     if (mode == kForced) return forced(i);
     if (topk_forced_only) return i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
     if (forced(i)) return true;
-    const uint32_t b = __float_as_uint(m[i]);
+    const uint32_t b = __float_as_uint(mass_at(i));
     if (b > thr) return true;
     if (b == thr) return eq_rank++ < k_eq;
     return false;

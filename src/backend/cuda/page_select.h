@@ -109,7 +109,8 @@ class PageSelectWorkspace {
 };
 
 // Shared-memory capacity of the select kernel, in pages per list (46 KiB of fp32 masses:
-// no opt-in needed; 128k tokens at page 16 are 8192 pages).
+// no opt-in needed; 128k tokens at page 16 are 8192 pages). Lists whose chunks, rounded up to
+// the 512-thread block, exceed it use the global workspace.
 inline constexpr int kSelectSmemPages = 11776;
 
 }  // namespace dhs::cuda
