@@ -66,34 +66,50 @@ __global__ void __launch_bounds__(256) score_pages_kernel(const __grid_constant_
   const int group = p.n_heads_q / p.n_heads_kv;
   const int D = DPL * 32;
   const float mul = p.scale * kLog2e;
-  for (int64_t i = b; i < e; ++i) {
-    while (i >= row_end) row_end = p.dense_indptr[++row + 1];
-    const int req = row / p.n_heads_kv, h = row % p.n_heads_kv;
-    const int q0 = p.q_indptr[req], n_vec = (p.q_indptr[req + 1] - q0) * group;
-    float s0[DPL], s1[DPL];
-    const __nv_bfloat16* sm = p.summaries + static_cast<int64_t>(p.dense_slots[i]) * 2 * D + lane * DPL;
-    load_bf16<DPL>(sm, s0);
-    load_bf16<DPL>(sm + D, s1);
-    for (int j = 0; j < n_vec; ++j) {
-      const int qi = j / group, g = j - qi * group;
-      float q[DPL];
-      load_bf16<DPL>(p.q + (static_cast<int64_t>(q0 + qi) * p.n_heads_q + h * group + g) * D + lane * DPL, q);
-      float a = 0.0f, c = 0.0f;
-      if (p.kind == SummaryKind::MinMax) {
+  // Pages in groups of kGroup: their summaries are loaded together (one memory latency per
+  // group), then scored.
+  constexpr int kGroup = 4;
+  for (int64_t g0 = b; g0 < e; g0 += kGroup) {
+    float s0[kGroup][DPL], s1[kGroup][DPL];
+    int rows[kGroup];
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) a += fmaxf(q[d] * s0[d], q[d] * s1[d]);
-        a = warp_sum(a);
-      } else {
+    for (int u = 0; u < kGroup; ++u) {
+      const int64_t i = g0 + u;
+      rows[u] = -1;
+      if (i >= e) continue;
+      while (i >= row_end) row_end = p.dense_indptr[++row + 1];
+      rows[u] = row;
+      const __nv_bfloat16* sm = p.summaries + static_cast<int64_t>(p.dense_slots[i]) * 2 * D + lane * DPL;
+      load_bf16<DPL>(sm, s0[u]);
+      load_bf16<DPL>(sm + D, s1[u]);
+    }
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) {
-          a += q[d] * s0[d];
-          c += q[d] * q[d] * fmaxf(s1[d], 0.0f);
+    for (int u = 0; u < kGroup; ++u) {
+      if (rows[u] < 0) continue;
+      const int64_t i = g0 + u;
+      const int req = rows[u] / p.n_heads_kv, h = rows[u] % p.n_heads_kv;
+      const int q0 = p.q_indptr[req], n_vec = (p.q_indptr[req + 1] - q0) * group;
+      for (int j = 0; j < n_vec; ++j) {
+        const int qi = j / group, g = j - qi * group;
+        float q[DPL];
+        load_bf16<DPL>(p.q + (static_cast<int64_t>(q0 + qi) * p.n_heads_q + h * group + g) * D + lane * DPL, q);
+        float a = 0.0f, c = 0.0f;
+        if (p.kind == SummaryKind::MinMax) {
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) a += fmaxf(q[d] * s0[u][d], q[d] * s1[u][d]);
+          a = warp_sum(a);
+        } else {
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) {
+            a += q[d] * s0[u][d];
+            c += q[d] * q[d] * fmaxf(s1[u][d], 0.0f);
+          }
+          a = warp_sum(a);
+          c = warp_sum(c);
+          a += p.gaussian ? 0.5f * p.scale * c : p.kappa * sqrtf(c);
         }
-        a = warp_sum(a);
-        c = warp_sum(c);
-        a += p.gaussian ? 0.5f * p.scale * c : p.kappa * sqrtf(c);
+        if (lane == 0) p.scores[i * p.q_stride + j] = a * mul;
       }
-      if (lane == 0) p.scores[i * p.q_stride + j] = a * mul;
     }
   }
 }
@@ -198,11 +214,28 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
       const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
       for (int j = 0; j < q_len * group; ++j) {
         const int qpos = seq - q_len + j / group;
+        // Sub-chunks of kSub pages: their loads are issued together (one memory latency per
+        // sub-chunk, not per page), then folded into the thread's online (max, sum).
+        constexpr int kSub = 16;
         float mx = -INFINITY, z = 0.0f;
-        for (int i = i0; i < i1; ++i) {
-          const int nv = min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size);
-          if (nv == 0) continue;
-          merge_mz(mx, z, p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j], static_cast<float>(nv));
+        for (int c0 = i0; c0 < i1; c0 += kSub) {
+          float sv[kSub], nvf[kSub];
+#pragma unroll
+          for (int k = 0; k < kSub; ++k) {
+            const int i = c0 + k;
+            const bool in = i < i1;
+            const int nv = in ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
+            nvf[k] = static_cast<float>(nv);
+            sv[k] = nv > 0 ? p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] : -INFINITY;
+          }
+          float cm = -INFINITY;
+#pragma unroll
+          for (int k = 0; k < kSub; ++k) cm = fmaxf(cm, sv[k]);
+          if (cm == -INFINITY) continue;
+          float cz = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kSub; ++k) cz += nvf[k] * exp2f(sv[k] - cm);
+          merge_mz(mx, z, cm, cz);
         }
         // Block-wide (max, sum): max first, then the rescaled sums.
         float mxa = mx;
@@ -217,12 +250,19 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
         const float Z = block_sum(mx == -INFINITY ? 0.0f : z * exp2f(mx - M), s_red);
         if (!(Z > 0.0f)) continue;  // this row sees no key (uniform across the block)
         const float inv_z = 1.0f / Z;
-        for (int i = i0; i < i1; ++i) {
-          const int nv = min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size);
-          const float w = nv == 0 ? 0.0f
-                                  : static_cast<float>(nv) *
-                                        exp2f(p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] - M) * inv_z;
-          mass_at(i) = p.combine_max ? fmaxf(mass_at(i), w) : mass_at(i) + w;
+        for (int c0 = i0; c0 < i1; c0 += kSub) {
+          float w[kSub];
+#pragma unroll
+          for (int k = 0; k < kSub; ++k) {
+            const int i = c0 + k;
+            const int nv = i < i1 ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
+            w[k] = nv == 0 ? 0.0f
+                           : static_cast<float>(nv) *
+                                 exp2f(p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] - M) * inv_z;
+          }
+#pragma unroll
+          for (int k = 0; k < kSub; ++k)
+            if (c0 + k < i1) mass_at(c0 + k) = p.combine_max ? fmaxf(mass_at(c0 + k), w[k]) : mass_at(c0 + k) + w[k];
         }
       }
     }

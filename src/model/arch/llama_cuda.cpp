@@ -486,7 +486,11 @@ double CudaSparsityStats::read_frac() const {
 }
 
 void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
-  (void)make_policy(pc);  // the CPU factory's validation: one set of rules for both backends
+  {
+    PolicyConfig check = pc;  // the CPU factory's validation: one set of rules for both backends
+    if (!budget_frac.empty() && check.budget == 0) check.budget = 1;  // per-head budgets stand in for --budget
+    (void)make_policy(check);
+  }
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   // Everything a captured step bakes in (the select kernels' parameters) is in the key.
   policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
