@@ -418,6 +418,11 @@ int main(int argc, char** argv) {
           sws.bind(&p);
           const Timing t = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
           const char* impl = rule == 0 ? "select-coverage" : "select-topk";
+          double part_us[3];
+          for (int st = 0; st < 3; ++st)  // breakdown: score, select, compact alone
+            part_us[st] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, st, b.stream); }, opt.reps).median_us;
+          std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us, compact %.1f us\n", ctx, batch, impl, part_us[0],
+                      part_us[1], part_us[2]);
           const double sum_bytes = static_cast<double>(n_pages) * 2 * kD * 2;  // summaries read
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",

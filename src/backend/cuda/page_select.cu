@@ -389,10 +389,11 @@ __global__ void __launch_bounds__(kSelectThreads) compact_lists_kernel(const __g
 
 }  // namespace
 
-void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
+void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream) {
   const int n_lists = p.n_requests * p.n_heads_kv;
   if (n_lists <= 0) return;
-  if (p.rule != SelectRule::SinkWindow) {
+  if (stage == 0) {
+    if (p.rule == SelectRule::SinkWindow) return;
     const int blocks = p.n_score_warps / 8;
     switch (p.head_dim) {
       case 64: score_pages_kernel<2><<<blocks, 256, 0, stream>>>(p); break;
@@ -400,12 +401,16 @@ void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
       case 256: score_pages_kernel<8><<<blocks, 256, 0, stream>>>(p); break;
       default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
     }
-    DHS_CUDA_CHECK(cudaGetLastError());
+  } else if (stage == 1) {
+    select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
+  } else {
+    compact_lists_kernel<<<n_lists, kSelectThreads, 0, stream>>>(p);
   }
-  select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
-  compact_lists_kernel<<<n_lists, kSelectThreads, 0, stream>>>(p);
-  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
+  for (int stage = 0; stage < 3; ++stage) launch_page_select_stage(p, stage, stream);
 }
 
 PageSelectWorkspace::PageSelectWorkspace(int max_lists, int64_t max_nnz, int q_stride)

@@ -81,6 +81,8 @@ struct PageSelectParams {
 
 // Launches score (unless SinkWindow), select and compact on `stream`. No checks.
 void launch_page_select(const PageSelectParams& p, cudaStream_t stream);
+// One of the three kernels alone (0 score, 1 select, 2 compact), for the benchmark's breakdown.
+void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream);
 
 // Buffers sized once from maxima and reused by every step (and graph replay).
 class PageSelectWorkspace {

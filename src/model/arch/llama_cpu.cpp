@@ -1,5 +1,6 @@
 #include "model/arch/llama_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,9 +11,47 @@
 #include "core/thread_pool.h"
 #include "kv/page_lists.h"
 #include "model/tensor_load.h"
-#include "sparse/mass_estimator.h"
 
 namespace dhs {
+
+namespace {
+
+// DHS_SPARSE_DIAG=1 (CPU): the TRUE softmax mass that the chosen pages hold, per q head,
+// exp(lse over the chosen pages - lse over all pages); mean and minimum per layer, printed
+// to stderr after the last layer of each decode step (running figures). Costs two more
+// attention passes per layer: a diagnostic, not for speed.
+void report_true_mass(const cpu::AttentionParams& ap, const std::vector<const PageTable*>& tables, int layer,
+                      const std::vector<int32_t>& seq_len, int n_layers) {
+  const int64_t rows = ap.q_indptr[tables.size()];
+  const size_t n = static_cast<size_t>(rows * ap.n_heads_q);
+  std::vector<float> lse_s(n), lse_d(n), tmp(n * static_cast<size_t>(ap.head_dim));
+  const PageLists dense = dense_page_lists(tables, layer, seq_len);
+  cpu::AttentionParams a2 = ap;
+  a2.out = tmp.data();
+  a2.lse = lse_s.data();
+  cpu::attention(a2);
+  a2.lists = &dense;
+  a2.lse = lse_d.data();
+  cpu::attention(a2);
+  static std::vector<double> sum(256, 0.0), mn(256, 1.0);
+  static std::vector<int64_t> cnt(256, 0);
+  const size_t l = static_cast<size_t>(std::min(layer, 255));
+  for (size_t i = 0; i < n; ++i) {
+    const double c = std::exp(static_cast<double>(lse_s[i]) - lse_d[i]);
+    sum[l] += c;
+    mn[l] = std::min(mn[l], c);
+    ++cnt[l];
+  }
+  if (layer + 1 != n_layers) return;
+  std::fprintf(stderr, "diag true mass kept per layer (mean/min):");
+  for (int k = 0; k < std::min(n_layers, 256); ++k)
+    std::fprintf(stderr, " %d:%.3f/%.3f", k, sum[static_cast<size_t>(k)] / std::max<int64_t>(1, cnt[static_cast<size_t>(k)]),
+                 mn[static_cast<size_t>(k)]);
+  std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
 
 namespace {
 
@@ -156,69 +195,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     ap.scale = scale;
     cpu::attention(ap);
     dump("attn_out", l, att.data(), T, Hq * D);
-    if (policy_ && decode_step && std::getenv("DHS_SPARSE_DIAG")) {
-      // Diagnostic: the true softmax mass of the chosen pages, exp(lse_sparse - lse_dense) per q head.
-      std::vector<float> lse_s(static_cast<size_t>(T * Hq)), lse_d(static_cast<size_t>(T * Hq)), tmp(att.size());
-      const PageLists dense = dense_page_lists(tables, l, seq_len);
-      cpu::AttentionParams a2 = ap;
-      a2.out = tmp.data();
-      a2.lse = lse_s.data();
-      cpu::attention(a2);
-      a2.lists = &dense;
-      a2.lse = lse_d.data();
-      cpu::attention(a2);
-      static std::vector<double> sum(64, 0.0), mn(64, 1.0);
-      static std::vector<int64_t> cnt(64, 0);
-      for (int64_t i = 0; i < T * Hq; ++i) {
-        const double c = std::exp(static_cast<double>(lse_s[static_cast<size_t>(i)]) - lse_d[static_cast<size_t>(i)]);
-        sum[static_cast<size_t>(l)] += c;
-        if (c < 0.3 && std::getenv("DHS_SPARSE_DIAG2")) {
-          // Which pages hold the missed mass, and how the estimate ranked them.
-          const int hq = static_cast<int>(i % Hq), hk = hq / static_cast<int>(Hq / Hkv);
-          const PageTable& tb = *tables[0];
-          const int64_t n_pg = (seq_len[0] + pool.page_size() - 1) / pool.page_size();
-          const float* qv = q.data() + i * D;
-          std::vector<double> tm(static_cast<size_t>(n_pg), 0.0);
-          double mx = -1e30;
-          std::vector<double> sc;
-          for (int64_t pg = 0; pg < n_pg; ++pg)
-            for (int r = 0; r < pool.page_size() && pg * pool.page_size() + r < seq_len[0]; ++r) {
-              const float* kk = pool.k_page(tb.page(l, hk, pg)) + r * D;
-              double d = 0;
-              for (int64_t j = 0; j < D; ++j) d += qv[j] * kk[j];
-              sc.push_back(d * scale);
-              mx = std::max(mx, d * scale);
-            }
-          size_t t = 0;
-          double z = 0;
-          for (int64_t pg = 0; pg < n_pg; ++pg)
-            for (int r = 0; r < pool.page_size() && pg * pool.page_size() + r < seq_len[0]; ++r, ++t) {
-              tm[static_cast<size_t>(pg)] += std::exp(sc[t] - mx);
-              z += std::exp(sc[t] - mx);
-            }
-          int best = 0;
-          for (int64_t pg = 0; pg < n_pg; ++pg) if (tm[static_cast<size_t>(pg)] > tm[static_cast<size_t>(best)]) best = static_cast<int>(pg);
-          bool chosen = false;
-          for (int32_t e = lists.row_begin(0, hk); e < lists.row_end(0, hk); ++e) chosen |= lists.page_pos[static_cast<size_t>(e)] == best;
-          MassQuery mq{q.data(), 0, 1, static_cast<int>(Hq), scale, seq_len[0]};
-          std::vector<double> est;
-          estimate_page_mass(MinMaxEstimator(), *summaries_, tb, l, hk, mq, GroupCombine::Sum, &est);
-          int rank = 0;
-          for (double v : est) rank += v > est[static_cast<size_t>(best)];
-          std::fprintf(stderr, "diag2 layer %d qhead %d kept %.3f: heaviest page %d of %lld holds %.3f (chosen %d), est %.2e rank %d, est max %.2e\n",
-                       l, hq, c, best, static_cast<long long>(n_pg), tm[static_cast<size_t>(best)] / z, chosen, est[static_cast<size_t>(best)], rank,
-                       *std::max_element(est.begin(), est.end()));
-        }
-        mn[static_cast<size_t>(l)] = std::min(mn[static_cast<size_t>(l)], c);
-        ++cnt[static_cast<size_t>(l)];
-      }
-      if (l + 1 == cfg_.n_layers) {
-        std::fprintf(stderr, "diag true mass kept per layer (mean/min):");
-        for (int64_t k = 0; k < cfg_.n_layers; ++k)
-          std::fprintf(stderr, " %lld:%.3f/%.3f", static_cast<long long>(k), sum[static_cast<size_t>(k)] / cnt[static_cast<size_t>(k)], mn[static_cast<size_t>(k)]);
-        std::fprintf(stderr, "\n");
-      }
-    }
+    if (policy_ && decode_step && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
 
     cpu::matmul(L.wo, att.data(), o.data(), T);
     cpu::add_inplace(x.data(), o.data(), T * H);
