@@ -25,7 +25,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
-#include "bench/budget_trace.h"
+#include "eval/budget_trace.h"
 #include "core/fp16.h"
 #include "kv/page_lists.h"
 

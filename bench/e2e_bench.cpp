@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "bench/budget_trace.h"
+#include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
 #include "core/error.h"
 #include "model/arch/llama_cuda.h"

@@ -7,11 +7,18 @@
 
 namespace dhs {
 
+std::string MinMaxEstimator::name() const { return alpha_ == 1.0f ? "minmax" : fmt::format("minmax:{}", alpha_); }
+
 float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float) const {
   const float* mn = s.min(slot);
   const float* mx = s.max(slot);
   float acc = 0.0f;
-  for (int d = 0; d < s.head_dim(); ++d) acc += std::max(q[d] * mn[d], q[d] * mx[d]);
+  if (alpha_ == 1.0f) {
+    for (int d = 0; d < s.head_dim(); ++d) acc += std::max(q[d] * mn[d], q[d] * mx[d]);
+  } else {
+    for (int d = 0; d < s.head_dim(); ++d)
+      acc += q[d] * 0.5f * (mn[d] + mx[d]) + alpha_ * std::fabs(q[d]) * 0.5f * (mx[d] - mn[d]);
+  }
   return acc;
 }
 
@@ -43,6 +50,15 @@ float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const fl
 
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
+  if (name.rfind("minmax:", 0) == 0) {
+    float a = -1.0f;
+    try {
+      a = std::stof(name.substr(7));
+    } catch (const std::exception&) {
+    }
+    DHS_CHECK(a >= 0.0f && a <= 1.0f, "estimator '{}': alpha must be in [0, 1]", name);
+    return std::make_shared<MinMaxEstimator>(a);
+  }
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
   if (name == "gaussian") return std::make_shared<GaussianEstimator>();
   throw Error(fmt::format("unknown mass estimator '{}' (minmax, meanspread, gaussian)", name));

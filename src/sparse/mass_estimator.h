@@ -29,10 +29,18 @@ class MassEstimator {
 // Quest: sum_d max(q_d * min_d, q_d * max_d). A true upper bound of q·k for every
 // key in the page (up to float rounding), hence never misses a heavy page, but loose
 // for pages of spread-out keys.
+//
+// alpha < 1 shrinks the bound toward the box centre: sum_d q_d c_d + alpha |q_d| r_d with
+// c = (min + max) / 2, r = (max - min) / 2 (alpha = 1 is the bound; "minmax:0.5" by name).
+// No longer a bound; an experiment on the bound's looseness (docs/sparse.md).
 class MinMaxEstimator final : public MassEstimator {
  public:
-  std::string name() const override { return "minmax"; }
+  explicit MinMaxEstimator(float alpha = 1.0f) : alpha_(alpha) {}
+  std::string name() const override;
   float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
+
+ private:
+  float alpha_;
 };
 
 // q·mean + kappa * sqrt(sum_d q_d^2 var_d): the mean score of the page plus kappa

@@ -505,6 +505,81 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
                 d, multi_q ? "1,5" : "1  ", cfg.estimator.c_str(),
                 static_cast<long long>(g_indptr[n_lists]), static_cast<long long>(dense.nnz()), mismatched);
   }
+  // Top-k with per-KV-head budget fractions (budgets replayed from traces) and the page counters:
+  // head h keeps ceil(frac[h] * n) pages (all when that reaches n), as top_k_set ranks them.
+  if (kind == dc::SummaryKind::MinMax) {
+    std::vector<float> frac(static_cast<size_t>(hkv));
+    for (int h = 0; h < hkv; ++h) frac[static_cast<size_t>(h)] = std::vector<float>{0.05f, 0.3f, 1.0f, 0.12f}[static_cast<size_t>(h % 4)];
+    float* frac_d = to_device(frac);
+    auto* stats_d = to_device(std::vector<unsigned long long>(static_cast<size_t>(2 * hkv), 0));
+    dc::PageSelectParams p;
+    p.dense_indptr = dense_d.indptr_d();
+    p.dense_slots = dense_d.slots_d();
+    p.dense_page_pos = dense_d.page_pos_d();
+    p.seq_len = dense_d.seq_len_d();
+    p.q = q_d;
+    p.q_indptr = q_indptr_d;
+    p.summaries = sums_d->data_d();
+    p.kind = kind;
+    p.rule = dc::SelectRule::TopK;
+    p.budget_frac = frac_d;
+    p.n_sink = 1;
+    p.n_recent = 2;
+    p.indptr = out_indptr;
+    p.slots = out_slots;
+    p.page_pos = out_pos;
+    p.stats = stats_d;
+    p.n_requests = n_req;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = d;
+    p.page_size = kPage;
+    p.scale = scale;
+    ws.bind(&p);
+    dc::launch_page_select(p, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
+    const auto g_pos = to_host(out_pos, static_cast<size_t>(g_indptr[n_lists]));
+    const auto stats = to_host(stats_d, static_cast<size_t>(2 * hkv));
+    std::vector<unsigned long long> want_read(static_cast<size_t>(hkv), 0), want_total(static_cast<size_t>(hkv), 0);
+    int bad = 0;
+    for (int r = 0; r < n_req; ++r) {
+      const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
+      dhs::MassQuery mq;
+      mq.q = pr.q.data();
+      mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
+      mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
+      mq.n_heads_q = hq;
+      mq.scale = scale;
+      mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+      for (int h = 0; h < hkv; ++h) {
+        const int k = static_cast<int>(std::ceil(frac[static_cast<size_t>(h)] * static_cast<float>(n_pg)));
+        std::vector<int32_t> want;
+        if (k >= n_pg) {
+          want.resize(static_cast<size_t>(n_pg));
+          std::iota(want.begin(), want.end(), 0);
+        } else {
+          std::vector<double> cm;
+          dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
+                                  dhs::GroupCombine::Sum, &cm);
+          want = dhs::top_k_set(cm, 1, 2, k);
+        }
+        const int row = r * hkv + h;
+        const std::vector<int32_t> got(g_pos.begin() + g_indptr[static_cast<size_t>(row)],
+                                       g_pos.begin() + g_indptr[static_cast<size_t>(row) + 1]);
+        bad += got != want;
+        want_read[static_cast<size_t>(h)] += want.size();
+        want_total[static_cast<size_t>(h)] += static_cast<unsigned long long>(n_pg);
+      }
+    }
+    EXPECT_EQ(bad, 0) << "per-head budget lists differ from top_k_set";
+    for (int h = 0; h < hkv; ++h) {
+      EXPECT_EQ(stats[static_cast<size_t>(2 * h)], want_read[static_cast<size_t>(h)]) << "pages-read counter, head " << h;
+      EXPECT_EQ(stats[static_cast<size_t>(2 * h + 1)], want_total[static_cast<size_t>(h)]) << "pages counter, head " << h;
+    }
+    cudaFree(frac_d);
+    cudaFree(stats_d);
+  }
   cudaFree(q_d);
   cudaFree(q_indptr_d);
   cudaFree(out_indptr);

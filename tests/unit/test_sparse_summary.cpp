@@ -123,6 +123,51 @@ TEST(MassEstimator, MinMaxIsAnUpperBoundOfEveryToken) {
   }
 }
 
+// Gaussian: q.mean + scale/2 sum q^2 var from the keys themselves (double); MinMax with
+// alpha: 1 is the bound, 0 the box centre q.(min + max)/2, both from the keys' extremes.
+TEST(MassEstimator, GaussianAndShrunkMinMaxMatchTheirDefinitions) {
+  std::mt19937 rng(9);
+  SparseWorld w(1, 1, 16, 24, 12);
+  PageTable& t = w.add_request();
+  w.append_random(t, 53, rng);  // a last page 5/16 full
+  const GaussianEstimator gauss;
+  const MinMaxEstimator full, centre(0.0f), half(0.5f);
+  EXPECT_EQ(full.name(), "minmax");
+  EXPECT_EQ(make_estimator("minmax:0.5")->name(), "minmax:0.5");
+  EXPECT_THROW(make_estimator("minmax:2"), Error);
+  const float scale = 0.2f;
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::vector<float> q = test::random_vec(24, rng, 2.0f);
+    for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
+      const PageRef pg = t.page(0, 0, i);
+      const int n = w.store.n_rows(pg.slot);
+      double dot_mean = 0, var_term = 0, lo_hi = 0, centre_dot = 0, mag = 0;
+      for (int d = 0; d < 24; ++d) {
+        double m = 0, v = 0, mn = 1e30, mx = -1e30;
+        for (int r = 0; r < n; ++r) m += w.pool.k_page(pg)[r * 24 + d];
+        m /= n;
+        for (int r = 0; r < n; ++r) {
+          const double x = w.pool.k_page(pg)[r * 24 + d];
+          v += (x - m) * (x - m);
+          mn = std::min(mn, x);
+          mx = std::max(mx, x);
+        }
+        v /= n;
+        dot_mean += q[d] * m;
+        var_term += static_cast<double>(q[d]) * q[d] * v;
+        lo_hi += std::max(q[d] * mn, q[d] * mx);
+        centre_dot += q[d] * 0.5 * (mn + mx);
+        mag += std::abs(q[d]) * (std::abs(m) + std::abs(mx) + std::abs(mn) + v);
+      }
+      const double tol = 1e-5 * mag + 1e-6;
+      EXPECT_NEAR(gauss.score(w.store, pg.slot, q.data(), scale), dot_mean + 0.5 * scale * var_term, tol);
+      EXPECT_NEAR(full.score(w.store, pg.slot, q.data(), scale), lo_hi, tol);
+      EXPECT_NEAR(centre.score(w.store, pg.slot, q.data(), scale), centre_dot, tol);
+      EXPECT_NEAR(half.score(w.store, pg.slot, q.data(), scale), 0.5 * (lo_hi + centre_dot), tol);
+    }
+  }
+}
+
 // The definition, independently: per q head and row, scores from the summaries (in
 // double), mass = n_visible * exp(s*scale - max), normalised; combined; renormalised.
 std::vector<double> brute_mass(const SparseWorld& w, const PageTable& t, int layer, const std::vector<int>& heads,

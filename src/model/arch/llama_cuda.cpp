@@ -499,6 +499,8 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
   if (!sparse_) return;
   DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
   const bool scoring = pc.name != "sinkwindow";
+  DHS_CHECK(!scoring || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
+            "--estimator {}: the CUDA backend has minmax, meanspread and gaussian", pc.estimator);
   // gaussian reads the same mean / variance summaries as meanspread.
   const auto kind = pc.estimator == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
   DHS_CHECK(!scoring || (kind == cuda::SummaryKind::MinMax ? sum_minmax_ != nullptr : sum_meanvar_ != nullptr),

@@ -1,4 +1,5 @@
-// Per-(layer, KV head) page budgets replayed from traces of a real model (DESIGN.md §3:
+// Per-(layer, KV head) page budgets replayed from traces of a real model (src/eval: what the
+// accuracy study leaves for the benchmarks) (DESIGN.md §3:
 // sparse speed claims say which budgets they used). `dhisparse eval --trace-out` writes,
 // per policy label and prompt length, the pages each (layer, KV head) read over all decode
 // steps; the benchmarks map those fractions onto the 8B shape (32 layers x 8 KV heads):

@@ -1,4 +1,4 @@
-#include "bench/budget_trace.h"
+#include "eval/budget_trace.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -50,7 +50,15 @@ BudgetTrace load_budget_trace(const std::string& path, const std::string& label,
     DHS_CHECK(pol.contains(label), "budget trace {}: no policy '{}'", path, label);
     const auto& by_len = pol.at(label);
     if (length == 0)
-      for (const auto& [k, v] : by_len.items()) length = std::max<int64_t>(length, std::stoll(k));
+      for (const auto& [k, v] : by_len.items()) {
+        int64_t n = 0;
+        try {
+          n = std::stoll(k);
+        } catch (const std::exception&) {
+          throw Error(fmt::format("budget trace {}: length key '{}' is not a number", path, k));
+        }
+        length = std::max<int64_t>(length, n);
+      }
     const std::string key = std::to_string(length);
     DHS_CHECK(by_len.contains(key), "budget trace {}: no length {} for '{}'", path, length, label);
     const auto read = by_len.at(key).at("read").get<std::vector<uint64_t>>();
