@@ -22,30 +22,35 @@ float MinMaxEstimator::score(const PageSummaryStore& s, int32_t slot, const floa
   return acc;
 }
 
-float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float) const {
+namespace {
+
+// q.mean and sum_d q_d^2 var_d of one page: what MeanSpread and Gaussian both build on.
+struct MeanVarScore {
+  float mean = 0.0f, var = 0.0f;
+};
+MeanVarScore mean_var_score(const PageSummaryStore& s, int32_t slot, const float* q) {
   const float* mu = s.mean(slot);
   const float* m2 = s.m2(slot);
   const int32_t n = s.n_rows(slot);
   const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
-  float mean_score = 0.0f, var_score = 0.0f;
+  MeanVarScore r;
   for (int d = 0; d < s.head_dim(); ++d) {
-    mean_score += q[d] * mu[d];
-    var_score += q[d] * q[d] * std::max(0.0f, m2[d] * inv_n);
+    r.mean += q[d] * mu[d];
+    r.var += q[d] * q[d] * std::max(0.0f, m2[d] * inv_n);
   }
-  return mean_score + kappa_ * std::sqrt(var_score);
+  return r;
+}
+
+}  // namespace
+
+float MeanSpreadEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float) const {
+  const MeanVarScore r = mean_var_score(s, slot, q);
+  return r.mean + kappa_ * std::sqrt(r.var);
 }
 
 float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
-  const float* mu = s.mean(slot);
-  const float* m2 = s.m2(slot);
-  const int32_t n = s.n_rows(slot);
-  const float inv_n = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
-  float mean_score = 0.0f, var_score = 0.0f;
-  for (int d = 0; d < s.head_dim(); ++d) {
-    mean_score += q[d] * mu[d];
-    var_score += q[d] * q[d] * std::max(0.0f, m2[d] * inv_n);
-  }
-  return mean_score + 0.5f * scale * var_score;
+  const MeanVarScore r = mean_var_score(s, slot, q);
+  return r.mean + 0.5f * scale * r.var;
 }
 
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {

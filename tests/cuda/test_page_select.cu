@@ -375,13 +375,8 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
   in.scale = scale;
   in.summaries = &cpu_store;
 
-  for (const PolicyCase& pc : policy_cases()) {
-    if (kind == dc::SummaryKind::MeanSpread && pc.rule != dc::SelectRule::Coverage) continue;
-    dhs::PolicyConfig cfg = pc.cpu;
-    cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : gaussian ? "gaussian" : "meanspread";
-    const auto policy = dhs::make_policy(cfg);
-    const dhs::PageLists want = policy->select(in);
-
+  // The fields every case shares: inputs, outputs, shapes, workspace.
+  auto base_params = [&] {
     dc::PageSelectParams p;
     p.dense_indptr = dense_d.indptr_d();
     p.dense_slots = dense_d.slots_d();
@@ -392,6 +387,27 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     p.summaries = sums_d->data_d();
     p.kind = kind;
     p.gaussian = gaussian;
+    p.indptr = out_indptr;
+    p.slots = out_slots;
+    p.page_pos = out_pos;
+    p.n_requests = n_req;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = d;
+    p.page_size = kPage;
+    p.scale = scale;
+    ws.bind(&p);
+    return p;
+  };
+
+  for (const PolicyCase& pc : policy_cases()) {
+    if (kind == dc::SummaryKind::MeanSpread && pc.rule != dc::SelectRule::Coverage) continue;
+    dhs::PolicyConfig cfg = pc.cpu;
+    cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : gaussian ? "gaussian" : "meanspread";
+    const auto policy = dhs::make_policy(cfg);
+    const dhs::PageLists want = policy->select(in);
+
+    dc::PageSelectParams p = base_params();
     p.rule = pc.rule;
     p.gamma = static_cast<float>(cfg.gamma);
     p.budget = cfg.budget;
@@ -400,17 +416,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     p.combine_max = cfg.combine == dhs::GroupCombine::Max;
     p.share_heads = cfg.name == "solohead";
     p.dense_below = static_cast<int>(cfg.dense_below);
-    p.indptr = out_indptr;
-    p.slots = out_slots;
-    p.page_pos = out_pos;
     p.mass_out = mass_d;
-    p.n_requests = n_req;
-    p.n_heads_q = hq;
-    p.n_heads_kv = hkv;
-    p.head_dim = d;
-    p.page_size = kPage;
-    p.scale = scale;
-    ws.bind(&p);
     dc::launch_page_select(p, nullptr);
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
     const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
@@ -512,30 +518,12 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     for (int h = 0; h < hkv; ++h) frac[static_cast<size_t>(h)] = std::vector<float>{0.05f, 0.3f, 1.0f, 0.12f}[static_cast<size_t>(h % 4)];
     float* frac_d = to_device(frac);
     auto* stats_d = to_device(std::vector<unsigned long long>(static_cast<size_t>(2 * hkv), 0));
-    dc::PageSelectParams p;
-    p.dense_indptr = dense_d.indptr_d();
-    p.dense_slots = dense_d.slots_d();
-    p.dense_page_pos = dense_d.page_pos_d();
-    p.seq_len = dense_d.seq_len_d();
-    p.q = q_d;
-    p.q_indptr = q_indptr_d;
-    p.summaries = sums_d->data_d();
-    p.kind = kind;
+    dc::PageSelectParams p = base_params();
     p.rule = dc::SelectRule::TopK;
     p.budget_frac = frac_d;
     p.n_sink = 1;
     p.n_recent = 2;
-    p.indptr = out_indptr;
-    p.slots = out_slots;
-    p.page_pos = out_pos;
     p.stats = stats_d;
-    p.n_requests = n_req;
-    p.n_heads_q = hq;
-    p.n_heads_kv = hkv;
-    p.head_dim = d;
-    p.page_size = kPage;
-    p.scale = scale;
-    ws.bind(&p);
     dc::launch_page_select(p, nullptr);
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
     const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
