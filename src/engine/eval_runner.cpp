@@ -26,8 +26,9 @@ EvalPolicy parse_eval_policy(const std::string& spec_in) {
   if (const size_t at = spec.find('@'); at != std::string::npos) {
     p.estimator = spec.substr(at + 1);
     spec = spec.substr(0, at);
-    DHS_CHECK(p.estimator == "minmax" || p.estimator == "meanspread" || p.estimator == "gaussian",
-              "policy '{}': estimator must be minmax, meanspread or gaussian", spec_in);
+    DHS_CHECK(p.estimator == "minmax" || p.estimator == "meanspread" || p.estimator == "gaussian" ||
+                  p.estimator == "sketch4",
+              "policy '{}': estimator must be minmax, meanspread, gaussian or sketch4", spec_in);
   }
   const size_t c = spec.find(':');
   p.name = spec.substr(0, c);

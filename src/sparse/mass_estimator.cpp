@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 
@@ -53,7 +54,26 @@ float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const fl
   return r.mean + 0.5f * scale * r.var;
 }
 
+float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
+  const int n = s.n_rows(slot), d_n = s.head_dim();
+  const int8_t* codes = s.key_codes(slot);
+  const float* step = s.key_code_scales(slot);
+  double m = -INFINITY;
+  std::vector<double> x(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    float acc = 0.0f;
+    for (int d = 0; d < d_n; ++d) acc += q[d] * static_cast<float>(codes[t * d_n + d]);
+    x[static_cast<size_t>(t)] = static_cast<double>(acc) * step[t] * scale;
+    m = std::max(m, x[static_cast<size_t>(t)]);
+  }
+  if (n == 0) return 0.0f;
+  double z = 0.0;
+  for (double v : x) z += std::exp(v - m);
+  return static_cast<float>((m + std::log(z / n)) / scale);
+}
+
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
+  if (name == "sketch4") return std::make_shared<KeySketchEstimator>();
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name.rfind("minmax:", 0) == 0) {
     float a = -1.0f;

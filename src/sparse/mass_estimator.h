@@ -68,7 +68,17 @@ class GaussianEstimator final : public MassEstimator {
   float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
 };
 
-// "minmax" | "meanspread" (kappa 1). Throws dhs::Error on another name.
+// Per-token 4-bit key sketch (PageSummaryStore::key_codes): the page's mass is the sum of its
+// tokens' exp-scores on the quantized keys, score = log((1/n) sum_t exp(scale q.k^_t)) / scale.
+// Not a bound; close to the true page mass where a page-level summary cannot separate one
+// aligned key from fifteen others (docs/sparse.md). CPU only so far.
+class KeySketchEstimator final : public MassEstimator {
+ public:
+  std::string name() const override { return "sketch4"; }
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
+};
+
+// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "minmax:ALPHA". Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
 
 // How the per-q-head (and per-row) normalised masses of one KV group are combined.

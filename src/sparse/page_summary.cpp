@@ -1,5 +1,6 @@
 #include "sparse/page_summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -7,16 +8,18 @@
 
 namespace dhs {
 
-PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim)
-    : tier_(tier), n_pages_(n_pages), head_dim_(head_dim) {
-  DHS_ASSERT(n_pages >= 0 && head_dim > 0);
+PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int page_size)
+    : tier_(tier), n_pages_(n_pages), head_dim_(head_dim), page_size_(page_size) {
+  DHS_ASSERT(n_pages >= 0 && head_dim > 0 && page_size > 0);
+  codes_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
+  code_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
   data_.assign(static_cast<size_t>(n_pages) * 4 * static_cast<size_t>(head_dim), 0.0f);
   n_rows_.assign(static_cast<size_t>(n_pages), 0);
   for (int64_t s = 0; s < n_pages; ++s) reset(static_cast<int32_t>(s));
 }
 
 PageSummaryStore::PageSummaryStore(const PagePool& pool)
-    : PageSummaryStore(pool.tier(), pool.n_pages(), pool.head_dim()) {}
+    : PageSummaryStore(pool.tier(), pool.n_pages(), pool.head_dim(), pool.page_size()) {}
 
 size_t PageSummaryStore::idx(int32_t slot) const {
   DHS_ASSERT(slot >= 0 && slot < n_pages_);
@@ -42,8 +45,18 @@ void PageSummaryStore::add_row(int32_t slot, const float* k) {
   float* mx = mut(slot, 1);
   float* mu = mut(slot, 2);
   float* m2 = mut(slot, 3);
+  DHS_ASSERT(n_rows_[idx(slot)] < page_size_);
   const int32_t n = ++n_rows_[idx(slot)];
   const float inv_n = 1.0f / static_cast<float>(n);
+  {
+    float amax = 0.0f;
+    for (int d = 0; d < head_dim_; ++d) amax = std::max(amax, std::fabs(k[d]));
+    const float step = amax / 7.0f;
+    int8_t* code = codes_.data() + (idx(slot) * page_size_ + static_cast<size_t>(n - 1)) * head_dim_;
+    for (int d = 0; d < head_dim_; ++d)
+      code[d] = static_cast<int8_t>(step > 0.0f ? std::clamp(std::lround(k[d] / step), -7L, 7L) : 0L);
+    code_scale_[idx(slot) * page_size_ + static_cast<size_t>(n - 1)] = step;
+  }
   // Welford: mean and M2 stay accurate as rows arrive one by one (sum-of-squares would
   // cancel catastrophically for keys with a large common offset, which RoPE'd keys have).
   for (int d = 0; d < head_dim_; ++d) {

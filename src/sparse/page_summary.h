@@ -16,7 +16,8 @@ namespace dhs {
 
 class PageSummaryStore {
  public:
-  PageSummaryStore(Tier tier, int64_t n_pages, int head_dim);
+  // page_size bounds the rows of a page's key sketch (below).
+  PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int page_size = 16);
   // Sized for `pool` (same tier, slot count and head_dim).
   explicit PageSummaryStore(const PagePool& pool);
 
@@ -39,6 +40,12 @@ class PageSummaryStore {
   const float* mean(int32_t slot) const { return data_.data() + base(slot) + 2 * head_dim_; }
   // Welford M2 = sum (k_d - mean_d)^2; population variance = m2 / n_rows.
   const float* m2(int32_t slot) const { return data_.data() + base(slot) + 3 * head_dim_; }
+  // Key sketch: every row's key quantized to 4 bits per dimension (symmetric, per-row absmax):
+  // k_d ~= code[row * head_dim + d] * code_scale[row], codes in [-7, 7]. 64 B + a scale per row
+  // at d 128 (1/4 of the bf16 key); per-token, where min/max/mean/var summarize the page.
+  const int8_t* key_codes(int32_t slot) const { return codes_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_); }
+  const float* key_code_scales(int32_t slot) const { return code_scale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
+  int page_size() const { return page_size_; }
 
  private:
   size_t idx(int32_t slot) const;
@@ -48,6 +55,9 @@ class PageSummaryStore {
   Tier tier_;
   int64_t n_pages_;
   int head_dim_;
+  int page_size_;
+  std::vector<int8_t> codes_;      // [n_pages, page_size, head_dim]
+  std::vector<float> code_scale_;  // [n_pages, page_size]
   std::vector<float> data_;      // [n_pages, 4 (min, max, mean, m2), head_dim]
   std::vector<int32_t> n_rows_;  // [n_pages] rows folded into the summary
 };
