@@ -127,6 +127,18 @@ Problem make_problem(int hq, int hkv, int d, const std::vector<int>& seq, const 
   return pr;
 }
 
+// The CPU estimator's query for request r (all its rows).
+dhs::MassQuery mass_query(const Problem& pr, int r, float scale) {
+  dhs::MassQuery mq;
+  mq.q = pr.q.data();
+  mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
+  mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
+  mq.n_heads_q = pr.n_heads_q;
+  mq.scale = scale;
+  mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+  return mq;
+}
+
 // dst_slot / pos of every token of every request as one prefill-like step.
 void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_t>* pos) {
   for (size_t r = 0; r < pr.seq_len.size(); ++r)
@@ -438,13 +450,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
                           !(pc.rule == dc::SelectRule::TopK && cfg.budget >= n_pg);
       std::vector<double> cpu_mass;
       if (scored && !p.share_heads && kind == dc::SummaryKind::MinMax) {
-        dhs::MassQuery mq;
-        mq.q = pr.q.data();
-        mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
-        mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
-        mq.n_heads_q = hq;
-        mq.scale = scale;
-        mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+        const dhs::MassQuery mq = mass_query(pr, r, scale);
         for (int h = 0; h < hkv; ++h) {
           dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
                                   cfg.combine, &cpu_mass);
@@ -481,13 +487,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
         // The CPU's cut: its mass without its lightest free page must sit within 1e-4 of gamma.
         std::vector<double> cm = cpu_mass.empty() ? gm : cpu_mass;
         if (!cpu_mass.empty()) {
-          dhs::MassQuery mq;
-          mq.q = pr.q.data();
-          mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
-          mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
-          mq.n_heads_q = hq;
-          mq.scale = scale;
-          mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+          const dhs::MassQuery mq = mass_query(pr, r, scale);
           dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
                                   cfg.combine, &cm);
         }
@@ -533,13 +533,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     int bad = 0;
     for (int r = 0; r < n_req; ++r) {
       const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
-      dhs::MassQuery mq;
-      mq.q = pr.q.data();
-      mq.row_begin = pr.q_indptr[static_cast<size_t>(r)];
-      mq.row_end = pr.q_indptr[static_cast<size_t>(r) + 1];
-      mq.n_heads_q = hq;
-      mq.scale = scale;
-      mq.seq_len = pr.seq_len[static_cast<size_t>(r)];
+      const dhs::MassQuery mq = mass_query(pr, r, scale);
       for (int h = 0; h < hkv; ++h) {
         const int k = static_cast<int>(std::ceil(frac[static_cast<size_t>(h)] * static_cast<float>(n_pg)));
         std::vector<int32_t> want;
