@@ -151,18 +151,17 @@ void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_
     }
 }
 
-std::unique_ptr<dc::DevicePageSummaries> summarize_on_device(const Problem& pr, dc::SummaryKind kind) {
-  auto s = std::make_unique<dc::DevicePageSummaries>(pr.pool->n_pages(), pr.head_dim, kind);
-  std::vector<int32_t> dst, pos;
-  all_tokens(pr, &dst, &pos);
+// Runs the summarize kernel for the given (token, KV head) slots and positions, one step.
+void summarize_step(const Problem& pr, dc::DevicePageSummaries& s, const std::vector<int32_t>& dst,
+                    const std::vector<int32_t>& pos) {
   int32_t* dst_d = to_device(dst);
   int32_t* pos_d = to_device(pos);
   dc::SummarizePagesParams sp;
   sp.k_pool = pr.pool_d->k_d();
-  sp.summaries = s->data_d();
+  sp.summaries = s.data_d();
   sp.pos = pos_d;
   sp.dst_slot = dst_d;
-  sp.kind = kind;
+  sp.kind = s.kind();
   sp.n_pages = pr.pool->n_pages();
   sp.page_size = kPage;
   sp.n_tok = static_cast<int64_t>(pos.size());
@@ -172,6 +171,13 @@ std::unique_ptr<dc::DevicePageSummaries> summarize_on_device(const Problem& pr, 
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   cudaFree(dst_d);
   cudaFree(pos_d);
+}
+
+std::unique_ptr<dc::DevicePageSummaries> summarize_on_device(const Problem& pr, dc::SummaryKind kind) {
+  auto s = std::make_unique<dc::DevicePageSummaries>(pr.pool->n_pages(), pr.head_dim, kind);
+  std::vector<int32_t> dst, pos;
+  all_tokens(pr, &dst, &pos);
+  summarize_step(pr, *s, dst, pos);
   return s;
 }
 
@@ -238,20 +244,7 @@ TEST(DeviceSummaries, MatchTheCpuStoreOnPrefillAndDecodeSteps) {
       }
     }
     pr.pool_d->upload(*pr.pool);
-    int32_t* dst_d = to_device(dst);
-    int32_t* pos_d = to_device(pos);
-    dc::SummarizePagesParams sp;
-    sp.k_pool = pr.pool_d->k_d();
-    sp.summaries = s->data_d();
-    sp.pos = pos_d;
-    sp.dst_slot = dst_d;
-    sp.n_pages = pr.pool->n_pages();
-    sp.page_size = kPage;
-    sp.n_tok = static_cast<int64_t>(pos.size());
-    sp.n_heads_kv = hkv;
-    sp.head_dim = d;
-    dc::launch_summarize_pages(sp, nullptr);
-    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    summarize_step(pr, *s, dst, pos);
     const auto h = to_host(reinterpret_cast<const uint16_t*>(s->data_d()), static_cast<size_t>(pr.pool->n_pages()) * 2 * d);
     int64_t bad = 0;
     for (int32_t slot : dst)
@@ -259,8 +252,6 @@ TEST(DeviceSummaries, MatchTheCpuStoreOnPrefillAndDecodeSteps) {
         bad += dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2) * d + j]) != cpu.min(slot)[j] ||
                dhs::bf16_to_f32(h[(static_cast<size_t>(slot) * 2 + 1) * d + j]) != cpu.max(slot)[j];
     EXPECT_EQ(bad, 0) << "decode-step summaries differ";
-    cudaFree(dst_d);
-    cudaFree(pos_d);
   }
 }
 
