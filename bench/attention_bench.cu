@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
+#include "backend/cuda/device_key_sketch.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
@@ -348,6 +349,14 @@ int main(int argc, char** argv) {
     const std::vector<int> sctx = opt.quick ? std::vector<int>{131072} : std::vector<int>{32768, 131072};
     dhs::cuda::DevicePageSummaries sums(max_pages, kD, dhs::cuda::SummaryKind::MinMax);
     dhs::cuda::fill_random_bf16(sums.data_d(), static_cast<size_t>(max_pages) * 2 * kD, 5, -1.0f, 1.0f, nullptr);
+    // The 4-bit key sketch (random codes; steps 0.1: q.k^ of order 1): what sketch4 scoring reads.
+    dhs::cuda::DeviceKeySketch sketch(max_pages, kPage, kD);
+    dhs::cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(sketch.codes_d()), sketch.code_bytes() / 2, 6, -1.0f, 1.0f,
+                                nullptr);
+    {
+      const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
+      DHS_CUDA_CHECK(cudaMemcpy(sketch.steps_d(), steps.data(), steps.size() * 4, cudaMemcpyHostToDevice));
+    }
     dhs::cuda::DevicePageLists dense_lists(32, kHkv, max_pages);
     int32_t *sel_indptr, *sel_slots, *sel_pos;
     DHS_CUDA_CHECK(cudaMalloc(&sel_indptr, (32 * kHkv + 1) * 4));
@@ -394,7 +403,7 @@ int main(int argc, char** argv) {
         }
         // Scoring + selection + compaction on the device, timed alone (graph replay, L2 flushed).
         dense_lists.upload(dense);
-        for (int rule = 0; rule < 2; ++rule) {
+        for (int rule = 0; rule < 3; ++rule) {  // coverage (MinMax), top-k (MinMax), coverage (sketch4)
           dhs::cuda::PageSelectParams p;
           p.dense_indptr = dense_lists.indptr_d();
           p.dense_slots = dense_lists.slots_d();
@@ -403,7 +412,11 @@ int main(int argc, char** argv) {
           p.q = b.q_d;
           p.q_indptr = b.q_indptr_d;
           p.summaries = sums.data_d();
-          p.rule = rule == 0 ? dhs::cuda::SelectRule::Coverage : dhs::cuda::SelectRule::TopK;
+          p.rule = rule == 1 ? dhs::cuda::SelectRule::TopK : dhs::cuda::SelectRule::Coverage;
+          if (rule == 2) {
+            p.sketch_codes = sketch.codes_d();
+            p.sketch_steps = sketch.steps_d();
+          }
           p.gamma = 0.99f;
           p.budget = 4096 / kPage;
           p.indptr = sel_indptr;
@@ -417,13 +430,14 @@ int main(int argc, char** argv) {
           p.scale = 1.0f / std::sqrt(static_cast<float>(kD));
           sws.bind(&p);
           const Timing t = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
-          const char* impl = rule == 0 ? "select-coverage" : "select-topk";
+          const char* impl = rule == 0 ? "select-coverage" : rule == 1 ? "select-topk" : "select-coverage-sketch4";
           double part_us[3];
           for (int st = 0; st < 3; ++st)  // breakdown: score, select, compact alone
             part_us[st] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, st, b.stream); }, opt.reps).median_us;
           std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us, compact %.1f us\n", ctx, batch, impl, part_us[0],
                       part_us[1], part_us[2]);
-          const double sum_bytes = static_cast<double>(n_pages) * 2 * kD * 2;  // summaries read
+          const double sum_bytes = rule == 2 ? static_cast<double>(n_pages) * kPage * (kD / 2 + 4)  // sketch read
+                                             : static_cast<double>(n_pages) * 2 * kD * 2;    // summaries read
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",
                       100.0 * t.median_us / td.median_us);

@@ -45,19 +45,19 @@ fi
 # (<= 100) as the time budget allows. $1 name, $2 model, $3 lengths, $4 quest budget (pages).
 eval_stage() {
   local name=$1 model=$2 lengths=$3 quest=$4 budget=${DHS_EVAL_SECONDS:-300}
-  # gaussian page masses (the engine's estimator here); MinMax (Quest's bound) beside it.
-  local pols="coverage:0.95,coverage:0.98,coverage:0.99,coverage:0.99@minmax,topk:$quest@minmax"
+  # sketch4 page masses (the engine's estimator here); MinMax (Quest's bound) beside it.
+  local pols=${DHS_EVAL_POLICIES:-"coverage:0.95,coverage:0.98,coverage:0.99,coverage:0.99@minmax,topk:$quest@minmax"}
   local longest=${lengths##*,} n_len t0 t1 per n
   n_len=$(echo "$lengths" | tr ',' '\n' | wc -l)
   t0=$(date +%s.%N)
-  "$B/dhisparse" eval --device cuda -m "$model" --estimator gaussian --lengths "$longest" --samples 1 --policies "$pols" --seed 99 \
+  "$B/dhisparse" eval --device cuda -m "$model" --estimator sketch4 --lengths "$longest" --samples 1 --policies "$pols" --seed 99 \
     > "$OUT/${name}_calib.log" 2>&1
   t1=$(date +%s.%N)
   per=$(python3 -c "print(($t1 - $t0) / 7)")
   n=$(python3 -c "print(max(2, min(100, int($budget / ($per * $n_len * 7)))))")  # 7 tasks
   [ -n "${DHS_EVAL_SAMPLES:-}" ] && n=$DHS_EVAL_SAMPLES
   echo "$name: calibration $(printf %.2f "$per") s per sample at $longest tokens -> $n samples per task and length"
-  run "$name" timeout $((budget * 2)) "$B/dhisparse" eval --device cuda -m "$model" --estimator gaussian --lengths "$lengths" --samples "$n" --policies "$pols" \
+  run "$name" timeout $((budget * 2)) "$B/dhisparse" eval --device cuda -m "$model" --estimator sketch4 --lengths "$lengths" --samples "$n" --policies "$pols" \
     --out "$OUT/accuracy.jsonl" --trace-out "$OUT/budget_trace_$name.json" --commit "$C"
   tail -40 "$OUT/$name.log"
 }
@@ -77,7 +77,7 @@ for stage in "$@"; do
       [ -f $SMOL ] || { echo "model: default model missing"; continue; }
       run test_llama_cuda "$B/test_llama_cuda"
       run generate_cuda "$B/dhisparse" generate --device cuda -m $SMOL --chat -p "What is the capital of France?" -n 48
-      run generate_cuda_sparse "$B/dhisparse" generate --device cuda -m $SMOL --chat --sparse-policy coverage --gamma 0.95 \
+      run generate_cuda_sparse "$B/dhisparse" generate --device cuda -m $SMOL --chat --sparse-policy coverage --gamma 0.95 --estimator sketch4 \
         -p "What is the capital of France?" -n 48
       cat "$OUT/generate_cuda.log" "$OUT/generate_cuda_sparse.log" ;;
     eval)

@@ -16,7 +16,11 @@ class CudaRunner final : public StepRunner {
     // Summaries cost HBM and a kernel per layer: kept only when the engine is loaded sparse.
     // Both kinds when loaded sparse, so that eval can compare estimators on one prefill
     // (2 x 512 B per 4 KiB page at d 128; gaussian reads the meanspread summaries).
-    if (o.sparse_policy != "dense") co.summaries = "both";
+    // The key sketch too (1/8 of the KV's HBM at d 128): eval compares all estimators on one prefill.
+    if (o.sparse_policy != "dense") {
+      co.summaries = "both";
+      co.key_sketch = true;
+    }
     co.max_batch = 1;
     co.max_step_tokens = 2048;
     co.max_context = max_ctx;

@@ -17,6 +17,11 @@
 //    borderline the mass tolerance above can flip); every GPU coverage list must satisfy
 //    the definition on the GPU's own masses (forced pages in, reaches gamma, minimal, the
 //    heaviest free pages, ties by index) within 1e-5 of float summation.
+//  * Key sketch codes and steps: exact (same definition and correctly rounded divisions).
+//  * Sketch scores: the device quantizes q to int8 per vector (step s_q = max|q| / 127), so a
+//    token's q.k^ moves by at most (s_q / 2) sum_d |k^_d|; a log-sum-exp moves by at most its
+//    inputs' largest move. Per page: |gpu - ref| <= scale log2(e) max_t (s_q / 2) sum_d |k^_td|
+//    + 1e-4 (fp32 sums and exp2/log2). Masses then within a factor 2^(2 bound) of the CPU's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_key_sketch.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
@@ -572,6 +578,209 @@ TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {
   run_selection_cases(9, 3, 64, true, dc::SummaryKind::MinMax, 13);
   run_selection_cases(9, 3, 64, false, dc::SummaryKind::MeanSpread, 14);
   run_selection_cases(9, 3, 64, true, dc::SummaryKind::MeanSpread, 15, /*gaussian=*/true);
+}
+
+
+// ---- 4-bit key sketch ------------------------------------------------------------------
+
+void sketch_step(const Problem& pr, dc::DeviceKeySketch& s, const std::vector<int32_t>& dst, const std::vector<int32_t>& pos) {
+  int32_t* dst_d = to_device(dst);
+  int32_t* pos_d = to_device(pos);
+  dc::SketchKeysParams sp;
+  sp.k_pool = pr.pool_d->k_d();
+  sp.codes = s.codes_d();
+  sp.steps = s.steps_d();
+  sp.pos = pos_d;
+  sp.dst_slot = dst_d;
+  sp.n_pages = pr.pool->n_pages();
+  sp.page_size = kPage;
+  sp.n_tok = static_cast<int64_t>(pos.size());
+  sp.n_heads_kv = pr.n_heads_kv;
+  sp.head_dim = pr.head_dim;
+  dc::launch_sketch_keys(sp, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaFree(dst_d);
+  cudaFree(pos_d);
+}
+
+// Rows of the device sketch that differ from the CPU store's codes or steps, over every written row.
+int64_t sketch_mismatches(const Problem& pr, const dc::DeviceKeySketch& s, const dhs::PageSummaryStore& cpu, int64_t* rows) {
+  const int d = pr.head_dim;
+  const auto codes = to_host(s.codes_d(), s.code_bytes());
+  const auto steps = to_host(s.steps_d(), static_cast<size_t>(pr.pool->n_pages()) * kPage);
+  int64_t bad = 0;
+  *rows = 0;
+  for (auto* t : pr.table_ptrs)
+    for (int h = 0; h < pr.n_heads_kv; ++h)
+      for (int64_t i = 0; i < t->n_pages_per_list(); ++i) {
+        const int32_t slot = t->page(0, h, i).slot;
+        for (int r = 0; r < cpu.n_rows(slot); ++r) {
+          const uint8_t* row = codes.data() + (static_cast<size_t>(slot) * kPage + r) * (d / 2);
+          bool ok = steps[static_cast<size_t>(slot) * kPage + r] == cpu.key_code_scales(slot)[r];
+          for (int j = 0; j < d; ++j) ok = ok && dc::sketch_code(row, d, j) == cpu.key_codes(slot)[r * d + j];
+          bad += !ok;
+          ++*rows;
+        }
+      }
+  return bad;
+}
+
+TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(21);
+  for (auto [hq, hkv, d] : {std::tuple{32, 8, 128}, std::tuple{9, 3, 64}}) {
+    Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(true), rng);
+    const int n_req = static_cast<int>(pr.seq_len.size());
+    const int group = hq / hkv;
+    dhs::PageSummaryStore cpu(*pr.pool);
+    for (auto* t : pr.table_ptrs)
+      for (int h = 0; h < hkv; ++h)
+        for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
+          cpu.rebuild(*pr.pool, t->page(0, h, i).slot, static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+    dc::DeviceKeySketch sk(pr.pool->n_pages(), kPage, d);
+    {
+      std::vector<int32_t> dst, pos;
+      all_tokens(pr, &dst, &pos);
+      sketch_step(pr, sk, dst, pos);
+    }
+    int64_t rows = 0;
+    EXPECT_EQ(sketch_mismatches(pr, sk, cpu, &rows), 0) << "of " << rows << " sketch rows, d " << d;
+    ASSERT_GT(rows, 10000);
+
+    // Scores of every dense page for every q vector, against the definition on the CPU's codes.
+    const dhs::PageLists dense = dhs::dense_page_lists(pr.table_ptrs, 0, pr.seq_len);
+    dc::DevicePageLists dense_d(n_req, hkv, dense.nnz());
+    dense_d.upload(dense);
+    std::vector<uint16_t> qb(pr.q.size());
+    for (size_t i = 0; i < qb.size(); ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
+    auto* q_d = reinterpret_cast<__nv_bfloat16*>(to_device(qb));
+    int32_t* q_indptr_d = to_device(pr.q_indptr);
+    const int q_stride = group * 5;
+    dc::PageSelectWorkspace ws(n_req * hkv, dense.nnz(), q_stride);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    dc::PageSelectParams p;
+    p.dense_indptr = dense_d.indptr_d();
+    p.dense_slots = dense_d.slots_d();
+    p.dense_page_pos = dense_d.page_pos_d();
+    p.seq_len = dense_d.seq_len_d();
+    p.q = q_d;
+    p.q_indptr = q_indptr_d;
+    p.sketch_codes = sk.codes_d();
+    p.sketch_steps = sk.steps_d();
+    p.n_requests = n_req;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = d;
+    p.page_size = kPage;
+    p.scale = scale;
+    ws.bind(&p);
+    dc::launch_page_select_stage(p, 0, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto g_scores = to_host(p.scores, static_cast<size_t>(dense.nnz()) * q_stride);
+    const double l2e = 1.4426950408889634;
+    int64_t checked = 0, bad = 0;
+    double worst = 0.0;
+    for (int r = 0; r < n_req; ++r) {
+      const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
+      for (int h = 0; h < hkv; ++h)
+        for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
+          const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
+          const int8_t* codes = cpu.key_codes(slot);
+          const float* st = cpu.key_code_scales(slot);
+          for (int j = 0; j < q_len * group; ++j) {
+            const int qi = j / group, hh = h * group + j % group;
+            const int qpos = pr.seq_len[r] - q_len + qi;
+            const int n_vis = std::clamp(qpos + 1 - i * kPage, 0, kPage);
+            if (n_vis == 0) continue;  // the select kernel ignores it
+            const float* q = pr.q.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * d;
+            double qmax = 0.0;
+            for (int c = 0; c < d; ++c) qmax = std::max(qmax, static_cast<double>(std::fabs(q[c])));
+            double m = -INFINITY, bound = 0.0;
+            std::vector<double> x(static_cast<size_t>(n_vis));
+            for (int t = 0; t < n_vis; ++t) {
+              double acc = 0.0, l1 = 0.0;
+              for (int c = 0; c < d; ++c) {
+                acc += static_cast<double>(q[c]) * codes[t * d + c];
+                l1 += std::abs(codes[t * d + c]);
+              }
+              x[static_cast<size_t>(t)] = acc * st[t] * scale * l2e;
+              m = std::max(m, x[static_cast<size_t>(t)]);
+              bound = std::max(bound, scale * l2e * (qmax / 127.0 / 2.0) * l1 * st[t]);
+            }
+            double z = 0.0;
+            for (double v : x) z += std::exp2(v - m);
+            const double want = m + std::log2(z / n_vis);
+            const double got = g_scores[static_cast<size_t>(dense.row_begin(r, h) + i) * q_stride + j];
+            const double err = std::fabs(got - want);
+            worst = std::max(worst, err / (bound + 1e-4));
+            bad += !(err <= bound + 1e-4);
+            ++checked;
+            // Where every row of the page is visible, the CPU estimator states the same quantity.
+            if (n_vis == cpu.n_rows(slot) && q_len == 1) {
+              const double e = dhs::KeySketchEstimator().score(cpu, slot, q, scale) * scale * l2e;
+              bad += std::fabs(e - want) > 1e-3;
+            }
+          }
+        }
+    }
+    EXPECT_EQ(bad, 0) << "of " << checked << " sketch scores off their bound, d " << d;
+    std::printf("  sketch d %3d: %lld scores, worst error %.2f of its bound\n", d, static_cast<long long>(checked), worst);
+
+    // Coverage on the sketch: every list meets the definition on the device's own masses.
+    int32_t* out_indptr = to_device(std::vector<int32_t>(static_cast<size_t>(n_req * hkv + 1), -7));
+    int32_t* out_slots = to_device(std::vector<int32_t>(static_cast<size_t>(dense.nnz()), -7));
+    int32_t* out_pos = to_device(std::vector<int32_t>(static_cast<size_t>(dense.nnz()), -7));
+    float* mass_d = to_device(std::vector<float>(static_cast<size_t>(dense.nnz()), -1.0f));
+    for (double gamma : {0.9, 0.99}) {
+      p.rule = dc::SelectRule::Coverage;
+      p.gamma = static_cast<float>(gamma);
+      p.indptr = out_indptr;
+      p.slots = out_slots;
+      p.page_pos = out_pos;
+      p.mass_out = mass_d;
+      dc::launch_page_select(p, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto gi = to_host(out_indptr, static_cast<size_t>(n_req * hkv + 1));
+      const auto gpos = to_host(out_pos, static_cast<size_t>(gi.back()));
+      const auto gm = to_host(mass_d, static_cast<size_t>(dense.nnz()));
+      int viol = 0;
+      for (int r = 0; r < n_req; ++r)
+        for (int h = 0; h < hkv; ++h) {
+          const int row = r * hkv + h, b = dense.row_begin(r, h), n = (dense.row_end(r, h) - dense.row_begin(r, h));
+          const std::vector<double> m(gm.begin() + b, gm.begin() + b + n);
+          const std::vector<int32_t> set(gpos.begin() + gi[static_cast<size_t>(row)], gpos.begin() + gi[static_cast<size_t>(row) + 1]);
+          const std::string why = coverage_violation(m, set, 1, 1, gamma);
+          viol += !why.empty();
+          if (!why.empty()) ADD_FAILURE() << "sketch coverage " << gamma << ": request " << r << " head " << h << ": " << why;
+        }
+      std::printf("  sketch d %3d coverage %.2f: %d of %lld pages, %d violations\n", d, gamma, gi.back(),
+                  static_cast<long long>(dense.nnz()), viol);
+    }
+
+    // A decode step rewrites only its own rows: change each request's last key, sketch just it.
+    std::vector<int32_t> dst, pos;
+    for (int r = 0; r < n_req; ++r) {
+      const int ps = pr.seq_len[static_cast<size_t>(r)] - 1;
+      pos.push_back(ps);
+      for (int hh = 0; hh < hkv; ++hh) {
+        int row;
+        const dhs::PageRef ref = pr.tables[static_cast<size_t>(r)]->page_of_token(0, hh, ps, &row);
+        dst.push_back(ref.slot);
+        float* k = pr.pool->k_page(ref) + row * d;
+        for (int j = 0; j < d; ++j) k[j] = round_bf16(3.0f * std::cos(0.21f * j + r));
+        cpu.rebuild(*pr.pool, ref.slot, row + 1);
+      }
+    }
+    pr.pool_d->upload(*pr.pool);
+    sketch_step(pr, sk, dst, pos);
+    EXPECT_EQ(sketch_mismatches(pr, sk, cpu, &rows), 0) << "after a decode step, d " << d;
+    cudaFree(q_d);
+    cudaFree(q_indptr_d);
+    cudaFree(out_indptr);
+    cudaFree(out_slots);
+    cudaFree(out_pos);
+    cudaFree(mass_d);
+  }
 }
 
 }  // namespace

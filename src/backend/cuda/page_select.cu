@@ -9,7 +9,6 @@ namespace {
 
 constexpr int kSelectThreads = 512;
 constexpr int kSelectWarps = kSelectThreads / 32;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -17,104 +16,7 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// DPL consecutive bf16 values (DPL = 2, 4, 8: one 4-, 8- or 16-byte load) as floats.
-template <int DPL>
-__device__ __forceinline__ void load_bf16(const __nv_bfloat16* src, float* out) {
-  if constexpr (DPL == 2) {
-    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(src);
-    out[0] = __low2float(v);
-    out[1] = __high2float(v);
-  } else if constexpr (DPL == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(src);
-    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      out[2 * i] = __low2float(v[i]);
-      out[2 * i + 1] = __high2float(v[i]);
-    }
-  } else {
-    static_assert(DPL == 8, "head_dim must be 64, 128 or 256");
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    const __nv_bfloat162* v = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __low2float(v[i]);
-      out[2 * i + 1] = __high2float(v[i]);
-    }
-  }
-}
-
-// ---- 1. score ----------------------------------------------------------------------
-// scores[i, j] for dense page i and q vector j = qi * group + g (query row qi of the
-// request, q head g of the group), in log2 units: est(q.k) * scale * log2(e).
-template <int DPL>
-__global__ void __launch_bounds__(256) score_pages_kernel(const __grid_constant__ PageSelectParams p) {
-  const int lane = threadIdx.x & 31;
-  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-  const int n_lists = p.n_requests * p.n_heads_kv;
-  const int64_t total = p.dense_indptr[n_lists];
-  const int64_t b = warp * total / p.n_score_warps, e = (warp + 1) * total / p.n_score_warps;
-  if (b >= e) return;
-  // The list holding page b: the largest row with indptr[row] <= b (never an empty one,
-  // since indptr[row + 1] > b for the largest such row).
-  int lo = 0, hi = n_lists;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (p.dense_indptr[mid] <= b) lo = mid; else hi = mid;
-  }
-  int row = lo, row_end = p.dense_indptr[row + 1];
-  const int group = p.n_heads_q / p.n_heads_kv;
-  const int D = DPL * 32;
-  const float mul = p.scale * kLog2e;
-  // Pages in groups of kGroup: their summaries are loaded together (one memory latency per
-  // group), then scored.
-  constexpr int kGroup = 4;
-  for (int64_t g0 = b; g0 < e; g0 += kGroup) {
-    float s0[kGroup][DPL], s1[kGroup][DPL];
-    int rows[kGroup];
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      const int64_t i = g0 + u;
-      rows[u] = -1;
-      if (i >= e) continue;
-      while (i >= row_end) row_end = p.dense_indptr[++row + 1];
-      rows[u] = row;
-      const __nv_bfloat16* sm = p.summaries + static_cast<int64_t>(p.dense_slots[i]) * 2 * D + lane * DPL;
-      load_bf16<DPL>(sm, s0[u]);
-      load_bf16<DPL>(sm + D, s1[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      if (rows[u] < 0) continue;
-      const int64_t i = g0 + u;
-      const int req = rows[u] / p.n_heads_kv, h = rows[u] % p.n_heads_kv;
-      const int q0 = p.q_indptr[req], n_vec = (p.q_indptr[req + 1] - q0) * group;
-      for (int j = 0; j < n_vec; ++j) {
-        const int qi = j / group, g = j - qi * group;
-        float q[DPL];
-        load_bf16<DPL>(p.q + (static_cast<int64_t>(q0 + qi) * p.n_heads_q + h * group + g) * D + lane * DPL, q);
-        float a = 0.0f, c = 0.0f;
-        if (p.kind == SummaryKind::MinMax) {
-#pragma unroll
-          for (int d = 0; d < DPL; ++d) a += fmaxf(q[d] * s0[u][d], q[d] * s1[u][d]);
-          a = warp_sum(a);
-        } else {
-#pragma unroll
-          for (int d = 0; d < DPL; ++d) {
-            a += q[d] * s0[u][d];
-            c += q[d] * q[d] * fmaxf(s1[u][d], 0.0f);
-          }
-          a = warp_sum(a);
-          c = warp_sum(c);
-          a += p.gaussian ? 0.5f * p.scale * c : p.kappa * sqrtf(c);
-        }
-        if (lane == 0) p.scores[i * p.q_stride + j] = a * mul;
-      }
-    }
-  }
-}
-
-// ---- 2. select -----------------------------------------------------------------------
+// ---- 2. select (1. score: page_score.cu) -----------------------------------------------------------------------
 // Deterministic block reductions: per-warp shuffles, then every thread adds the warp
 // partials in the same order (no third barrier, same value in every thread).
 __device__ __forceinline__ float block_sum(float v, float* s_red) {
@@ -393,14 +295,8 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
   const int n_lists = p.n_requests * p.n_heads_kv;
   if (n_lists <= 0) return;
   if (stage == 0) {
-    if (p.rule == SelectRule::SinkWindow) return;
-    const int blocks = p.n_score_warps / 8;
-    switch (p.head_dim) {
-      case 64: score_pages_kernel<2><<<blocks, 256, 0, stream>>>(p); break;
-      case 128: score_pages_kernel<4><<<blocks, 256, 0, stream>>>(p); break;
-      case 256: score_pages_kernel<8><<<blocks, 256, 0, stream>>>(p); break;
-      default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
-    }
+    if (p.rule != SelectRule::SinkWindow) launch_score_pages(p, stream);
+    return;
   } else if (stage == 1) {
     select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
   } else {

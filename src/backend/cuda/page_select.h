@@ -7,7 +7,9 @@
 //   1. score   — every dense page, all q heads of its GQA group and all query rows:
 //                estimated q.k (MinMax: sum_d max(q_d min_d, q_d max_d); MeanSpread:
 //                q.mean + kappa sqrt(sum_d q_d^2 var_d); Gaussian: q.mean + scale/2 sum_d
-//                q_d^2 var_d, the log of a Gaussian page's expected exp-score), scaled, log2 units. The
+//                q_d^2 var_d, the log of a Gaussian page's expected exp-score; Sketch4: the
+//                log-mean-exp of the page's tokens' scores on their 4-bit keys), scaled, log2
+//                units. All are dot products on tensor cores (page_score.cu). The
 //                flattened page space is split evenly over a fixed grid of warps, each
 //                finding its first list from the prefix sums (as the attention kernel).
 //   2. select  — one block per list (per request under SoloHead): per q vector an
@@ -41,6 +43,11 @@ struct PageSelectParams {
   const int32_t* q_indptr = nullptr;        // [n_requests + 1]
   const __nv_bfloat16* summaries = nullptr; // [n_pages, 2, head_dim] (device_page_summary.h)
   SummaryKind kind = SummaryKind::MinMax;
+  // Sketch4 (both set): the per-token 4-bit key sketch (device_key_sketch.h) replaces the
+  // summaries: a page's score is log2 of the mean over its visible rows of 2^(q.k^ scale log2 e),
+  // with q quantized to int8 per vector (absmax / 127) for the int8 tensor-core MMA.
+  const uint8_t* sketch_codes = nullptr;    // [n_pages, page_size, head_dim / 2]
+  const float* sketch_steps = nullptr;      // [n_pages, page_size]
   float kappa = 1.0f;     // MeanSpread: q.mean + kappa sqrt(sum q^2 var)
   bool gaussian = false;  // MeanSpread summaries, Gaussian estimate: q.mean + scale / 2 sum q^2 var
 
@@ -80,9 +87,12 @@ struct PageSelectParams {
 };
 
 // Launches score (unless SinkWindow), select and compact on `stream`. No checks.
+// (The score stage alone: launch_score_pages, page_score.cu.)
 void launch_page_select(const PageSelectParams& p, cudaStream_t stream);
 // One of the three kernels alone (0 score, 1 select, 2 compact), for the benchmark's breakdown.
 void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream);
+
+void launch_score_pages(const PageSelectParams& p, cudaStream_t stream);
 
 // Buffers sized once from maxima and reused by every step (and graph replay).
 class PageSelectWorkspace {

@@ -40,10 +40,11 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
   DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread" || o.summaries == "both",
             "page summaries must be none, minmax, meanspread or both, got '{}'", o.summaries);
-  if (o.summaries != "none") {
-    if (o.summaries != "meanspread")
+  if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_pages, o.page_size, static_cast<int>(D));
+  if (o.summaries != "none" || o.key_sketch) {
+    if (o.summaries != "meanspread" && o.summaries != "none")
       sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
-    if (o.summaries != "minmax")
+    if (o.summaries != "minmax" && o.summaries != "none")
       sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
     sel_ws_ = std::make_unique<cuda::PageSelectWorkspace>(static_cast<int>(B * Hkv), B * Hkv * pages_per_seq,
                                                           static_cast<int>(Hq / Hkv));
@@ -302,6 +303,20 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
       sm.head_dim = static_cast<int>(D);
       cuda::launch_summarize_pages(sm, stream_);
     }
+    if (sketch_) {
+      cuda::SketchKeysParams sk;
+      sk.k_pool = pool_->k_d();
+      sk.codes = sketch_->codes_d();
+      sk.steps = sketch_->steps_d();
+      sk.pos = pos_d_;
+      sk.dst_slot = ra.dst_slot;
+      sk.n_pages = pool_->n_pages();
+      sk.page_size = opt_.page_size;
+      sk.n_tok = T;
+      sk.n_heads_kv = static_cast<int>(Hkv);
+      sk.head_dim = static_cast<int>(D);
+      cuda::launch_sketch_keys(sk, stream_);
+    }
 
     // The dense policy, on the device: this layer's page lists from the device page table.
     cuda::DenseListsParams dl;
@@ -330,7 +345,7 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
         sp.seq_len = seq_len_d_;
         sp.q = q_d_;
         sp.q_indptr = q_indptr_d_;
-        sp.summaries = sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_->data_d() : sum_meanvar_->data_d();
+        if (!sp.sketch_codes) sp.summaries = (sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_ : sum_meanvar_)->data_d();
         if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
         sp.indptr = sp_indptr_d_;
         sp.slots = sp_slots_d_;
@@ -499,14 +514,20 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
   if (!sparse_) return;
   DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
   const bool scoring = pc.name != "sinkwindow";
-  DHS_CHECK(!scoring || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
-            "--estimator {}: the CUDA backend has minmax, meanspread and gaussian", pc.estimator);
+  const bool sketch = pc.estimator == "sketch4";
+  DHS_CHECK(!scoring || sketch || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
+            "--estimator {}: the CUDA backend has minmax, meanspread, gaussian and sketch4", pc.estimator);
   // gaussian reads the same mean / variance summaries as meanspread.
   const auto kind = pc.estimator == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
-  DHS_CHECK(!scoring || (kind == cuda::SummaryKind::MinMax ? sum_minmax_ != nullptr : sum_meanvar_ != nullptr),
+  DHS_CHECK(!scoring || (sketch ? sketch_ != nullptr
+                                : kind == cuda::SummaryKind::MinMax ? sum_minmax_ != nullptr : sum_meanvar_ != nullptr),
             "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", pc.name, pc.estimator);
   cuda::PageSelectParams p;
   p.kind = kind;
+  if (sketch) {
+    p.sketch_codes = sketch_->codes_d();
+    p.sketch_steps = sketch_->steps_d();
+  }
   p.gaussian = pc.estimator == "gaussian";
   p.gamma = static_cast<float>(pc.gamma);
   p.n_sink = pc.n_sink;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/decode_attention.h"
+#include "backend/cuda/device_key_sketch.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_table.h"
 #include "backend/cuda/gemm.h"
@@ -38,6 +39,9 @@ struct CudaModelOptions {
   // "meanspread" (also what gaussian reads), "both". Each costs 512 B per 4 KiB page of HBM
   // (d 128) and one small kernel per layer.
   std::string summaries = "none";
+  // The per-token 4-bit key sketch (device_key_sketch.h; estimator sketch4): 1/8 of the KV's
+  // HBM (d 128) and one small kernel per layer.
+  bool key_sketch = false;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -120,6 +124,7 @@ class LlamaCuda {
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
+  std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelectWorkspace> sel_ws_;
   bool sparse_ = false;
   cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer

@@ -1,0 +1,312 @@
+// Stage 1 of sparse selection (page_select.h): the estimated score of every dense page
+// for every q vector of its list, as dot products on tensor cores.
+//
+// Every estimate is linear in the page data once q is mapped to a "B vector":
+//   MinMax:     sum_d max(q_d mn_d, q_d mx_d) = [min(q, 0) | max(q, 0)] . [mn | mx]
+//   MeanSpread: q.mean and sum_d q_d^2 var_d = [q | 0] . [mean | var] and [0 | q^2] . [mean | var]
+//   Sketch4:    per token, q8 . code (int8 q, 4-bit codes)
+// so a warp scores 16 pages (summaries: one row per page, K = 2 * head_dim) or the 16 tokens of
+// one page (sketch: K = head_dim) against 8 B columns with mma.sync: the 5-step warp
+// reduction per (page, q vector) of a lane-per-dimension kernel is gone (v1-v3 of
+// docs/kernels/page_select_NOTES.md spent most of their time there).
+//
+// The K index of a dot product may be permuted freely if A and B agree: lane (g, tig) loads
+// 16-byte chunks of its rows at element 8 * (tig + 4 * jj) and uses them as its A registers of
+// k-steps 2jj and 2jj+1; its B registers are built from the same elements of its column's
+// vector. Rows of the A tile are contiguous per lane (coalesced 64 B per row and 4 lanes).
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/page_select.h"
+#include "backend/cuda/ptx.cuh"
+
+namespace dhs::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kScoreThreads = 128;
+
+// The list holding flat page `i`: the largest row with indptr[row] <= i (never an empty one).
+__device__ __forceinline__ int find_list(const int32_t* indptr, int n_lists, int64_t i) {
+  int lo = 0, hi = n_lists;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (indptr[mid] <= i) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ __nv_bfloat162 u32_as_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
+__device__ __forceinline__ uint32_t bf162_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// ---- summaries (MinMax, MeanSpread / Gaussian) ---------------------------------------
+// Columns of an n-tile: MinMax one per q vector (tile nt: vectors 8nt .. 8nt+7); mean/variance
+// two per vector (vectors 4nt .. 4nt+3: column 2v' = [q | 0], 2v'+1 = [0 | bf16(q^2)]).
+// bf16(q^2) rounds q^2 (16 significant bits) to 8: the variance term is within 2^-9 of the
+// fp32 one; products and sums are fp32 (the MinMax B vector is exact: q is bf16).
+template <int D>
+__global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __grid_constant__ PageSelectParams p) {
+  constexpr int JJ = 2 * D / 32;  // 16-byte chunks per row per lane
+  const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int n_lists = p.n_requests * p.n_heads_kv;
+  const int64_t total = p.dense_indptr[n_lists];
+  const int64_t n_tiles_all = (total + 15) / 16;
+  const int64_t tb = warp * n_tiles_all / p.n_score_warps, te = (warp + 1) * n_tiles_all / p.n_score_warps;
+  if (tb >= te) return;
+  const bool minmax = p.kind == SummaryKind::MinMax;
+  const int group = p.n_heads_q / p.n_heads_kv;
+  const float mul = p.scale * kLog2e;
+  int row = find_list(p.dense_indptr, n_lists, tb * 16);
+  int cur_row = -1, cur_nt = -1;
+  uint4 bq[JJ];
+  for (int64_t tile = tb; tile < te; ++tile) {
+    const int64_t p0 = tile * 16, p_end = min(p0 + 16, total);
+    const int64_t ia = p0 + g, ib = p0 + g + 8;
+    const int32_t slot_a = ia < p_end ? p.dense_slots[ia] : -1;
+    const int32_t slot_b = ib < p_end ? p.dense_slots[ib] : -1;
+    while (p.dense_indptr[row + 1] <= p0) ++row;
+    // Usually one list covers the tile; at a boundary each list present takes a pass.
+    for (int r = row; r < n_lists && p.dense_indptr[r] < p_end; ++r) {
+      const int64_t r_begin = max(static_cast<int64_t>(p.dense_indptr[r]), p0);
+      const int64_t r_end = min(static_cast<int64_t>(p.dense_indptr[r + 1]), p_end);
+      if (r_begin >= r_end) continue;
+      const int req = r / p.n_heads_kv, h = r - req * p.n_heads_kv;
+      const int q0 = p.q_indptr[req], n_vec = (p.q_indptr[req + 1] - q0) * group;
+      const int n_nt = minmax ? (n_vec + 7) / 8 : (n_vec + 3) / 4;
+      for (int nt = 0; nt < n_nt; ++nt) {
+        if (r != cur_row || nt != cur_nt) {  // this lane's B column: vector j, part (mean/variance)
+          const int j = minmax ? nt * 8 + g : nt * 4 + (g >> 1), part = g & 1;
+          const __nv_bfloat16* qv =
+              p.q + (static_cast<int64_t>(q0 + j / group) * p.n_heads_q + h * group + j % group) * D;
+#pragma unroll
+          for (int jj = 0; jj < JJ; ++jj) {
+            const int e = 8 * (tig + 4 * jj);  // element of the 2D-long B vector
+            const bool second = e >= D;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (j < n_vec && (minmax || part == (second ? 1 : 0))) {
+              const uint4 raw = *reinterpret_cast<const uint4*>(qv + (second ? e - D : e));
+              uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+              const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const __nv_bfloat162 x = u32_as_bf162(w[c]);
+                w[c] = bf162_as_u32(minmax ? (second ? __hmax2(x, zero) : __hmin2(x, zero)) : second ? __hmul2(x, x) : x);
+              }
+              v = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            bq[jj] = v;
+          }
+          cur_row = r;
+          cur_nt = nt;
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const __nv_bfloat16* ra = p.summaries + static_cast<int64_t>(slot_a < 0 ? 0 : slot_a) * 2 * D;
+        const __nv_bfloat16* rb = p.summaries + static_cast<int64_t>(slot_b < 0 ? 0 : slot_b) * 2 * D;
+#pragma unroll
+        for (int jj = 0; jj < JJ; ++jj) {
+          const int e = 8 * (tig + 4 * jj);
+          const uint4 a = slot_a >= 0 ? *reinterpret_cast<const uint4*>(ra + e) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 b = slot_b >= 0 ? *reinterpret_cast<const uint4*>(rb + e) : make_uint4(0u, 0u, 0u, 0u);
+          const uint32_t a0[4] = {a.x, b.x, a.y, b.y}, a1[4] = {a.z, b.z, a.w, b.w};
+          ptx::mma_bf16_16816(acc, a0, bq[jj].x, bq[jj].y);
+          ptx::mma_bf16_16816(acc, a1, bq[jj].z, bq[jj].w);
+        }
+        // acc: rows g (page ia) and g+8 (page ib), columns 2tig and 2tig+1.
+        const bool in_a = ia >= r_begin && ia < r_end, in_b = ib >= r_begin && ib < r_end;
+        if (minmax) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int j = nt * 8 + 2 * tig + c;
+            if (j >= n_vec) continue;
+            if (in_a) p.scores[ia * p.q_stride + j] = acc[c] * mul;
+            if (in_b) p.scores[ib * p.q_stride + j] = acc[2 + c] * mul;
+          }
+        } else {
+          const int j = nt * 4 + tig;
+          auto est = [&](float m, float v) {
+            v = fmaxf(v, 0.0f);
+            return (m + (p.gaussian ? 0.5f * p.scale * v : p.kappa * sqrtf(v))) * mul;
+          };
+          if (j < n_vec) {
+            if (in_a) p.scores[ia * p.q_stride + j] = est(acc[0], acc[1]);
+            if (in_b) p.scores[ib * p.q_stride + j] = est(acc[2], acc[3]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- key sketch -----------------------------------------------------------------------
+// A warp per page: A = the page's 16 rows of 4-bit codes (as code + 8), B = 8 q vectors
+// quantized to int8 (per vector: step absmax / 127, code round(q / step)). Then per column
+// a 16-row log-sum-exp over the rows visible to that query row:
+//   score = log2( (1/n_vis) sum_vis 2^x_t ),  x_t = (acc_t - 8 sum(q8)) qstep step_t scale log2 e
+// so the select kernel's n_vis * 2^score is the page's summed exp-score.
+template <int KS>
+struct SketchRows {
+  uint32_t w[2][KS];  // rows g and g+8: this lane's words
+  float step[2];
+  int32_t pos = 0;    // the page's position in its request
+};
+
+template <int KS>
+__device__ __forceinline__ void load_sketch_rows(const PageSelectParams& p, int64_t i, int g, int tig,
+                                                 SketchRows<KS>& s) {
+  const int32_t slot = p.dense_slots[i];
+  s.pos = p.dense_page_pos[i];
+  const int row_bytes = KS * 16;  // head_dim / 2
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t rr = static_cast<int64_t>(slot) * p.page_size + g + 8 * half;
+    const uint8_t* src = p.sketch_codes + rr * row_bytes + tig * KS * 4;
+    if constexpr (KS == 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(src);
+      s.w[half][0] = v.x;
+      s.w[half][1] = v.y;
+    } else {
+#pragma unroll
+      for (int c = 0; c < KS / 4; ++c) {
+        const uint4 v = reinterpret_cast<const uint4*>(src)[c];
+        s.w[half][4 * c] = v.x;
+        s.w[half][4 * c + 1] = v.y;
+        s.w[half][4 * c + 2] = v.z;
+        s.w[half][4 * c + 3] = v.w;
+      }
+    }
+    s.step[half] = p.sketch_steps[rr];
+  }
+}
+
+template <int KS>
+__global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __grid_constant__ PageSelectParams p) {
+  constexpr int D = KS * 32;
+  const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  const int n_lists = p.n_requests * p.n_heads_kv;
+  const int64_t total = p.dense_indptr[n_lists];
+  const int64_t b = warp * total / p.n_score_warps, e = (warp + 1) * total / p.n_score_warps;
+  if (b >= e) return;
+  const int group = p.n_heads_q / p.n_heads_kv;
+  const float mul = p.scale * kLog2e;
+  int row = find_list(p.dense_indptr, n_lists, b);
+  int cur_row = -1, cur_nt = -1;
+  uint32_t bq[KS][2];
+  float qstep[2];
+  int qsum[2];
+  SketchRows<KS> cur, next;
+  load_sketch_rows<KS>(p, b, g, tig, cur);
+  for (int64_t i = b; i < e; ++i) {
+    if (i + 1 < e) load_sketch_rows<KS>(p, i + 1, g, tig, next);  // in flight while this page is scored
+    while (p.dense_indptr[row + 1] <= i) ++row;
+    const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
+    const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0, n_vec = q_len * group;
+    const int seq = p.seq_len[req];
+    for (int nt = 0; nt < (n_vec + 7) / 8; ++nt) {
+      if (row != cur_row || nt != cur_nt) {  // B column g: vector 8nt + g, quantized to int8
+        const int j = nt * 8 + g;
+        float x[2][KS][4];
+        float amax = 0.0f;
+        if (j < n_vec) {
+          const __nv_bfloat16* qv =
+              p.q + (static_cast<int64_t>(q0 + j / group) * p.n_heads_q + h * group + j % group) * D;
+#pragma unroll
+          for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
+              const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
+              x[hh][ks][0] = __low2float(lo);
+              x[hh][ks][1] = __high2float(lo);
+              x[hh][ks][2] = __low2float(hi);
+              x[hh][ks][3] = __high2float(hi);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[hh][ks][c]));
+            }
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float st = amax / 127.0f;
+        int sum = 0;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            uint32_t w = 0;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int qc = j < n_vec && st > 0.0f ? static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(x[hh][ks][c] / st)))) : 0;
+              sum += qc;
+              w |= (static_cast<uint32_t>(qc) & 0xFFu) << (8 * c);
+            }
+            bq[ks][hh] = w;
+          }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // C columns 2tig, 2tig+1 are the vectors of lanes with g = 2tig, 2tig+1.
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          qstep[c] = __shfl_sync(0xffffffffu, st, (2 * tig + c) * 4);
+          qsum[c] = __shfl_sync(0xffffffffu, sum, (2 * tig + c) * 4);
+        }
+        cur_row = row;
+        cur_nt = nt;
+      }
+      int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const uint32_t a[4] = {cur.w[0][ks] & 0x0F0F0F0Fu, cur.w[1][ks] & 0x0F0F0F0Fu, (cur.w[0][ks] >> 4) & 0x0F0F0F0Fu,
+                               (cur.w[1][ks] >> 4) & 0x0F0F0F0Fu};
+        ptx::mma_s8_16832(acc, a, bq[ks][0], bq[ks][1]);
+      }
+      const int tok0 = cur.pos * p.page_size;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int j = nt * 8 + 2 * tig + c;
+        const int qpos = seq - q_len + min(j, n_vec - 1) / group;
+        const float f = qstep[c] * mul;
+        const float x0 = j < n_vec && tok0 + g <= qpos ? static_cast<float>(acc[c] - 8 * qsum[c]) * f * cur.step[0] : -INFINITY;
+        const float x1 =
+            j < n_vec && tok0 + g + 8 <= qpos ? static_cast<float>(acc[2 + c] - 8 * qsum[c]) * f * cur.step[1] : -INFINITY;
+        float m = fmaxf(x0, x1);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = m == -INFINITY ? 0.0f : exp2f(x0 - m) + exp2f(x1 - m);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (g == 0 && j < n_vec) {
+          const int nv = min(max(qpos + 1 - tok0, 0), p.page_size);
+          p.scores[i * p.q_stride + j] = nv > 0 ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
+        }
+      }
+    }
+    cur = next;
+  }
+}
+
+}  // namespace
+
+void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
+  const int blocks = p.n_score_warps * 32 / kScoreThreads;
+  const bool sketch = p.sketch_codes != nullptr;
+  switch (p.head_dim) {
+    case 64:
+      if (sketch) score_sketch_kernel<2><<<blocks, kScoreThreads, 0, stream>>>(p);
+      else score_summaries_kernel<64><<<blocks, kScoreThreads, 0, stream>>>(p);
+      break;
+    case 128:
+      if (sketch) score_sketch_kernel<4><<<blocks, kScoreThreads, 0, stream>>>(p);
+      else score_summaries_kernel<128><<<blocks, kScoreThreads, 0, stream>>>(p);
+      break;
+    case 256:
+      if (sketch) score_sketch_kernel<8><<<blocks, kScoreThreads, 0, stream>>>(p);
+      else score_summaries_kernel<256><<<blocks, kScoreThreads, 0, stream>>>(p);
+      break;
+    default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
+  }
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dhs::cuda

@@ -1,0 +1,36 @@
+// Thin wrappers over the PTX instructions the kernels share (no logic of their own).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace dhs::cuda::ptx {
+
+// c[16x8] += a[16x16] * b[16x8], bf16 in, fp32 accumulate (fragments as in the PTX ISA,
+// "Matrix Fragments for mma.m16n8k16"): lane = 4 * group + tig; a = {(g, 2tig..+1),
+// (g+8, 2tig..+1), (g, 2tig+8..+9), (g+8, 2tig+8..+9)}; b = {(2tig..+1, g), (2tig+8..+9, g)};
+// c = {(g, 2tig), (g, 2tig+1), (g+8, 2tig), (g+8, 2tig+1)}.
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c[16x8] += a[16x32] * b[32x8], int8 in, int32 accumulate ("mma.m16n8k32", .s8): a = 4 words
+// of 4 bytes {(g, 4tig..+3), (g+8, 4tig..+3), (g, 16+4tig..+3), (g+8, 16+4tig..+3)};
+// b = {(4tig..+3, g), (16+4tig..+3, g)}; c as for m16n8k16.
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+}
+
+}  // namespace dhs::cuda::ptx
