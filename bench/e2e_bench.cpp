@@ -102,10 +102,16 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       o.max_context = ctx + 64;
       const bool any_sparse = std::any_of(opts.policies.begin(), opts.policies.end(), [](const std::string& p) { return p != "dense"; });
       if (any_sparse) o.summaries = "minmax";
+      o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
+                                 [](const std::string& p) { return p.size() > 8 && p.substr(p.size() - 8) == "@sketch4"; });
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost
         cuda::fill_random_bf16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
+      if (auto* sk = m->key_sketch()) {  // random codes, steps of 0 (any finite value costs the same)
+        cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(sk->codes_d()), sk->code_bytes() / 2, 97, -1.0f, 1.0f, m->stream());
+        DHS_CUDA_CHECK(cudaMemsetAsync(sk->steps_d(), 0, sk->bytes() - sk->code_bytes(), m->stream()));
+      }
       std::vector<PageTable> ts;
       std::vector<int32_t> tok(static_cast<size_t>(batch), 42);
       std::vector<LlamaCuda::Seq> b;
@@ -117,8 +123,12 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         b.push_back(LlamaCuda::Seq{&ts[static_cast<size_t>(r)], static_cast<int>(r), &tok[static_cast<size_t>(r)], 1});
       }
       double dense_ms = 0;
-      for (const std::string& pol : opts.policies) {
+      for (const std::string& pol_spec : opts.policies) {
+        // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
+        const bool sketch = pol_spec.size() > 8 && pol_spec.substr(pol_spec.size() - 8) == "@sketch4";
+        const std::string pol = sketch ? pol_spec.substr(0, pol_spec.size() - 8) : pol_spec;
         PolicyConfig pc;
+        if (sketch) pc.estimator = "sketch4";
         std::vector<float> frac;
         double gamma = 1.0;
         std::string budgets = "all pages";
@@ -149,10 +159,10 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
         std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-24s pages %.3f%s\n", static_cast<long long>(ctx),
                     static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
-                    pol.c_str(), read_frac,
+                    pol_spec.c_str(), read_frac,
                     dense_ms > 0 && pol != "dense" ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
         jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
-           << ",\"batch\":" << batch << ",\"policy\":\"" << pol << "\",\"gamma\":" << gamma << ",\"budgets\":\"" << budgets
+           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.name == "dense" ? "" : pc.estimator) << "\",\"gamma\":" << gamma << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";

@@ -676,7 +676,7 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     ws.bind(&p);
     dc::launch_page_select_stage(p, 0, nullptr);
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto g_scores = to_host(p.scores, static_cast<size_t>(dense.nnz()) * q_stride);
+    const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
     const double l2e = 1.4426950408889634;
     int64_t checked = 0, bad = 0;
     double worst = 0.0;
@@ -710,7 +710,7 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
             double z = 0.0;
             for (double v : x) z += std::exp2(v - m);
             const double want = m + std::log2(z / n_vis);
-            const double got = g_scores[static_cast<size_t>(dense.row_begin(r, h) + i) * q_stride + j];
+            const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
             const double err = std::fabs(got - want);
             worst = std::max(worst, err / (bound + 1e-4));
             bad += !(err <= bound + 1e-4);

@@ -16,6 +16,8 @@
 // vector. Rows of the A tile are contiguous per lane (coalesced 64 B per row and 4 lanes).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/page_select.h"
 #include "backend/cuda/ptx.cuh"
@@ -61,11 +63,19 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
   int row = find_list(p.dense_indptr, n_lists, tb * 16);
   int cur_row = -1, cur_nt = -1;
   uint4 bq[JJ];
+  // The next tile's slots are loaded one tile ahead: the page loads then wait on one latency.
+  auto slots_of = [&](int64_t tile, int32_t& sa, int32_t& sb) {
+    const int64_t q0 = tile * 16, qe = min(q0 + 16, total);
+    sa = q0 + g < qe ? p.dense_slots[q0 + g] : -1;
+    sb = q0 + g + 8 < qe ? p.dense_slots[q0 + g + 8] : -1;
+  };
+  int32_t next_a, next_b;
+  slots_of(tb, next_a, next_b);
   for (int64_t tile = tb; tile < te; ++tile) {
     const int64_t p0 = tile * 16, p_end = min(p0 + 16, total);
     const int64_t ia = p0 + g, ib = p0 + g + 8;
-    const int32_t slot_a = ia < p_end ? p.dense_slots[ia] : -1;
-    const int32_t slot_b = ib < p_end ? p.dense_slots[ib] : -1;
+    const int32_t slot_a = next_a, slot_b = next_b;
+    if (tile + 1 < te) slots_of(tile + 1, next_a, next_b);
     while (p.dense_indptr[row + 1] <= p0) ++row;
     // Usually one list covers the tile; at a boundary each list present takes a pass.
     for (int r = row; r < n_lists && p.dense_indptr[r] < p_end; ++r) {
@@ -120,8 +130,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
           for (int c = 0; c < 2; ++c) {
             const int j = nt * 8 + 2 * tig + c;
             if (j >= n_vec) continue;
-            if (in_a) p.scores[ia * p.q_stride + j] = acc[c] * mul;
-            if (in_b) p.scores[ib * p.q_stride + j] = acc[2 + c] * mul;
+            if (in_a) p.scores[j * p.score_stride + ia] = acc[c] * mul;
+            if (in_b) p.scores[j * p.score_stride + ib] = acc[2 + c] * mul;
           }
         } else {
           const int j = nt * 4 + tig;
@@ -130,8 +140,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
             return (m + (p.gaussian ? 0.5f * p.scale * v : p.kappa * sqrtf(v))) * mul;
           };
           if (j < n_vec) {
-            if (in_a) p.scores[ia * p.q_stride + j] = est(acc[0], acc[1]);
-            if (in_b) p.scores[ib * p.q_stride + j] = est(acc[2], acc[3]);
+            if (in_a) p.scores[j * p.score_stride + ia] = est(acc[0], acc[1]);
+            if (in_b) p.scores[j * p.score_stride + ib] = est(acc[2], acc[3]);
           }
         }
       }
@@ -196,10 +206,12 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   uint32_t bq[KS][2];
   float qstep[2];
   int qsum[2];
-  SketchRows<KS> cur, next;
+  // Two pages in flight while one is scored (a ring of three): ~3 KiB of loads per warp.
+  SketchRows<KS> cur, next, next2;
   load_sketch_rows<KS>(p, b, g, tig, cur);
+  if (b + 1 < e) load_sketch_rows<KS>(p, b + 1, g, tig, next);
   for (int64_t i = b; i < e; ++i) {
-    if (i + 1 < e) load_sketch_rows<KS>(p, i + 1, g, tig, next);  // in flight while this page is scored
+    if (i + 2 < e) load_sketch_rows<KS>(p, i + 2, g, tig, next2);
     while (p.dense_indptr[row + 1] <= i) ++row;
     const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
     const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0, n_vec = q_len * group;
@@ -207,25 +219,28 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
     for (int nt = 0; nt < (n_vec + 7) / 8; ++nt) {
       if (row != cur_row || nt != cur_nt) {  // B column g: vector 8nt + g, quantized to int8
         const int j = nt * 8 + g;
-        float x[2][KS][4];
+        const __nv_bfloat16* qv =
+            p.q + (static_cast<int64_t>(q0 + min(j, n_vec - 1) / group) * p.n_heads_q + h * group + min(j, n_vec - 1) % group) * D;
+        // Two passes over the lane's 8 * KS elements (L1 hits): the absmax, then the codes.
+        auto lane_q = [&](int ks, int hh, float (&x)[4]) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
+          const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
+          x[0] = __low2float(lo);
+          x[1] = __high2float(lo);
+          x[2] = __low2float(hi);
+          x[3] = __high2float(hi);
+        };
         float amax = 0.0f;
-        if (j < n_vec) {
-          const __nv_bfloat16* qv =
-              p.q + (static_cast<int64_t>(q0 + j / group) * p.n_heads_q + h * group + j % group) * D;
+        if (j < n_vec)
 #pragma unroll
           for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-              const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
-              const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
-              x[hh][ks][0] = __low2float(lo);
-              x[hh][ks][1] = __high2float(lo);
-              x[hh][ks][2] = __low2float(hi);
-              x[hh][ks][3] = __high2float(hi);
+              float x[4];
+              lane_q(ks, hh, x);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[hh][ks][c]));
+              for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[c]));
             }
-        }
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
         const float st = amax / 127.0f;
@@ -234,10 +249,12 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
         for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
+            float x[4];
+            lane_q(ks, hh, x);
             uint32_t w = 0;
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-              const int qc = j < n_vec && st > 0.0f ? static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(x[hh][ks][c] / st)))) : 0;
+              const int qc = j < n_vec && st > 0.0f ? static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(x[c] / st)))) : 0;
               sum += qc;
               w |= (static_cast<uint32_t>(qc) & 0xFFu) << (8 * c);
             }
@@ -278,32 +295,40 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
         for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (g == 0 && j < n_vec) {
           const int nv = min(max(qpos + 1 - tok0, 0), p.page_size);
-          p.scores[i * p.q_stride + j] = nv > 0 ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
+          p.scores[j * p.score_stride + i] = nv > 0 ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
         }
       }
     }
     cur = next;
+    next = next2;
   }
 }
 
 }  // namespace
 
+// One resident wave: as many blocks as fit on the GPU at once (no tail wave), capped by the
+// workspace's n_score_warps. The kernels split the pages over the warps of the actual grid.
+template <typename Kernel>
+void launch_resident(Kernel kernel, const PageSelectParams& p, cudaStream_t stream) {
+  static const int per_sm = [&] {
+    int dev = 0, sms = 0, n = 0;
+    DHS_CUDA_CHECK(cudaGetDevice(&dev));
+    DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kScoreThreads, 0));
+    return std::max(1, n) * sms;
+  }();
+  PageSelectParams q = p;
+  const int blocks = std::min(per_sm, std::max(1, p.n_score_warps * 32 / kScoreThreads));
+  q.n_score_warps = blocks * (kScoreThreads / 32);
+  kernel<<<blocks, kScoreThreads, 0, stream>>>(q);
+}
+
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
-  const int blocks = p.n_score_warps * 32 / kScoreThreads;
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
-    case 64:
-      if (sketch) score_sketch_kernel<2><<<blocks, kScoreThreads, 0, stream>>>(p);
-      else score_summaries_kernel<64><<<blocks, kScoreThreads, 0, stream>>>(p);
-      break;
-    case 128:
-      if (sketch) score_sketch_kernel<4><<<blocks, kScoreThreads, 0, stream>>>(p);
-      else score_summaries_kernel<128><<<blocks, kScoreThreads, 0, stream>>>(p);
-      break;
-    case 256:
-      if (sketch) score_sketch_kernel<8><<<blocks, kScoreThreads, 0, stream>>>(p);
-      else score_summaries_kernel<256><<<blocks, kScoreThreads, 0, stream>>>(p);
-      break;
+    case 64: sketch ? launch_resident(score_sketch_kernel<2>, p, stream) : launch_resident(score_summaries_kernel<64>, p, stream); break;
+    case 128: sketch ? launch_resident(score_sketch_kernel<4>, p, stream) : launch_resident(score_summaries_kernel<128>, p, stream); break;
+    case 256: sketch ? launch_resident(score_sketch_kernel<8>, p, stream) : launch_resident(score_summaries_kernel<256>, p, stream); break;
     default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());

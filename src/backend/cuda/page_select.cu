@@ -100,35 +100,39 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
     if (k_top >= n) mode = kAll;
   }
 
-  // Masses: shared memory, swizzled so that the k-th page of every thread's chunk sits in one
-  // row (m[k * threads + tid]: no bank conflicts in the chunk loops below), or, for lists too
-  // long for it, the list's own range of the global workspace in index order.
-  const bool in_smem = per * kSelectThreads <= p.smem_pages;
+  // Masses: shared memory, or, for lists too long for it, the list's own range of the global
+  // workspace in index order. In shared memory page i (owner i / per, k-th of its chunk) sits at
+  // k * (threads + 1) + owner: the owners' chunk loops below read one row per k (consecutive
+  // threads, consecutive words), and the coalesced passes that build the masses (thread tid
+  // takes pages tid, tid + threads, ...) write words 513 apart, one bank apart: no conflicts.
+  constexpr int kRow = kSelectThreads + 1;
+  const bool in_smem = per * kRow <= p.smem_pages;
   float* m_base = in_smem ? s_mass : p.mass + base;
-  auto mass_at = [&](int i) -> float& { return in_smem ? m_base[(i - i0) * kSelectThreads + tid] : m_base[i]; };
+  auto mass_ref = [&](int i) -> float& { return in_smem ? m_base[(i % per) * kRow + i / per] : m_base[i]; };
+  auto mass_at = [&](int i) -> float& { return in_smem ? m_base[(i - i0) * kRow + tid] : m_base[i]; };  // owner's
   uint32_t thr = 0;  // the cut: pages of mass bits > thr are in, == thr by index up to k_eq
   int k_eq = 0;
   bool topk_forced_only = false;
   if (mode == kCut) {
-    for (int i = i0; i < i1; ++i) mass_at(i) = 0.0f;
+    for (int i = tid; i < n; i += kSelectThreads) mass_ref(i) = 0.0f;
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     for (int hh = h_first; hh <= h_last; ++hh) {
       const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
       for (int j = 0; j < q_len * group; ++j) {
         const int qpos = seq - q_len + j / group;
-        // Sub-chunks of kSub pages: their loads are issued together (one memory latency per
-        // sub-chunk, not per page), then folded into the thread's online (max, sum).
+        const float* sc = p.scores + j * p.score_stride + bh;
+        // Pages tid + k * threads (coalesced), kSub of them per batch of loads (one memory
+        // latency per batch), folded into the thread's online (max, sum).
         constexpr int kSub = 16;
         float mx = -INFINITY, z = 0.0f;
-        for (int c0 = i0; c0 < i1; c0 += kSub) {
+        for (int c0 = 0; c0 < n; c0 += kSub * kSelectThreads) {
           float sv[kSub], nvf[kSub];
 #pragma unroll
           for (int k = 0; k < kSub; ++k) {
-            const int i = c0 + k;
-            const bool in = i < i1;
-            const int nv = in ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
+            const int i = c0 + k * kSelectThreads + tid;
+            const int nv = i < n ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
             nvf[k] = static_cast<float>(nv);
-            sv[k] = nv > 0 ? p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] : -INFINITY;
+            sv[k] = nv > 0 ? sc[i] : -INFINITY;
           }
           float cm = -INFINITY;
 #pragma unroll
@@ -152,22 +156,23 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
         const float Z = block_sum(mx == -INFINITY ? 0.0f : z * exp2f(mx - M), s_red);
         if (!(Z > 0.0f)) continue;  // this row sees no key (uniform across the block)
         const float inv_z = 1.0f / Z;
-        for (int c0 = i0; c0 < i1; c0 += kSub) {
+        for (int c0 = 0; c0 < n; c0 += kSub * kSelectThreads) {
           float w[kSub];
 #pragma unroll
           for (int k = 0; k < kSub; ++k) {
-            const int i = c0 + k;
-            const int nv = i < i1 ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
-            w[k] = nv == 0 ? 0.0f
-                           : static_cast<float>(nv) *
-                                 exp2f(p.scores[static_cast<int64_t>(bh + i) * p.q_stride + j] - M) * inv_z;
+            const int i = c0 + k * kSelectThreads + tid;
+            const int nv = i < n ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
+            w[k] = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(sc[i] - M) * inv_z;
           }
 #pragma unroll
-          for (int k = 0; k < kSub; ++k)
-            if (c0 + k < i1) mass_at(c0 + k) = p.combine_max ? fmaxf(mass_at(c0 + k), w[k]) : mass_at(c0 + k) + w[k];
+          for (int k = 0; k < kSub; ++k) {
+            const int i = c0 + k * kSelectThreads + tid;
+            if (i < n) mass_ref(i) = p.combine_max ? fmaxf(mass_ref(i), w[k]) : mass_ref(i) + w[k];
+          }
         }
       }
     }
+    __syncthreads();  // the masses were written by the strided passes; owners read their chunks
     float tot = 0.0f;
     for (int i = i0; i < i1; ++i) tot += mass_at(i);
     tot = block_sum(tot, s_red);
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
       const float inv = 1.0f / tot;
       for (int i = i0; i < i1; ++i) mass_at(i) *= inv;
     }
-    // (Each thread reads back only its own chunk of m below: no barrier needed for m.)
+    // (From here each thread reads and writes only its own chunk of m.)
     if (p.mass_out)
       for (int i = i0; i < i1; ++i) p.mass_out[base + i] = mass_at(i);
 
@@ -271,19 +276,27 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
 }
 
 // ---- 3. compact ----------------------------------------------------------------------
-__global__ void __launch_bounds__(kSelectThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
-  __shared__ int s_redi[kSelectWarps];
+constexpr int kCompactThreads = 256, kCompactSplit = 8;  // blocks per list: copies in flight
+
+__global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
+  __shared__ int s_red[kCompactThreads / 32];
   const int row = blockIdx.x;
   int s = 0;
   for (int r = threadIdx.x; r < row; r += blockDim.x) s += p.counts[r];
-  const int off = block_sum_int(s, s_redi);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  int off = 0;
+#pragma unroll
+  for (int w = 0; w < kCompactThreads / 32; ++w) off += s_red[w];
   const int c = p.counts[row];
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && blockIdx.y == 0) {
     p.indptr[row + 1] = off + c;
     if (row == 0) p.indptr[0] = 0;
   }
   const int base = p.dense_indptr[row];
-  for (int i = threadIdx.x; i < c; i += blockDim.x) {
+  for (int i = blockIdx.y * kCompactThreads + threadIdx.x; i < c; i += kCompactSplit * kCompactThreads) {
     p.slots[off + i] = p.stage_slots[base + i];
     p.page_pos[off + i] = p.stage_pos[base + i];
   }
@@ -300,7 +313,7 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
   } else if (stage == 1) {
     select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
   } else {
-    compact_lists_kernel<<<n_lists, kSelectThreads, 0, stream>>>(p);
+    compact_lists_kernel<<<dim3(n_lists, kCompactSplit), kCompactThreads, 0, stream>>>(p);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
 }
@@ -340,6 +353,7 @@ void PageSelectWorkspace::bind(PageSelectParams* p) const {
   p->stage_slots = stage_slots_d_;
   p->stage_pos = stage_pos_d_;
   p->q_stride = q_stride_;
+  p->score_stride = max_nnz_ > 0 ? max_nnz_ : 1;
   p->n_score_warps = n_score_warps_;
   p->smem_pages = kSelectSmemPages;
 }

@@ -62,7 +62,7 @@ struct PageSelectParams {
   int dense_below = 0;                   // requests with seq_len < this read every page
 
   // Workspace (PageSelectWorkspace).
-  float* scores = nullptr;        // [nnz_dense, q_stride]
+  float* scores = nullptr;        // [q_stride, score_stride]: q vector j of dense page i at j * score_stride + i
   float* mass = nullptr;          // [nnz_dense] for lists longer than smem_pages
   int32_t* counts = nullptr;      // [n_lists]
   int32_t* stage_slots = nullptr; // [nnz_dense] chosen pages at their list's dense offset
@@ -81,6 +81,7 @@ struct PageSelectParams {
   int head_dim = 0;      // 64, 128 or 256
   int page_size = 16;
   int q_stride = 0;      // >= (n_heads_q / n_heads_kv) * max q_len
+  int64_t score_stride = 0;  // >= nnz_dense (the workspace's max_nnz)
   float scale = 0.0f;    // softmax scale, usually 1/sqrt(head_dim)
   int n_score_warps = 0; // grid of the score kernel, in warps (multiple of 8)
   int smem_pages = 0;    // lists up to this length keep their masses in shared memory
@@ -102,7 +103,7 @@ class PageSelectWorkspace {
   PageSelectWorkspace(const PageSelectWorkspace&) = delete;
   PageSelectWorkspace& operator=(const PageSelectWorkspace&) = delete;
 
-  // Fills the workspace fields of p (and q_stride, n_score_warps, smem_pages).
+  // Fills the workspace fields of p (and q_stride, score_stride, n_score_warps, smem_pages).
   void bind(PageSelectParams* p) const;
   int max_lists() const { return max_lists_; }
   int64_t max_nnz() const { return max_nnz_; }
@@ -120,9 +121,10 @@ class PageSelectWorkspace {
   int32_t* stage_pos_d_ = nullptr;
 };
 
-// Shared-memory capacity of the select kernel, in pages per list (46 KiB of fp32 masses:
-// no opt-in needed; 128k tokens at page 16 are 8192 pages). Lists whose chunks, rounded up to
-// the 512-thread block, exceed it use the global workspace.
+// Shared-memory capacity of the select kernel, in fp32 masses (46 KiB: no opt-in needed). A list
+// of n pages takes ceil(n / 512) rows of 513 (one pad word per row against bank conflicts), so
+// lists up to 22 * 512 = 11,264 pages stay in shared memory (128k tokens at page 16 are 8,192);
+// longer ones use the global workspace.
 inline constexpr int kSelectSmemPages = 11776;
 
 }  // namespace dhs::cuda

@@ -64,6 +64,7 @@ class LlamaCuda {
   size_t weight_bytes() const { return weight_bytes_; }
   cuda::DevicePagePool& kv_pool() { return *pool_; }
   // The kept summaries (null where not kept).
+  cuda::DeviceKeySketch* key_sketch() { return sketch_.get(); }
   cuda::DevicePageSummaries* summaries(cuda::SummaryKind k) {
     return k == cuda::SummaryKind::MinMax ? sum_minmax_.get() : sum_meanvar_.get();
   }
