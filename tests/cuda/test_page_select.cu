@@ -344,10 +344,13 @@ std::string coverage_violation(const std::vector<double>& m, const std::vector<i
   return "";
 }
 
+// seqs: request lengths (default the 17 awkward ones); smem_pages >= 0 overrides the select
+// kernel's shared-memory capacity (0: every mass past the register rounds in the global workspace).
 void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind kind, uint32_t seed,
-                         bool gaussian = false) {
+                         bool gaussian = false, const std::vector<int>& seqs = {}, int smem_pages = -1) {
   std::mt19937 rng(seed);
-  Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi_q), rng);
+  Problem pr = seqs.empty() ? make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi_q), rng)
+                            : make_problem(hq, hkv, d, seqs, std::vector<int>(seqs.size(), 1), rng);
   const int n_req = static_cast<int>(pr.seq_len.size());
   const int group = hq / hkv;
   int max_q = 0;
@@ -406,6 +409,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     p.page_size = kPage;
     p.scale = scale;
     ws.bind(&p);
+    if (smem_pages >= 0) p.smem_pages = smem_pages;
     return p;
   };
 
@@ -571,6 +575,15 @@ TEST(PageSelect, MatchesTheCpuPoliciesLlama8bShape) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   run_selection_cases(32, 8, 128, false, dc::SummaryKind::MinMax, 11);
   if (!quick()) run_selection_cases(32, 8, 128, true, dc::SummaryKind::MinMax, 12);
+}
+
+// Lists past the 8,192 pages whose masses sit in registers: the shared-memory and global
+// overflow rounds of the select kernel (one request of 140,000 tokens = 8,750 pages per head).
+TEST(PageSelect, MatchesTheCpuPoliciesOnListsPastTheRegisterRounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (quick()) GTEST_SKIP() << "DHS_TEST_QUICK: long lists skipped";
+  run_selection_cases(9, 3, 64, false, dc::SummaryKind::MinMax, 16, false, {140000, 37}, -1);
+  run_selection_cases(9, 3, 64, false, dc::SummaryKind::MinMax, 17, false, {140000, 37}, 0);
 }
 
 TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {

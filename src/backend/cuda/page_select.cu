@@ -72,7 +72,15 @@ __device__ __forceinline__ void merge_mz(float& m, float& z, float m2, float z2)
   m = mm;
 }
 
-__global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
+// One block per list (per request under SoloHead). Thread tid owns pages tid, tid + threads,
+// tid + 2 threads, ... (every pass over the scores is coalesced); the masses of its first
+// kRegPer pages live in registers (lists up to 8,192 pages: 128k tokens), the rest in shared
+// memory (then the global workspace). Pages are emitted in index order by rounds: round k
+// takes pages k * threads .. k * threads + threads - 1, and one block scan per round ranks
+// them.
+constexpr int kRegPer = 16;
+
+__global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
   extern __shared__ float s_mass[];
   __shared__ float s_red[kSelectWarps], s_red_m[kSelectWarps];
   __shared__ int s_redi[kSelectWarps];
@@ -84,9 +92,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
   const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0;
   const int group = p.n_heads_q / p.n_heads_kv;
   const int tid = threadIdx.x;
-  // Each thread owns a contiguous chunk of page indices (index order = prefix order).
-  const int per = (n + kSelectThreads - 1) / kSelectThreads;
-  const int i0 = min(n, tid * per), i1 = min(n, i0 + per);
+  const int per = (n + kSelectThreads - 1) / kSelectThreads;  // pages per thread (rounds)
   const int sink = min(p.n_sink, n), recent_from = max(sink, n - p.n_recent);
   auto forced = [&](int i) { return i < sink || i >= recent_from; };
 
@@ -100,93 +106,75 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
     if (k_top >= n) mode = kAll;
   }
 
-  // Masses: shared memory, or, for lists too long for it, the list's own range of the global
-  // workspace in index order. In shared memory page i (owner i / per, k-th of its chunk) sits at
-  // k * (threads + 1) + owner: the owners' chunk loops below read one row per k (consecutive
-  // threads, consecutive words), and the coalesced passes that build the masses (thread tid
-  // takes pages tid, tid + threads, ...) write words 513 apart, one bank apart: no conflicts.
-  constexpr int kRow = kSelectThreads + 1;
-  const bool in_smem = per * kRow <= p.smem_pages;
-  float* m_base = in_smem ? s_mass : p.mass + base;
-  auto mass_ref = [&](int i) -> float& { return in_smem ? m_base[(i % per) * kRow + i / per] : m_base[i]; };
-  auto mass_at = [&](int i) -> float& { return in_smem ? m_base[(i - i0) * kRow + tid] : m_base[i]; };  // owner's
+  // The thread's masses: registers for rounds < kRegPer, then shared memory (m[(k - kRegPer) *
+  // threads + tid]: consecutive threads, consecutive words) or the list's global workspace.
+  float mr[kRegPer];
+  const bool ovf_smem = (per - kRegPer) * kSelectThreads <= p.smem_pages;
+  auto ovf = [&](int k) -> float& {
+    return ovf_smem ? s_mass[(k - kRegPer) * kSelectThreads + tid] : p.mass[base + k * kSelectThreads + tid];
+  };
+  // f(round, page index, mass) over the thread's pages, in round order.
+  auto for_owned = [&](auto&& f) {
+#pragma unroll
+    for (int k = 0; k < kRegPer; ++k)
+      if (k * kSelectThreads + tid < n) f(k, k * kSelectThreads + tid, mr[k]);
+    for (int k = kRegPer; k < per; ++k)
+      if (k * kSelectThreads + tid < n) f(k, k * kSelectThreads + tid, ovf(k));
+  };
+
   uint32_t thr = 0;  // the cut: pages of mass bits > thr are in, == thr by index up to k_eq
   int k_eq = 0;
   bool topk_forced_only = false;
   if (mode == kCut) {
-    for (int i = tid; i < n; i += kSelectThreads) mass_ref(i) = 0.0f;
+    for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     for (int hh = h_first; hh <= h_last; ++hh) {
       const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
       for (int j = 0; j < q_len * group; ++j) {
         const int qpos = seq - q_len + j / group;
         const float* sc = p.scores + j * p.score_stride + bh;
-        // Pages tid + k * threads (coalesced), kSub of them per batch of loads (one memory
-        // latency per batch), folded into the thread's online (max, sum).
-        constexpr int kSub = 16;
-        float mx = -INFINITY, z = 0.0f;
-        for (int c0 = 0; c0 < n; c0 += kSub * kSelectThreads) {
-          float sv[kSub], nvf[kSub];
+        auto n_vis = [&](int i) { return min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size); };
+        // Block-wide (max, sum) of n_i 2^s_i: max first, then the rescaled sums.
+        float mx = -INFINITY;
+        for_owned([&](int, int i, float&) {
+          if (n_vis(i) > 0) mx = fmaxf(mx, sc[i]);
+        });
 #pragma unroll
-          for (int k = 0; k < kSub; ++k) {
-            const int i = c0 + k * kSelectThreads + tid;
-            const int nv = i < n ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
-            nvf[k] = static_cast<float>(nv);
-            sv[k] = nv > 0 ? sc[i] : -INFINITY;
-          }
-          float cm = -INFINITY;
-#pragma unroll
-          for (int k = 0; k < kSub; ++k) cm = fmaxf(cm, sv[k]);
-          if (cm == -INFINITY) continue;
-          float cz = 0.0f;
-#pragma unroll
-          for (int k = 0; k < kSub; ++k) cz += nvf[k] * exp2f(sv[k] - cm);
-          merge_mz(mx, z, cm, cz);
-        }
-        // Block-wide (max, sum): max first, then the rescaled sums.
-        float mxa = mx;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, o));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         __syncthreads();
-        if ((tid & 31) == 0) s_red_m[tid >> 5] = mxa;
+        if ((tid & 31) == 0) s_red_m[tid >> 5] = mx;
         __syncthreads();
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < kSelectWarps; ++w) M = fmaxf(M, s_red_m[w]);
-        const float Z = block_sum(mx == -INFINITY ? 0.0f : z * exp2f(mx - M), s_red);
-        if (!(Z > 0.0f)) continue;  // this row sees no key (uniform across the block)
+        if (M == -INFINITY) continue;  // this row sees no key (uniform across the block)
+        float z = 0.0f;
+        for_owned([&](int, int i, float&) {
+          const int nv = n_vis(i);
+          if (nv > 0) z += static_cast<float>(nv) * exp2f(sc[i] - M);
+        });
+        const float Z = block_sum(z, s_red);
+        if (!(Z > 0.0f)) continue;
         const float inv_z = 1.0f / Z;
-        for (int c0 = 0; c0 < n; c0 += kSub * kSelectThreads) {
-          float w[kSub];
-#pragma unroll
-          for (int k = 0; k < kSub; ++k) {
-            const int i = c0 + k * kSelectThreads + tid;
-            const int nv = i < n ? min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size) : 0;
-            w[k] = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(sc[i] - M) * inv_z;
-          }
-#pragma unroll
-          for (int k = 0; k < kSub; ++k) {
-            const int i = c0 + k * kSelectThreads + tid;
-            if (i < n) mass_ref(i) = p.combine_max ? fmaxf(mass_ref(i), w[k]) : mass_ref(i) + w[k];
-          }
-        }
+        for_owned([&](int, int i, float& m) {
+          const int nv = n_vis(i);
+          const float w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(sc[i] - M) * inv_z;
+          m = p.combine_max ? fmaxf(m, w) : m + w;
+        });
       }
     }
-    __syncthreads();  // the masses were written by the strided passes; owners read their chunks
     float tot = 0.0f;
-    for (int i = i0; i < i1; ++i) tot += mass_at(i);
+    for_owned([&](int, int, float& m) { tot += m; });
     tot = block_sum(tot, s_red);
     if (tot > 0.0f) {
       const float inv = 1.0f / tot;
-      for (int i = i0; i < i1; ++i) mass_at(i) *= inv;
+      for_owned([&](int, int, float& m) { m *= inv; });
     }
-    // (From here each thread reads and writes only its own chunk of m.)
-    if (p.mass_out)
-      for (int i = i0; i < i1; ++i) p.mass_out[base + i] = mass_at(i);
+    if (p.mass_out) for_owned([&](int, int i, float& m) { p.mass_out[base + i] = m; });
 
     if (p.rule == SelectRule::Coverage) {
       float fm = 0.0f, fr = 0.0f;
-      for (int i = i0; i < i1; ++i) (forced(i) ? fm : fr) += mass_at(i);
+      for_owned([&](int, int i, float& m) { (forced(i) ? fm : fr) += m; });
       fm = block_sum(fm, s_red);
       fr = block_sum(fr, s_red);
       const float need = p.gamma - fm;
@@ -197,13 +185,15 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
         for (int bit = 30; bit >= 0; --bit) {
           const uint32_t cand = thr | (1u << bit);
           float s = 0.0f;
-          for (int i = i0; i < i1; ++i)
-            if (!forced(i) && __float_as_uint(mass_at(i)) >= cand) s += mass_at(i);
+          for_owned([&](int, int i, float& m) {
+            if (!forced(i) && __float_as_uint(m) >= cand) s += m;
+          });
           if (block_sum(s, s_red) >= need) thr = cand;
         }
         float gt = 0.0f;
-        for (int i = i0; i < i1; ++i)
-          if (!forced(i) && __float_as_uint(mass_at(i)) > thr) gt += mass_at(i);
+        for_owned([&](int, int i, float& m) {
+          if (!forced(i) && __float_as_uint(m) > thr) gt += m;
+        });
         gt = block_sum(gt, s_red);
         const float tv = __uint_as_float(thr);
         // tv > 0: S(>= 0) >= need > S(> thr), so some page of mass tv > 0 sits at the cut.
@@ -217,58 +207,64 @@ __global__ void __launch_bounds__(kSelectThreads) select_pages_kernel(const __gr
         for (int bit = 30; bit >= 0; --bit) {
           const uint32_t cand = thr | (1u << bit);
           int c = 0;
-          for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(mass_at(i)) >= cand;
+          for_owned([&](int, int i, float& m) { c += !forced(i) && __float_as_uint(m) >= cand; });
           if (block_sum_int(c, s_redi) >= want) thr = cand;
         }
         int gt = 0;
-        for (int i = i0; i < i1; ++i) gt += !forced(i) && __float_as_uint(mass_at(i)) > thr;
+        for_owned([&](int, int i, float& m) { gt += !forced(i) && __float_as_uint(m) > thr; });
         k_eq = want - block_sum_int(gt, s_redi);
       }
     }
   }
 
-  // Ranks of the free pages tied at the cut, in index order.
-  int eq_before = 0;
-  if (mode == kCut && !topk_forced_only) {
-    int c = 0;
-    for (int i = i0; i < i1; ++i) c += !forced(i) && __float_as_uint(mass_at(i)) == thr;
-    int all;
-    eq_before = block_exclusive_scan(c, s_redi, &all);
-  }
-  // Top-k with k at most the forced pages: sinks first, then the newest recent pages.
-  const int k_sink = min(k_top, sink), k_recent = k_top - k_sink;
-  auto chosen = [&](int i, int& eq_rank) -> bool {
-    if (mode == kAll) return true;
-    if (mode == kForced) return forced(i);
-    if (topk_forced_only) return i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
-    if (forced(i)) return true;
-    const uint32_t b = __float_as_uint(mass_at(i));
-    if (b > thr) return true;
-    if (b == thr) return eq_rank++ < k_eq;
-    return false;
-  };
-  int cnt = 0;
-  {
-    int r = eq_before;
-    for (int i = i0; i < i1; ++i) cnt += chosen(i, r);
-  }
-  int total = 0;
-  const int off = block_exclusive_scan(cnt, s_redi, &total);
-  const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
-  for (int hh = h_first; hh <= h_last; ++hh) {
-    const int lrow = req * p.n_heads_kv + hh;
-    const int bh = p.dense_indptr[lrow];
-    int o = bh + off, r = eq_before;
-    for (int i = i0; i < i1; ++i)
-      if (chosen(i, r)) {
-        p.stage_slots[o] = p.dense_slots[bh + i];
-        p.stage_pos[o] = p.dense_page_pos[bh + i];
-        ++o;
+  // Emit in index order, one round of threads at a time. Within a round one scan counts, for
+  // each page, the chosen non-tied pages and the tied pages (free pages of mass bits == thr)
+  // before it: the first k_eq tied pages of the list (by index) are in.
+  const int k_sink = min(k_top, sink), k_recent = k_top - k_sink;  // top-k within the forced pages
+  const bool cut = mode == kCut && !topk_forced_only;
+  int out_before = 0, ties_before = 0;
+  auto round = [&](int i, float m) {
+    const bool valid = i < n;
+    bool sure = false, tie = false;
+    if (valid) {
+      if (mode == kAll) sure = true;
+      else if (mode == kForced) sure = forced(i);
+      else if (topk_forced_only) sure = i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
+      else if (forced(i)) sure = true;
+      else {
+        const uint32_t b = __float_as_uint(m);
+        sure = b > thr;
+        tie = b == thr;
       }
-    if (tid == 0) {
-      p.counts[lrow] = total;
+    }
+    int all;
+    const int ex = block_exclusive_scan(static_cast<int>(sure) | (static_cast<int>(tie) << 16), s_redi, &all);
+    const int quota = cut ? max(0, k_eq - ties_before) : 0;
+    const int ex_sure = ex & 0xFFFF, ex_tie = ex >> 16;
+    if (sure || (tie && ex_tie < quota)) {
+      const int o = out_before + ex_sure + min(ex_tie, quota);
+      const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
+      for (int hh = h_first; hh <= h_last; ++hh) {
+        const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
+        p.stage_slots[bh + o] = p.dense_slots[bh + i];
+        p.stage_pos[bh + o] = p.dense_page_pos[bh + i];
+      }
+    }
+    out_before += (all & 0xFFFF) + min(all >> 16, quota);
+    ties_before += all >> 16;
+  };
+#pragma unroll
+  for (int k = 0; k < kRegPer; ++k)
+    if (k < per) round(k * kSelectThreads + tid, mr[k]);
+  for (int k = kRegPer; k < per; ++k) round(k * kSelectThreads + tid, k * kSelectThreads + tid < n ? ovf(k) : 0.0f);
+
+  if (tid == 0) {
+    const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
+    for (int hh = h_first; hh <= h_last; ++hh) {
+      const int lrow = req * p.n_heads_kv + hh;
+      p.counts[lrow] = out_before;
       if (p.stats) {
-        atomicAdd(&p.stats[2 * hh], static_cast<unsigned long long>(total));
+        atomicAdd(&p.stats[2 * hh], static_cast<unsigned long long>(out_before));
         atomicAdd(&p.stats[2 * hh + 1], static_cast<unsigned long long>(n));
       }
     }

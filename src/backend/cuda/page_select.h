@@ -121,10 +121,10 @@ class PageSelectWorkspace {
   int32_t* stage_pos_d_ = nullptr;
 };
 
-// Shared-memory capacity of the select kernel, in fp32 masses (46 KiB: no opt-in needed). A list
-// of n pages takes ceil(n / 512) rows of 513 (one pad word per row against bank conflicts), so
-// lists up to 22 * 512 = 11,264 pages stay in shared memory (128k tokens at page 16 are 8,192);
-// longer ones use the global workspace.
+// Shared-memory capacity of the select kernel, in fp32 masses (46 KiB: no opt-in needed). The
+// first 16 * 512 = 8,192 pages of a list (128k tokens at page 16) keep their masses in
+// registers, the next 11,776 in shared memory; longer lists (> 19,968 pages) or a smaller
+// smem_pages put the overflow in the global workspace.
 inline constexpr int kSelectSmemPages = 11776;
 
 }  // namespace dhs::cuda
