@@ -17,60 +17,110 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ---- 2. select (1. score: page_score.cu) -----------------------------------------------------------------------
-// Deterministic block reductions: per-warp shuffles, then every thread adds the warp
-// partials in the same order (no third barrier, same value in every thread).
-__device__ __forceinline__ float block_sum(float v, float* s_red) {
-  v = warp_sum(v);
-  __syncthreads();  // the previous reduction's reads of s_red are done
-  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float t = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kSelectWarps; ++w) t += s_red[w];
-  return t;
-}
+// Deterministic block reductions with ONE barrier each: per-warp shuffles, lane 0 (or 31) writes
+// the warp's partials to one of two alternating shared buffers, a barrier, then every thread
+// combines the partials in warp order (the same value in every thread). Alternating makes the
+// usual barrier before the write unnecessary: a buffer is written again only after the next
+// reduction's barrier, which every thread reaches after its reads of this one. N values reduce
+// together (one barrier for all): the select kernel is bound by the latency of its ~50 block
+// reductions, not by its few thousand flops (docs/kernels/page_select_NOTES.md, v4 -> v5).
+constexpr int kMaxRed = 16;
+struct BlockReduce {
+  uint32_t (*buf)[kMaxRed * kSelectWarps];  // [2][kMaxRed * kSelectWarps]
+  int par = 0;
 
-__device__ __forceinline__ int block_sum_int(int v, int* s_red) {
+  template <int N>
+  __device__ __forceinline__ void sum(float (&v)[N]) {
+    static_assert(N <= kMaxRed);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int t = 0;
+    for (int k = 0; k < N; ++k) v[k] = warp_sum(v[k]);
+    uint32_t* b = buf[par];
+    par ^= 1;
+    if ((threadIdx.x & 31) == 0)
 #pragma unroll
-  for (int w = 0; w < kSelectWarps; ++w) t += s_red[w];
-  return t;
-}
-
-// Exclusive prefix over threads (in thread order) of v; *total gets the sum.
-__device__ __forceinline__ int block_exclusive_scan(int v, int* s_red, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
+      for (int k = 0; k < N; ++k) b[k * kSelectWarps + (threadIdx.x >> 5)] = __float_as_uint(v[k]);
+    __syncthreads();
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
+    for (int k = 0; k < N; ++k) {
+      float t = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kSelectWarps; ++w) t += __uint_as_float(b[k * kSelectWarps + w]);
+      v[k] = t;
+    }
   }
-  __syncthreads();
-  if (lane == 31) s_red[warp] = x;
-  __syncthreads();
-  int before = 0, all = 0;
-#pragma unroll
-  for (int w = 0; w < kSelectWarps; ++w) {
-    if (w < warp) before += s_red[w];
-    all += s_red[w];
+  __device__ __forceinline__ float sum(float v) {
+    float a[1] = {v};
+    sum(a);
+    return a[0];
   }
-  *total = all;
-  return before + x - v;
-}
-
-// Combined (max, sum) of the online softmax denominators of two partial ranges.
-__device__ __forceinline__ void merge_mz(float& m, float& z, float m2, float z2) {
-  const float mm = fmaxf(m, m2);
-  if (mm == -INFINITY) return;
-  z = z * exp2f(m - mm) + z2 * exp2f(m2 - mm);
-  m = mm;
-}
+  template <int N>
+  __device__ __forceinline__ void sum_int(int (&v)[N]) {
+    static_assert(N <= kMaxRed);
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    uint32_t* b = buf[par];
+    par ^= 1;
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+      for (int k = 0; k < N; ++k) b[k * kSelectWarps + (threadIdx.x >> 5)] = static_cast<uint32_t>(v[k]);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      int t = 0;
+#pragma unroll
+      for (int w = 0; w < kSelectWarps; ++w) t += static_cast<int>(b[k * kSelectWarps + w]);
+      v[k] = t;
+    }
+  }
+  __device__ __forceinline__ float max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    uint32_t* b = buf[par];
+    par ^= 1;
+    if ((threadIdx.x & 31) == 0) b[threadIdx.x >> 5] = __float_as_uint(v);
+    __syncthreads();
+    float t = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kSelectWarps; ++w) t = fmaxf(t, __uint_as_float(b[w]));
+    return t;
+  }
+  // Exclusive prefixes over threads (in thread order) of N values at once; total[k] gets the sums.
+  template <int N>
+  __device__ __forceinline__ void exclusive_scan(int (&v)[N], int (&total)[N]) {
+    static_assert(N <= kMaxRed);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] = v[k];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1)
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int y = __shfl_up_sync(0xffffffffu, x[k], o);
+        if (lane >= o) x[k] += y;
+      }
+    uint32_t* b = buf[par];
+    par ^= 1;
+    if (lane == 31)
+#pragma unroll
+      for (int k = 0; k < N; ++k) b[k * kSelectWarps + warp] = static_cast<uint32_t>(x[k]);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      int before = 0, all = 0;
+#pragma unroll
+      for (int w = 0; w < kSelectWarps; ++w) {
+        const int t = static_cast<int>(b[k * kSelectWarps + w]);
+        if (w < warp) before += t;
+        all += t;
+      }
+      total[k] = all;
+      v[k] = before + x[k] - v[k];
+    }
+  }
+};
 
 // One block per list (per request under SoloHead). Thread tid owns pages tid, tid + threads,
 // tid + 2 threads, ... (every pass over the scores is coalesced); the masses of its first
@@ -82,8 +132,8 @@ constexpr int kRegPer = 16;
 
 __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
   extern __shared__ float s_mass[];
-  __shared__ float s_red[kSelectWarps], s_red_m[kSelectWarps];
-  __shared__ int s_redi[kSelectWarps];
+  __shared__ uint32_t s_buf[2][kMaxRed * kSelectWarps];
+  BlockReduce red{s_buf};
   const int row = blockIdx.x;
   const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
   if (p.share_heads && h != 0) return;  // SoloHead: the request's head-0 block decides for all
@@ -139,21 +189,14 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         for_owned([&](int, int i, float&) {
           if (n_vis(i) > 0) mx = fmaxf(mx, sc[i]);
         });
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        __syncthreads();
-        if ((tid & 31) == 0) s_red_m[tid >> 5] = mx;
-        __syncthreads();
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kSelectWarps; ++w) M = fmaxf(M, s_red_m[w]);
+        const float M = red.max(mx);
         if (M == -INFINITY) continue;  // this row sees no key (uniform across the block)
         float z = 0.0f;
         for_owned([&](int, int i, float&) {
           const int nv = n_vis(i);
           if (nv > 0) z += static_cast<float>(nv) * exp2f(sc[i] - M);
         });
-        const float Z = block_sum(z, s_red);
+        const float Z = red.sum(z);
         if (!(Z > 0.0f)) continue;
         const float inv_z = 1.0f / Z;
         for_owned([&](int, int i, float& m) {
@@ -165,7 +208,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     }
     float tot = 0.0f;
     for_owned([&](int, int, float& m) { tot += m; });
-    tot = block_sum(tot, s_red);
+    tot = red.sum(tot);
     if (tot > 0.0f) {
       const float inv = 1.0f / tot;
       for_owned([&](int, int, float& m) { m *= inv; });
@@ -175,26 +218,40 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     if (p.rule == SelectRule::Coverage) {
       float fm = 0.0f, fr = 0.0f;
       for_owned([&](int, int i, float& m) { (forced(i) ? fm : fr) += m; });
-      fm = block_sum(fm, s_red);
-      fr = block_sum(fr, s_red);
+      float f2[2] = {fm, fr};
+      red.sum(f2);
+      fm = f2[0];
+      fr = f2[1];
       const float need = p.gamma - fm;
       if (need <= 0.0f) mode = kForced;
       else if (fr < need) mode = kAll;  // rounding shortfall: every page
       else {
-        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr.
-        for (int bit = 30; bit >= 0; --bit) {
-          const uint32_t cand = thr | (1u << bit);
-          float s = 0.0f;
+        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr: bits 30..0 two
+        // at a time (the largest of the 3 candidates that still reaches need; S falls as thr rises).
+        for (int lo = 29; lo >= -1; lo -= 2) {
+          uint32_t cand[3];
+#pragma unroll
+          for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+          float s[3] = {0.0f, 0.0f, 0.0f};
           for_owned([&](int, int i, float& m) {
-            if (!forced(i) && __float_as_uint(m) >= cand) s += m;
+            if (forced(i)) return;
+            const uint32_t b = __float_as_uint(m);
+#pragma unroll
+            for (int d = 0; d < 3; ++d)
+              if (b >= cand[d]) s[d] += m;
           });
-          if (block_sum(s, s_red) >= need) thr = cand;
+          red.sum(s);
+          for (int d = 2; d >= 0; --d)
+            if (cand[d] != 0xFFFFFFFFu && s[d] >= need) {
+              thr = cand[d];
+              break;
+            }
         }
         float gt = 0.0f;
         for_owned([&](int, int i, float& m) {
           if (!forced(i) && __float_as_uint(m) > thr) gt += m;
         });
-        gt = block_sum(gt, s_red);
+        gt = red.sum(gt);
         const float tv = __uint_as_float(thr);
         // tv > 0: S(>= 0) >= need > S(> thr), so some page of mass tv > 0 sits at the cut.
         k_eq = tv > 0.0f ? max(1, static_cast<int>(ceilf((need - gt) / tv))) : n;
@@ -204,15 +261,28 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       if (k_top <= n_forced) topk_forced_only = true;
       else {
         const int want = k_top - n_forced;  // free pages to add
-        for (int bit = 30; bit >= 0; --bit) {
-          const uint32_t cand = thr | (1u << bit);
-          int c = 0;
-          for_owned([&](int, int i, float& m) { c += !forced(i) && __float_as_uint(m) >= cand; });
-          if (block_sum_int(c, s_redi) >= want) thr = cand;
+        for (int lo = 29; lo >= -1; lo -= 2) {  // as for coverage, on counts
+          uint32_t cand[3];
+#pragma unroll
+          for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+          int c[3] = {0, 0, 0};
+          for_owned([&](int, int i, float& m) {
+            if (forced(i)) return;
+            const uint32_t b = __float_as_uint(m);
+#pragma unroll
+            for (int d = 0; d < 3; ++d) c[d] += b >= cand[d];
+          });
+          red.sum_int(c);
+          for (int d = 2; d >= 0; --d)
+            if (cand[d] != 0xFFFFFFFFu && c[d] >= want) {
+              thr = cand[d];
+              break;
+            }
         }
-        int gt = 0;
-        for_owned([&](int, int i, float& m) { gt += !forced(i) && __float_as_uint(m) > thr; });
-        k_eq = want - block_sum_int(gt, s_redi);
+        int gt[1] = {0};
+        for_owned([&](int, int i, float& m) { gt[0] += !forced(i) && __float_as_uint(m) > thr; });
+        red.sum_int(gt);
+        k_eq = want - gt[0];
       }
     }
   }
@@ -222,26 +292,22 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   // before it: the first k_eq tied pages of the list (by index) are in.
   const int k_sink = min(k_top, sink), k_recent = k_top - k_sink;  // top-k within the forced pages
   const bool cut = mode == kCut && !topk_forced_only;
+  // flag: 1 for a page surely in, 1 << 16 for a tied page (a round has <= 512 of each).
+  auto flag = [&](int i, float m) -> int {
+    if (i >= n) return 0;
+    if (mode == kAll) return 1;
+    if (mode == kForced) return forced(i);
+    if (topk_forced_only) return i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
+    if (forced(i)) return 1;
+    const uint32_t b = __float_as_uint(m);
+    return b > thr ? 1 : b == thr ? 1 << 16 : 0;
+  };
   int out_before = 0, ties_before = 0;
-  auto round = [&](int i, float m) {
-    const bool valid = i < n;
-    bool sure = false, tie = false;
-    if (valid) {
-      if (mode == kAll) sure = true;
-      else if (mode == kForced) sure = forced(i);
-      else if (topk_forced_only) sure = i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
-      else if (forced(i)) sure = true;
-      else {
-        const uint32_t b = __float_as_uint(m);
-        sure = b > thr;
-        tie = b == thr;
-      }
-    }
-    int all;
-    const int ex = block_exclusive_scan(static_cast<int>(sure) | (static_cast<int>(tie) << 16), s_redi, &all);
+  // Page i of a round with exclusive prefix ex and round total all: write it if chosen.
+  auto emit = [&](int i, int f, int ex, int all) {
     const int quota = cut ? max(0, k_eq - ties_before) : 0;
     const int ex_sure = ex & 0xFFFF, ex_tie = ex >> 16;
-    if (sure || (tie && ex_tie < quota)) {
+    if ((f & 1) || ((f >> 16) && ex_tie < quota)) {
       const int o = out_before + ex_sure + min(ex_tie, quota);
       const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
       for (int hh = h_first; hh <= h_last; ++hh) {
@@ -253,10 +319,21 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     out_before += (all & 0xFFFF) + min(all >> 16, quota);
     ties_before += all >> 16;
   };
+  {  // the register rounds: one scan for all of them
+    int f[kRegPer], ex[kRegPer], all[kRegPer];
 #pragma unroll
-  for (int k = 0; k < kRegPer; ++k)
-    if (k < per) round(k * kSelectThreads + tid, mr[k]);
-  for (int k = kRegPer; k < per; ++k) round(k * kSelectThreads + tid, k * kSelectThreads + tid < n ? ovf(k) : 0.0f);
+    for (int k = 0; k < kRegPer; ++k) ex[k] = f[k] = flag(k * kSelectThreads + tid, mr[k]);
+    red.exclusive_scan(ex, all);
+#pragma unroll
+    for (int k = 0; k < kRegPer; ++k)
+      if (k < per) emit(k * kSelectThreads + tid, f[k], ex[k], all[k]);
+  }
+  for (int k = kRegPer; k < per; ++k) {  // overflow rounds, one scan each
+    const int i = k * kSelectThreads + tid;
+    int f[1] = {flag(i, i < n ? ovf(k) : 0.0f)}, ex[1] = {f[0]}, all[1];
+    red.exclusive_scan(ex, all);
+    emit(i, f[0], ex[0], all[0]);
+  }
 
   if (tid == 0) {
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
