@@ -33,8 +33,8 @@ for r in load("decode_attention.jsonl", speed):
 shapes = sorted({(c, b) for (i, c, b) in att if i.startswith("dhisparse-coverage")})
 impls = ["dhisparse-dense", "cudnn-sdpa", "dhisparse-coverage-0.99", "dhisparse-coverage-0.99-minmax",
          "dhisparse-coverage-0.98", "dhisparse-coverage-0.95", "dhisparse-quest-4096", "dhisparse-quest-1024"]
-print("| ctx x batch | " + " | ".join(i.replace("dhisparse-", "") for i in impls) + " | select (coverage) |")
-print("|---" * (len(impls) + 2) + "|")
+print("| ctx x batch | " + " | ".join(i.replace("dhisparse-", "") for i in impls) + " | select (MinMax) | select (sketch4) |")
+print("|---" * (len(impls) + 3) + "|")
 for c, b in shapes:
     d = att[("dhisparse-dense", c, b)]["us"]
     cells = []
@@ -46,13 +46,14 @@ for c, b in shapes:
             cells.append(f"{r['us']:.1f}")
         else:
             cells.append(f"{r['us']:.1f} ({r['pages_read_frac']:.2f}, {d / r['us']:.2f}x)")
-    s = att.get(("select-coverage", c, b))
-    cells.append(f"{s['us']:.1f} ({100 * s['us'] / d:.0f}% of dense)" if s else "-")
+    for sel in ("select-coverage", "select-coverage-sketch4"):
+        s = att.get((sel, c, b))
+        cells.append(f"{s['us']:.1f} ({100 * s['us'] / d:.0f}% of dense)" if s else "-")
     print(f"| {c // 1024}k x {b} | " + " | ".join(cells) + " |")
 
 fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
 for ax, (c, b) in zip(axes[0], shapes):
-    names = [i for i in impls + ["select-coverage"] if (i, c, b) in att]
+    names = [i for i in impls + ["select-coverage", "select-topk", "select-coverage-sketch4"] if (i, c, b) in att]
     vals = [att[(i, c, b)]["us"] for i in names]
     colors = ["#555" if i in ("dhisparse-dense", "cudnn-sdpa") else "#c33" if i.startswith("select") else "#37a"
               for i in names]

@@ -71,7 +71,7 @@ class GaussianEstimator final : public MassEstimator {
 // Per-token 4-bit key sketch (PageSummaryStore::key_codes): the page's mass is the sum of its
 // tokens' exp-scores on the quantized keys, score = log((1/n) sum_t exp(scale q.k^_t)) / scale.
 // Not a bound; close to the true page mass where a page-level summary cannot separate one
-// aligned key from fifteen others (docs/sparse.md). CPU only so far.
+// aligned key from fifteen others (docs/sparse.md). The device twin: backend/cuda/device_key_sketch.h.
 class KeySketchEstimator final : public MassEstimator {
  public:
   std::string name() const override { return "sketch4"; }
