@@ -30,7 +30,7 @@ struct EngineOptions {
   double gamma = 0.99;              // coverage: estimated attention mass kept per (layer, KV head, step)
   int budget = 0;                   // topk / sinkwindow / solohead: pages per list
   int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
-  std::string estimator = "minmax"; // page mass estimate: minmax (Quest bound), meanspread, gaussian
+  std::string estimator = "sketch4"; // page mass estimate: sketch4 (per-token 4-bit keys), minmax (Quest bound), meanspread, gaussian
   std::string combine = "sum";      // q heads of a GQA group: sum (mean of their masses) or max
   int sink_pages = 1;               // first pages every sparse list keeps
   int recent_pages = 1;             // last pages every sparse list keeps

@@ -38,7 +38,7 @@ struct EvalOptions {
   std::string out;                 // JSON lines appended here ("" = none)
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
-  std::string estimator = "minmax", combine = "sum";  // recorded in the rows (the engine's settings)
+  std::string estimator = "sketch4", combine = "sum";  // recorded in the rows (the engine's settings)
   std::function<void(int64_t done, int64_t total)> progress;
 };
 

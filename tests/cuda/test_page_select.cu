@@ -157,26 +157,34 @@ void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_
     }
 }
 
-// Runs the summarize kernel for the given (token, KV head) slots and positions, one step.
-void summarize_step(const Problem& pr, dc::DevicePageSummaries& s, const std::vector<int32_t>& dst,
-                    const std::vector<int32_t>& pos) {
+// Uploads one step's (token, KV head) slots and positions, runs launch(dst_d, pos_d), waits.
+template <typename Launch>
+void run_step(const std::vector<int32_t>& dst, const std::vector<int32_t>& pos, Launch launch) {
   int32_t* dst_d = to_device(dst);
   int32_t* pos_d = to_device(pos);
-  dc::SummarizePagesParams sp;
-  sp.k_pool = pr.pool_d->k_d();
-  sp.summaries = s.data_d();
-  sp.pos = pos_d;
-  sp.dst_slot = dst_d;
-  sp.kind = s.kind();
-  sp.n_pages = pr.pool->n_pages();
-  sp.page_size = kPage;
-  sp.n_tok = static_cast<int64_t>(pos.size());
-  sp.n_heads_kv = pr.n_heads_kv;
-  sp.head_dim = pr.head_dim;
-  dc::launch_summarize_pages(sp, nullptr);
+  launch(dst_d, pos_d);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   cudaFree(dst_d);
   cudaFree(pos_d);
+}
+
+// Runs the summarize kernel for the given (token, KV head) slots and positions, one step.
+void summarize_step(const Problem& pr, dc::DevicePageSummaries& s, const std::vector<int32_t>& dst,
+                    const std::vector<int32_t>& pos) {
+  run_step(dst, pos, [&](const int32_t* dst_d, const int32_t* pos_d) {
+    dc::SummarizePagesParams sp;
+    sp.k_pool = pr.pool_d->k_d();
+    sp.summaries = s.data_d();
+    sp.pos = pos_d;
+    sp.dst_slot = dst_d;
+    sp.kind = s.kind();
+    sp.n_pages = pr.pool->n_pages();
+    sp.page_size = kPage;
+    sp.n_tok = static_cast<int64_t>(pos.size());
+    sp.n_heads_kv = pr.n_heads_kv;
+    sp.head_dim = pr.head_dim;
+    dc::launch_summarize_pages(sp, nullptr);
+  });
 }
 
 std::unique_ptr<dc::DevicePageSummaries> summarize_on_device(const Problem& pr, dc::SummaryKind kind) {
@@ -597,23 +605,20 @@ TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {
 // ---- 4-bit key sketch ------------------------------------------------------------------
 
 void sketch_step(const Problem& pr, dc::DeviceKeySketch& s, const std::vector<int32_t>& dst, const std::vector<int32_t>& pos) {
-  int32_t* dst_d = to_device(dst);
-  int32_t* pos_d = to_device(pos);
-  dc::SketchKeysParams sp;
-  sp.k_pool = pr.pool_d->k_d();
-  sp.codes = s.codes_d();
-  sp.steps = s.steps_d();
-  sp.pos = pos_d;
-  sp.dst_slot = dst_d;
-  sp.n_pages = pr.pool->n_pages();
-  sp.page_size = kPage;
-  sp.n_tok = static_cast<int64_t>(pos.size());
-  sp.n_heads_kv = pr.n_heads_kv;
-  sp.head_dim = pr.head_dim;
-  dc::launch_sketch_keys(sp, nullptr);
-  DHS_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaFree(dst_d);
-  cudaFree(pos_d);
+  run_step(dst, pos, [&](const int32_t* dst_d, const int32_t* pos_d) {
+    dc::SketchKeysParams sp;
+    sp.k_pool = pr.pool_d->k_d();
+    sp.codes = s.codes_d();
+    sp.steps = s.steps_d();
+    sp.pos = pos_d;
+    sp.dst_slot = dst_d;
+    sp.n_pages = pr.pool->n_pages();
+    sp.page_size = kPage;
+    sp.n_tok = static_cast<int64_t>(pos.size());
+    sp.n_heads_kv = pr.n_heads_kv;
+    sp.head_dim = pr.head_dim;
+    dc::launch_sketch_keys(sp, nullptr);
+  });
 }
 
 // Rows of the device sketch that differ from the CPU store's codes or steps, over every written row.

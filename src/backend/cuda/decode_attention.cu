@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -132,18 +133,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "memory");
 }
 
-// c[16x8] += a[16x16] * b[16x8], bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
-}
+using ptx::mma_bf16_16816;  // backend/cuda/ptx.cuh
+using ptx::pack_bf16x2;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][HEAD_DIM] bf16 tile. The chunk
 // index is XOR-swizzled with row % 8 so that the 8 row addresses of one ldmatrix 8x8 matrix

@@ -122,6 +122,13 @@ struct BlockReduce {
   }
 };
 
+// One step of the cut search: bits lo+1 and lo of thr (bit 0 alone when lo = -1). cand[d - 1] =
+// thr with digit d there, or ~0u where that digit does not exist (no mass has those bits).
+__device__ __forceinline__ void cut_candidates(uint32_t thr, int lo, uint32_t (&cand)[3]) {
+#pragma unroll
+  for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+}
+
 // One block per list (per request under SoloHead). Thread tid owns pages tid, tid + threads,
 // tid + 2 threads, ... (every pass over the scores is coalesced); the masses of its first
 // kRegPer pages live in registers (lists up to 8,192 pages: 128k tokens), the rest in shared
@@ -230,8 +237,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         // at a time (the largest of the 3 candidates that still reaches need; S falls as thr rises).
         for (int lo = 29; lo >= -1; lo -= 2) {
           uint32_t cand[3];
-#pragma unroll
-          for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+          cut_candidates(thr, lo, cand);
           float s[3] = {0.0f, 0.0f, 0.0f};
           for_owned([&](int, int i, float& m) {
             if (forced(i)) return;
@@ -263,8 +269,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         const int want = k_top - n_forced;  // free pages to add
         for (int lo = 29; lo >= -1; lo -= 2) {  // as for coverage, on counts
           uint32_t cand[3];
-#pragma unroll
-          for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+          cut_candidates(thr, lo, cand);
           int c[3] = {0, 0, 0};
           for_owned([&](int, int i, float& m) {
             if (forced(i)) return;
