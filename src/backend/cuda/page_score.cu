@@ -308,27 +308,28 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
 
 // One resident wave: as many blocks as fit on the GPU at once (no tail wave), capped by the
 // workspace's n_score_warps. The kernels split the pages over the warps of the actual grid.
-template <typename Kernel>
-void launch_resident(Kernel kernel, const PageSelectParams& p, cudaStream_t stream) {
-  static const int per_sm = [&] {
+// (The kernel is a template argument so that each kernel keeps its own occupancy.)
+template <auto Kernel>
+void launch_resident(const PageSelectParams& p, cudaStream_t stream) {
+  static const int per_gpu = [] {
     int dev = 0, sms = 0, n = 0;
     DHS_CUDA_CHECK(cudaGetDevice(&dev));
     DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kScoreThreads, 0));
+    DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, kScoreThreads, 0));
     return std::max(1, n) * sms;
   }();
   PageSelectParams q = p;
-  const int blocks = std::min(per_sm, std::max(1, p.n_score_warps * 32 / kScoreThreads));
+  const int blocks = std::min(per_gpu, std::max(1, p.n_score_warps * 32 / kScoreThreads));
   q.n_score_warps = blocks * (kScoreThreads / 32);
-  kernel<<<blocks, kScoreThreads, 0, stream>>>(q);
+  Kernel<<<blocks, kScoreThreads, 0, stream>>>(q);
 }
 
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
-    case 64: sketch ? launch_resident(score_sketch_kernel<2>, p, stream) : launch_resident(score_summaries_kernel<64>, p, stream); break;
-    case 128: sketch ? launch_resident(score_sketch_kernel<4>, p, stream) : launch_resident(score_summaries_kernel<128>, p, stream); break;
-    case 256: sketch ? launch_resident(score_sketch_kernel<8>, p, stream) : launch_resident(score_summaries_kernel<256>, p, stream); break;
+    case 64: sketch ? launch_resident<score_sketch_kernel<2>>(p, stream) : launch_resident<score_summaries_kernel<64>>(p, stream); break;
+    case 128: sketch ? launch_resident<score_sketch_kernel<4>>(p, stream) : launch_resident<score_summaries_kernel<128>>(p, stream); break;
+    case 256: sketch ? launch_resident<score_sketch_kernel<8>>(p, stream) : launch_resident<score_summaries_kernel<256>>(p, stream); break;
     default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
