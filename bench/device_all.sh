@@ -8,6 +8,9 @@
 #   eval   `dhisparse eval` on the default model (SmolLM2-135M, 8k native context) at 4k and
 #          7.5k tokens; writes accuracy rows and the budget trace the benches replay
 #   evalq  the same on Qwen2.5-Coder-0.5B (32k native) at 30k tokens, when its parts are in ~/dhs
+#   sparse the selection kernels alone (one short call): test_page_select, memcheck + racecheck,
+#          attention_bench --quick (selection breakdown) with the SDPA anchor, e2e TPOT at
+#          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
@@ -84,14 +87,25 @@ for stage in "$@"; do
       [ -f $SMOL ] && eval_stage eval_smollm2 $SMOL 4096,7680 32 || echo "eval: default model missing" ;;
     evalq)
       [ -f $QWEN ] && eval_stage eval_qwen05 $QWEN 30720 128 || echo "evalq: Qwen parts missing ($(ls ~/dhs | tr '\n' ' '))" ;;
+    sparse)
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run test_page_select timeout 150 "$B/test_page_select"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_page_select timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_page_select"
+      DHS_TEST_QUICK=1 run sanitizer_racecheck_test_page_select timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_page_select" --gtest_filter='*Smol*'
+      run attention_bench timeout 150 "$B/attention_bench" --quick --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run e2e_bench timeout 200 "$B/dhisparse" bench --ctx 131072 --batch 1,4 --prefill 2048 \
+        --policies dense,trace:coverage-0.99,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4,quest:4096 \
+        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --commit "$C"
+      grep -E "select" "$OUT/attention_bench.log" | tail -12
+      tail -12 "$OUT/e2e_bench.log" ;;
     bench)
-      TRACE=$(ls "$OUT"/budget_trace_eval_qwen05.json bench/results/budget_trace_qwen05.json "$OUT"/budget_trace_eval_smollm2.json \
-              bench/results/budget_trace_smollm2.json 2>/dev/null | head -1)
+      TRACE=$(ls "$OUT"/budget_trace_eval_smollm2.json bench/results/budget_trace_smollm2_sketch4.json 2>/dev/null | head -1)
       echo "budget trace: ${TRACE:-none}"
       run attention_bench "$B/attention_bench" --out "$OUT/decode_attention.jsonl" --commit "$C" ${TRACE:+--trace "$TRACE"}
       run sdpa_anchor python3 bench/anchors/sdpa_anchor.py --out "$OUT/decode_attention.jsonl" --commit "$C"
       POL=dense,quest:4096
-      [ -n "$TRACE" ] && POL="dense,trace:coverage-0.95,trace:coverage-0.98,trace:coverage-0.99,quest:4096"
+      [ -n "$TRACE" ] && POL="dense,trace:coverage-0.95@sketch4,trace:coverage-0.98@sketch4,trace:coverage-0.99@sketch4,trace:coverage-0.99,quest:4096"
       run e2e_bench "$B/dhisparse" bench --ctx 32768,131072 --batch 1,4,8 --prefill 32768,131072 --policies "$POL" \
         ${TRACE:+--trace "$TRACE"} --out "$OUT/decode_e2e.jsonl" --commit "$C"
       run prefill_bench "$B/prefill_bench" --ctx 32768,131072 --out "$OUT/prefill_attention.jsonl"
