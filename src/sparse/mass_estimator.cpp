@@ -56,20 +56,33 @@ float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const fl
 
 float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
   const int n = s.n_rows(slot), d_n = s.head_dim();
+  if (n == 0) return 0.0f;
+  // q quantized to int8 (step absmax / 127, round to nearest even), as the device scores it
+  // (backend/cuda/page_score.cu): the dot products with the codes are exact in int32 and
+  // vectorize; the quantization moves a token's q.k^ by at most (step / 2) sum_d |k^_d|.
+  float amax = 0.0f;
+  for (int d = 0; d < d_n; ++d) amax = std::max(amax, std::fabs(q[d]));
+  if (amax == 0.0f) return 0.0f;  // every token scores 0: log-mean-exp 0
+  const float qstep = amax / 127.0f;
+  thread_local std::vector<int8_t> q8;
+  thread_local std::vector<float> x;
+  q8.resize(static_cast<size_t>(d_n));
+  x.resize(static_cast<size_t>(n));
+  for (int d = 0; d < d_n; ++d)
+    q8[static_cast<size_t>(d)] = static_cast<int8_t>(std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f));
   const int8_t* codes = s.key_codes(slot);
   const float* step = s.key_code_scales(slot);
-  double m = -INFINITY;
-  std::vector<double> x(static_cast<size_t>(n));
+  float m = -INFINITY;
   for (int t = 0; t < n; ++t) {
-    float acc = 0.0f;
-    for (int d = 0; d < d_n; ++d) acc += q[d] * static_cast<float>(codes[t * d_n + d]);
-    x[static_cast<size_t>(t)] = static_cast<double>(acc) * step[t] * scale;
+    const int8_t* c = codes + static_cast<size_t>(t) * d_n;
+    int32_t acc = 0;
+    for (int d = 0; d < d_n; ++d) acc += static_cast<int32_t>(c[d]) * static_cast<int32_t>(q8[static_cast<size_t>(d)]);
+    x[static_cast<size_t>(t)] = static_cast<float>(acc) * (qstep * step[t] * scale);
     m = std::max(m, x[static_cast<size_t>(t)]);
   }
-  if (n == 0) return 0.0f;
-  double z = 0.0;
-  for (double v : x) z += std::exp(v - m);
-  return static_cast<float>((m + std::log(z / n)) / scale);
+  float z = 0.0f;
+  for (int t = 0; t < n; ++t) z += std::exp(x[static_cast<size_t>(t)] - m);
+  return (m + std::log(z / static_cast<float>(n))) / scale;
 }
 
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {

@@ -69,7 +69,8 @@ class GaussianEstimator final : public MassEstimator {
 };
 
 // Per-token 4-bit key sketch (PageSummaryStore::key_codes): the page's mass is the sum of its
-// tokens' exp-scores on the quantized keys, score = log((1/n) sum_t exp(scale q.k^_t)) / scale.
+// tokens' exp-scores on the quantized keys, score = log((1/n) sum_t exp(scale q^.k^_t)) / scale,
+// with q^ = q quantized to int8 per vector (step max|q| / 127), the device's definition too.
 // Not a bound; close to the true page mass where a page-level summary cannot separate one
 // aligned key from fifteen others (docs/sparse.md). The device twin: backend/cuda/device_key_sketch.h.
 class KeySketchEstimator final : public MassEstimator {

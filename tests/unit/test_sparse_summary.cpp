@@ -169,8 +169,10 @@ TEST(MassEstimator, GaussianAndShrunkMinMaxMatchTheirDefinitions) {
 }
 
 // The 4-bit key sketch: every code within [-7, 7], each key reconstructed within half a step
-// (absmax / 14) per dimension; the sketch estimator equals log-mean-exp of the reconstructed
-// scores, and its page ranking follows the exact one on a page holding one aligned key.
+// (absmax / 14) per dimension; the sketch estimator equals log-mean-exp of the scores of the
+// int8-quantized q (step max|q| / 127) on the reconstructed keys (1e-3: float vs double), lies
+// within the quantization bound (scale (s_q / 2) max_t sum_d |k^_td|, plus 1e-3) of the float-q
+// value, and its page ranking follows the exact one on a page holding one aligned key.
 TEST(MassEstimator, KeySketchReconstructsKeysAndScoresTheirSum) {
   std::mt19937 rng(21);
   SparseWorld w(1, 1, 16, 32, 8);
@@ -180,28 +182,41 @@ TEST(MassEstimator, KeySketchReconstructsKeysAndScoresTheirSum) {
   EXPECT_EQ(make_estimator("sketch4")->name(), "sketch4");
   const float scale = 0.25f;
   const std::vector<float> q = test::random_vec(32, rng, 1.5f);
+  float qmax = 0;
+  for (float v : q) qmax = std::max(qmax, std::fabs(v));
+  const float qstep = qmax / 127.0f;
+  std::vector<double> q8(32);
+  for (int d = 0; d < 32; ++d) q8[d] = std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f) * static_cast<double>(qstep);
   for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
     const PageRef pg = t.page(0, 0, i);
     const int n = w.store.n_rows(pg.slot);
     const int8_t* codes = w.store.key_codes(pg.slot);
     const float* step = w.store.key_code_scales(pg.slot);
-    double z = 0, m = -1e30;
-    std::vector<double> x;
+    double z = 0, m = -1e30, zf = 0, mf = -1e30, bound = 0;
+    std::vector<double> x, xf;
     for (int r = 0; r < n; ++r) {
       const float* k = w.pool.k_page(pg) + r * 32;
       float amax = 0;
       for (int d = 0; d < 32; ++d) amax = std::max(amax, std::fabs(k[d]));
-      double dot = 0;
+      double dot = 0, dotf = 0, l1 = 0;
       for (int d = 0; d < 32; ++d) {
         ASSERT_LE(std::abs(codes[r * 32 + d]), 7);
         EXPECT_NEAR(codes[r * 32 + d] * step[r], k[d], amax / 14.0f * 1.001f + 1e-6f) << "row " << r << " dim " << d;
-        dot += q[d] * codes[r * 32 + d] * static_cast<double>(step[r]);
+        dot += q8[d] * codes[r * 32 + d] * static_cast<double>(step[r]);
+        dotf += q[d] * codes[r * 32 + d] * static_cast<double>(step[r]);
+        l1 += std::abs(codes[r * 32 + d]) * static_cast<double>(step[r]);
       }
       x.push_back(dot * scale);
+      xf.push_back(dotf * scale);
       m = std::max(m, dot * scale);
+      mf = std::max(mf, dotf * scale);
+      bound = std::max(bound, scale * qstep / 2.0 * l1);
     }
     for (double v : x) z += std::exp(v - m);
-    EXPECT_NEAR(est.score(w.store, pg.slot, q.data(), scale), (m + std::log(z / n)) / scale, 1e-3);
+    for (double v : xf) zf += std::exp(v - mf);
+    const double got = est.score(w.store, pg.slot, q.data(), scale);
+    EXPECT_NEAR(got, (m + std::log(z / n)) / scale, 1e-3);
+    EXPECT_NEAR(got, (mf + std::log(zf / n)) / scale, bound / scale + 1e-3);
   }
   // One key aligned with q in page 1 of 3: the sketch ranks that page first.
   SparseWorld w2(1, 1, 16, 32, 8);
