@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -66,6 +67,13 @@ double measure_copy_gbps() {
   return 2.0 * static_cast<double>(n) / (best * 1e-3) / 1e9;
 }
 
+// "POLICY@sketch4": the policy's pages chosen by the 4-bit key sketch.
+constexpr std::string_view kSketchSuffix = "@sketch4";
+bool chosen_by_sketch(const std::string& spec) {
+  return spec.size() > kSketchSuffix.size() &&
+         spec.compare(spec.size() - kSketchSuffix.size(), kSketchSuffix.size(), kSketchSuffix) == 0;
+}
+
 }  // namespace
 
 int run_e2e_bench(const E2eBenchOptions& opts) {
@@ -102,8 +110,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       o.max_context = ctx + 64;
       const bool any_sparse = std::any_of(opts.policies.begin(), opts.policies.end(), [](const std::string& p) { return p != "dense"; });
       if (any_sparse) o.summaries = "minmax";
-      o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
-                                 [](const std::string& p) { return p.size() > 8 && p.substr(p.size() - 8) == "@sketch4"; });
+      o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(), chosen_by_sketch);
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost
@@ -125,8 +132,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       double dense_ms = 0;
       for (const std::string& pol_spec : opts.policies) {
         // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
-        const bool sketch = pol_spec.size() > 8 && pol_spec.substr(pol_spec.size() - 8) == "@sketch4";
-        const std::string pol = sketch ? pol_spec.substr(0, pol_spec.size() - 8) : pol_spec;
+        const bool sketch = chosen_by_sketch(pol_spec);
+        const std::string pol = sketch ? pol_spec.substr(0, pol_spec.size() - kSketchSuffix.size()) : pol_spec;
         PolicyConfig pc;
         if (sketch) pc.estimator = "sketch4";
         std::vector<float> frac;

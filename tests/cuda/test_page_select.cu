@@ -146,6 +146,16 @@ dhs::MassQuery mass_query(const Problem& pr, int r, float scale) {
   return mq;
 }
 
+// The CPU store of every written page of the problem (summaries and key sketch), rebuilt from the pool.
+dhs::PageSummaryStore cpu_store_of(const Problem& pr) {
+  dhs::PageSummaryStore store(*pr.pool);
+  for (auto* t : pr.table_ptrs)
+    for (int h = 0; h < pr.n_heads_kv; ++h)
+      for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
+        store.rebuild(*pr.pool, t->page(0, h, i).slot, static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+  return store;
+}
+
 // dst_slot / pos of every token of every request as one prefill-like step.
 void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_t>* pos) {
   for (size_t r = 0; r < pr.seq_len.size(); ++r)
@@ -211,12 +221,7 @@ TEST(DeviceSummaries, MatchTheCpuStoreOnPrefillAndDecodeSteps) {
   std::mt19937 rng(7);
   for (auto [hq, hkv, d] : {std::tuple{32, 8, 128}, std::tuple{9, 3, 64}}) {
     Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(false), rng);
-    dhs::PageSummaryStore cpu(*pr.pool);
-    for (auto* t : pr.table_ptrs)
-      for (int h = 0; h < hkv; ++h)
-        for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
-          cpu.rebuild(*pr.pool, t->page(0, h, i).slot,
-                      static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+    dhs::PageSummaryStore cpu = cpu_store_of(pr);
     for (auto kind : {dc::SummaryKind::MinMax, dc::SummaryKind::MeanSpread}) {
       auto s = summarize_on_device(pr, kind);
       const auto h = to_host(reinterpret_cast<const uint16_t*>(s->data_d()), static_cast<size_t>(pr.pool->n_pages()) * 2 * d);
@@ -365,12 +370,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
   int max_q = 0;
   for (int r = 0; r < n_req; ++r) max_q = std::max(max_q, pr.q_indptr[r + 1] - pr.q_indptr[r]);
   auto sums_d = summarize_on_device(pr, kind);
-  dhs::PageSummaryStore cpu_store(*pr.pool);
-  for (auto* t : pr.table_ptrs)
-    for (int h = 0; h < hkv; ++h)
-      for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
-        cpu_store.rebuild(*pr.pool, t->page(0, h, i).slot,
-                          static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+  dhs::PageSummaryStore cpu_store = cpu_store_of(pr);
   const dhs::PageLists dense = dhs::dense_page_lists(pr.table_ptrs, 0, pr.seq_len);
   dc::DevicePageLists dense_d(n_req, hkv, dense.nnz());
   dense_d.upload(dense);
@@ -651,11 +651,7 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(true), rng);
     const int n_req = static_cast<int>(pr.seq_len.size());
     const int group = hq / hkv;
-    dhs::PageSummaryStore cpu(*pr.pool);
-    for (auto* t : pr.table_ptrs)
-      for (int h = 0; h < hkv; ++h)
-        for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
-          cpu.rebuild(*pr.pool, t->page(0, h, i).slot, static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)));
+    dhs::PageSummaryStore cpu = cpu_store_of(pr);
     dc::DeviceKeySketch sk(pr.pool->n_pages(), kPage, d);
     {
       std::vector<int32_t> dst, pos;
