@@ -431,13 +431,22 @@ int main(int argc, char** argv) {
           sws.bind(&p);
           const Timing t = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
           const char* impl = rule == 0 ? "select-coverage" : rule == 1 ? "select-topk" : "select-coverage-sketch4";
-          double part_us[3];
-          for (int st = 0; st < 3; ++st)  // breakdown: score, select, compact alone
-            part_us[st] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, st, b.stream); }, opt.reps).median_us;
-          std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us, compact %.1f us\n", ctx, batch, impl, part_us[0],
-                      part_us[1], part_us[2]);
           const double sum_bytes = rule == 2 ? static_cast<double>(n_pages) * kPage * (kD / 2 + 4)  // sketch read
                                              : static_cast<double>(n_pages) * 2 * kD * 2;    // summaries read
+          // Breakdown, each stage alone (rows impl/score, /select, /compact), and the select kernel
+          // on one block per list (/select-1block) beside the cluster size chosen for this shape.
+          Timing part[4];
+          for (int st = 0; st < 3; ++st)
+            part[st] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, st, b.stream); }, opt.reps);
+          p.select_cluster = 1;
+          part[3] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps);
+          p.select_cluster = 0;
+          const char* part_name[4] = {"score", "select", "compact", "select-1block"};
+          for (int st = 0; st < 4; ++st)
+            b.emit(b.out, (std::string(impl) + "/" + part_name[st]).c_str(), ctx, batch, part[st], st == 0 ? sum_bytes : 0.0, 1.0, ws,
+                   opt.min_pages);
+          std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us (one block per list: %.1f), compact %.1f us\n", ctx,
+                      batch, impl, part[0].median_us, part[1].median_us, part[3].median_us, part[2].median_us);
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",
                       100.0 * t.median_us / td.median_us);

@@ -429,97 +429,102 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     const auto policy = dhs::make_policy(cfg);
     const dhs::PageLists want = policy->select(in);
 
-    dc::PageSelectParams p = base_params();
-    p.rule = pc.rule;
-    p.gamma = static_cast<float>(cfg.gamma);
-    p.budget = cfg.budget;
-    p.n_sink = cfg.n_sink;
-    p.n_recent = pc.rule == dc::SelectRule::SinkWindow ? cfg.budget - cfg.n_sink : cfg.n_recent;
-    p.combine_max = cfg.combine == dhs::GroupCombine::Max;
-    p.share_heads = cfg.name == "solohead";
-    p.dense_below = static_cast<int>(cfg.dense_below);
-    p.mass_out = mass_d;
-    dc::launch_page_select(p, nullptr);
-    DHS_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
-    ASSERT_EQ(g_indptr[0], 0) << pc.name;
-    const auto g_slots = to_host(out_slots, static_cast<size_t>(g_indptr[n_lists]));
-    const auto g_pos = to_host(out_pos, static_cast<size_t>(g_indptr[n_lists]));
-    const auto g_mass = to_host(mass_d, static_cast<size_t>(dense.nnz()));
+    // Every cluster size of the select kernel (0: the one chosen for this many lists); 1 takes
+    // the overflow rounds on the long lists, 16 leaves most blocks of a short list idle.
+    for (int cs : {0, 1, 2, 16}) {
+      dc::PageSelectParams p = base_params();
+      p.rule = pc.rule;
+      p.gamma = static_cast<float>(cfg.gamma);
+      p.budget = cfg.budget;
+      p.n_sink = cfg.n_sink;
+      p.n_recent = pc.rule == dc::SelectRule::SinkWindow ? cfg.budget - cfg.n_sink : cfg.n_recent;
+      p.combine_max = cfg.combine == dhs::GroupCombine::Max;
+      p.share_heads = cfg.name == "solohead";
+      p.dense_below = static_cast<int>(cfg.dense_below);
+      p.mass_out = mass_d;
+      p.select_cluster = cs;
+      dc::launch_page_select(p, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto g_indptr = to_host(out_indptr, static_cast<size_t>(n_lists + 1));
+      ASSERT_EQ(g_indptr[0], 0) << pc.name << " C " << cs;
+      const auto g_slots = to_host(out_slots, static_cast<size_t>(g_indptr[n_lists]));
+      const auto g_pos = to_host(out_pos, static_cast<size_t>(g_indptr[n_lists]));
+      const auto g_mass = to_host(mass_d, static_cast<size_t>(dense.nnz()));
 
-    // Same launch again: the same lists (fixed-order reductions).
-    dc::launch_page_select(p, nullptr);
-    DHS_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_TRUE(to_host(out_indptr, static_cast<size_t>(n_lists + 1)) == g_indptr) << pc.name << ": not deterministic";
+      // Same launch again: the same lists (fixed-order reductions).
+      dc::launch_page_select(p, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(to_host(out_indptr, static_cast<size_t>(n_lists + 1)) == g_indptr) << pc.name << " C " << cs << ": not deterministic";
 
-    int mismatched = 0, mass_bad = 0;
-    for (int r = 0; r < n_req; ++r) {
-      const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
-      const bool scored = pc.rule != dc::SelectRule::SinkWindow && pr.seq_len[static_cast<size_t>(r)] >= cfg.dense_below &&
-                          !(pc.rule == dc::SelectRule::Coverage && cfg.gamma >= 1.0) &&
-                          !(pc.rule == dc::SelectRule::TopK && cfg.budget >= n_pg);
-      std::vector<double> cpu_mass;
-      if (scored && !p.share_heads && kind == dc::SummaryKind::MinMax) {
-        const dhs::MassQuery mq = mass_query(pr, r, scale);
-        for (int h = 0; h < hkv; ++h) {
-          dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
-                                  cfg.combine, &cpu_mass);
-          const int b = dense.row_begin(r, h);
-          for (int i = 0; i < n_pg; ++i) {
-            const double g = g_mass[static_cast<size_t>(b + i)], c = cpu_mass[static_cast<size_t>(i)];
-            mass_bad += std::fabs(g - c) > 2e-4 * c + 1e-7;
+      int mismatched = 0, mass_bad = 0;
+      for (int r = 0; r < n_req; ++r) {
+        const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
+        const bool scored = pc.rule != dc::SelectRule::SinkWindow && pr.seq_len[static_cast<size_t>(r)] >= cfg.dense_below &&
+                            !(pc.rule == dc::SelectRule::Coverage && cfg.gamma >= 1.0) &&
+                            !(pc.rule == dc::SelectRule::TopK && cfg.budget >= n_pg);
+        std::vector<double> cpu_mass;
+        if (scored && !p.share_heads && kind == dc::SummaryKind::MinMax) {
+          const dhs::MassQuery mq = mass_query(pr, r, scale);
+          for (int h = 0; h < hkv; ++h) {
+            dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
+                                    cfg.combine, &cpu_mass);
+            const int b = dense.row_begin(r, h);
+            for (int i = 0; i < n_pg; ++i) {
+              const double g = g_mass[static_cast<size_t>(b + i)], c = cpu_mass[static_cast<size_t>(i)];
+              mass_bad += std::fabs(g - c) > 2e-4 * c + 1e-7;
+            }
           }
         }
+        for (int h = 0; h < hkv; ++h) {
+          const int row = r * hkv + h;
+          std::vector<int32_t> gp(g_pos.begin() + g_indptr[static_cast<size_t>(row)],
+                                  g_pos.begin() + g_indptr[static_cast<size_t>(row) + 1]);
+          std::vector<int32_t> wp(want.page_pos.begin() + want.indptr[static_cast<size_t>(row)],
+                                  want.page_pos.begin() + want.indptr[static_cast<size_t>(row) + 1]);
+          // Slots must be the pages' slots.
+          for (size_t i = 0; i < gp.size(); ++i)
+            EXPECT_EQ(g_slots[static_cast<size_t>(g_indptr[static_cast<size_t>(row)]) + i],
+                      pr.tables[static_cast<size_t>(r)]->page(0, h, gp[i]).slot);
+          if (gp == wp) continue;
+          const bool coverage = pc.rule == dc::SelectRule::Coverage;
+          if (!coverage) {
+            ADD_FAILURE() << pc.name << " C " << cs << ": request " << r << " head " << h << ": " << gp.size() << " pages, CPU "
+                          << wp.size();
+            continue;
+          }
+          ++mismatched;
+          // Allowed only at a borderline, and the GPU list must satisfy the definition.
+          const int b = dense.row_begin(r, p.share_heads ? 0 : h);  // SoloHead: head 0's range
+          std::vector<double> gm(g_mass.begin() + b, g_mass.begin() + b + n_pg);
+          const std::string why = coverage_violation(gm, gp, cfg.n_sink, cfg.n_recent, cfg.gamma);
+          EXPECT_TRUE(why.empty()) << pc.name << " C " << cs << ": request " << r << " head " << h << ": " << why;
+          // The CPU's cut: its mass without its lightest free page must sit within 1e-4 of gamma.
+          std::vector<double> cm = cpu_mass.empty() ? gm : cpu_mass;
+          if (!cpu_mass.empty()) {
+            const dhs::MassQuery mq = mass_query(pr, r, scale);
+            dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
+                                    cfg.combine, &cm);
+          }
+          double cov = 0.0, lightest = 1e9;
+          for (int32_t i : wp) {
+            cov += cm[static_cast<size_t>(i)];
+            const bool f = i < cfg.n_sink || i >= std::max(cfg.n_sink, n_pg - cfg.n_recent);
+            if (!f) lightest = std::min(lightest, cm[static_cast<size_t>(i)]);
+          }
+          const bool border = std::fabs(cov - cfg.gamma) < 1e-4 || std::fabs(cov - lightest - cfg.gamma) < 1e-4 ||
+                              kind == dc::SummaryKind::MeanSpread;
+          EXPECT_TRUE(border) << pc.name << " C " << cs << ": request " << r << " head " << h << " differs from the CPU away from "
+                              << "a borderline (" << gp.size() << " vs " << wp.size() << " pages)";
+        }
       }
-      for (int h = 0; h < hkv; ++h) {
-        const int row = r * hkv + h;
-        std::vector<int32_t> gp(g_pos.begin() + g_indptr[static_cast<size_t>(row)],
-                                g_pos.begin() + g_indptr[static_cast<size_t>(row) + 1]);
-        std::vector<int32_t> wp(want.page_pos.begin() + want.indptr[static_cast<size_t>(row)],
-                                want.page_pos.begin() + want.indptr[static_cast<size_t>(row) + 1]);
-        // Slots must be the pages' slots.
-        for (size_t i = 0; i < gp.size(); ++i)
-          EXPECT_EQ(g_slots[static_cast<size_t>(g_indptr[static_cast<size_t>(row)]) + i],
-                    pr.tables[static_cast<size_t>(r)]->page(0, h, gp[i]).slot);
-        if (gp == wp) continue;
-        const bool coverage = pc.rule == dc::SelectRule::Coverage;
-        if (!coverage) {
-          ADD_FAILURE() << pc.name << ": request " << r << " head " << h << ": " << gp.size() << " pages, CPU "
-                        << wp.size();
-          continue;
-        }
-        ++mismatched;
-        // Allowed only at a borderline, and the GPU list must satisfy the definition.
-        const int b = dense.row_begin(r, p.share_heads ? 0 : h);  // SoloHead: head 0's range
-        std::vector<double> gm(g_mass.begin() + b, g_mass.begin() + b + n_pg);
-        const std::string why = coverage_violation(gm, gp, cfg.n_sink, cfg.n_recent, cfg.gamma);
-        EXPECT_TRUE(why.empty()) << pc.name << ": request " << r << " head " << h << ": " << why;
-        // The CPU's cut: its mass without its lightest free page must sit within 1e-4 of gamma.
-        std::vector<double> cm = cpu_mass.empty() ? gm : cpu_mass;
-        if (!cpu_mass.empty()) {
-          const dhs::MassQuery mq = mass_query(pr, r, scale);
-          dhs::estimate_page_mass(dhs::MinMaxEstimator(), cpu_store, *pr.tables[static_cast<size_t>(r)], 0, h, mq,
-                                  cfg.combine, &cm);
-        }
-        double cov = 0.0, lightest = 1e9;
-        for (int32_t i : wp) {
-          cov += cm[static_cast<size_t>(i)];
-          const bool f = i < cfg.n_sink || i >= std::max(cfg.n_sink, n_pg - cfg.n_recent);
-          if (!f) lightest = std::min(lightest, cm[static_cast<size_t>(i)]);
-        }
-        const bool border = std::fabs(cov - cfg.gamma) < 1e-4 || std::fabs(cov - lightest - cfg.gamma) < 1e-4 ||
-                            kind == dc::SummaryKind::MeanSpread;
-        EXPECT_TRUE(border) << pc.name << ": request " << r << " head " << h << " differs from the CPU away from "
-                            << "a borderline (" << gp.size() << " vs " << wp.size() << " pages)";
-      }
+      EXPECT_EQ(mass_bad, 0) << pc.name << " C " << cs << ": masses off the CPU's";
+      // MeanSpread's bf16 summaries differ from the CPU's fp32 ones: only the definition check holds there.
+      if (kind == dc::SummaryKind::MinMax)
+        EXPECT_LE(mismatched, n_lists / 10 + 1) << pc.name << " C " << cs << ": too many coverage lists differ from the CPU";
+      std::printf("  %-32s C %2d hq %2d d %3d q_len %s %-10s: %lld of %lld pages, %d borderline lists\n", pc.name.c_str(),
+                  cs, hq, d, multi_q ? "1,5" : "1  ", cfg.estimator.c_str(),
+                  static_cast<long long>(g_indptr[n_lists]), static_cast<long long>(dense.nnz()), mismatched);
     }
-    EXPECT_EQ(mass_bad, 0) << pc.name << ": masses off the CPU's";
-    // MeanSpread's bf16 summaries differ from the CPU's fp32 ones: only the definition check holds there.
-    if (kind == dc::SummaryKind::MinMax)
-      EXPECT_LE(mismatched, n_lists / 10 + 1) << pc.name << ": too many coverage lists differ from the CPU";
-    std::printf("  %-32s hq %2d d %3d q_len %s %-10s: %lld of %lld pages, %d borderline lists\n", pc.name.c_str(), hq,
-                d, multi_q ? "1,5" : "1  ", cfg.estimator.c_str(),
-                static_cast<long long>(g_indptr[n_lists]), static_cast<long long>(dense.nnz()), mismatched);
   }
   // Top-k with per-KV-head budget fractions (budgets replayed from traces) and the page counters:
   // head h keeps ceil(frac[h] * n) pages (all when that reaches n), as top_k_set ranks them.

@@ -150,21 +150,26 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
 }
 
 // ---- key sketch -----------------------------------------------------------------------
-// A warp per page: A = the page's 16 rows of 4-bit codes (as code + 8), B = 8 q vectors
-// quantized to int8 (per vector: step absmax / 127, code round(q / step)). Then per column
-// a 16-row log-sum-exp over the rows visible to that query row:
+// A warp per page, q as the A operand: A = 16 q vectors (rows; quantized to int8 per vector:
+// step absmax / 127, code round(q / step)), B = the page's 4-bit codes (as code + 8), tokens
+// 0-7 and 8-15 as two n-tiles. Lane (g, tig) then holds, for q vectors g and g + 8, the scores
+// of tokens 2tig, 2tig+1, 8+2tig, 9+2tig, and a page's 16-token log-sum-exp per q vector is a
+// 4-value local sum plus two shuffles:
 //   score = log2( (1/n_vis) sum_vis 2^x_t ),  x_t = (acc_t - 8 sum(q8)) qstep step_t scale log2 e
-// so the select kernel's n_vis * 2^score is the page's summed exp-score.
+// so the select kernel's n_vis * 2^score is the page's summed exp-score. When every x of the
+// page lies in [-96, 96] (or is masked) the sum needs no max: 2^x neither overflows nor loses a
+// visible token's share (each term >= 2^-96 next to a sum <= 2^100, fp32); otherwise the page
+// takes the usual max-subtracted form (one vote per page decides, for the whole warp).
+// (v7, with the codes as A and q as B, spent 12 shuffles per page on 8-lane reductions.)
 template <int KS>
-struct SketchRows {
-  uint32_t w[2][KS];  // rows g and g+8: this lane's words
-  float step[2];
+struct SketchPage {
+  uint32_t w[2][KS];  // tokens g and g + 8: this lane's words
+  float2 step[2];     // steps of tokens 2tig, 2tig+1 and 8+2tig, 9+2tig
   int32_t pos = 0;    // the page's position in its request
 };
 
 template <int KS>
-__device__ __forceinline__ void load_sketch_rows(const PageSelectParams& p, int64_t i, int g, int tig,
-                                                 SketchRows<KS>& s) {
+__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int64_t i, int g, int tig, SketchPage<KS>& s) {
   const int32_t slot = p.dense_slots[i];
   s.pos = p.dense_page_pos[i];
   const int row_bytes = KS * 16;  // head_dim / 2
@@ -186,8 +191,58 @@ __device__ __forceinline__ void load_sketch_rows(const PageSelectParams& p, int6
         s.w[half][4 * c + 3] = v.w;
       }
     }
-    s.step[half] = p.sketch_steps[rr];
+    s.step[half] = *reinterpret_cast<const float2*>(p.sketch_steps + static_cast<int64_t>(slot) * p.page_size + 8 * half + 2 * tig);
   }
+}
+
+// Lane (g, tig)'s share of q vector j quantized to int8: the words of its k-step ks (bytes c:
+// dims 32 ks + 4 tig + c and, in w[ks][1], 32 ks + 16 + 4 tig + c: the codes' layout), and the
+// vector's step and code sum (equal in the 4 lanes of a group). Zero for j >= n_vec.
+template <int KS>
+__device__ __forceinline__ void quantize_q(const __nv_bfloat16* qv, bool valid, int tig, uint32_t (&w)[KS][2], float& st,
+                                           int& sum) {
+  auto lane_q = [&](int ks, int hh, float (&x)[4]) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
+    const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
+    x[0] = __low2float(lo);
+    x[1] = __high2float(lo);
+    x[2] = __low2float(hi);
+    x[3] = __high2float(hi);
+  };
+  float amax = 0.0f;  // two passes over the lane's 8 * KS elements (L1 hits): absmax, then codes
+  if (valid)
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float x[4];
+        lane_q(ks, hh, x);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[c]));
+      }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  st = amax / 127.0f;
+  sum = 0;
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      uint32_t word = 0;
+      if (valid && st > 0.0f) {
+        float x[4];
+        lane_q(ks, hh, x);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int qc = static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(x[c] / st))));
+          sum += qc;
+          word |= (static_cast<uint32_t>(qc) & 0xFFu) << (8 * c);
+        }
+      }
+      w[ks][hh] = word;
+    }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
 }
 
 template <int KS>
@@ -201,101 +256,97 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   if (b >= e) return;
   const int group = p.n_heads_q / p.n_heads_kv;
   const float mul = p.scale * kLog2e;
-  int row = find_list(p.dense_indptr, n_lists, b);
-  int cur_row = -1, cur_nt = -1;
-  uint32_t bq[KS][2];
-  float qstep[2];
-  int qsum[2];
+  int row = find_list(p.dense_indptr, n_lists, b) - 1;
+  int64_t list_end = b;  // the current list's pages end here (the first page starts a list)
+  int q_len = 0, n_vec = 0, qpos0 = 0, h = 0, req = 0, q0 = 0, cur_nt = -1;
+  uint32_t qa[KS][4];  // A registers of q vectors 16 nt + g (a0, a2) and 16 nt + 8 + g (a1, a3)
+  float qf[2];         // per row: qstep * scale * log2 e
+  int qsum8[2];        // per row: 8 * sum(q8) (the codes' +8 offset)
   // Two pages in flight while one is scored (a ring of three): ~3 KiB of loads per warp.
-  SketchRows<KS> cur, next, next2;
-  load_sketch_rows<KS>(p, b, g, tig, cur);
-  if (b + 1 < e) load_sketch_rows<KS>(p, b + 1, g, tig, next);
+  SketchPage<KS> cur, next, next2;
+  load_sketch_page<KS>(p, b, g, tig, cur);
+  if (b + 1 < e) load_sketch_page<KS>(p, b + 1, g, tig, next);
   for (int64_t i = b; i < e; ++i) {
-    if (i + 2 < e) load_sketch_rows<KS>(p, i + 2, g, tig, next2);
-    while (p.dense_indptr[row + 1] <= i) ++row;
-    const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
-    const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0, n_vec = q_len * group;
-    const int seq = p.seq_len[req];
-    for (int nt = 0; nt < (n_vec + 7) / 8; ++nt) {
-      if (row != cur_row || nt != cur_nt) {  // B column g: vector 8nt + g, quantized to int8
-        const int j = nt * 8 + g;
-        const __nv_bfloat16* qv =
-            p.q + (static_cast<int64_t>(q0 + min(j, n_vec - 1) / group) * p.n_heads_q + h * group + min(j, n_vec - 1) % group) * D;
-        // Two passes over the lane's 8 * KS elements (L1 hits): the absmax, then the codes.
-        auto lane_q = [&](int ks, int hh, float (&x)[4]) {
-          const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
-          const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
-          x[0] = __low2float(lo);
-          x[1] = __high2float(lo);
-          x[2] = __low2float(hi);
-          x[3] = __high2float(hi);
-        };
-        float amax = 0.0f;
-        if (j < n_vec)
+    if (i + 2 < e) load_sketch_page<KS>(p, i + 2, g, tig, next2);
+    if (i >= list_end) {  // a new list: its request's shape, held in registers
+      do ++row; while (p.dense_indptr[row + 1] <= i);
+      list_end = p.dense_indptr[row + 1];
+      req = row / p.n_heads_kv;
+      h = row - req * p.n_heads_kv;
+      q0 = p.q_indptr[req];
+      q_len = p.q_indptr[req + 1] - q0;
+      n_vec = q_len * group;
+      qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
+      cur_nt = -1;
+    }
+    const int tok0 = cur.pos * p.page_size;
+    const bool all_visible = tok0 + p.page_size - 1 <= qpos0;
+    for (int nt = 0; nt < (n_vec + 15) / 16; ++nt) {
+      if (nt != cur_nt) {  // (once per list when n_vec <= 16)
 #pragma unroll
-          for (int ks = 0; ks < KS; ++ks)
+        for (int r = 0; r < 2; ++r) {
+          const int j = nt * 16 + 8 * r + g;
+          const int jc = min(j, n_vec - 1);
+          const __nv_bfloat16* qv = p.q + (static_cast<int64_t>(q0 + jc / group) * p.n_heads_q + h * group + jc % group) * D;
+          uint32_t w[KS][2];
+          float st;
+          int sum;
+          quantize_q<KS>(qv, j < n_vec, tig, w, st, sum);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              float x[4];
-              lane_q(ks, hh, x);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) amax = fmaxf(amax, fabsf(x[c]));
-            }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float st = amax / 127.0f;
-        int sum = 0;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float x[4];
-            lane_q(ks, hh, x);
-            uint32_t w = 0;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int qc = j < n_vec && st > 0.0f ? static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(x[c] / st)))) : 0;
-              sum += qc;
-              w |= (static_cast<uint32_t>(qc) & 0xFFu) << (8 * c);
-            }
-            bq[ks][hh] = w;
+          for (int ks = 0; ks < KS; ++ks) {
+            qa[ks][r] = w[ks][0];
+            qa[ks][2 + r] = w[ks][1];
           }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // C columns 2tig, 2tig+1 are the vectors of lanes with g = 2tig, 2tig+1.
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          qstep[c] = __shfl_sync(0xffffffffu, st, (2 * tig + c) * 4);
-          qsum[c] = __shfl_sync(0xffffffffu, sum, (2 * tig + c) * 4);
+          qf[r] = st * mul;
+          qsum8[r] = 8 * sum;
         }
-        cur_row = row;
         cur_nt = nt;
       }
-      int acc[4] = {0, 0, 0, 0};
+      int acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [n-tile: tokens 0-7, 8-15][c0..c3]
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const uint32_t a[4] = {cur.w[0][ks] & 0x0F0F0F0Fu, cur.w[1][ks] & 0x0F0F0F0Fu, (cur.w[0][ks] >> 4) & 0x0F0F0F0Fu,
-                               (cur.w[1][ks] >> 4) & 0x0F0F0F0Fu};
-        ptx::mma_s8_16832(acc, a, bq[ks][0], bq[ks][1]);
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+          ptx::mma_s8_16832(acc[nb], qa[ks], cur.w[nb][ks] & 0x0F0F0F0Fu, (cur.w[nb][ks] >> 4) & 0x0F0F0F0Fu);
+      // x[r][t]: q row 16 nt + 8 r + g, token t of {2tig, 2tig+1, 8+2tig, 9+2tig}.
+      float x[2][4], lm[2];
+      int qpos[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = nt * 16 + 8 * r + g;
+        qpos[r] = j < n_vec ? qpos0 + j / group : -1;
+        lm[r] = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int nb = t >> 1, c = t & 1;
+          const float stp = c ? cur.step[nb].y : cur.step[nb].x;
+          const int tok = tok0 + 8 * nb + 2 * tig + c;
+          const bool vis = all_visible ? j < n_vec : tok <= qpos[r];
+          x[r][t] = vis ? static_cast<float>(acc[nb][2 * r + c] - qsum8[r]) * qf[r] * stp : -INFINITY;
+          lm[r] = fmaxf(lm[r], x[r][t]);
+        }
       }
-      const int tok0 = cur.pos * p.page_size;
+      const bool in_range = (lm[0] <= 96.0f && (lm[0] >= -96.0f || lm[0] == -INFINITY)) &&
+                            (lm[1] <= 96.0f && (lm[1] >= -96.0f || lm[1] == -INFINITY));
+      const bool plain = __all_sync(0xffffffffu, in_range);
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int j = nt * 8 + 2 * tig + c;
-        const int qpos = seq - q_len + min(j, n_vec - 1) / group;
-        const float f = qstep[c] * mul;
-        const float x0 = j < n_vec && tok0 + g <= qpos ? static_cast<float>(acc[c] - 8 * qsum[c]) * f * cur.step[0] : -INFINITY;
-        const float x1 =
-            j < n_vec && tok0 + g + 8 <= qpos ? static_cast<float>(acc[2 + c] - 8 * qsum[c]) * f * cur.step[1] : -INFINITY;
-        float m = fmaxf(x0, x1);
+      for (int r = 0; r < 2; ++r) {
+        float m = 0.0f;
+        if (!plain) {
+          m = lm[r];
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        }
+        float s = 0.0f;
+        if (plain || m != -INFINITY)
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float s = m == -INFINITY ? 0.0f : exp2f(x0 - m) + exp2f(x1 - m);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (g == 0 && j < n_vec) {
-          const int nv = min(max(qpos + 1 - tok0, 0), p.page_size);
-          p.scores[j * p.score_stride + i] = nv > 0 ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
+          for (int t = 0; t < 4; ++t) s += exp2f(x[r][t] - m);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        const int j = nt * 16 + 8 * r + g;
+        if (tig == 0 && j < n_vec) {
+          const int nv = min(max(qpos[r] + 1 - tok0, 0), p.page_size);
+          p.scores[j * p.score_stride + i] = nv > 0 && s > 0.0f ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
         }
       }
     }

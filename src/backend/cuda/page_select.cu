@@ -1,6 +1,10 @@
 // Score, select and compact kernels of sparse decode; see page_select.h.
 #include "backend/cuda/page_select.h"
 
+#include <cooperative_groups.h>
+
+#include <type_traits>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace dhs::cuda {
@@ -10,83 +14,101 @@ namespace {
 constexpr int kSelectThreads = 512;
 constexpr int kSelectWarps = kSelectThreads / 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+// ---- 2. select (1. score: page_score.cu) -----------------------------------------------------------------------
+// A thread-block cluster of C blocks (1..16) per list: the pages of a list are spread over
+// C * 512 threads (C is chosen on the host from the number of lists so that about one block
+// runs per SM: 16 at batch 1, 2 at batch 8), so the few thousand dependent instructions of a
+// list's passes no longer run on 8 of the GPU's 132 SMs (docs/kernels/page_select_NOTES.md).
+//
+// Deterministic reductions over the cluster: warp shuffles; lane 0 of each warp writes its
+// partial to this block's shared buffer; a block barrier; warp 0 combines the 16 partials in
+// a fixed tree and writes the block's total; a cluster barrier; then every warp reads the C
+// block totals through distributed shared memory (lane r reads rank r) and combines them in a
+// fixed tree. Every thread of every block gets the same bits.
+// Buffers alternate between two halves: a half is rewritten two reductions later, after the
+// next reduction's block and cluster barriers, which every reader of this one passes only after
+// its reads. N values reduce together (one pair of barriers for all): the kernel is bound by the
+// latency of its ~20 reductions, not by its flops.
+namespace cg = cooperative_groups;
+constexpr int kMaxRed = 16;
+constexpr int kMaxCluster = 16;
+
+struct SumF {
+  using T = float;
+  static __device__ __forceinline__ T id() { return 0.0f; }
+  static __device__ __forceinline__ T op(T a, T b) { return a + b; }
+};
+struct SumI {
+  using T = int;
+  static __device__ __forceinline__ T id() { return 0; }
+  static __device__ __forceinline__ T op(T a, T b) { return a + b; }
+};
+struct MaxF {
+  using T = float;
+  static __device__ __forceinline__ T id() { return -INFINITY; }
+  static __device__ __forceinline__ T op(T a, T b) { return fmaxf(a, b); }
+};
+__device__ __forceinline__ uint32_t to_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ uint32_t to_bits(int v) { return static_cast<uint32_t>(v); }
+template <class T>
+__device__ __forceinline__ T from_bits(uint32_t b) {
+  if constexpr (std::is_floating_point_v<T>) return __uint_as_float(b);
+  else return static_cast<T>(b);
 }
 
-// ---- 2. select (1. score: page_score.cu) -----------------------------------------------------------------------
-// Deterministic block reductions with ONE barrier each: per-warp shuffles, lane 0 (or 31) writes
-// the warp's partials to one of two alternating shared buffers, a barrier, then every thread
-// combines the partials in warp order (the same value in every thread). Alternating makes the
-// usual barrier before the write unnecessary: a buffer is written again only after the next
-// reduction's barrier, which every thread reaches after its reads of this one. N values reduce
-// together (one barrier for all): the select kernel is bound by the latency of its ~50 block
-// reductions, not by its few thousand flops (docs/kernels/page_select_NOTES.md, v4 -> v5).
-constexpr int kMaxRed = 16;
-struct BlockReduce {
-  uint32_t (*buf)[kMaxRed * kSelectWarps];  // [2][kMaxRed * kSelectWarps]
+struct ClusterReduce {
+  uint32_t (*wbuf)[kMaxRed * kSelectWarps];  // [2][kMaxRed * kSelectWarps] this block's warp partials
+  uint32_t (*bbuf)[kMaxRed];                 // [2][kMaxRed] this block's totals, read by the cluster
+  unsigned rank = 0, n_blocks = 1;
   int par = 0;
 
-  template <int N>
-  __device__ __forceinline__ void sum(float (&v)[N]) {
+  // Every warp: lane r < n_blocks reads value k of rank r's totals.
+  __device__ __forceinline__ uint32_t remote(const uint32_t* bt, int k) const {
+    const int lane = threadIdx.x & 31;
+    return *cg::this_cluster().map_shared_rank(bt + k, lane);
+  }
+
+  template <class Op, int N>
+  __device__ __forceinline__ void reduce(typename Op::T (&v)[N]) {
+    using T = typename Op::T;
     static_assert(N <= kMaxRed);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = warp_sum(v[k]);
-    uint32_t* b = buf[par];
+    for (int k = 0; k < N; ++k)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v[k] = Op::op(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
+    uint32_t* w = wbuf[par];
+    uint32_t* bt = bbuf[par];
     par ^= 1;
-    if ((threadIdx.x & 31) == 0)
+    if (lane == 0)
 #pragma unroll
-      for (int k = 0; k < N; ++k) b[k * kSelectWarps + (threadIdx.x >> 5)] = __float_as_uint(v[k]);
+      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = to_bits(v[k]);
     __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        T t = lane < kSelectWarps ? from_bits<T>(w[k * kSelectWarps + lane]) : Op::id();
+#pragma unroll
+        for (int o = kSelectWarps / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
+        if (lane == 0) bt[k] = to_bits(t);
+      }
+    }
+    cg::this_cluster().sync();
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      float t = 0.0f;
+      T t = lane < static_cast<int>(n_blocks) ? from_bits<T>(remote(bt, k)) : Op::id();
 #pragma unroll
-      for (int w = 0; w < kSelectWarps; ++w) t += __uint_as_float(b[k * kSelectWarps + w]);
-      v[k] = t;
+      for (int o = kMaxCluster / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
+      v[k] = __shfl_sync(0xffffffffu, t, 0);
     }
   }
   __device__ __forceinline__ float sum(float v) {
     float a[1] = {v};
-    sum(a);
+    reduce<SumF>(a);
     return a[0];
   }
-  template <int N>
-  __device__ __forceinline__ void sum_int(int (&v)[N]) {
-    static_assert(N <= kMaxRed);
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-    uint32_t* b = buf[par];
-    par ^= 1;
-    if ((threadIdx.x & 31) == 0)
-#pragma unroll
-      for (int k = 0; k < N; ++k) b[k * kSelectWarps + (threadIdx.x >> 5)] = static_cast<uint32_t>(v[k]);
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      int t = 0;
-#pragma unroll
-      for (int w = 0; w < kSelectWarps; ++w) t += static_cast<int>(b[k * kSelectWarps + w]);
-      v[k] = t;
-    }
-  }
-  __device__ __forceinline__ float max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    uint32_t* b = buf[par];
-    par ^= 1;
-    if ((threadIdx.x & 31) == 0) b[threadIdx.x >> 5] = __float_as_uint(v);
-    __syncthreads();
-    float t = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kSelectWarps; ++w) t = fmaxf(t, __uint_as_float(b[w]));
-    return t;
-  }
-  // Exclusive prefixes over threads (in thread order) of N values at once; total[k] gets the sums.
+  // Exclusive prefixes over the cluster's threads in (rank, thread) order of N values at once;
+  // total[k] gets the sums.
   template <int N>
   __device__ __forceinline__ void exclusive_scan(int (&v)[N], int (&total)[N]) {
     static_assert(N <= kMaxRed);
@@ -101,55 +123,80 @@ struct BlockReduce {
         const int y = __shfl_up_sync(0xffffffffu, x[k], o);
         if (lane >= o) x[k] += y;
       }
-    uint32_t* b = buf[par];
+    uint32_t* w = wbuf[par];
+    uint32_t* bt = bbuf[par];
     par ^= 1;
     if (lane == 31)
 #pragma unroll
-      for (int k = 0; k < N; ++k) b[k * kSelectWarps + warp] = static_cast<uint32_t>(x[k]);
+      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = static_cast<uint32_t>(x[k]);
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      int before = 0, all = 0;
+    for (int k = 0; k < N; ++k) {  // v: the exclusive prefix within the block
+      int b = 0, all = 0;
 #pragma unroll
-      for (int w = 0; w < kSelectWarps; ++w) {
-        const int t = static_cast<int>(b[k * kSelectWarps + w]);
-        if (w < warp) before += t;
+      for (int ww = 0; ww < kSelectWarps; ++ww) {
+        const int t = static_cast<int>(w[k * kSelectWarps + ww]);
+        if (ww < warp) b += t;
         all += t;
       }
-      total[k] = all;
-      v[k] = before + x[k] - v[k];
+      v[k] = b + x[k] - v[k];
+      if (threadIdx.x == 0) bt[k] = static_cast<uint32_t>(all);
+    }
+    cg::this_cluster().sync();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      int t = lane < static_cast<int>(n_blocks) ? static_cast<int>(remote(bt, k)) : 0;
+#pragma unroll
+      for (int o = 1; o < kMaxCluster; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, t, o);
+        if (lane >= o) t += y;
+      }
+      const int lower = __shfl_sync(0xffffffffu, t, rank > 0 ? static_cast<int>(rank) - 1 : 0);
+      total[k] = __shfl_sync(0xffffffffu, t, static_cast<int>(n_blocks) - 1);
+      v[k] += rank > 0 ? lower : 0;
     }
   }
 };
 
-// One step of the cut search: bits lo+1 and lo of thr (bit 0 alone when lo = -1). cand[d - 1] =
-// thr with digit d there, or ~0u where that digit does not exist (no mass has those bits).
-__device__ __forceinline__ void cut_candidates(uint32_t thr, int lo, uint32_t (&cand)[3]) {
-#pragma unroll
-  for (int d = 1; d <= 3; ++d) cand[d - 1] = d <= (lo >= 0 ? 3 : 1) ? thr | (static_cast<uint32_t>(d) << max(lo, 0)) : 0xFFFFFFFFu;
+// One step of the cut search settles the B bits [lo, top) of thr (fewer at the bottom:
+// lo = max(top - B, 0)); the bits above are settled, the bits below are 0. Candidate d (1 ..
+// 2^(top - lo) - 1) is thr | d << lo, and mass bits b reach it iff b's bits above top exceed
+// thr's, or equal them and b's digit [lo, top) is >= d: digit_at_cut() is the largest d that b
+// reaches (2^B - 1 when b is above the settled prefix, 0 when below).
+__device__ __forceinline__ int digit_at_cut(uint32_t b, uint32_t thr, int top, int lo, int n_max) {
+  const uint32_t hb = b >> top, ht = thr >> top;
+  return hb > ht ? n_max : hb == ht ? static_cast<int>((b >> lo) & ((1u << (top - lo)) - 1u)) : 0;
 }
+template <int B>
+struct CutBits {
+  static constexpr int value = B;
+};
 
-// One block per list (per request under SoloHead). Thread tid owns pages tid, tid + threads,
-// tid + 2 threads, ... (every pass over the scores is coalesced); the masses of its first
-// kRegPer pages live in registers (lists up to 8,192 pages: 128k tokens), the rest in shared
-// memory (then the global workspace). Pages are emitted in index order by rounds: round k
-// takes pages k * threads .. k * threads + threads - 1, and one block scan per round ranks
-// them.
+// A cluster per list (per request under SoloHead). Thread tid of rank r owns pages
+// k * C * threads + r * threads + tid (every pass over the scores is coalesced, and round k
+// covers consecutive pages in (rank, thread) order); the masses of its first kRegPer pages
+// live in registers (lists up to C * 8,192 pages), the rest in shared memory (then the global
+// workspace). Pages are emitted in index order by rounds, one cluster scan ranking a round.
 constexpr int kRegPer = 16;
+constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
 
 __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
   extern __shared__ float s_mass[];
-  __shared__ uint32_t s_buf[2][kMaxRed * kSelectWarps];
-  BlockReduce red{s_buf};
-  const int row = blockIdx.x;
+  __shared__ uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
+  __shared__ uint32_t s_bbuf[2][kMaxRed];
+  const cg::cluster_group cluster = cg::this_cluster();
+  ClusterReduce red{s_wbuf, s_bbuf, cluster.block_rank(), cluster.num_blocks()};
+  const int n_blk = static_cast<int>(red.n_blocks), rank = static_cast<int>(red.rank);
+  const int row = blockIdx.x / n_blk;
   const int req = row / p.n_heads_kv, h = row - req * p.n_heads_kv;
-  if (p.share_heads && h != 0) return;  // SoloHead: the request's head-0 block decides for all
+  if (p.share_heads && h != 0) return;  // SoloHead: the request's head-0 cluster decides for all
   const int base = p.dense_indptr[row], n = p.dense_indptr[row + 1] - base;
   const int seq = p.seq_len[req];
   const int q0 = p.q_indptr[req], q_len = p.q_indptr[req + 1] - q0;
   const int group = p.n_heads_q / p.n_heads_kv;
   const int tid = threadIdx.x;
-  const int per = (n + kSelectThreads - 1) / kSelectThreads;  // pages per thread (rounds)
+  const int stride = n_blk * kSelectThreads, off = rank * kSelectThreads + tid;
+  const int per = (n + stride - 1) / stride;  // rounds
   const int sink = min(p.n_sink, n), recent_from = max(sink, n - p.n_recent);
   auto forced = [&](int i) { return i < sink || i >= recent_from; };
 
@@ -168,15 +215,17 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   float mr[kRegPer];
   const bool ovf_smem = (per - kRegPer) * kSelectThreads <= p.smem_pages;
   auto ovf = [&](int k) -> float& {
-    return ovf_smem ? s_mass[(k - kRegPer) * kSelectThreads + tid] : p.mass[base + k * kSelectThreads + tid];
+    return ovf_smem ? s_mass[(k - kRegPer) * kSelectThreads + tid] : p.mass[base + k * stride + off];
   };
   // f(round, page index, mass) over the thread's pages, in round order.
   auto for_owned = [&](auto&& f) {
+    int i = off;
 #pragma unroll
-    for (int k = 0; k < kRegPer; ++k)
-      if (k * kSelectThreads + tid < n) f(k, k * kSelectThreads + tid, mr[k]);
-    for (int k = kRegPer; k < per; ++k)
-      if (k * kSelectThreads + tid < n) f(k, k * kSelectThreads + tid, ovf(k));
+    for (int k = 0; k < kRegPer; ++k, i += stride) {
+      if (i >= n) return;  // (i only grows)
+      f(k, i, mr[k]);
+    }
+    for (int k = kRegPer; k < per && i < n; ++k, i += stride) f(k, i, ovf(k));
   };
 
   uint32_t thr = 0;  // the cut: pages of mass bits > thr are in, == thr by index up to k_eq
@@ -185,31 +234,51 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   if (mode == kCut) {
     for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
+    const int n_vec = q_len * group;
     for (int hh = h_first; hh <= h_last; ++hh) {
       const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
-      for (int j = 0; j < q_len * group; ++j) {
-        const int qpos = seq - q_len + j / group;
-        const float* sc = p.scores + j * p.score_stride + bh;
-        auto n_vis = [&](int i) { return min(max(qpos + 1 - p.dense_page_pos[bh + i] * p.page_size, 0), p.page_size); };
-        // Block-wide (max, sum) of n_i 2^s_i: max first, then the rescaled sums.
-        float mx = -INFINITY;
+      for (int j0 = 0; j0 < n_vec; j0 += kVecChunk) {
+        // Per q vector j of the chunk: the cluster's (max, sum) of n_i 2^s_i, then the masses.
+        int qpos[kVecChunk];
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) qpos[c] = j0 + c < n_vec ? seq - q_len + (j0 + c) / group : -1;
+        auto first_token = [&](int i) { return p.dense_page_pos[bh + i] * p.page_size; };
+        auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
+        auto score = [&](int i, int c) { return p.scores[(j0 + c) * p.score_stride + bh + i]; };
+        float mx[kVecChunk];
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) mx[c] = -INFINITY;
         for_owned([&](int, int i, float&) {
-          if (n_vis(i) > 0) mx = fmaxf(mx, sc[i]);
+          const int tok0 = first_token(i);
+#pragma unroll
+          for (int c = 0; c < kVecChunk; ++c)
+            if (visible(tok0, c) > 0) mx[c] = fmaxf(mx[c], score(i, c));
         });
-        const float M = red.max(mx);
-        if (M == -INFINITY) continue;  // this row sees no key (uniform across the block)
-        float z = 0.0f;
+        red.reduce<MaxF>(mx);
+        float z[kVecChunk];
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) z[c] = 0.0f;
         for_owned([&](int, int i, float&) {
-          const int nv = n_vis(i);
-          if (nv > 0) z += static_cast<float>(nv) * exp2f(sc[i] - M);
+          const int tok0 = first_token(i);
+#pragma unroll
+          for (int c = 0; c < kVecChunk; ++c) {
+            const int nv = visible(tok0, c);
+            if (nv > 0 && mx[c] != -INFINITY) z[c] += static_cast<float>(nv) * exp2f(score(i, c) - mx[c]);
+          }
         });
-        const float Z = red.sum(z);
-        if (!(Z > 0.0f)) continue;
-        const float inv_z = 1.0f / Z;
+        red.reduce<SumF>(z);
+        float inv_z[kVecChunk];
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) inv_z[c] = mx[c] != -INFINITY && z[c] > 0.0f ? 1.0f / z[c] : 0.0f;  // 0: row sees no key
         for_owned([&](int, int i, float& m) {
-          const int nv = n_vis(i);
-          const float w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(sc[i] - M) * inv_z;
-          m = p.combine_max ? fmaxf(m, w) : m + w;
+          const int tok0 = first_token(i);
+#pragma unroll
+          for (int c = 0; c < kVecChunk; ++c) {
+            if (inv_z[c] == 0.0f) continue;
+            const int nv = visible(tok0, c);
+            const float w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(score(i, c) - mx[c]) * inv_z[c];
+            m = p.combine_max ? fmaxf(m, w) : m + w;
+          }
         });
       }
     }
@@ -222,37 +291,52 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     }
     if (p.mass_out) for_owned([&](int, int i, float& m) { p.mass_out[base + i] = m; });
 
-    if (p.rule == SelectRule::Coverage) {
-      float fm = 0.0f, fr = 0.0f;
-      for_owned([&](int, int i, float& m) { (forced(i) ? fm : fr) += m; });
-      float f2[2] = {fm, fr};
-      red.sum(f2);
-      fm = f2[0];
-      fr = f2[1];
-      const float need = p.gamma - fm;
-      if (need <= 0.0f) mode = kForced;
-      else if (fr < need) mode = kAll;  // rounding shortfall: every page
-      else {
-        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr: bits 30..0 two
-        // at a time (the largest of the 3 candidates that still reaches need; S falls as thr rises).
-        for (int lo = 29; lo >= -1; lo -= 2) {
-          uint32_t cand[3];
-          cut_candidates(thr, lo, cand);
-          float s[3] = {0.0f, 0.0f, 0.0f};
-          for_owned([&](int, int i, float& m) {
-            if (forced(i)) return;
-            const uint32_t b = __float_as_uint(m);
+    // The cut search, B bits of thr per step (the largest candidate whose sum still reaches
+    // the need: sums fall as thr rises). 4 bits (15 sums, 8 steps) when a thread has few
+    // pages, where the reductions' latency is the cost; 2 bits (3 sums, 16 steps) otherwise.
+    auto search = [&](auto bits, auto&& weight, auto want) {
+      constexpr int B = decltype(bits)::value, ND = (1 << B) - 1;
+      using W = decltype(want);
+      for (int top = 31; top > 0; top -= B) {
+        const int lo = max(top - B, 0), n_digits = (1 << (top - lo)) - 1;
+        W s[ND];  // s[d - 1]: the summed weight of the free pages reaching candidate d
 #pragma unroll
-            for (int d = 0; d < 3; ++d)
-              if (b >= cand[d]) s[d] += m;
-          });
-          red.sum(s);
-          for (int d = 2; d >= 0; --d)
-            if (cand[d] != 0xFFFFFFFFu && s[d] >= need) {
-              thr = cand[d];
-              break;
-            }
-        }
+        for (int d = 0; d < ND; ++d) s[d] = W(0);
+        for_owned([&](int, int i, float& m) {
+          if (forced(i)) return;
+          const int dig = digit_at_cut(__float_as_uint(m), thr, top, lo, ND);
+          const W x = weight(m);
+#pragma unroll
+          for (int d = 0; d < ND; ++d)
+            if (d < dig) s[d] += x;
+        });
+        if constexpr (std::is_floating_point_v<W>) red.reduce<SumF>(s);
+        else red.reduce<SumI>(s);
+        int best = 0;  // the largest existing digit that still reaches want (s falls as d rises)
+#pragma unroll
+        for (int d = 1; d <= ND; ++d)
+          if (d <= n_digits && s[d - 1] >= want) best = d;
+        thr |= static_cast<uint32_t>(best) << lo;
+      }
+    };
+    auto search_any = [&](auto&& weight, auto want) {
+      if (per <= 4) search(CutBits<4>{}, weight, want);
+      else search(CutBits<2>{}, weight, want);
+    };
+
+    if (p.rule == SelectRule::Coverage) {
+      float f2[2] = {0.0f, 0.0f};  // forced, free
+      for_owned([&](int, int i, float& m) {
+        if (forced(i)) f2[0] += m;
+        else f2[1] += m;
+      });
+      red.reduce<SumF>(f2);
+      const float need = p.gamma - f2[0];
+      if (need <= 0.0f) mode = kForced;
+      else if (f2[1] < need) mode = kAll;  // rounding shortfall: every page
+      else {
+        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr.
+        search_any([](float m) { return m; }, need);
         float gt = 0.0f;
         for_owned([&](int, int i, float& m) {
           if (!forced(i) && __float_as_uint(m) > thr) gt += m;
@@ -267,37 +351,21 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       if (k_top <= n_forced) topk_forced_only = true;
       else {
         const int want = k_top - n_forced;  // free pages to add
-        for (int lo = 29; lo >= -1; lo -= 2) {  // as for coverage, on counts
-          uint32_t cand[3];
-          cut_candidates(thr, lo, cand);
-          int c[3] = {0, 0, 0};
-          for_owned([&](int, int i, float& m) {
-            if (forced(i)) return;
-            const uint32_t b = __float_as_uint(m);
-#pragma unroll
-            for (int d = 0; d < 3; ++d) c[d] += b >= cand[d];
-          });
-          red.sum_int(c);
-          for (int d = 2; d >= 0; --d)
-            if (cand[d] != 0xFFFFFFFFu && c[d] >= want) {
-              thr = cand[d];
-              break;
-            }
-        }
+        search_any([](float) { return 1; }, want);  // as for coverage, on counts
         int gt[1] = {0};
         for_owned([&](int, int i, float& m) { gt[0] += !forced(i) && __float_as_uint(m) > thr; });
-        red.sum_int(gt);
+        red.reduce<SumI>(gt);
         k_eq = want - gt[0];
       }
     }
   }
 
-  // Emit in index order, one round of threads at a time. Within a round one scan counts, for
-  // each page, the chosen non-tied pages and the tied pages (free pages of mass bits == thr)
-  // before it: the first k_eq tied pages of the list (by index) are in.
+  // Emit in index order, one round at a time. Within a round one cluster scan counts, for each
+  // page, the chosen non-tied pages and the tied pages (free pages of mass bits == thr) before
+  // it: the first k_eq tied pages of the list (by index) are in.
   const int k_sink = min(k_top, sink), k_recent = k_top - k_sink;  // top-k within the forced pages
   const bool cut = mode == kCut && !topk_forced_only;
-  // flag: 1 for a page surely in, 1 << 16 for a tied page (a round has <= 512 of each).
+  // flag: 1 for a page surely in, 1 << 16 for a tied page (a round has < 2^16 of each).
   auto flag = [&](int i, float m) -> int {
     if (i >= n) return 0;
     if (mode == kAll) return 1;
@@ -327,20 +395,20 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   {  // the register rounds: one scan for all of them
     int f[kRegPer], ex[kRegPer], all[kRegPer];
 #pragma unroll
-    for (int k = 0; k < kRegPer; ++k) ex[k] = f[k] = flag(k * kSelectThreads + tid, mr[k]);
+    for (int k = 0; k < kRegPer; ++k) ex[k] = f[k] = flag(k * stride + off, mr[k]);
     red.exclusive_scan(ex, all);
 #pragma unroll
     for (int k = 0; k < kRegPer; ++k)
-      if (k < per) emit(k * kSelectThreads + tid, f[k], ex[k], all[k]);
+      if (k < per) emit(k * stride + off, f[k], ex[k], all[k]);
   }
   for (int k = kRegPer; k < per; ++k) {  // overflow rounds, one scan each
-    const int i = k * kSelectThreads + tid;
+    const int i = k * stride + off;
     int f[1] = {flag(i, i < n ? ovf(k) : 0.0f)}, ex[1] = {f[0]}, all[1];
     red.exclusive_scan(ex, all);
     emit(i, f[0], ex[0], all[0]);
   }
 
-  if (tid == 0) {
+  if (rank == 0 && tid == 0) {
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     for (int hh = h_first; hh <= h_last; ++hh) {
       const int lrow = req * p.n_heads_kv + hh;
@@ -351,6 +419,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       }
     }
   }
+  cluster.sync();  // no block leaves while another may still read its totals
 }
 
 // ---- 3. compact ----------------------------------------------------------------------
@@ -380,6 +449,59 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
   }
 }
 
+// The select kernel's launch: n_lists clusters of c blocks (not copyable: cfg points at attr).
+struct SelectLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  SelectLaunch(int n_lists, int c, size_t smem, cudaStream_t stream) {
+    cfg.gridDim = dim3(static_cast<unsigned>(n_lists * c));
+    cfg.blockDim = dim3(kSelectThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(c);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  SelectLaunch(const SelectLaunch&) = delete;
+  SelectLaunch& operator=(const SelectLaunch&) = delete;
+};
+
+// Blocks per list: the largest C in {16, 8, 4, 2} with n_lists * C blocks within the GPU's SMs
+// and all n_lists clusters resident at once (a cluster's blocks share a GPC; 16 needs the
+// non-portable size), else 1. `forced` > 0 (tests, benchmarks) takes that size.
+int select_cluster_size(int n_lists, int forced, size_t smem) {
+  static const int n_sms = [] {
+    int dev = 0, sms = 0;
+    DHS_CUDA_CHECK(cudaGetDevice(&dev));
+    DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    return sms;
+  }();
+  if (forced > 0) {
+    if (forced > kMaxCluster || (forced & (forced - 1)) != 0)
+      check(cudaErrorInvalidValue, "page_select: select_cluster must be a power of two <= 16", __FILE__, __LINE__);
+    return forced;
+  }
+  static int active[kMaxCluster + 1] = {};  // resident clusters per size (0: not asked yet)
+  for (int c = kMaxCluster; c >= 2; c >>= 1) {
+    if (n_lists * c > n_sms) continue;
+    if (active[c] == 0) {
+      const SelectLaunch l(n_lists, c, smem, nullptr);
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, select_pages_kernel, &l.cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = -1;
+      }
+      active[c] = n > 0 ? n : -1;
+    }
+    if (active[c] >= n_lists) return c;
+  }
+  return 1;
+}
+
 }  // namespace
 
 void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream) {
@@ -389,7 +511,9 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
     if (p.rule != SelectRule::SinkWindow) launch_score_pages(p, stream);
     return;
   } else if (stage == 1) {
-    select_pages_kernel<<<n_lists, kSelectThreads, static_cast<size_t>(p.smem_pages) * 4, stream>>>(p);
+    const size_t smem = static_cast<size_t>(p.smem_pages) * 4;
+    const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream);
+    DHS_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, select_pages_kernel, p));
   } else {
     compact_lists_kernel<<<dim3(n_lists, kCompactSplit), kCompactThreads, 0, stream>>>(p);
   }

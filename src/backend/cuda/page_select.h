@@ -12,7 +12,8 @@
 //                units. All are dot products on tensor cores (page_score.cu). The
 //                flattened page space is split evenly over a fixed grid of warps, each
 //                finding its first list from the prefix sums (as the attention kernel).
-//   2. select  — one block per list (per request under SoloHead): per q vector an
+//   2. select  — a cluster of 1-16 blocks per list (per request under SoloHead; reductions
+//                through distributed shared memory): per q vector an
 //                online (max, sum) over n_i * 2^(s_i - max) -> normalised masses,
 //                combined over the group's q vectors (mean or max), renormalised; then
 //                the rule's cut: coverage-gamma (heaviest pages until the mass reaches
@@ -85,6 +86,8 @@ struct PageSelectParams {
   float scale = 0.0f;    // softmax scale, usually 1/sqrt(head_dim)
   int n_score_warps = 0; // grid of the score kernel, in warps (multiple of 8)
   int smem_pages = 0;    // lists up to this length keep their masses in shared memory
+  int select_cluster = 0; // blocks per list of the select kernel (power of two <= 16); 0: chosen
+                          // from the number of lists (about one block per SM)
 };
 
 // Launches score (unless SinkWindow), select and compact on `stream`. No checks.
@@ -121,10 +124,10 @@ class PageSelectWorkspace {
   int32_t* stage_pos_d_ = nullptr;
 };
 
-// Shared-memory capacity of the select kernel, in fp32 masses (46 KiB: no opt-in needed). The
-// first 16 * 512 = 8,192 pages of a list (128k tokens at page 16) keep their masses in
-// registers, the next 11,776 in shared memory; longer lists (> 19,968 pages) or a smaller
-// smem_pages put the overflow in the global workspace.
+// Shared-memory capacity of each select block, in fp32 masses (46 KiB: no opt-in needed). With C
+// blocks per list the first C * 16 * 512 pages of a list (8,192 per block: 128k tokens at page 16
+// for C = 1) keep their masses in registers, the next C * 11,776 in shared memory; longer lists
+// or a smaller smem_pages put the overflow in the global workspace.
 inline constexpr int kSelectSmemPages = 11776;
 
 }  // namespace dhs::cuda
