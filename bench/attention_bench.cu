@@ -54,6 +54,7 @@ struct Options {
   int min_pages = 8;
   bool tune = false;
   bool quick = false;
+  bool select_only = false;  // only the sparse section's selection rows (profiling)
   std::string trace;             // budget trace (dhisparse eval --trace-out): per-head budgets replayed
   int64_t trace_len = 0;         // prompt length of the trace to use (0: its longest)
   std::vector<int> quest_tokens = {2048, 4096};  // fixed top-k budgets (Quest), tokens per list
@@ -231,6 +232,7 @@ int main(int argc, char** argv) {
     else if (a == "--min-pages") opt.min_pages = std::stoi(next());
     else if (a == "--tune") opt.tune = true;
     else if (a == "--quick") opt.quick = true;
+    else if (a == "--select-only") opt.select_only = true;
     else if (a == "--trace") opt.trace = next();
     else if (a == "--trace-len") opt.trace_len = std::stoll(next());
     else if (a == "--trace-layers") opt.trace_layers = std::stoi(next());
@@ -245,7 +247,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: attention_bench [--out F.jsonl] [--commit SHA] [--run-id ID] [--reps N] [--stages 2|3|4]\n"
-                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick]\n"
+                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick] [--select-only]\n"
                    "                       [--trace TRACE.json [--trace-len N] [--trace-layers N]] [--quest-tokens T1,T2]\n");
       return 2;
     }
@@ -301,6 +303,7 @@ int main(int argc, char** argv) {
   std::printf("%-7s %-6s %-11s %10s %9s %8s\n", "ctx", "batch", "impl", "us", "GB/s", "frac");
   for (int ctx : ctxs)
     for (int batch : batches) {
+      if (opt.select_only) break;
       const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
       if (n_pages > max_pages) {
         std::printf("%-7d %-6d skipped: %lld pages do not fit\n", ctx, batch, static_cast<long long>(n_pages));
@@ -378,6 +381,7 @@ int main(int argc, char** argv) {
         b.emit(b.out, "dhisparse-dense", ctx, batch, td, dense_bytes, 1.0, ws, opt.min_pages);
         std::printf("%-7d %-6d %-30s %10.1f %8.3f %9s\n", ctx, batch, "dhisparse-dense", td.median_us, 1.0, "1.00");
         for (const Pol& pol : pols) {
+          if (opt.select_only) break;
           // Mean over evenly spaced layers of the traced budgets (Quest: one budget for all).
           const int n_l = pol.frac.empty() ? 1 : std::max(1, std::min(opt.trace_layers, 32));
           Timing agg;
@@ -445,8 +449,18 @@ int main(int argc, char** argv) {
           for (int st = 0; st < 4; ++st)
             b.emit(b.out, (std::string(impl) + "/" + part_name[st]).c_str(), ctx, batch, part[st], st == 0 ? sum_bytes : 0.0, 1.0, ws,
                    opt.min_pages);
-          std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us (one block per list: %.1f), compact %.1f us\n", ctx,
-                      batch, impl, part[0].median_us, part[1].median_us, part[3].median_us, part[2].median_us);
+          std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us (cluster %d; one block per list: %.1f), compact %.1f us\n",
+                      ctx, batch, impl, part[0].median_us, part[1].median_us, dhs::cuda::page_select_cluster(batch * kHkv),
+                      part[3].median_us, part[2].median_us);
+          if (rule == 2) {  // the select kernel at every cluster size
+            std::printf("%-7d %-6d %-30s select by cluster size:", ctx, batch, impl);
+            for (int c = 1; c <= 16; c *= 2) {
+              p.select_cluster = c;
+              std::printf("  C%d %.1f", c, b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps).median_us);
+            }
+            p.select_cluster = 0;
+            std::printf(" us\n");
+          }
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",
                       100.0 * t.median_us / td.median_us);

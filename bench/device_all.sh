@@ -11,6 +11,8 @@
 #   sparse the selection kernels alone (one short call): test_page_select, memcheck + racecheck,
 #          attention_bench --quick (selection breakdown) with the SDPA anchor, e2e TPOT at
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
+#   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
+#          cluster size (attention_bench --select-only)
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
@@ -99,6 +101,16 @@ for stage in "$@"; do
         --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --commit "$C"
       grep -E "select" "$OUT/attention_bench.log" | tail -12
       tail -12 "$OUT/e2e_bench.log" ;;
+    profile)
+      # Nsight Compute on the selection kernels alone (attention_bench --select-only: 128k x 1, then x 8).
+      for k in select_pages score_sketch; do
+        run "ncu_$k" timeout 240 ncu --kernel-name "regex:$k" --launch-skip ${DHS_NCU_SKIP:-0} --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
+          --section SourceCounters "$B/attention_bench" --quick --select-only
+        grep -E "Duration|Cluster|Block Size|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Stall|Memory Throughput|DRAM Throughput" "$OUT/ncu_$k.log" | head -40
+      done
+      run attention_bench_select timeout 150 "$B/attention_bench" --quick --select-only --commit "$C"
+      grep -E "select" "$OUT/attention_bench_select.log" | tail -12 ;;
     bench)
       TRACE=$(ls "$OUT"/budget_trace_eval_smollm2.json bench/results/budget_trace_smollm2_sketch4.json 2>/dev/null | head -1)
       echo "budget trace: ${TRACE:-none}"

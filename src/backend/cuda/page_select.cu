@@ -520,6 +520,10 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
+int page_select_cluster(int n_lists) {
+  return select_cluster_size(n_lists, 0, static_cast<size_t>(kSelectSmemPages) * 4);
+}
+
 void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
   for (int stage = 0; stage < 3; ++stage) launch_page_select_stage(p, stage, stream);
 }

@@ -97,6 +97,8 @@ void launch_page_select(const PageSelectParams& p, cudaStream_t stream);
 void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream);
 
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream);
+// The select kernel's blocks per list for n_lists lists when select_cluster is 0.
+int page_select_cluster(int n_lists);
 
 // Buffers sized once from maxima and reused by every step (and graph replay).
 class PageSelectWorkspace {
