@@ -93,7 +93,7 @@ for stage in "$@"; do
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       run test_page_select timeout 150 "$B/test_page_select"
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_page_select timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_page_select"
-      DHS_TEST_QUICK=1 run sanitizer_racecheck_test_page_select timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_page_select" --gtest_filter='*Smol*'
+      DHS_TEST_QUICK=1 run sanitizer_racecheck_test_page_select timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_page_select" --gtest_filter='*Smol*'
       run attention_bench timeout 150 "$B/attention_bench" --quick --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_attention.jsonl" --commit "$C"
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       run e2e_bench timeout 200 "$B/dhisparse" bench --ctx 131072 --batch 1,4 --prefill 2048 \

@@ -256,22 +256,22 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   if (b >= e) return;
   const int group = p.n_heads_q / p.n_heads_kv;
   const float mul = p.scale * kLog2e;
+  const float log2_page = log2f(static_cast<float>(p.page_size));
   int row = find_list(p.dense_indptr, n_lists, b) - 1;
   int64_t list_end = b;  // the current list's pages end here (the first page starts a list)
-  int q_len = 0, n_vec = 0, qpos0 = 0, h = 0, req = 0, q0 = 0, cur_nt = -1;
+  int q_len = 0, n_vec = 0, qpos0 = 0, h = 0, q0 = 0, cur_nt = -1;
   uint32_t qa[KS][4];  // A registers of q vectors 16 nt + g (a0, a2) and 16 nt + 8 + g (a1, a3)
   float qf[2];         // per row: qstep * scale * log2 e
-  int qsum8[2];        // per row: 8 * sum(q8) (the codes' +8 offset)
-  // Two pages in flight while one is scored (a ring of three): ~3 KiB of loads per warp.
-  SketchPage<KS> cur, next, next2;
-  load_sketch_page<KS>(p, b, g, tig, cur);
-  if (b + 1 < e) load_sketch_page<KS>(p, b + 1, g, tig, next);
-  for (int64_t i = b; i < e; ++i) {
-    if (i + 2 < e) load_sketch_page<KS>(p, i + 2, g, tig, next2);
+  float qsum8[2];      // per row: 8 * sum(q8) (the codes' +8 offset)
+  int qpos[2];         // per row: the query row's position (-1: no such q vector)
+
+  // Scores page i (its loads in s), then reuses s for page i + 3: three pages in flight per warp
+  // (~3 KiB) without copying registers between ring slots.
+  auto step = [&](SketchPage<KS>& s, int64_t i) {
     if (i >= list_end) {  // a new list: its request's shape, held in registers
       do ++row; while (p.dense_indptr[row + 1] <= i);
       list_end = p.dense_indptr[row + 1];
-      req = row / p.n_heads_kv;
+      const int req = row / p.n_heads_kv;
       h = row - req * p.n_heads_kv;
       q0 = p.q_indptr[req];
       q_len = p.q_indptr[req + 1] - q0;
@@ -279,8 +279,9 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
       qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
       cur_nt = -1;
     }
-    const int tok0 = cur.pos * p.page_size;
+    const int tok0 = s.pos * p.page_size;
     const bool all_visible = tok0 + p.page_size - 1 <= qpos0;
+    const int n_rows = n_vec > 8 ? 2 : 1;  // warp-uniform: rows 8-15 only when there are > 8 q vectors
     for (int nt = 0; nt < (n_vec + 15) / 16; ++nt) {
       if (nt != cur_nt) {  // (once per list when n_vec <= 16)
 #pragma unroll
@@ -298,7 +299,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
             qa[ks][2 + r] = w[ks][1];
           }
           qf[r] = st * mul;
-          qsum8[r] = 8 * sum;
+          qsum8[r] = static_cast<float>(8 * sum);
+          qpos[r] = j < n_vec ? qpos0 + j / group : -1;
         }
         cur_nt = nt;
       }
@@ -307,52 +309,63 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
       for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
-          ptx::mma_s8_16832(acc[nb], qa[ks], cur.w[nb][ks] & 0x0F0F0F0Fu, (cur.w[nb][ks] >> 4) & 0x0F0F0F0Fu);
+          ptx::mma_s8_16832(acc[nb], qa[ks], s.w[nb][ks] & 0x0F0F0F0Fu, (s.w[nb][ks] >> 4) & 0x0F0F0F0Fu);
       // x[r][t]: q row 16 nt + 8 r + g, token t of {2tig, 2tig+1, 8+2tig, 9+2tig}.
-      float x[2][4], lm[2];
-      int qpos[2];
+      float x[2][4], lm[2] = {-INFINITY, -INFINITY};
+      bool in_range = true;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int j = nt * 16 + 8 * r + g;
-        qpos[r] = j < n_vec ? qpos0 + j / group : -1;
-        lm[r] = -INFINITY;
+        if (r >= n_rows) break;
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const int nb = t >> 1, c = t & 1;
-          const float stp = c ? cur.step[nb].y : cur.step[nb].x;
-          const int tok = tok0 + 8 * nb + 2 * tig + c;
-          const bool vis = all_visible ? j < n_vec : tok <= qpos[r];
-          x[r][t] = vis ? static_cast<float>(acc[nb][2 * r + c] - qsum8[r]) * qf[r] * stp : -INFINITY;
+          const float stp = c ? s.step[nb].y : s.step[nb].x;
+          const bool vis = all_visible ? qpos[r] >= 0 : tok0 + 8 * nb + 2 * tig + c <= qpos[r];
+          x[r][t] = vis ? (static_cast<float>(acc[nb][2 * r + c]) - qsum8[r]) * (qf[r] * stp) : -INFINITY;
           lm[r] = fmaxf(lm[r], x[r][t]);
         }
+        in_range = in_range && lm[r] <= 96.0f && (lm[r] >= -96.0f || lm[r] == -INFINITY);
       }
-      const bool in_range = (lm[0] <= 96.0f && (lm[0] >= -96.0f || lm[0] == -INFINITY)) &&
-                            (lm[1] <= 96.0f && (lm[1] >= -96.0f || lm[1] == -INFINITY));
       const bool plain = __all_sync(0xffffffffu, in_range);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float m = 0.0f;
-        if (!plain) {
+        if (r >= n_rows) break;
+        float m = 0.0f, sum = 0.0f;
+        if (plain) {
+#pragma unroll
+          for (int t = 0; t < 4; ++t) sum += ptx::ex2_approx(x[r][t]);
+        } else {
           m = lm[r];
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
           m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        }
-        float s = 0.0f;
-        if (plain || m != -INFINITY)
+          if (m != -INFINITY)
 #pragma unroll
-          for (int t = 0; t < 4; ++t) s += exp2f(x[r][t] - m);
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        const int j = nt * 16 + 8 * r + g;
-        if (tig == 0 && j < n_vec) {
-          const int nv = min(max(qpos[r] + 1 - tok0, 0), p.page_size);
-          p.scores[j * p.score_stride + i] = nv > 0 && s > 0.0f ? m + log2f(s) - log2f(static_cast<float>(nv)) : -INFINITY;
+            for (int t = 0; t < 4; ++t) sum += ptx::ex2_approx(x[r][t] - m);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (tig == 0 && qpos[r] >= 0) {
+          const int j = nt * 16 + 8 * r + g;
+          const int nv = all_visible ? p.page_size : min(max(qpos[r] + 1 - tok0, 0), p.page_size);
+          const float l2nv = nv == p.page_size ? log2_page : log2f(static_cast<float>(nv));
+          p.scores[j * p.score_stride + i] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
         }
       }
     }
-    cur = next;
-    next = next2;
+    if (i + 3 < e) load_sketch_page<KS>(p, i + 3, g, tig, s);
+  };
+  SketchPage<KS> s0, s1, s2;
+  load_sketch_page<KS>(p, b, g, tig, s0);
+  if (b + 1 < e) load_sketch_page<KS>(p, b + 1, g, tig, s1);
+  if (b + 2 < e) load_sketch_page<KS>(p, b + 2, g, tig, s2);
+  int64_t i = b;
+  for (; i + 3 <= e; i += 3) {
+    step(s0, i);
+    step(s1, i + 1);
+    step(s2, i + 2);
   }
+  if (i < e) step(s0, i);
+  if (i + 1 < e) step(s1, i + 1);
 }
 
 }  // namespace

@@ -15,10 +15,10 @@ constexpr int kSelectThreads = 512;
 constexpr int kSelectWarps = kSelectThreads / 32;
 
 // ---- 2. select (1. score: page_score.cu) -----------------------------------------------------------------------
-// A thread-block cluster of C blocks (1..16) per list: the pages of a list are spread over
-// C * 512 threads (C is chosen on the host from the number of lists so that about one block
-// runs per SM: 16 at batch 1, 2 at batch 8), so the few thousand dependent instructions of a
-// list's passes no longer run on 8 of the GPU's 132 SMs (docs/kernels/page_select_NOTES.md).
+// A thread-block cluster of C blocks (1..4 chosen on the host from the number of lists, so that
+// about one block runs per SM: 4 at batch 1, 2 at batch 8; up to 16 when forced) per list: the
+// pages of a list are spread over C * 512 threads, so a list's passes no longer run on 8 of the
+// GPU's 132 SMs (docs/kernels/page_select_NOTES.md).
 //
 // Deterministic reductions over the cluster: warp shuffles; lane 0 of each warp writes its
 // partial to this block's shared buffer; a block barrier; warp 0 combines the 16 partials in
@@ -28,19 +28,16 @@ constexpr int kSelectWarps = kSelectThreads / 32;
 // Buffers alternate between two halves: a half is rewritten two reductions later, after the
 // next reduction's block and cluster barriers, which every reader of this one passes only after
 // its reads. N values reduce together (one pair of barriers for all): the kernel is bound by the
-// latency of its ~20 reductions, not by its flops.
+// latency of its reductions (9 at decode: masses 2, totals 2, the cut's 3 histogram levels, the
+// emission scan), not by its flops.
 namespace cg = cooperative_groups;
 constexpr int kMaxRed = 16;
 constexpr int kMaxCluster = 16;
+constexpr int kAutoCluster = 4;  // the largest size chosen: each block reads every rank's histogram
 
 struct SumF {
   using T = float;
   static __device__ __forceinline__ T id() { return 0.0f; }
-  static __device__ __forceinline__ T op(T a, T b) { return a + b; }
-};
-struct SumI {
-  using T = int;
-  static __device__ __forceinline__ T id() { return 0; }
   static __device__ __forceinline__ T op(T a, T b) { return a + b; }
 };
 struct MaxF {
@@ -49,7 +46,6 @@ struct MaxF {
   static __device__ __forceinline__ T op(T a, T b) { return fmaxf(a, b); }
 };
 __device__ __forceinline__ uint32_t to_bits(float v) { return __float_as_uint(v); }
-__device__ __forceinline__ uint32_t to_bits(int v) { return static_cast<uint32_t>(v); }
 template <class T>
 __device__ __forceinline__ T from_bits(uint32_t b) {
   if constexpr (std::is_floating_point_v<T>) return __uint_as_float(b);
@@ -158,19 +154,46 @@ struct ClusterReduce {
   }
 };
 
-// One step of the cut search settles the B bits [lo, top) of thr (fewer at the bottom:
-// lo = max(top - B, 0)); the bits above are settled, the bits below are 0. Candidate d (1 ..
-// 2^(top - lo) - 1) is thr | d << lo, and mass bits b reach it iff b's bits above top exceed
-// thr's, or equal them and b's digit [lo, top) is >= d: digit_at_cut() is the largest d that b
-// reaches (2^B - 1 when b is above the settled prefix, 0 when below).
-__device__ __forceinline__ int digit_at_cut(uint32_t b, uint32_t thr, int top, int lo, int n_max) {
-  const uint32_t hb = b >> top, ht = thr >> top;
-  return hb > ht ? n_max : hb == ht ? static_cast<int>((b >> lo) & ((1u << (top - lo)) - 1u)) : 0;
-}
-template <int B>
-struct CutBits {
-  static constexpr int value = B;
+template <int N>
+struct IntC {
+  static constexpr int value = N;
 };
+
+// The cut search in fixed point: a page's mass as an integer of 2^-40 units (exact integer sums
+// need no fixed order; 8,192 pages of mass <= 1 stay below 2^53). Masses under 2^-41 count 0.
+__device__ __forceinline__ unsigned long long fixed_mass(float m) { return __float2ull_rn(m * 0x1p40f); }
+
+// Exclusive prefix over the block's threads (thread order) of one u64; total gets the sum.
+// One barrier; buf alternates as in ClusterReduce.
+__device__ __forceinline__ unsigned long long block_exclusive_scan_u64(unsigned long long x, unsigned long long& total,
+                                                                       unsigned long long (*buf)[kSelectWarps], int& par) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned long long inc = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  unsigned long long* b = buf[par];
+  par ^= 1;
+  if (lane == 31) b[warp] = inc;
+  __syncthreads();
+  unsigned long long before = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kSelectWarps; ++w) {
+    const unsigned long long t = b[w];
+    if (w < warp) before += t;
+    all += t;
+  }
+  total = all;
+  return before + inc - x;
+}
+
+// Histogram levels of the cut search: bits 30..20, 19..9, 8..0 of the (non-negative) mass.
+constexpr int kHistBins = 2048;
+constexpr int kHistLevels = 3;
+__device__ __constant__ const int kHistHi[kHistLevels] = {31, 20, 9};
+__device__ __constant__ const int kHistLo[kHistLevels] = {20, 9, 0};
 
 // A cluster per list (per request under SoloHead). Thread tid of rank r owns pages
 // k * C * threads + r * threads + tid (every pass over the scores is coalesced, and round k
@@ -184,6 +207,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   extern __shared__ float s_mass[];
   __shared__ uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
   __shared__ uint32_t s_bbuf[2][kMaxRed];
+  __shared__ unsigned long long s_hist[2][kHistBins];  // the cut search's histograms, alternating levels
+  __shared__ unsigned long long s_scan[2][kSelectWarps];
+  __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
+  int scan_par = 0;
   const cg::cluster_group cluster = cg::this_cluster();
   ClusterReduce red{s_wbuf, s_bbuf, cluster.block_rank(), cluster.num_blocks()};
   const int n_blk = static_cast<int>(red.n_blocks), rank = static_cast<int>(red.rank);
@@ -291,37 +318,57 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     }
     if (p.mass_out) for_owned([&](int, int i, float& m) { p.mass_out[base + i] = m; });
 
-    // The cut search, B bits of thr per step (the largest candidate whose sum still reaches
-    // the need: sums fall as thr rises). 4 bits (15 sums, 8 steps) when a thread has few
-    // pages, where the reductions' latency is the cost; 2 bits (3 sums, 16 steps) otherwise.
-    auto search = [&](auto bits, auto&& weight, auto want) {
-      constexpr int B = decltype(bits)::value, ND = (1 << B) - 1;
-      using W = decltype(want);
-      for (int top = 31; top > 0; top -= B) {
-        const int lo = max(top - B, 0), n_digits = (1 << (top - lo)) - 1;
-        W s[ND];  // s[d - 1]: the summed weight of the free pages reaching candidate d
-#pragma unroll
-        for (int d = 0; d < ND; ++d) s[d] = W(0);
+    // The cut: the largest thr with W(>= thr) >= need, W = the summed weight (fixed-point mass,
+    // or 1 for top-k) of the free pages of mass bits >= thr. Three histogram levels settle 11, 11
+    // and 9 bits of thr: each block bins its pages below the settled prefix, the cluster's
+    // histograms are added (every block reads every rank's), and a block scan from the top bin
+    // finds the bin where the running weight reaches need. 3 levels of 2 barriers and a cluster
+    // barrier, where a bisection takes 16-31 block reductions. Returns false when the free pages'
+    // weight is below need (the same in every block); above = W(> thr).
+    auto hist_cut = [&](auto&& weight, unsigned long long need_w, unsigned long long& above) -> bool {
+      uint32_t prefix = 0;
+      above = 0;
+      for (int lv = 0; lv < kHistLevels; ++lv) {
+        const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
+        unsigned long long* hist = s_hist[lv & 1];
+        for (int t = tid; t < n_bins; t += kSelectThreads) hist[t] = 0;
+        __syncthreads();
         for_owned([&](int, int i, float& m) {
-          if (forced(i)) return;
-          const int dig = digit_at_cut(__float_as_uint(m), thr, top, lo, ND);
-          const W x = weight(m);
-#pragma unroll
-          for (int d = 0; d < ND; ++d)
-            if (d < dig) s[d] += x;
+          const uint32_t bits = __float_as_uint(m);
+          if (forced(i) || (lv > 0 && (bits >> hi) != (prefix >> hi))) return;
+          atomicAdd(&hist[(bits >> lo) & static_cast<uint32_t>(n_bins - 1)], weight(m));
         });
-        if constexpr (std::is_floating_point_v<W>) red.reduce<SumF>(s);
-        else red.reduce<SumI>(s);
-        int best = 0;  // the largest existing digit that still reaches want (s falls as d rises)
+        cluster.sync();  // every rank's histogram complete (the alternate one is no longer read)
+        // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q.
+        constexpr int kMaxPer = kHistBins / kSelectThreads;
+        unsigned long long v[kMaxPer], t_sum = 0;
 #pragma unroll
-        for (int d = 1; d <= ND; ++d)
-          if (d <= n_digits && s[d - 1] >= want) best = d;
-        thr |= static_cast<uint32_t>(best) << lo;
+        for (int k = 0; k < kMaxPer; ++k) {
+          v[k] = 0;
+          if (k < per_thread) {
+            const int bin = n_bins - 1 - (per_thread * tid + k);
+            for (int r = 0; r < n_blk; ++r) v[k] += *cluster.map_shared_rank(hist + bin, r);
+            t_sum += v[k];
+          }
+        }
+        unsigned long long level_total;
+        unsigned long long cum = above + block_exclusive_scan_u64(t_sum, level_total, s_scan, scan_par);
+        if (lv == 0 && level_total < need_w) return false;
+#pragma unroll
+        for (int k = 0; k < kMaxPer; ++k)
+          if (k < per_thread) {
+            if (cum < need_w && need_w <= cum + v[k]) {  // exactly one bin of the level (above < need <= above + total)
+              s_cut[0] = static_cast<unsigned long long>(n_bins - 1 - (per_thread * tid + k));
+              s_cut[1] = cum;
+            }
+            cum += v[k];
+          }
+        __syncthreads();
+        prefix |= static_cast<uint32_t>(s_cut[0]) << lo;
+        above = s_cut[1];
       }
-    };
-    auto search_any = [&](auto&& weight, auto want) {
-      if (per <= 4) search(CutBits<4>{}, weight, want);
-      else search(CutBits<2>{}, weight, want);
+      thr = prefix;
+      return true;
     };
 
     if (p.rule == SelectRule::Coverage) {
@@ -335,27 +382,23 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       if (need <= 0.0f) mode = kForced;
       else if (f2[1] < need) mode = kAll;  // rounding shortfall: every page
       else {
-        // Largest thr with S(>= thr) >= need, S = summed free mass of bits >= thr.
-        search_any([](float m) { return m; }, need);
-        float gt = 0.0f;
-        for_owned([&](int, int i, float& m) {
-          if (!forced(i) && __float_as_uint(m) > thr) gt += m;
-        });
-        gt = red.sum(gt);
-        const float tv = __uint_as_float(thr);
-        // tv > 0: S(>= 0) >= need > S(> thr), so some page of mass tv > 0 sits at the cut.
-        k_eq = tv > 0.0f ? max(1, static_cast<int>(ceilf((need - gt) / tv))) : n;
+        const unsigned long long need_w = max(1ull, __float2ull_ru(need * 0x1p40f));
+        unsigned long long above;
+        if (!hist_cut([](float m) { return fixed_mass(m); }, need_w, above)) mode = kAll;  // rounding shortfall
+        else {
+          // The cut's bin has weight > 0, so its pages (all of mass bits thr) weigh tw > 0 each.
+          const unsigned long long tw = fixed_mass(__uint_as_float(thr));
+          k_eq = static_cast<int>((need_w - above + tw - 1) / tw);
+        }
       }
     } else {  // TopK
       const int n_forced = sink + (n - recent_from);
       if (k_top <= n_forced) topk_forced_only = true;
       else {
-        const int want = k_top - n_forced;  // free pages to add
-        search_any([](float) { return 1; }, want);  // as for coverage, on counts
-        int gt[1] = {0};
-        for_owned([&](int, int i, float& m) { gt[0] += !forced(i) && __float_as_uint(m) > thr; });
-        red.reduce<SumI>(gt);
-        k_eq = want - gt[0];
+        const int want = k_top - n_forced;  // free pages to add (< the free pages: k_top < n)
+        unsigned long long above = 0;
+        hist_cut([](float) { return 1ull; }, static_cast<unsigned long long>(want), above);
+        k_eq = want - static_cast<int>(above);
       }
     }
   }
@@ -392,15 +435,20 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     out_before += (all & 0xFFFF) + min(all >> 16, quota);
     ties_before += all >> 16;
   };
-  {  // the register rounds: one scan for all of them
-    int f[kRegPer], ex[kRegPer], all[kRegPer];
+  // The register rounds: one scan for all of them (N of them: as few as the list needs).
+  auto emit_rounds = [&](auto n_c) {
+    constexpr int N = decltype(n_c)::value;
+    int f[N], ex[N], all[N];
 #pragma unroll
-    for (int k = 0; k < kRegPer; ++k) ex[k] = f[k] = flag(k * stride + off, mr[k]);
+    for (int k = 0; k < N; ++k) ex[k] = f[k] = flag(k * stride + off, mr[k]);
     red.exclusive_scan(ex, all);
 #pragma unroll
-    for (int k = 0; k < kRegPer; ++k)
+    for (int k = 0; k < N; ++k)
       if (k < per) emit(k * stride + off, f[k], ex[k], all[k]);
-  }
+  };
+  if (per <= 1) emit_rounds(IntC<1>{});
+  else if (per <= 4) emit_rounds(IntC<4>{});
+  else emit_rounds(IntC<kRegPer>{});
   for (int k = kRegPer; k < per; ++k) {  // overflow rounds, one scan each
     const int i = k * stride + off;
     int f[1] = {flag(i, i < n ? ovf(k) : 0.0f)}, ex[1] = {f[0]}, all[1];
@@ -469,15 +517,17 @@ struct SelectLaunch {
   SelectLaunch& operator=(const SelectLaunch&) = delete;
 };
 
-// Blocks per list: the largest C in {16, 8, 4, 2} with n_lists * C blocks within the GPU's SMs
-// and all n_lists clusters resident at once (a cluster's blocks share a GPC; 16 needs the
-// non-portable size), else 1. `forced` > 0 (tests, benchmarks) takes that size.
+// Blocks per list: the largest C in {4, 2} with n_lists * C blocks within the GPU's SMs and all
+// n_lists clusters resident at once (a cluster's blocks share a GPC), else 1. Larger clusters
+// cost more than they save (measured: docs/kernels/page_select_NOTES.md). `forced` > 0 (tests,
+// benchmarks) takes that size, up to 16 (the non-portable size).
 int select_cluster_size(int n_lists, int forced, size_t smem) {
   static const int n_sms = [] {
     int dev = 0, sms = 0;
     DHS_CUDA_CHECK(cudaGetDevice(&dev));
     DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSelectSmemPages * 4));
     return sms;
   }();
   if (forced > 0) {
@@ -486,7 +536,7 @@ int select_cluster_size(int n_lists, int forced, size_t smem) {
     return forced;
   }
   static int active[kMaxCluster + 1] = {};  // resident clusters per size (0: not asked yet)
-  for (int c = kMaxCluster; c >= 2; c >>= 1) {
+  for (int c = kAutoCluster; c >= 2; c >>= 1) {
     if (n_lists * c > n_sms) continue;
     if (active[c] == 0) {
       const SelectLaunch l(n_lists, c, smem, nullptr);
