@@ -2,6 +2,7 @@
 #include "backend/cuda/page_select.h"
 
 #include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
 
 #include <type_traits>
 
@@ -333,11 +334,27 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         unsigned long long* hist = s_hist[lv & 1];
         for (int t = tid; t < n_bins; t += kSelectThreads) hist[t] = 0;
         __syncthreads();
-        for_owned([&](int, int i, float& m) {
+        // Warp-aggregated: the lanes of a round with the same bin add their weights first and
+        // one of them adds the sum (masses crowd into a few bins; per-lane atomics on one
+        // shared word serialize). Every lane of the block runs every round (labeled_partition
+        // is a warp collective).
+        auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
-          if (forced(i) || (lv > 0 && (bits >> hi) != (prefix >> hi))) return;
-          atomicAdd(&hist[(bits >> lo) & static_cast<uint32_t>(n_bins - 1)], weight(m));
-        });
+          const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
+          const uint32_t bin = in ? (bits >> lo) & static_cast<uint32_t>(n_bins - 1) : 0xFFFFFFFFu;
+          const cg::coalesced_group same = cg::labeled_partition(cg::coalesced_threads(), bin);
+          const unsigned long long sum = cg::reduce(same, in ? weight(m) : 0ull, cg::plus<unsigned long long>());
+          if (in && same.thread_rank() == 0) atomicAdd(&hist[bin], sum);
+        };
+#pragma unroll
+        for (int k = 0; k < kRegPer; ++k) {
+          if (k >= per) break;  // (uniform)
+          add(k * stride + off, mr[k]);
+        }
+        for (int k = kRegPer; k < per; ++k) {
+          const int i = k * stride + off;
+          add(i, i < n ? ovf(k) : 0.0f);
+        }
         cluster.sync();  // every rank's histogram complete (the alternate one is no longer read)
         // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q.
         constexpr int kMaxPer = kHistBins / kSelectThreads;
