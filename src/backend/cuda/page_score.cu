@@ -169,14 +169,15 @@ struct SketchPage {
 };
 
 template <int KS>
-__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int64_t i, int g, int tig, SketchPage<KS>& s) {
+__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int i, int g, int tig, SketchPage<KS>& s) {
   const int32_t slot = p.dense_slots[i];
   s.pos = p.dense_page_pos[i];
   const int row_bytes = KS * 16;  // head_dim / 2
+  const uint8_t* codes = p.sketch_codes + static_cast<int64_t>(slot) * (p.page_size * row_bytes);  // this page's
+  const float* steps = p.sketch_steps + static_cast<int64_t>(slot) * p.page_size;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t rr = static_cast<int64_t>(slot) * p.page_size + g + 8 * half;
-    const uint8_t* src = p.sketch_codes + rr * row_bytes + tig * KS * 4;
+    const uint8_t* src = codes + (g + 8 * half) * row_bytes + tig * KS * 4;
     if constexpr (KS == 2) {
       const uint2 v = *reinterpret_cast<const uint2*>(src);
       s.w[half][0] = v.x;
@@ -191,7 +192,7 @@ __device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int6
         s.w[half][4 * c + 3] = v.w;
       }
     }
-    s.step[half] = *reinterpret_cast<const float2*>(p.sketch_steps + static_cast<int64_t>(slot) * p.page_size + 8 * half + 2 * tig);
+    s.step[half] = *reinterpret_cast<const float2*>(steps + 8 * half + 2 * tig);
   }
 }
 
@@ -251,23 +252,24 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   const int n_lists = p.n_requests * p.n_heads_kv;
-  const int64_t total = p.dense_indptr[n_lists];
-  const int64_t b = warp * total / p.n_score_warps, e = (warp + 1) * total / p.n_score_warps;
+  const int64_t total = p.dense_indptr[n_lists];  // < 2^31 (PageSelectWorkspace)
+  const int b = static_cast<int>(warp * total / p.n_score_warps), e = static_cast<int>((warp + 1) * total / p.n_score_warps);
   if (b >= e) return;
   const int group = p.n_heads_q / p.n_heads_kv;
   const float mul = p.scale * kLog2e;
   const float log2_page = log2f(static_cast<float>(p.page_size));
   int row = find_list(p.dense_indptr, n_lists, b) - 1;
-  int64_t list_end = b;  // the current list's pages end here (the first page starts a list)
+  int list_end = b;  // the current list's pages end here (the first page starts a list)
   int q_len = 0, n_vec = 0, qpos0 = 0, h = 0, q0 = 0, cur_nt = -1;
   uint32_t qa[KS][4];  // A registers of q vectors 16 nt + g (a0, a2) and 16 nt + 8 + g (a1, a3)
   float qf[2];         // per row: qstep * scale * log2 e
   float qsum8[2];      // per row: 8 * sum(q8) (the codes' +8 offset)
   int qpos[2];         // per row: the query row's position (-1: no such q vector)
+  float* srow[2];      // per row: its scores (q vector j's row of the score matrix)
 
   // Scores page i (its loads in s), then reuses s for page i + 3: three pages in flight per warp
   // (~3 KiB) without copying registers between ring slots.
-  auto step = [&](SketchPage<KS>& s, int64_t i) {
+  auto step = [&](SketchPage<KS>& s, int i) {
     if (i >= list_end) {  // a new list: its request's shape, held in registers
       do ++row; while (p.dense_indptr[row + 1] <= i);
       list_end = p.dense_indptr[row + 1];
@@ -301,6 +303,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
           qf[r] = st * mul;
           qsum8[r] = static_cast<float>(8 * sum);
           qpos[r] = j < n_vec ? qpos0 + j / group : -1;
+          srow[r] = p.scores + static_cast<int64_t>(jc) * p.score_stride;
         }
         cur_nt = nt;
       }
@@ -345,10 +348,9 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (tig == 0 && qpos[r] >= 0) {
-          const int j = nt * 16 + 8 * r + g;
           const int nv = all_visible ? p.page_size : min(max(qpos[r] + 1 - tok0, 0), p.page_size);
           const float l2nv = nv == p.page_size ? log2_page : log2f(static_cast<float>(nv));
-          p.scores[j * p.score_stride + i] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
+          srow[r][i] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
         }
       }
     }
@@ -358,7 +360,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   load_sketch_page<KS>(p, b, g, tig, s0);
   if (b + 1 < e) load_sketch_page<KS>(p, b + 1, g, tig, s1);
   if (b + 2 < e) load_sketch_page<KS>(p, b + 2, g, tig, s2);
-  int64_t i = b;
+  int i = b;
   for (; i + 3 <= e; i += 3) {
     step(s0, i);
     step(s1, i + 1);
