@@ -333,27 +333,20 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         unsigned long long* hist = s_hist[lv & 1];
         for (int t = tid; t < n_bins; t += kSelectThreads) hist[t] = 0;
         __syncthreads();
-        // When every binned lane of a warp's round has the same bin (pages of near-equal mass:
-        // per-lane atomics on one shared word serialize 32-fold), the warp adds the weights
-        // first and one lane adds the sum; otherwise each lane adds its own (a few lanes per
-        // bin). Every lane of the block runs every round (warp votes).
+        // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
+        // over the match_any group, as two 32-bit halves: weights < 2^41, 32 of them) and one of
+        // them adds the sum (masses crowd into a few bins; per-lane atomics on one shared word
+        // serialize). Every lane of the block runs every round (warp collectives).
         auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
           const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
-          const uint32_t bin = (bits >> lo) & static_cast<uint32_t>(n_bins - 1);
-          const unsigned binned = __ballot_sync(0xffffffffu, in);
-          if (binned == 0) return;
-          const int first = __ffs(binned) - 1;
-          const uint32_t bin0 = __shfl_sync(0xffffffffu, bin, first);
+          const uint32_t bin = in ? (bits >> lo) & static_cast<uint32_t>(n_bins - 1) : 0xFFFFFFFFu;
+          const unsigned peers = __match_any_sync(0xffffffffu, bin);
           const unsigned long long w = in ? weight(m) : 0ull;
-          if (__all_sync(0xffffffffu, !in || bin == bin0)) {
-            unsigned long long sum = w;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if ((threadIdx.x & 31) == first) atomicAdd(&hist[bin0], sum);
-          } else if (in) {
-            atomicAdd(&hist[bin], w);
-          }
+          const unsigned s_lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFFu));
+          const unsigned s_hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 20));
+          if (in && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1)
+            atomicAdd(&hist[bin], (static_cast<unsigned long long>(s_hi) << 20) + s_lo);
         };
 #pragma unroll
         for (int k = 0; k < kRegPer; ++k) {
