@@ -336,13 +336,18 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
         // over the match_any group, as two 32-bit halves: weights < 2^41, 32 of them) and one of
         // them adds the sum (masses crowd into a few bins; per-lane atomics on one shared word
-        // serialize). Every lane of the block runs every round (warp collectives).
+        // serialize); lanes add their own when no two of the warp's share a bin. Every lane of
+        // the block runs every round (warp collectives).
         auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
           const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
           const uint32_t bin = in ? (bits >> lo) & static_cast<uint32_t>(n_bins - 1) : 0xFFFFFFFFu;
           const unsigned peers = __match_any_sync(0xffffffffu, bin);
           const unsigned long long w = in ? weight(m) : 0ull;
+          if (!__any_sync(0xffffffffu, in && __popc(peers) > 1)) {  // no two lanes share a bin
+            if (in) atomicAdd(&hist[bin], w);
+            return;
+          }
           const unsigned s_lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFFu));
           const unsigned s_hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 20));
           if (in && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1)
