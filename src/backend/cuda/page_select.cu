@@ -192,6 +192,7 @@ __device__ __forceinline__ unsigned long long block_exclusive_scan_u64(unsigned 
 // Histogram levels of the cut search: bits 30..20, 19..9, 8..0 of the (non-negative) mass.
 constexpr int kHistBins = 2048;
 constexpr int kHistLevels = 3;
+constexpr int kAtomicShare = 4;  // lanes of a warp per bin up to which shared atomics are cheaper
 __device__ __constant__ const int kHistHi[kHistLevels] = {31, 20, 9};
 __device__ __constant__ const int kHistLo[kHistLevels] = {20, 9, 0};
 
@@ -336,15 +337,16 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
         // over the match_any group, as two 32-bit halves: weights < 2^41, 32 of them) and one of
         // them adds the sum (masses crowd into a few bins; per-lane atomics on one shared word
-        // serialize); lanes add their own when no two of the warp's share a bin. Every lane of
-        // the block runs every round (warp collectives).
+        // serialize); lanes add their own when no bin has more than kAtomicShare of the warp's
+        // lanes (a few serialized adds cost less than the match and redux: MinMax masses spread
+        // over many bins, sketch4 masses crowd). Every lane of the block runs every round.
         auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
           const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
           const uint32_t bin = in ? (bits >> lo) & static_cast<uint32_t>(n_bins - 1) : 0xFFFFFFFFu;
           const unsigned peers = __match_any_sync(0xffffffffu, bin);
           const unsigned long long w = in ? weight(m) : 0ull;
-          if (!__any_sync(0xffffffffu, in && __popc(peers) > 1)) {  // no two lanes share a bin
+          if (!__any_sync(0xffffffffu, in && __popc(peers) > kAtomicShare)) {  // no crowded bin
             if (in) atomicAdd(&hist[bin], w);
             return;
           }
