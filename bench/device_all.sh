@@ -109,6 +109,13 @@ for stage in "$@"; do
           --section SourceCounters "$B/attention_bench" --quick --select-only
         grep -E "Duration|Cluster|Block Size|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Stall|Memory Throughput|DRAM Throughput" "$OUT/ncu_$k.log" | head -40
       done
+      # Per-instruction SASS with stall samples (source page), for the kernel named in DHS_NCU_SASS.
+      if [ -n "${DHS_NCU_SASS:-}" ]; then
+        ncu -o /tmp/dhs/sass_rep -f --kernel-name "regex:$DHS_NCU_SASS" --launch-count 1 --section SourceCounters \
+          --section WarpStateStats "$B/attention_bench" --quick --select-only > "$OUT/ncu_sass_run.log" 2>&1
+        ncu -i /tmp/dhs/sass_rep.ncu-rep --page source --csv --print-source sass > "$OUT/sass_$DHS_NCU_SASS.csv" 2>&1
+        wc -l "$OUT/sass_$DHS_NCU_SASS.csv"
+      fi
       run attention_bench_select timeout 150 "$B/attention_bench" --quick --select-only --commit "$C"
       grep -E "select" "$OUT/attention_bench_select.log" | tail -12 ;;
     bench)
