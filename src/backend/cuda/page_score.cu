@@ -166,12 +166,23 @@ struct SketchPage {
   uint32_t w[2][KS];  // tokens g and g + 8: this lane's words
   float2 step[2];     // steps of tokens 2tig, 2tig+1 and 8+2tig, 9+2tig
   int32_t pos = 0;    // the page's position in its request
+  // The slot and position of the page this ring slot takes next (3 pages on), loaded 3 pages
+  // before its codes: the code loads then do not wait on the slot load (ncu at 88ce933: the
+  // first use of a page's data was a quarter of the kernel's stall samples).
+  int32_t next_slot = 0, next_pos = 0;
 };
 
 template <int KS>
-__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int i, int g, int tig, SketchPage<KS>& s) {
-  const int32_t slot = p.dense_slots[i];
-  s.pos = p.dense_page_pos[i];
+__device__ __forceinline__ void load_sketch_ids(const PageSelectParams& p, int i, SketchPage<KS>& s) {
+  s.next_slot = p.dense_slots[i];
+  s.next_pos = p.dense_page_pos[i];
+}
+
+// The codes and steps of the page whose ids load_sketch_ids fetched.
+template <int KS>
+__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int g, int tig, SketchPage<KS>& s) {
+  const int32_t slot = s.next_slot;
+  s.pos = s.next_pos;
   const int row_bytes = KS * 16;  // head_dim / 2
   const uint8_t* codes = p.sketch_codes + static_cast<int64_t>(slot) * (p.page_size * row_bytes);  // this page's
   const float* steps = p.sketch_steps + static_cast<int64_t>(slot) * p.page_size;
@@ -349,17 +360,28 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (tig == 0 && qpos[r] >= 0) {
           const int nv = all_visible ? p.page_size : min(max(qpos[r] + 1 - tok0, 0), p.page_size);
-          const float l2nv = nv == p.page_size ? log2_page : log2f(static_cast<float>(nv));
+          const float l2nv = nv == p.page_size ? log2_page : ptx::lg2_approx(static_cast<float>(nv));
           srow[r][i] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
         }
       }
     }
-    if (i + 3 < e) load_sketch_page<KS>(p, i + 3, g, tig, s);
+    if (i + 3 < e) load_sketch_page<KS>(p, g, tig, s);  // page i + 3 (ids loaded at page i - 3)
+    if (i + 6 < e) load_sketch_ids<KS>(p, i + 6, s);
   };
   SketchPage<KS> s0, s1, s2;
-  load_sketch_page<KS>(p, b, g, tig, s0);
-  if (b + 1 < e) load_sketch_page<KS>(p, b + 1, g, tig, s1);
-  if (b + 2 < e) load_sketch_page<KS>(p, b + 2, g, tig, s2);
+  load_sketch_ids<KS>(p, b, s0);
+  load_sketch_page<KS>(p, g, tig, s0);
+  if (b + 1 < e) {
+    load_sketch_ids<KS>(p, b + 1, s1);
+    load_sketch_page<KS>(p, g, tig, s1);
+  }
+  if (b + 2 < e) {
+    load_sketch_ids<KS>(p, b + 2, s2);
+    load_sketch_page<KS>(p, g, tig, s2);
+  }
+  if (b + 3 < e) load_sketch_ids<KS>(p, b + 3, s0);
+  if (b + 4 < e) load_sketch_ids<KS>(p, b + 4, s1);
+  if (b + 5 < e) load_sketch_ids<KS>(p, b + 5, s2);
   int i = b;
   for (; i + 3 <= e; i += 3) {
     step(s0, i);
