@@ -167,7 +167,7 @@ struct SketchPage {
   float2 step[2];     // steps of tokens 2tig, 2tig+1 and 8+2tig, 9+2tig
   int32_t pos = 0;    // the page's position in its request
   // The slot and position of the page this ring slot takes next (3 pages on), loaded 3 pages
-  // before its codes: the code loads then do not wait on the slot load (ncu at 88ce933: the
+  // before its codes: the code loads then do not wait on the slot load (ncu at e6fafaa: the
   // first use of a page's data was a quarter of the kernel's stall samples).
   int32_t next_slot = 0, next_pos = 0;
 };
