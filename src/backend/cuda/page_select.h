@@ -12,16 +12,17 @@
 //                units. All are dot products on tensor cores (page_score.cu). The
 //                flattened page space is split evenly over a fixed grid of warps, each
 //                finding its first list from the prefix sums (as the attention kernel).
-//   2. select  — a cluster of 1-16 blocks per list (per request under SoloHead; reductions
-//                through distributed shared memory): per q vector an
-//                online (max, sum) over n_i * 2^(s_i - max) -> normalised masses,
-//                combined over the group's q vectors (mean or max), renormalised; then
-//                the rule's cut: coverage-gamma (heaviest pages until the mass reaches
-//                gamma) or top-k, both by a 31-step bisection on the float bits of the
-//                masses (non-negative floats order as their bits), ties by page index.
+//   2. select  — a cluster of 1-4 blocks per list (up to 16 when forced; per request under
+//                SoloHead; reductions through distributed shared memory): per q vector the
+//                (max, sum) of n_i * 2^(s_i - max) -> normalised masses, combined over the
+//                group's q vectors (mean or max), renormalised; then the rule's cut:
+//                coverage-gamma (heaviest pages until the mass reaches gamma) or top-k, both
+//                by three histogram levels over the float bits of the masses (non-negative
+//                floats order as their bits; weights in fixed point), ties by page index.
 //                Forced pages (first n_sink, last n_recent) are always in.
 //   3. compact — prefix sums of the chosen counts -> CSR indptr; copies the lists.
-// Every reduction has a fixed order, so the same inputs give the same lists.
+// Every float reduction has a fixed order and the histograms add integers, so the same inputs
+// give the same lists.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
