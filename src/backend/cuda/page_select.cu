@@ -3,8 +3,6 @@
 
 #include <cooperative_groups.h>
 
-#include <type_traits>
-
 #include "backend/cuda/cuda_check.h"
 
 namespace dhs::cuda {
@@ -28,7 +26,7 @@ constexpr int kSelectWarps = kSelectThreads / 32;
 // Buffers alternate between two halves: a half is rewritten two reductions later, after the
 // next reduction's block and cluster barriers, which every reader of this one passes only after
 // its reads. N values reduce together (one pair of barriers for all): the kernel is bound by the
-// latency of its reductions (9 at decode: masses 2, totals 2, the cut's 3 histogram levels, the
+// latency of its reductions (8 at decode: masses 2, totals 2, the cut's 3 histogram levels, the
 // emission scan), not by its flops.
 namespace cg = cooperative_groups;
 constexpr int kMaxRed = 16;
@@ -45,11 +43,39 @@ struct MaxF {
   static __device__ __forceinline__ T id() { return -INFINITY; }
   static __device__ __forceinline__ T op(T a, T b) { return fmaxf(a, b); }
 };
-__device__ __forceinline__ uint32_t to_bits(float v) { return __float_as_uint(v); }
-template <class T>
-__device__ __forceinline__ T from_bits(uint32_t b) {
-  if constexpr (std::is_floating_point_v<T>) return __uint_as_float(b);
-  else return static_cast<T>(b);
+
+// Exclusive prefixes over the block's threads (thread order) of N values at once: v becomes
+// the prefix; on_total(k, sum) gets the block's sums. One barrier; buf ([N * kSelectWarps]) is
+// rewritten only after the next barrier of its user (alternating halves, as in ClusterReduce).
+template <class T, int N, class OnTotal>
+__device__ __forceinline__ void block_exclusive_scan(T (&v)[N], T* buf, OnTotal&& on_total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T inc[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) inc[k] = v[k];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1)
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const T y = __shfl_up_sync(0xffffffffu, inc[k], o);
+      if (lane >= o) inc[k] += y;
+    }
+  if (lane == 31)
+#pragma unroll
+    for (int k = 0; k < N; ++k) buf[k * kSelectWarps + warp] = inc[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < kSelectWarps; ++w) {
+      const T t = buf[k * kSelectWarps + w];
+      if (w < warp) before += t;
+      all += t;
+    }
+    on_total(k, all);
+    v[k] = before + inc[k] - v[k];
+  }
 }
 
 struct ClusterReduce {
@@ -65,8 +91,8 @@ struct ClusterReduce {
   }
 
   template <class Op, int N>
-  __device__ __forceinline__ void reduce(typename Op::T (&v)[N]) {
-    using T = typename Op::T;
+  __device__ __forceinline__ void reduce(float (&v)[N]) {
+    using T = float;
     static_assert(N <= kMaxRed);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -78,21 +104,21 @@ struct ClusterReduce {
     par ^= 1;
     if (lane == 0)
 #pragma unroll
-      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = to_bits(v[k]);
+      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = __float_as_uint(v[k]);
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        T t = lane < kSelectWarps ? from_bits<T>(w[k * kSelectWarps + lane]) : Op::id();
+        T t = lane < kSelectWarps ? __uint_as_float(w[k * kSelectWarps + lane]) : Op::id();
 #pragma unroll
         for (int o = kSelectWarps / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
-        if (lane == 0) bt[k] = to_bits(t);
+        if (lane == 0) bt[k] = __float_as_uint(t);
       }
     }
     cg::this_cluster().sync();
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      T t = lane < static_cast<int>(n_blocks) ? from_bits<T>(remote(bt, k)) : Op::id();
+      T t = lane < static_cast<int>(n_blocks) ? __uint_as_float(remote(bt, k)) : Op::id();
 #pragma unroll
       for (int o = kMaxCluster / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
       v[k] = __shfl_sync(0xffffffffu, t, 0);
@@ -108,36 +134,12 @@ struct ClusterReduce {
   template <int N>
   __device__ __forceinline__ void exclusive_scan(int (&v)[N], int (&total)[N]) {
     static_assert(N <= kMaxRed);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x[N];
-#pragma unroll
-    for (int k = 0; k < N; ++k) x[k] = v[k];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1)
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const int y = __shfl_up_sync(0xffffffffu, x[k], o);
-        if (lane >= o) x[k] += y;
-      }
-    uint32_t* w = wbuf[par];
+    const int lane = threadIdx.x & 31;
     uint32_t* bt = bbuf[par];
-    par ^= 1;
-    if (lane == 31)
-#pragma unroll
-      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = static_cast<uint32_t>(x[k]);
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {  // v: the exclusive prefix within the block
-      int b = 0, all = 0;
-#pragma unroll
-      for (int ww = 0; ww < kSelectWarps; ++ww) {
-        const int t = static_cast<int>(w[k * kSelectWarps + ww]);
-        if (ww < warp) b += t;
-        all += t;
-      }
-      v[k] = b + x[k] - v[k];
+    block_exclusive_scan(v, reinterpret_cast<int*>(wbuf[par]), [&](int k, int all) {  // v: the prefix within the block
       if (threadIdx.x == 0) bt[k] = static_cast<uint32_t>(all);
-    }
+    });
+    par ^= 1;
     cg::this_cluster().sync();
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -163,32 +165,6 @@ struct IntC {
 // need no fixed order; 8,192 pages of mass <= 1 stay below 2^53). Masses under 2^-41 count 0.
 __device__ __forceinline__ unsigned long long fixed_mass(float m) { return __float2ull_rn(m * 0x1p40f); }
 
-// Exclusive prefix over the block's threads (thread order) of one u64; total gets the sum.
-// One barrier; buf alternates as in ClusterReduce.
-__device__ __forceinline__ unsigned long long block_exclusive_scan_u64(unsigned long long x, unsigned long long& total,
-                                                                       unsigned long long (*buf)[kSelectWarps], int& par) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  unsigned long long inc = x;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
-  unsigned long long* b = buf[par];
-  par ^= 1;
-  if (lane == 31) b[warp] = inc;
-  __syncthreads();
-  unsigned long long before = 0, all = 0;
-#pragma unroll
-  for (int w = 0; w < kSelectWarps; ++w) {
-    const unsigned long long t = b[w];
-    if (w < warp) before += t;
-    all += t;
-  }
-  total = all;
-  return before + inc - x;
-}
-
 // Histogram levels of the cut search: bits 30..20, 19..9, 8..0 of the (non-negative) mass.
 constexpr int kHistBins = 2048;
 constexpr int kHistLevels = 3;
@@ -211,7 +187,6 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   __shared__ unsigned long long s_hist[2][kHistBins];  // the cut search's histograms, alternating levels
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
-  int scan_par = 0;
   const cg::cluster_group cluster = cg::this_cluster();
   ClusterReduce red{s_wbuf, s_bbuf, cluster.block_rank(), cluster.num_blocks()};
   const int n_blk = static_cast<int>(red.n_blocks), rank = static_cast<int>(red.rank);
@@ -377,8 +352,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
             t_sum += v[k];
           }
         }
-        unsigned long long level_total;
-        unsigned long long cum = above + block_exclusive_scan_u64(t_sum, level_total, s_scan, scan_par);
+        unsigned long long before[1] = {t_sum}, level_total = 0;
+        block_exclusive_scan(before, s_scan[lv & 1], [&](int, unsigned long long all) { level_total = all; });
+        unsigned long long cum = above + before[0];
         if (lv == 0 && level_total < need_w) return false;
 #pragma unroll
         for (int k = 0; k < kMaxPer; ++k)
