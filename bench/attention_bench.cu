@@ -460,6 +460,15 @@ int main(int argc, char** argv) {
             }
             p.select_cluster = 0;
             std::printf(" us\n");
+            // Each phase's cost: the kernel ended after phase k (1 masses, 2 sums, 3-5 histogram
+            // levels, 6 = whole: the emission scan).
+            std::printf("%-7d %-6d %-30s select ended after phase:", ctx, batch, impl);
+            for (int k = 1; k <= 6; ++k) {
+              p.stop_after = k % 6;
+              std::printf("  %d %.1f", k, b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps).median_us);
+            }
+            p.stop_after = 0;
+            std::printf(" us\n");
           }
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",

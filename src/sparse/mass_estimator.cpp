@@ -54,6 +54,8 @@ float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const fl
   return r.mean + 0.5f * scale * r.var;
 }
 
+std::string KeySketchEstimator::name() const { return keep_ > 0 ? fmt::format("sketch4:{}", keep_) : "sketch4"; }
+
 float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
   const int n = s.n_rows(slot), d_n = s.head_dim();
   if (n == 0) return 0.0f;
@@ -87,6 +89,18 @@ float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const f
 
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   if (name == "sketch4") return std::make_shared<KeySketchEstimator>();
+  if (name.rfind("sketch4:", 0) == 0) {
+    int keep = -1;
+    try {
+      size_t used = 0;
+      keep = std::stoi(name.substr(8), &used);
+      if (used != name.size() - 8) keep = -1;
+    } catch (const std::exception&) {
+    }
+    DHS_CHECK(keep > 0 && keep % kChannelBlock == 0, "estimator '{}': KEEP must be a positive multiple of {}", name,
+              kChannelBlock);
+    return std::make_shared<KeySketchEstimator>(keep);
+  }
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name.rfind("minmax:", 0) == 0) {
     float a = -1.0f;
@@ -99,8 +113,31 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   }
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
   if (name == "gaussian") return std::make_shared<GaussianEstimator>();
-  throw Error(fmt::format("unknown mass estimator '{}' (minmax, meanspread, gaussian)", name));
+  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, minmax, minmax:ALPHA, meanspread, gaussian)", name));
 }
+
+namespace {
+
+// The kept dimensions of one KV group (kept_dims < d): the kept / kChannelBlock blocks of the
+// largest summed |q| over the group's q heads and rows; ties to the lower block. mask: [d] 0/1.
+void group_channel_mask(const MassQuery& mq, int d, int group, int hk, int kept, std::vector<float>* mask) {
+  const int n_blocks = d / kChannelBlock;
+  std::vector<double> w(static_cast<size_t>(n_blocks), 0.0);
+  for (int g = 0; g < group; ++g)
+    for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
+      const float* q = mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hk * group + g) * d;
+      for (int e = 0; e < d; ++e) w[static_cast<size_t>(e / kChannelBlock)] += std::fabs(q[e]);
+    }
+  std::vector<int> order(static_cast<size_t>(n_blocks));
+  for (int b = 0; b < n_blocks; ++b) order[static_cast<size_t>(b)] = b;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)]; });
+  mask->assign(static_cast<size_t>(d), 0.0f);
+  for (int k = 0; k < kept / kChannelBlock && k < n_blocks; ++k)
+    for (int e = 0; e < kChannelBlock; ++e) (*mask)[static_cast<size_t>(order[static_cast<size_t>(k)] * kChannelBlock + e)] = 1.0f;
+}
+
+}  // namespace
 
 void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& store,
                               const PageTable& table, int layer, const std::vector<int>& kv_heads,
@@ -116,13 +153,21 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
   if (n_pages == 0) return;
 
   std::vector<double> score(static_cast<size_t>(n_pages)), part(static_cast<size_t>(n_pages));
+  const int kept = est.kept_dims(d);
+  DHS_ASSERT(kept == d || (d % kChannelBlock == 0 && kept % kChannelBlock == 0));
+  std::vector<float> mask, qm(static_cast<size_t>(d));
   for (int hk : kv_heads) {
+    if (kept < d) group_channel_mask(mq, d, group, hk, kept, &mask);
     // Scores of every page for this KV head's pages, per q head and row.
     for (int g = 0; g < group; ++g) {
       const int hq = hk * group + g;
       for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
         const int64_t qpos = mq.seq_len - q_len + (row - mq.row_begin);
         const float* q = mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hq) * d;
+        if (kept < d) {  // the dropped dimensions zeroed
+          for (int e = 0; e < d; ++e) qm[static_cast<size_t>(e)] = q[e] * mask[static_cast<size_t>(e)];
+          q = qm.data();
+        }
         double m = -INFINITY;
         for (int64_t i = 0; i < n_pages; ++i) {
           const int64_t n_vis = std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps);

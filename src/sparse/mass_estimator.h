@@ -24,7 +24,14 @@ class MassEstimator {
   // Estimated q·k of one page (unscaled: attention multiplies it by `scale`), in the
   // sense mass = n * exp(score * scale).  q: [head_dim]
   virtual float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const = 0;
+  // Dimensions of q the estimate uses: all (head_dim), or, for a channel-subset sketch, the
+  // kept_dims(head_dim) dimensions of the largest summed |q| over the GQA group, in aligned blocks
+  // of kChannelBlock (estimate_page_mass_heads zeroes the others before calling score).
+  virtual int kept_dims(int head_dim) const { return head_dim; }
 };
+
+// Channel blocks of a channel-subset sketch: 4 dims x 16 tokens x 4 bits = one 32-byte sector.
+constexpr int kChannelBlock = 4;
 
 // Quest: sum_d max(q_d * min_d, q_d * max_d). A true upper bound of q·k for every
 // key in the page (up to float rounding), hence never misses a heavy page, but loose
@@ -73,13 +80,22 @@ class GaussianEstimator final : public MassEstimator {
 // with q^ = q quantized to int8 per vector (step max|q| / 127), the device's definition too.
 // Not a bound; close to the true page mass where a page-level summary cannot separate one
 // aligned key from fifteen others (docs/sparse.md). The device twin: backend/cuda/device_key_sketch.h.
+//
+// keep > 0 (name "sketch4:KEEP"): only the KEEP dimensions of the largest summed |q| over the
+// GQA group (per step, layer and KV head; blocks of kChannelBlock, as SparQ ranks q's dims) enter
+// the dot products, so a device reads KEEP / head_dim of the codes.
 class KeySketchEstimator final : public MassEstimator {
  public:
-  std::string name() const override { return "sketch4"; }
+  explicit KeySketchEstimator(int keep = 0) : keep_(keep) {}
+  std::string name() const override;
   float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
+  int kept_dims(int head_dim) const override { return keep_ > 0 && keep_ < head_dim ? keep_ : head_dim; }
+
+ private:
+  int keep_;
 };
 
-// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "minmax:ALPHA". Throws dhs::Error on another name.
+// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "minmax:ALPHA". Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
 
 // How the per-q-head (and per-row) normalised masses of one KV group are combined.

@@ -654,8 +654,11 @@ int64_t sketch_mismatches(const Problem& pr, const dc::DeviceKeySketch& s, const
 TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(21);
-  for (auto [hq, hkv, d] : {std::tuple{32, 8, 128}, std::tuple{9, 3, 64}}) {
-    Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(true), rng);
+  // One query row per request with q_stride = group (<= 4) takes the score kernel's paired path
+  // (two pages per MMA); query rows of 1 and 5 take the one-page path.
+  for (auto [hq, hkv, d, multi] : {std::tuple{32, 8, 128, true}, std::tuple{32, 8, 128, false}, std::tuple{9, 3, 64, true},
+                                   std::tuple{9, 3, 64, false}}) {
+    Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi), rng);
     const int n_req = static_cast<int>(pr.seq_len.size());
     const int group = hq / hkv;
     dhs::PageSummaryStore cpu = cpu_store_of(pr);
@@ -677,7 +680,7 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     for (size_t i = 0; i < qb.size(); ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
     auto* q_d = reinterpret_cast<__nv_bfloat16*>(to_device(qb));
     int32_t* q_indptr_d = to_device(pr.q_indptr);
-    const int q_stride = group * 5;
+    const int q_stride = multi ? group * 5 : group;
     dc::PageSelectWorkspace ws(n_req * hkv, dense.nnz(), q_stride);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     dc::PageSelectParams p;
@@ -696,59 +699,67 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     p.page_size = kPage;
     p.scale = scale;
     ws.bind(&p);
-    dc::launch_page_select_stage(p, 0, nullptr);
-    DHS_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
-    const double l2e = 1.4426950408889634;
-    int64_t checked = 0, bad = 0;
-    double worst = 0.0;
-    for (int r = 0; r < n_req; ++r) {
-      const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
-      for (int h = 0; h < hkv; ++h)
-        for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
-          const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
-          const int8_t* codes = cpu.key_codes(slot);
-          const float* st = cpu.key_code_scales(slot);
-          for (int j = 0; j < q_len * group; ++j) {
-            const int qi = j / group, hh = h * group + j % group;
-            const int qpos = pr.seq_len[r] - q_len + qi;
-            const int n_vis = std::clamp(qpos + 1 - i * kPage, 0, kPage);
-            if (n_vis == 0) continue;  // the select kernel ignores it
-            const float* q = pr.q.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * d;
-            double qmax = 0.0;
-            for (int c = 0; c < d; ++c) qmax = std::max(qmax, static_cast<double>(std::fabs(q[c])));
-            double m = -INFINITY, bound = 0.0;
-            std::vector<double> x(static_cast<size_t>(n_vis));
-            for (int t = 0; t < n_vis; ++t) {
-              double acc = 0.0, l1 = 0.0;
-              for (int c = 0; c < d; ++c) {
-                acc += static_cast<double>(q[c]) * codes[t * d + c];
-                l1 += std::abs(codes[t * d + c]);
+    const int default_warps = p.n_score_warps;
+    // 8 warps: hundreds of pages per warp (the steady-state prefetch ring, passes across list
+    // ends); then the default grid (a page or two per warp here), which the selection below uses.
+    for (int warps : {8, default_warps}) {
+      p.n_score_warps = warps;
+      DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
+      dc::launch_page_select_stage(p, 0, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
+      const double l2e = 1.4426950408889634;
+      int64_t checked = 0, bad = 0;
+      double worst = 0.0;
+      for (int r = 0; r < n_req; ++r) {
+        const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
+        for (int h = 0; h < hkv; ++h)
+          for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
+            const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
+            const int8_t* codes = cpu.key_codes(slot);
+            const float* st = cpu.key_code_scales(slot);
+            for (int j = 0; j < q_len * group; ++j) {
+              const int qi = j / group, hh = h * group + j % group;
+              const int qpos = pr.seq_len[r] - q_len + qi;
+              const int n_vis = std::clamp(qpos + 1 - i * kPage, 0, kPage);
+              if (n_vis == 0) continue;  // the select kernel ignores it
+              const float* q = pr.q.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * d;
+              double qmax = 0.0;
+              for (int c = 0; c < d; ++c) qmax = std::max(qmax, static_cast<double>(std::fabs(q[c])));
+              double m = -INFINITY, bound = 0.0;
+              std::vector<double> x(static_cast<size_t>(n_vis));
+              for (int t = 0; t < n_vis; ++t) {
+                double acc = 0.0, l1 = 0.0;
+                for (int c = 0; c < d; ++c) {
+                  acc += static_cast<double>(q[c]) * codes[t * d + c];
+                  l1 += std::abs(codes[t * d + c]);
+                }
+                x[static_cast<size_t>(t)] = acc * st[t] * scale * l2e;
+                m = std::max(m, x[static_cast<size_t>(t)]);
+                bound = std::max(bound, scale * l2e * (qmax / 127.0 / 2.0) * l1 * st[t]);
               }
-              x[static_cast<size_t>(t)] = acc * st[t] * scale * l2e;
-              m = std::max(m, x[static_cast<size_t>(t)]);
-              bound = std::max(bound, scale * l2e * (qmax / 127.0 / 2.0) * l1 * st[t]);
-            }
-            double z = 0.0;
-            for (double v : x) z += std::exp2(v - m);
-            const double want = m + std::log2(z / n_vis);
-            const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
-            const double err = std::fabs(got - want);
-            worst = std::max(worst, err / (bound + 1e-4));
-            bad += !(err <= bound + 1e-4);
-            ++checked;
-            // Where every row of the page is visible, the CPU estimator computes the same quantity with
-            // the same int8 q (equal integer dot products): equal up to float rounding (1e-3 in log2
-            // units for scores of magnitude <= ~30).
-            if (n_vis == cpu.n_rows(slot) && q_len == 1) {
-              const double e = dhs::KeySketchEstimator().score(cpu, slot, q, scale) * scale * l2e;
-              bad += std::fabs(e - got) > 1e-3;
+              double z = 0.0;
+              for (double v : x) z += std::exp2(v - m);
+              const double want = m + std::log2(z / n_vis);
+              const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
+              const double err = std::fabs(got - want);
+              worst = std::max(worst, err / (bound + 1e-4));
+              bad += !(err <= bound + 1e-4);
+              ++checked;
+              // Where every row of the page is visible, the CPU estimator computes the same quantity with
+              // the same int8 q (equal integer dot products): equal up to float rounding (1e-3 in log2
+              // units for scores of magnitude <= ~30).
+              if (n_vis == cpu.n_rows(slot) && q_len == 1) {
+                const double e = dhs::KeySketchEstimator().score(cpu, slot, q, scale) * scale * l2e;
+                bad += std::fabs(e - got) > 1e-3;
+              }
             }
           }
-        }
+      }
+      EXPECT_EQ(bad, 0) << "of " << checked << " sketch scores off their bound, d " << d << ", " << warps << " warps";
+      std::printf("  sketch d %3d, q rows %s, %4d warps: %lld scores, worst error %.2f of its bound\n", d,
+                  multi ? "1,5" : "1  ", warps, static_cast<long long>(checked), worst);
     }
-    EXPECT_EQ(bad, 0) << "of " << checked << " sketch scores off their bound, d " << d;
-    std::printf("  sketch d %3d: %lld scores, worst error %.2f of its bound\n", d, static_cast<long long>(checked), worst);
 
     // Coverage on the sketch: every list meets the definition on the device's own masses.
     int32_t* out_indptr = to_device(std::vector<int32_t>(static_cast<size_t>(n_req * hkv + 1), -7));

@@ -105,21 +105,6 @@ struct SplitKvShape {
 
 // ---- PTX wrappers ----------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -133,7 +118,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "memory");
 }
 
-using ptx::mma_bf16_16816;  // backend/cuda/ptx.cuh
+using ptx::cp_async_16;  // backend/cuda/ptx.cuh
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::mma_bf16_16816;
+using ptx::smem_u32;
 using ptx::pack_bf16x2;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][HEAD_DIM] bf16 tile. The chunk

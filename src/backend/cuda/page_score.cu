@@ -150,66 +150,95 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
 }
 
 // ---- key sketch -----------------------------------------------------------------------
-// A warp per page, q as the A operand: A = 16 q vectors (rows; quantized to int8 per vector:
-// step absmax / 127, code round(q / step)), B = the page's 4-bit codes (as code + 8), tokens
-// 0-7 and 8-15 as two n-tiles. Lane (g, tig) then holds, for q vectors g and g + 8, the scores
-// of tokens 2tig, 2tig+1, 8+2tig, 9+2tig, and a page's 16-token log-sum-exp per q vector is a
-// 4-value local sum plus two shuffles:
+// The page's codes are the A operand (rows = its 16 tokens: g and g + 8 of lane (g, tig); the
+// 4-bit codes as code + 8), q quantized to int8 per vector (step absmax / 127, code round(q /
+// step)) the B operand (columns = q vectors). Lane (g, tig) then holds the scores of tokens g,
+// g + 8 for columns 2tig, 2tig + 1, and a (page, column)'s 16-token log-sum-exp is a 2-value
+// local sum plus three shuffles (over g):
 //   score = log2( (1/n_vis) sum_vis 2^x_t ),  x_t = (acc_t - 8 sum(q8)) qstep step_t scale log2 e
-// so the select kernel's n_vis * 2^score is the page's summed exp-score. When every x of the
-// page lies in [-96, 96] (or is masked) the sum needs no max: 2^x neither overflows nor loses a
-// visible token's share (each term >= 2^-96 next to a sum <= 2^100, fp32); otherwise the page
-// takes the usual max-subtracted form (one vote per page decides, for the whole warp).
-// (v7, with the codes as A and q as B, spent 12 shuffles per page on 8-lane reductions.)
-template <int KS>
-struct SketchPage {
-  uint32_t w[2][KS];  // tokens g and g + 8: this lane's words
-  float2 step[2];     // steps of tokens 2tig, 2tig+1 and 8+2tig, 9+2tig
-  int32_t pos = 0;    // the page's position in its request
-  // The slot and position of the page this ring slot takes next (3 pages on), loaded 3 pages
-  // before its codes: the code loads then do not wait on the slot load (ncu at e6fafaa: the
-  // first use of a page's data was a quarter of the kernel's stall samples).
-  int32_t next_slot = 0, next_pos = 0;
+// so the select kernel's n_vis * 2^score is the page's summed exp-score.
+// Paired (kPaired: at most 4 q vectors per list, a GQA group of <= 4 at decode): two pages share
+// one accumulator: page X's codes against B = [q | 0] (columns 0-3) and page Y's against
+// [0 | q] (columns 4-7), so every lane and every column of the MMA's output is a real score
+// (with one page per MMA at GQA 4, as v10 did, half of the lanes and 3/4 of the rows idled).
+// The two pages may lie in different lists: each half keeps its own list.
+// Otherwise one page per pass against tiles of 8 q vectors.
+// When every x of the pass lies in [-96, 96] (or is masked) the sum needs no max: 2^x neither
+// overflows nor loses a visible token's share (each term >= 2^-96 next to a sum <= 2^100, fp32);
+// otherwise the pass takes the usual max-subtracted form (one vote per pass, for the whole warp).
+template <int PP>
+__device__ __forceinline__ int epilogue_page(int tig) { return PP == 2 ? tig >> 1 : 0; }
+
+// Pages reach the warp through a shared-memory ring of kSketchStages passes filled by cp.async
+// (v11 held two passes in registers and waited on them: 2.4 TB/s); a pass's stage holds its
+// pages' codes (the page image, 256 * KS bytes each), steps (16 floats) and positions. The page
+// ids come 32 at a time, one per lane, a batch ahead, and reach the copying lanes by shuffles.
+constexpr int kSketchStages = 4;
+
+template <int KS, int PP>
+struct SketchStage {
+  static constexpr int kPageBytes = 16 * KS * 16;  // 16 tokens x head_dim / 2
+  static constexpr int kCodes = 0, kSteps = PP * kPageBytes, kPos = kSteps + PP * 64;
+  static constexpr int kBytes = kPos + 16;
+  static constexpr int kWarpBytes = kSketchStages * kBytes;
 };
 
-template <int KS>
-__device__ __forceinline__ void load_sketch_ids(const PageSelectParams& p, int i, SketchPage<KS>& s) {
-  s.next_slot = p.dense_slots[i];
-  s.next_pos = p.dense_page_pos[i];
-}
-
-// The codes and steps of the page whose ids load_sketch_ids fetched.
-template <int KS>
-__device__ __forceinline__ void load_sketch_page(const PageSelectParams& p, int g, int tig, SketchPage<KS>& s) {
-  const int32_t slot = s.next_slot;
-  s.pos = s.next_pos;
-  const int row_bytes = KS * 16;  // head_dim / 2
-  const uint8_t* codes = p.sketch_codes + static_cast<int64_t>(slot) * (p.page_size * row_bytes);  // this page's
-  const float* steps = p.sketch_steps + static_cast<int64_t>(slot) * p.page_size;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const uint8_t* src = codes + (g + 8 * half) * row_bytes + tig * KS * 4;
-    if constexpr (KS == 2) {
-      const uint2 v = *reinterpret_cast<const uint2*>(src);
-      s.w[half][0] = v.x;
-      s.w[half][1] = v.y;
-    } else {
-#pragma unroll
-      for (int c = 0; c < KS / 4; ++c) {
-        const uint4 v = reinterpret_cast<const uint4*>(src)[c];
-        s.w[half][4 * c] = v.x;
-        s.w[half][4 * c + 1] = v.y;
-        s.w[half][4 * c + 2] = v.z;
-        s.w[half][4 * c + 3] = v.w;
-      }
-    }
-    s.step[half] = *reinterpret_cast<const float2*>(steps + 8 * half + 2 * tig);
+// Page ids of pages base .. base + 31 (lane l: page base + l), and the next 32.
+struct SketchIds {
+  int base = 0;
+  int32_t slot = -1, pos = -1, next_slot = -1, next_pos = -1;
+  __device__ __forceinline__ void load(const PageSelectParams& p, int first, int e, int lane, int32_t& s, int32_t& q) {
+    const int i = first + lane;
+    s = i < e ? p.dense_slots[i] : -1;
+    q = i < e ? p.dense_page_pos[i] : -1;
   }
+  __device__ __forceinline__ void start(const PageSelectParams& p, int b, int e, int lane) {
+    base = b;
+    load(p, b, e, lane, slot, pos);
+    load(p, b + 32, e, lane, next_slot, next_pos);
+  }
+  // Makes page j (>= base, < base + 64) part of the current batch.
+  __device__ __forceinline__ void reach(const PageSelectParams& p, int j, int e, int lane) {
+    if (j >= base + 32) {
+      base += 32;
+      slot = next_slot;
+      pos = next_pos;
+      load(p, base + 32, e, lane, next_slot, next_pos);
+    }
+  }
+};
+
+// Issues the copies of the pass at page j0 into stage `st` (pages past e: zeros, position -1).
+template <int KS, int PP>
+__device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, SketchIds& ids, int j0, int e, int lane,
+                                                  uint8_t* st) {
+  using S = SketchStage<KS, PP>;
+  ids.reach(p, j0 + PP - 1, e, lane);
+  const uint32_t dst = ptx::smem_u32(st);
+#pragma unroll
+  for (int pp = 0; pp < PP; ++pp) {
+    const int j = j0 + pp;
+    const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j - ids.base) & 31);
+    const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j - ids.base) & 31);
+    const bool valid = j < e && slot >= 0;
+    const uint8_t* codes = p.sketch_codes + static_cast<int64_t>(valid ? slot : 0) * S::kPageBytes;
+#pragma unroll
+    for (int r = 0; r < S::kPageBytes / 16 / 32; ++r) {
+      const int c = lane + 32 * r;
+      ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 16 * c, codes + 16 * c, valid ? 16 : 0);
+    }
+    if (lane < 4) {
+      const float* steps = p.sketch_steps + static_cast<int64_t>(valid ? slot : 0) * 16;
+      ptx::cp_async_16(dst + S::kSteps + pp * 64 + 16 * lane, steps + 4 * lane, valid ? 16 : 0);
+    }
+    if (lane == 0) reinterpret_cast<int32_t*>(st + S::kPos)[pp] = valid ? pos : -1;
+  }
+  ptx::cp_async_commit();
 }
 
 // Lane (g, tig)'s share of q vector j quantized to int8: the words of its k-step ks (bytes c:
 // dims 32 ks + 4 tig + c and, in w[ks][1], 32 ks + 16 + 4 tig + c: the codes' layout), and the
-// vector's step and code sum (equal in the 4 lanes of a group). Zero for j >= n_vec.
+// vector's step and code sum (equal in the 4 lanes of a group). Zero for !valid.
 template <int KS>
 __device__ __forceinline__ void quantize_q(const __nv_bfloat16* qv, bool valid, int tig, uint32_t (&w)[KS][2], float& st,
                                            int& sum) {
@@ -257,7 +286,13 @@ __device__ __forceinline__ void quantize_q(const __nv_bfloat16* qv, bool valid, 
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
 }
 
-template <int KS>
+// The list a half of the pass is in (warp-uniform) and its request's shape.
+struct SketchList {
+  int row = -1, end = 0;  // list index; its pages end here
+  int h = 0, q0 = 0, n_vec = 0, qpos0 = 0;
+};
+
+template <int KS, int PP>
 __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __grid_constant__ PageSelectParams p) {
   constexpr int D = KS * 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -269,127 +304,164 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
   const int group = p.n_heads_q / p.n_heads_kv;
   const float mul = p.scale * kLog2e;
   const float log2_page = log2f(static_cast<float>(p.page_size));
-  int row = find_list(p.dense_indptr, n_lists, b) - 1;
-  int list_end = b;  // the current list's pages end here (the first page starts a list)
-  int q_len = 0, n_vec = 0, qpos0 = 0, h = 0, q0 = 0, cur_nt = -1;
-  uint32_t qa[KS][4];  // A registers of q vectors 16 nt + g (a0, a2) and 16 nt + 8 + g (a1, a3)
-  float qf[2];         // per row: qstep * scale * log2 e
-  float qsum8[2];      // per row: 8 * sum(q8) (the codes' +8 offset)
-  int qpos[2];         // per row: the query row's position (-1: no such q vector)
-  float* srow[2];      // per row: its scores (q vector j's row of the score matrix)
+  const int pe = epilogue_page<PP>(tig);  // the page of this lane's output columns
+  SketchList lst[PP];
+#pragma unroll
+  for (int pp = 0; pp < PP; ++pp) {
+    lst[pp].row = find_list(p.dense_indptr, n_lists, b) - 1;
+    lst[pp].end = b;
+  }
+  int cur_nt = -1;
+  uint32_t bq[KS][2];              // this lane's B words: column g of the tile (paired: of its half)
+  float qf[2], qsum8[2];           // columns 2tig + c: qstep * scale * log2 e and 8 * sum(q8)
+  int qpos[2];                     // columns 2tig + c: the query row's position (-1: no such q vector)
+  float* srow[2];                  // columns 2tig + c: its scores
 
-  // Scores page i (its loads in s), then reuses s for page i + 3: three pages in flight per warp
-  // (~3 KiB) without copying registers between ring slots.
-  auto step = [&](SketchPage<KS>& s, int i) {
-    if (i >= list_end) {  // a new list: its request's shape, held in registers
-      do ++row; while (p.dense_indptr[row + 1] <= i);
-      list_end = p.dense_indptr[row + 1];
-      const int req = row / p.n_heads_kv;
-      h = row - req * p.n_heads_kv;
-      q0 = p.q_indptr[req];
-      q_len = p.q_indptr[req + 1] - q0;
-      n_vec = q_len * group;
-      qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
-      cur_nt = -1;
+  // The B words and column constants of tile nt (paired: nt = 0; half = page). Warp-uniform.
+  // A half's list by a lane-dependent choice, as selects (a dynamic index would put lst in local memory).
+  auto list_of = [&](bool second) {
+    SketchList l = lst[0];
+    if (PP == 2 && second) l = lst[PP - 1];
+    return l;
+  };
+  auto rebuild = [&](int nt) {
+    const SketchList lb = list_of(g >= 4);  // the list of this lane's B column
+    const int jb = PP == 2 ? (g & 3) : nt * 8 + g;
+    const int jbc = min(jb, max(lb.n_vec - 1, 0));
+    const __nv_bfloat16* qv = p.q + (static_cast<int64_t>(lb.q0 + jbc / group) * p.n_heads_q + lb.h * group + jbc % group) * D;
+    float st;
+    int sum;
+    quantize_q<KS>(qv, jb < lb.n_vec, tig, bq, st, sum);
+    // Column col = 2tig + c is B column col: lane 4 col holds its vector's step and sum.
+    const SketchList le = list_of(pe == 1);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 2 * tig + c;
+      const int j = PP == 2 ? (col & 3) : nt * 8 + col;
+      qf[c] = __shfl_sync(0xffffffffu, st, 4 * col) * mul;
+      qsum8[c] = static_cast<float>(8 * __shfl_sync(0xffffffffu, sum, 4 * col));
+      qpos[c] = j < le.n_vec ? le.qpos0 + j / group : -1;
+      srow[c] = p.scores + static_cast<int64_t>(min(j, max(le.n_vec - 1, 0))) * p.score_stride;
     }
-    const int tok0 = s.pos * p.page_size;
-    const bool all_visible = tok0 + p.page_size - 1 <= qpos0;
-    const int n_rows = n_vec > 8 ? 2 : 1;  // warp-uniform: rows 8-15 only when there are > 8 q vectors
-    for (int nt = 0; nt < (n_vec + 15) / 16; ++nt) {
-      if (nt != cur_nt) {  // (once per list when n_vec <= 16)
+    cur_nt = nt;
+  };
+
+  extern __shared__ __align__(16) uint8_t s_sketch[];
+  using S = SketchStage<KS, PP>;
+  uint8_t* ring = s_sketch + (threadIdx.x >> 5) * S::kWarpBytes;  // this warp's stages
+  SketchIds ids;
+  ids.start(p, b, e, lane);
+  const int n_pass = (e - b + PP - 1) / PP;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int j = nt * 16 + 8 * r + g;
-          const int jc = min(j, n_vec - 1);
-          const __nv_bfloat16* qv = p.q + (static_cast<int64_t>(q0 + jc / group) * p.n_heads_q + h * group + jc % group) * D;
-          uint32_t w[KS][2];
-          float st;
-          int sum;
-          quantize_q<KS>(qv, j < n_vec, tig, w, st, sum);
+  for (int k = 0; k < kSketchStages - 1; ++k) {
+    if (k < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + k * PP, e, lane, ring + k * S::kBytes);
+    else ptx::cp_async_commit();  // (empty groups keep the count)
+  }
+  for (int k = 0; k < n_pass; ++k) {
+    const int i = b + k * PP;
+    // The stage of pass k - 1 is free once every lane has read it.
+    __syncwarp();
+    const int kn = k + kSketchStages - 1;
+    if (kn < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + kn * PP, e, lane, ring + (kn % kSketchStages) * S::kBytes);
+    else ptx::cp_async_commit();
+    ptx::cp_async_wait<kSketchStages - 1>();  // pass k's group is complete
+    __syncwarp();
+    const uint8_t* st = ring + (k % kSketchStages) * S::kBytes;
+    uint32_t w[PP][2][KS];  // page pp, tokens g and g + 8: this lane's code words
 #pragma unroll
-          for (int ks = 0; ks < KS; ++ks) {
-            qa[ks][r] = w[ks][0];
-            qa[ks][2 + r] = w[ks][1];
+    for (int pp = 0; pp < PP; ++pp)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* src = st + S::kCodes + pp * S::kPageBytes + (g + 8 * half) * (KS * 16) + tig * KS * 4;
+        if constexpr (KS == 2) {
+          const uint2 v = *reinterpret_cast<const uint2*>(src);
+          w[pp][half][0] = v.x;
+          w[pp][half][1] = v.y;
+        } else {
+#pragma unroll
+          for (int c = 0; c < KS / 4; ++c) {
+            const uint4 v = reinterpret_cast<const uint4*>(src)[c];
+            w[pp][half][4 * c] = v.x;
+            w[pp][half][4 * c + 1] = v.y;
+            w[pp][half][4 * c + 2] = v.z;
+            w[pp][half][4 * c + 3] = v.w;
           }
-          qf[r] = st * mul;
-          qsum8[r] = static_cast<float>(8 * sum);
-          qpos[r] = j < n_vec ? qpos0 + j / group : -1;
-          srow[r] = p.scores + static_cast<int64_t>(jc) * p.score_stride;
         }
-        cur_nt = nt;
       }
-      int acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [n-tile: tokens 0-7, 8-15][c0..c3]
+    const float* steps = reinterpret_cast<const float*>(st + S::kSteps + pe * 64);
+    const float step[2] = {steps[g], steps[g + 8]};
+    const int32_t pos = reinterpret_cast<const int32_t*>(st + S::kPos)[pe];
+
+    bool changed = false;
 #pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
+    for (int pp = 0; pp < PP; ++pp) {
+      const int ip = min(i + pp, e - 1);  // (a page past the range keeps the last list)
+      if (ip >= lst[pp].end) {
+        SketchList& l = lst[pp];
+        do ++l.row; while (p.dense_indptr[l.row + 1] <= ip);
+        l.end = p.dense_indptr[l.row + 1];
+        const int req = l.row / p.n_heads_kv;
+        l.h = l.row - req * p.n_heads_kv;
+        l.q0 = p.q_indptr[req];
+        const int q_len = p.q_indptr[req + 1] - l.q0;
+        l.n_vec = q_len * group;
+        l.qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
+        changed = true;
+      }
+    }
+    if (changed) cur_nt = -1;
+    const int n_tiles = PP == 2 ? 1 : (lst[0].n_vec + 7) / 8;
+    const int tok0 = pos * p.page_size;
+    const bool live = pos >= 0;  // this lane's page exists
+    const bool all_visible = tok0 + p.page_size - 1 <= list_of(pe == 1).qpos0;
+    for (int nt = 0; nt < n_tiles; ++nt) {
+      if (nt != cur_nt) rebuild(nt);
+      int acc[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-          ptx::mma_s8_16832(acc[nb], qa[ks], s.w[nb][ks] & 0x0F0F0F0Fu, (s.w[nb][ks] >> 4) & 0x0F0F0F0Fu);
-      // x[r][t]: q row 16 nt + 8 r + g, token t of {2tig, 2tig+1, 8+2tig, 9+2tig}.
-      float x[2][4], lm[2] = {-INFINITY, -INFINITY};
+      for (int pp = 0; pp < PP; ++pp) {
+        const bool mine = PP == 1 || (g >> 2) == pp;  // paired: lanes 0-15 carry page X's B, 16-31 Y's
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+          const uint32_t lo0 = w[pp][0][ks] & 0x0F0F0F0Fu, lo1 = w[pp][1][ks] & 0x0F0F0F0Fu;
+          const uint32_t hi0 = (w[pp][0][ks] >> 4) & 0x0F0F0F0Fu, hi1 = (w[pp][1][ks] >> 4) & 0x0F0F0F0Fu;
+          const uint32_t a[4] = {lo0, lo1, hi0, hi1};
+          ptx::mma_s8_16832(acc, a, mine ? bq[ks][0] : 0u, mine ? bq[ks][1] : 0u);
+        }
+      }
+      // x[c][t]: column 2tig + c, token g + 8t of this lane's page.
+      float x[2][2];
       bool in_range = true;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (r >= n_rows) break;
+      for (int c = 0; c < 2; ++c)
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const int nb = t >> 1, c = t & 1;
-          const float stp = c ? s.step[nb].y : s.step[nb].x;
-          const bool vis = all_visible ? qpos[r] >= 0 : tok0 + 8 * nb + 2 * tig + c <= qpos[r];
-          x[r][t] = vis ? (static_cast<float>(acc[nb][2 * r + c]) - qsum8[r]) * (qf[r] * stp) : -INFINITY;
-          lm[r] = fmaxf(lm[r], x[r][t]);
+        for (int t = 0; t < 2; ++t) {
+          const bool vis = live && (all_visible ? qpos[c] >= 0 : tok0 + g + 8 * t <= qpos[c]);
+          x[c][t] = vis ? (static_cast<float>(acc[2 * t + c]) - qsum8[c]) * (qf[c] * step[t]) : -INFINITY;
+          in_range = in_range && x[c][t] <= 96.0f && (x[c][t] >= -96.0f || x[c][t] == -INFINITY);
         }
-        in_range = in_range && lm[r] <= 96.0f && (lm[r] >= -96.0f || lm[r] == -INFINITY);
-      }
       const bool plain = __all_sync(0xffffffffu, in_range);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (r >= n_rows) break;
-        float m = 0.0f, sum = 0.0f;
+      for (int c = 0; c < 2; ++c) {
+        float m = 0.0f, sum;
         if (plain) {
-#pragma unroll
-          for (int t = 0; t < 4; ++t) sum += ptx::ex2_approx(x[r][t]);
+          sum = ptx::ex2_approx(x[c][0]) + ptx::ex2_approx(x[c][1]);
         } else {
-          m = lm[r];
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          if (m != -INFINITY)
+          m = fmaxf(x[c][0], x[c][1]);
 #pragma unroll
-            for (int t = 0; t < 4; ++t) sum += ptx::ex2_approx(x[r][t] - m);
+          for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+          sum = m == -INFINITY ? 0.0f : ptx::ex2_approx(x[c][0] - m) + ptx::ex2_approx(x[c][1] - m);
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (tig == 0 && qpos[r] >= 0) {
-          const int nv = all_visible ? p.page_size : min(max(qpos[r] + 1 - tok0, 0), p.page_size);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (g == 0 && live && qpos[c] >= 0) {
+          const int nv = all_visible ? p.page_size : min(max(qpos[c] + 1 - tok0, 0), p.page_size);
           const float l2nv = nv == p.page_size ? log2_page : ptx::lg2_approx(static_cast<float>(nv));
-          srow[r][i] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
+          srow[c][i + pe] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
         }
       }
     }
-    if (i + 3 < e) load_sketch_page<KS>(p, g, tig, s);  // page i + 3 (ids loaded at page i - 3)
-    if (i + 6 < e) load_sketch_ids<KS>(p, i + 6, s);
-  };
-  SketchPage<KS> s0, s1, s2;
-  load_sketch_ids<KS>(p, b, s0);
-  load_sketch_page<KS>(p, g, tig, s0);
-  if (b + 1 < e) {
-    load_sketch_ids<KS>(p, b + 1, s1);
-    load_sketch_page<KS>(p, g, tig, s1);
   }
-  if (b + 2 < e) {
-    load_sketch_ids<KS>(p, b + 2, s2);
-    load_sketch_page<KS>(p, g, tig, s2);
-  }
-  if (b + 3 < e) load_sketch_ids<KS>(p, b + 3, s0);
-  if (b + 4 < e) load_sketch_ids<KS>(p, b + 4, s1);
-  if (b + 5 < e) load_sketch_ids<KS>(p, b + 5, s2);
-  int i = b;
-  for (; i + 3 <= e; i += 3) {
-    step(s0, i);
-    step(s1, i + 1);
-    step(s2, i + 2);
-  }
-  if (i < e) step(s0, i);
-  if (i + 1 < e) step(s1, i + 1);
+  ptx::cp_async_wait<0>();
 }
 
 }  // namespace
@@ -398,26 +470,37 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
 // workspace's n_score_warps. The kernels split the pages over the warps of the actual grid.
 // (The kernel is a template argument so that each kernel keeps its own occupancy.)
 template <auto Kernel>
-void launch_resident(const PageSelectParams& p, cudaStream_t stream) {
-  static const int per_gpu = [] {
+void launch_resident(const PageSelectParams& p, cudaStream_t stream, int smem = 0) {
+  static const int per_gpu = [smem] {
     int dev = 0, sms = 0, n = 0;
     DHS_CUDA_CHECK(cudaGetDevice(&dev));
     DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, kScoreThreads, 0));
+    if (smem > 48 * 1024) DHS_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, kScoreThreads, static_cast<size_t>(smem)));
     return std::max(1, n) * sms;
   }();
   PageSelectParams q = p;
   const int blocks = std::min(per_gpu, std::max(1, p.n_score_warps * 32 / kScoreThreads));
   q.n_score_warps = blocks * (kScoreThreads / 32);
-  Kernel<<<blocks, kScoreThreads, 0, stream>>>(q);
+  Kernel<<<blocks, kScoreThreads, static_cast<size_t>(smem), stream>>>(q);
+}
+
+template <int KS>
+void launch_sketch(const PageSelectParams& p, cudaStream_t stream) {
+  if (p.page_size != 16) check(cudaErrorInvalidValue, "page_select: the key sketch needs 16-token pages", __FILE__, __LINE__);
+  constexpr int kWarps = kScoreThreads / 32;
+  if (p.q_stride <= 4)  // at most 4 q vectors per list: two pages per MMA
+    launch_resident<score_sketch_kernel<KS, 2>>(p, stream, kWarps * SketchStage<KS, 2>::kWarpBytes);
+  else
+    launch_resident<score_sketch_kernel<KS, 1>>(p, stream, kWarps * SketchStage<KS, 1>::kWarpBytes);
 }
 
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
-    case 64: sketch ? launch_resident<score_sketch_kernel<2>>(p, stream) : launch_resident<score_summaries_kernel<64>>(p, stream); break;
-    case 128: sketch ? launch_resident<score_sketch_kernel<4>>(p, stream) : launch_resident<score_summaries_kernel<128>>(p, stream); break;
-    case 256: sketch ? launch_resident<score_sketch_kernel<8>>(p, stream) : launch_resident<score_summaries_kernel<256>>(p, stream); break;
+    case 64: sketch ? launch_sketch<2>(p, stream) : launch_resident<score_summaries_kernel<64>>(p, stream); break;
+    case 128: sketch ? launch_sketch<4>(p, stream) : launch_resident<score_summaries_kernel<128>>(p, stream); break;
+    case 256: sketch ? launch_sketch<8>(p, stream) : launch_resident<score_summaries_kernel<256>>(p, stream); break;
     default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());

@@ -38,11 +38,22 @@ struct SumF {
   static __device__ __forceinline__ T id() { return 0.0f; }
   static __device__ __forceinline__ T op(T a, T b) { return a + b; }
 };
-struct MaxF {
-  using T = float;
-  static __device__ __forceinline__ T id() { return -INFINITY; }
-  static __device__ __forceinline__ T op(T a, T b) { return fmaxf(a, b); }
+// (max, sum) pairs of an online softmax: (m, z) stands for z * 2^m. One reduction gives a q
+// vector's normaliser where a max and then a sum took two (and two passes over the scores).
+struct SoftmaxF {
+  using T = float2;  // (m, z)
+  static __device__ __forceinline__ T id() { return make_float2(-INFINITY, 0.0f); }
+  static __device__ __forceinline__ T op(T a, T b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -INFINITY) return id();
+    return make_float2(m, a.y * exp2f(a.x - m) + b.y * exp2f(b.x - m));
+  }
 };
+
+__device__ __forceinline__ float shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ float2 shfl_xor(float2 v, int o) { return make_float2(shfl_xor(v.x, o), shfl_xor(v.y, o)); }
+__device__ __forceinline__ float shfl_idx(float v, int l) { return __shfl_sync(0xffffffffu, v, l); }
+__device__ __forceinline__ float2 shfl_idx(float2 v, int l) { return make_float2(shfl_idx(v.x, l), shfl_idx(v.y, l)); }
 
 // Exclusive prefixes over the block's threads (thread order) of N values at once: v becomes
 // the prefix; on_total(k, sum) gets the block's sums. One barrier; buf ([N * kSelectWarps]) is
@@ -90,44 +101,43 @@ struct ClusterReduce {
     return *cg::this_cluster().map_shared_rank(bt + k, lane);
   }
 
+  // N values of Op::T (float: N <= kMaxRed; float2: N <= kMaxRed / 2) reduce together.
   template <class Op, int N>
-  __device__ __forceinline__ void reduce(float (&v)[N]) {
-    using T = float;
-    static_assert(N <= kMaxRed);
+  __device__ __forceinline__ void reduce(typename Op::T (&v)[N]) {
+    using T = typename Op::T;
+    static_assert(N * sizeof(T) <= kMaxRed * sizeof(uint32_t));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int k = 0; k < N; ++k)
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v[k] = Op::op(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
-    uint32_t* w = wbuf[par];
-    uint32_t* bt = bbuf[par];
+      for (int o = 16; o > 0; o >>= 1) v[k] = Op::op(v[k], shfl_xor(v[k], o));
+    T* w = reinterpret_cast<T*>(wbuf[par]);
+    T* bt = reinterpret_cast<T*>(bbuf[par]);
     par ^= 1;
     if (lane == 0)
 #pragma unroll
-      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = __float_as_uint(v[k]);
+      for (int k = 0; k < N; ++k) w[k * kSelectWarps + warp] = v[k];
     __syncthreads();
     if (warp == 0) {
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        T t = lane < kSelectWarps ? __uint_as_float(w[k * kSelectWarps + lane]) : Op::id();
+        T t = lane < kSelectWarps ? w[k * kSelectWarps + lane] : Op::id();
 #pragma unroll
-        for (int o = kSelectWarps / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
-        if (lane == 0) bt[k] = __float_as_uint(t);
+        for (int o = kSelectWarps / 2; o > 0; o >>= 1) t = Op::op(t, shfl_xor(t, o));
+        if (lane == 0) bt[k] = t;
       }
     }
     cg::this_cluster().sync();
+    // Every warp: lane r < n_blocks reads rank r's totals (all N loads issued before the tree).
+    T t[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) t[k] = lane < static_cast<int>(n_blocks) ? *cg::this_cluster().map_shared_rank(bt + k, lane) : Op::id();
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      T t = lane < static_cast<int>(n_blocks) ? __uint_as_float(remote(bt, k)) : Op::id();
 #pragma unroll
-      for (int o = kMaxCluster / 2; o > 0; o >>= 1) t = Op::op(t, __shfl_xor_sync(0xffffffffu, t, o));
-      v[k] = __shfl_sync(0xffffffffu, t, 0);
+      for (int o = kMaxCluster / 2; o > 0; o >>= 1) t[k] = Op::op(t[k], shfl_xor(t[k], o));
+      v[k] = shfl_idx(t[k], 0);
     }
-  }
-  __device__ __forceinline__ float sum(float v) {
-    float a[1] = {v};
-    reduce<SumF>(a);
-    return a[0];
   }
   // Exclusive prefixes over the cluster's threads in (rank, thread) order of N values at once;
   // total[k] gets the sums.
@@ -182,8 +192,8 @@ constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
 
 __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
   extern __shared__ float s_mass[];
-  __shared__ uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
-  __shared__ uint32_t s_bbuf[2][kMaxRed];
+  __shared__ __align__(8) uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
+  __shared__ __align__(8) uint32_t s_bbuf[2][kMaxRed];
   __shared__ unsigned long long s_hist[2][kHistBins];  // the cut search's histograms, alternating levels
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
@@ -235,6 +245,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   int k_eq = 0;
   bool topk_forced_only = false;
   if (mode == kCut) {
+    // Both histograms zeroed before the mass phase (its reductions' barriers order the stores).
+    for (int t = tid; t < 2 * kHistBins; t += kSelectThreads) s_hist[t / kHistBins][t % kHistBins] = 0;
     for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     const int n_vec = q_len * group;
@@ -248,28 +260,32 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         auto first_token = [&](int i) { return p.dense_page_pos[bh + i] * p.page_size; };
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
         auto score = [&](int i, int c) { return p.scores[(j0 + c) * p.score_stride + bh + i]; };
-        float mx[kVecChunk];
+        // Each thread's own (max, sum) of n_i 2^s_i per q vector (a max pass, then a sum pass over
+        // its pages), then one reduction of the pairs (v10 reduced the max and the sum apart).
+        float2 mz[kVecChunk];
 #pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) mx[c] = -INFINITY;
+        for (int c = 0; c < kVecChunk; ++c) mz[c] = SoftmaxF::id();
         for_owned([&](int, int i, float&) {
           const int tok0 = first_token(i);
 #pragma unroll
           for (int c = 0; c < kVecChunk; ++c)
-            if (visible(tok0, c) > 0) mx[c] = fmaxf(mx[c], score(i, c));
+            if (visible(tok0, c) > 0) mz[c].x = fmaxf(mz[c].x, score(i, c));
         });
-        red.reduce<MaxF>(mx);
-        float z[kVecChunk];
-#pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) z[c] = 0.0f;
         for_owned([&](int, int i, float&) {
           const int tok0 = first_token(i);
 #pragma unroll
           for (int c = 0; c < kVecChunk; ++c) {
             const int nv = visible(tok0, c);
-            if (nv > 0 && mx[c] != -INFINITY) z[c] += static_cast<float>(nv) * exp2f(score(i, c) - mx[c]);
+            if (nv > 0 && mz[c].x != -INFINITY) mz[c].y += static_cast<float>(nv) * exp2f(score(i, c) - mz[c].x);
           }
         });
-        red.reduce<SumF>(z);
+        red.reduce<SoftmaxF>(mz);
+        float mx[kVecChunk], z[kVecChunk];
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) {
+          mx[c] = mz[c].x;
+          z[c] = mz[c].y;
+        }
         float inv_z[kVecChunk];
 #pragma unroll
         for (int c = 0; c < kVecChunk; ++c) inv_z[c] = mx[c] != -INFINITY && z[c] > 0.0f ? 1.0f / z[c] : 0.0f;  // 0: row sees no key
@@ -285,14 +301,29 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         });
       }
     }
-    float tot = 0.0f;
-    for_owned([&](int, int, float& m) { tot += m; });
-    tot = red.sum(tot);
-    if (tot > 0.0f) {
+    if (p.stop_after == 1) {
+      cluster.sync();
+      return;
+    }
+    // The (forced, free) sums of the combined masses: their total normalises them (no reduction
+    // of its own), the coverage rule needs both.
+    float f2[2] = {0.0f, 0.0f};
+    for_owned([&](int, int i, float& m) {
+      if (forced(i)) f2[0] += m;
+      else f2[1] += m;
+    });
+    red.reduce<SumF>(f2);
+    if (const float tot = f2[0] + f2[1]; tot > 0.0f) {
       const float inv = 1.0f / tot;
       for_owned([&](int, int, float& m) { m *= inv; });
+      f2[0] *= inv;
+      f2[1] *= inv;
     }
     if (p.mass_out) for_owned([&](int, int i, float& m) { p.mass_out[base + i] = m; });
+    if (p.stop_after == 2) {
+      cluster.sync();
+      return;
+    }
 
     // The cut: the largest thr with W(>= thr) >= need, W = the summed weight (fixed-point mass,
     // or 1 for top-k) of the free pages of mass bits >= thr. Three histogram levels settle 11, 11
@@ -306,9 +337,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       above = 0;
       for (int lv = 0; lv < kHistLevels; ++lv) {
         const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
-        unsigned long long* hist = s_hist[lv & 1];
-        for (int t = tid; t < n_bins; t += kSelectThreads) hist[t] = 0;
-        __syncthreads();
+        unsigned long long* hist = s_hist[lv & 1];  // zeroed (below, or before level 0)
         // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
         // over the match_any group, as two 32-bit halves: weights < 2^41, 32 of them) and one of
         // them adds the sum (masses crowd into a few bins; per-lane atomics on one shared word
@@ -340,15 +369,27 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
           add(i, i < n ? ovf(k) : 0.0f);
         }
         cluster.sync();  // every rank's histogram complete (the alternate one is no longer read)
-        // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q.
+        // The alternate histogram (level lv - 1's, whose remote reads every block finished before
+        // this cluster barrier) is zeroed for level lv + 1; the barrier after the cut orders it.
+        if (lv >= 1 && lv + 1 < kHistLevels)
+          for (int t = tid; t < kHistBins; t += kSelectThreads) s_hist[(lv + 1) & 1][t] = 0;
+        // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q. The
+        // remote reads of up to kAutoCluster ranks are issued together, then added (ncu: waiting
+        // on them one rank at a time was a third of the kernel's stalls).
         constexpr int kMaxPer = kHistBins / kSelectThreads;
-        unsigned long long v[kMaxPer], t_sum = 0;
+        unsigned long long v[kMaxPer], t_sum = 0, rv[kMaxPer][kAutoCluster];
+#pragma unroll
+        for (int k = 0; k < kMaxPer; ++k)
+#pragma unroll
+          for (int r = 0; r < kAutoCluster; ++r)
+            rv[k][r] = k < per_thread && r < n_blk ? *cluster.map_shared_rank(hist + n_bins - 1 - (per_thread * tid + k), r) : 0ull;
 #pragma unroll
         for (int k = 0; k < kMaxPer; ++k) {
           v[k] = 0;
           if (k < per_thread) {
-            const int bin = n_bins - 1 - (per_thread * tid + k);
-            for (int r = 0; r < n_blk; ++r) v[k] += *cluster.map_shared_rank(hist + bin, r);
+#pragma unroll
+            for (int r = 0; r < kAutoCluster; ++r) v[k] += rv[k][r];
+            for (int r = kAutoCluster; r < n_blk; ++r) v[k] += *cluster.map_shared_rank(hist + n_bins - 1 - (per_thread * tid + k), r);
             t_sum += v[k];
           }
         }
@@ -368,18 +409,13 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         __syncthreads();
         prefix |= static_cast<uint32_t>(s_cut[0]) << lo;
         above = s_cut[1];
+        if (p.stop_after == 3 + lv) return true;
       }
       thr = prefix;
       return true;
     };
 
     if (p.rule == SelectRule::Coverage) {
-      float f2[2] = {0.0f, 0.0f};  // forced, free
-      for_owned([&](int, int i, float& m) {
-        if (forced(i)) f2[0] += m;
-        else f2[1] += m;
-      });
-      red.reduce<SumF>(f2);
       const float need = p.gamma - f2[0];
       if (need <= 0.0f) mode = kForced;
       else if (f2[1] < need) mode = kAll;  // rounding shortfall: every page
@@ -405,6 +441,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     }
   }
 
+  if (p.stop_after >= 3) {  // (the benchmark's phase prefixes)
+    cluster.sync();
+    return;
+  }
   // Emit in index order, one round at a time. Within a round one cluster scan counts, for each
   // page, the chosen non-tied pages and the tied pages (free pages of mass bits == thr) before
   // it: the first k_eq tied pages of the list (by index) are in.
