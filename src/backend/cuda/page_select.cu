@@ -75,16 +75,18 @@ __device__ __forceinline__ void block_exclusive_scan(T (&v)[N], T* buf, OnTotal&
 #pragma unroll
     for (int k = 0; k < N; ++k) buf[k * kSelectWarps + warp] = inc[k];
   __syncthreads();
+  // Every warp scans the warp totals itself (lane w < kSelectWarps holds warp w's): a 4-step
+  // shuffle scan per value, where a loop over the 16 totals took 16 loads and 32 adds.
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    T before = 0, all = 0;
+    T t = lane < kSelectWarps ? buf[k * kSelectWarps + lane] : T(0);
 #pragma unroll
-    for (int w = 0; w < kSelectWarps; ++w) {
-      const T t = buf[k * kSelectWarps + w];
-      if (w < warp) before += t;
-      all += t;
+    for (int o = 1; o < kSelectWarps; o <<= 1) {
+      const T y = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) t += y;
     }
-    on_total(k, all);
+    const T before = warp > 0 ? __shfl_sync(0xffffffffu, t, warp - 1) : T(0);
+    on_total(k, __shfl_sync(0xffffffffu, t, kSelectWarps - 1));
     v[k] = before + inc[k] - v[k];
   }
 }
@@ -175,12 +177,27 @@ struct IntC {
 // need no fixed order; 8,192 pages of mass <= 1 stay below 2^53). Masses under 2^-41 count 0.
 __device__ __forceinline__ unsigned long long fixed_mass(float m) { return __float2ull_rn(m * 0x1p40f); }
 
-// Histogram levels of the cut search: bits 30..20, 19..9, 8..0 of the (non-negative) mass.
+// Histogram levels of the cut search over the float bits of the (non-negative) mass: level 0 the
+// exponent and 3 mantissa bits (bits 30..20), levels 1 and 2 bits 19..9 and 8..0. For coverage,
+// level 0 bins only exponents from kExpLow + 1 up (a mass below 2^-47 weighs 0 in fixed point, so
+// the cut never falls there; they share bin 0): 49 * 8 of its 512 bins are used, where 2,048
+// covered every exponent. Each bin is two 32-bit words, weight >> 16 and weight & 0xFFFF (the masses sum to 1,
+// so the high words sum below 2^25 and the low ones below 2^29): shared-memory atomics on 32-bit
+// words are native, on 64-bit ones a compare-and-swap loop (ncu: half of the kernel's stall samples
+// sat in level 0's 64-bit adds and the remote reads after them).
 constexpr int kHistBins = 2048;
 constexpr int kHistLevels = 3;
 constexpr int kAtomicShare = 4;  // lanes of a warp per bin up to which shared atomics are cheaper
+constexpr int kExpLow = 79;      // level 0's bin 0: exponent fields <= 79 (masses < 2^-47)
 __device__ __constant__ const int kHistHi[kHistLevels] = {31, 20, 9};
 __device__ __constant__ const int kHistLo[kHistLevels] = {20, 9, 0};
+__device__ __constant__ const int kHistN[kHistLevels] = {512, 2048, 512};  // (level 0 for coverage; top-k: 2048)
+// Level 0's bin of mass bits, and the bits 31..20 a level-0 bin stands for (bin > 0).
+__device__ __forceinline__ uint32_t level0_bin(uint32_t bits) {
+  const int e = static_cast<int>(bits >> 23);
+  return (static_cast<uint32_t>(max(e - kExpLow, 0)) << 3) | ((bits >> 20) & 7u);
+}
+__device__ __forceinline__ uint32_t level0_prefix(uint32_t bin) { return (((bin >> 3) + kExpLow) << 23) | ((bin & 7u) << 20); }
 
 // A cluster per list (per request under SoloHead). Thread tid of rank r owns pages
 // k * C * threads + r * threads + tid (every pass over the scores is coalesced, and round k
@@ -194,7 +211,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   extern __shared__ float s_mass[];
   __shared__ __align__(8) uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
   __shared__ __align__(8) uint32_t s_bbuf[2][kMaxRed];
-  __shared__ unsigned long long s_hist[2][kHistBins];  // the cut search's histograms, alternating levels
+  __shared__ __align__(8) uint32_t s_hist[2][2 * kHistBins];  // the cut search's histograms, alternating levels
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
   const cg::cluster_group cluster = cg::this_cluster();
@@ -246,7 +263,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   bool topk_forced_only = false;
   if (mode == kCut) {
     // Both histograms zeroed before the mass phase (its reductions' barriers order the stores).
-    for (int t = tid; t < 2 * kHistBins; t += kSelectThreads) s_hist[t / kHistBins][t % kHistBins] = 0;
+    for (int t = tid; t < 4 * kHistBins; t += kSelectThreads) s_hist[t / (2 * kHistBins)][t % (2 * kHistBins)] = 0;
     for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     const int n_vec = q_len * group;
@@ -257,7 +274,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         int qpos[kVecChunk];
 #pragma unroll
         for (int c = 0; c < kVecChunk; ++c) qpos[c] = j0 + c < n_vec ? seq - q_len + (j0 + c) / group : -1;
-        auto first_token = [&](int i) { return p.dense_page_pos[bh + i] * p.page_size; };
+        // A dense list holds every page of its request in order: page i is the request's page i
+        // (no load of its position in each of the three passes).
+        auto first_token = [&](int i) { return i * p.page_size; };
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
         auto score = [&](int i, int c) { return p.scores[(j0 + c) * p.score_stride + bh + i]; };
         // Each thread's own (max, sum) of n_i 2^s_i per q vector (a max pass, then a sum pass over
@@ -332,32 +351,37 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     // finds the bin where the running weight reaches need. 3 levels of 2 barriers and a cluster
     // barrier, where a bisection takes 16-31 block reductions. Returns false when the free pages'
     // weight is below need (the same in every block); above = W(> thr).
-    auto hist_cut = [&](auto&& weight, unsigned long long need_w, unsigned long long& above) -> bool {
+    // compress0: level 0 over the exponents that can carry fixed-point weight only (coverage; top-k
+    // counts every page, so its level 0 covers every exponent).
+    auto hist_cut = [&](auto&& weight, bool compress0, unsigned long long need_w, unsigned long long& above) -> bool {
       uint32_t prefix = 0;
       above = 0;
       for (int lv = 0; lv < kHistLevels; ++lv) {
-        const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
-        unsigned long long* hist = s_hist[lv & 1];  // zeroed (below, or before level 0)
+        const bool c0 = lv == 0 && compress0;
+        const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = c0 ? kHistN[0] : 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
+        uint32_t* hist = s_hist[lv & 1];  // [bin][weight >> 16, weight & 0xFFFF]; zeroed (below, or before level 0)
         // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
-        // over the match_any group, as two 32-bit halves: weights < 2^41, 32 of them) and one of
-        // them adds the sum (masses crowd into a few bins; per-lane atomics on one shared word
-        // serialize); lanes add their own when no bin has more than kAtomicShare of the warp's
-        // lanes (a few serialized adds cost less than the match and redux: MinMax masses spread
-        // over many bins, sketch4 masses crowd). Every lane of the block runs every round.
+        // over the match_any group) and one of them adds the sum (masses crowd into a few bins;
+        // per-lane atomics on one shared word serialize); lanes add their own when no bin has more
+        // than kAtomicShare of the warp's lanes (a few serialized adds cost less than the match and
+        // redux: MinMax masses spread over many bins, sketch4 masses crowd). Every lane of the
+        // block runs every round.
         auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
           const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
-          const uint32_t bin = in ? (bits >> lo) & static_cast<uint32_t>(n_bins - 1) : 0xFFFFFFFFu;
+          const uint32_t bin = !in ? 0xFFFFFFFFu : c0 ? level0_bin(bits) : (bits >> lo) & static_cast<uint32_t>(n_bins - 1);
           const unsigned peers = __match_any_sync(0xffffffffu, bin);
           const unsigned long long w = in ? weight(m) : 0ull;
-          if (!__any_sync(0xffffffffu, in && __popc(peers) > kAtomicShare)) {  // no crowded bin
-            if (in) atomicAdd(&hist[bin], w);
-            return;
+          unsigned w_hi = static_cast<unsigned>(w >> 16), w_lo = static_cast<unsigned>(w & 0xFFFFu);
+          if (__any_sync(0xffffffffu, in && __popc(peers) > kAtomicShare)) {  // a crowded bin
+            w_hi = __reduce_add_sync(peers, w_hi);
+            w_lo = __reduce_add_sync(peers, w_lo);
+            if (static_cast<int>(threadIdx.x & 31) != __ffs(peers) - 1) return;
           }
-          const unsigned s_lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFFu));
-          const unsigned s_hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 20));
-          if (in && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1)
-            atomicAdd(&hist[bin], (static_cast<unsigned long long>(s_hi) << 20) + s_lo);
+          if (in) {
+            if (w_hi) atomicAdd(&hist[2 * bin], w_hi);
+            atomicAdd(&hist[2 * bin + 1], w_lo);
+          }
         };
 #pragma unroll
         for (int k = 0; k < kRegPer; ++k) {
@@ -372,24 +396,32 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         // The alternate histogram (level lv - 1's, whose remote reads every block finished before
         // this cluster barrier) is zeroed for level lv + 1; the barrier after the cut orders it.
         if (lv >= 1 && lv + 1 < kHistLevels)
-          for (int t = tid; t < kHistBins; t += kSelectThreads) s_hist[(lv + 1) & 1][t] = 0;
-        // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q. The
-        // remote reads of up to kAutoCluster ranks are issued together, then added (ncu: waiting
-        // on them one rank at a time was a third of the kernel's stalls).
+          for (int t = tid; t < 2 * kHistBins; t += kSelectThreads) s_hist[(lv + 1) & 1][t] = 0;
+        // Thread tid's bins from the top: q = per_thread * tid + k is bin n_bins - 1 - q. A bin's
+        // two words are adjacent (one 8-byte remote read per rank); the reads of up to kAutoCluster
+        // ranks are issued together, then added, one bin at a time (all of them at once spilled).
         constexpr int kMaxPer = kHistBins / kSelectThreads;
-        unsigned long long v[kMaxPer], t_sum = 0, rv[kMaxPer][kAutoCluster];
-#pragma unroll
-        for (int k = 0; k < kMaxPer; ++k)
-#pragma unroll
-          for (int r = 0; r < kAutoCluster; ++r)
-            rv[k][r] = k < per_thread && r < n_blk ? *cluster.map_shared_rank(hist + n_bins - 1 - (per_thread * tid + k), r) : 0ull;
+        unsigned long long v[kMaxPer], t_sum = 0;
 #pragma unroll
         for (int k = 0; k < kMaxPer; ++k) {
           v[k] = 0;
           if (k < per_thread) {
+            const uint2* h2 = reinterpret_cast<const uint2*>(hist) + (n_bins - 1 - (per_thread * tid + k));
+            uint2 rv[kAutoCluster];
 #pragma unroll
-            for (int r = 0; r < kAutoCluster; ++r) v[k] += rv[k][r];
-            for (int r = kAutoCluster; r < n_blk; ++r) v[k] += *cluster.map_shared_rank(hist + n_bins - 1 - (per_thread * tid + k), r);
+            for (int r = 0; r < kAutoCluster; ++r) rv[r] = r < n_blk ? *cluster.map_shared_rank(h2, r) : make_uint2(0u, 0u);
+            unsigned long long sh = 0, sl = 0;
+#pragma unroll
+            for (int r = 0; r < kAutoCluster; ++r) {
+              sh += rv[r].x;
+              sl += rv[r].y;
+            }
+            for (int r = kAutoCluster; r < n_blk; ++r) {
+              const uint2 x = *cluster.map_shared_rank(h2, r);
+              sh += x.x;
+              sl += x.y;
+            }
+            v[k] = (sh << 16) + sl;
             t_sum += v[k];
           }
         }
@@ -407,7 +439,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
             cum += v[k];
           }
         __syncthreads();
-        prefix |= static_cast<uint32_t>(s_cut[0]) << lo;
+        prefix |= c0 ? level0_prefix(static_cast<uint32_t>(s_cut[0])) : static_cast<uint32_t>(s_cut[0]) << lo;
         above = s_cut[1];
         if (p.stop_after == 3 + lv) return true;
       }
@@ -422,7 +454,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       else {
         const unsigned long long need_w = max(1ull, __float2ull_ru(need * 0x1p40f));
         unsigned long long above;
-        if (!hist_cut([](float m) { return fixed_mass(m); }, need_w, above)) mode = kAll;  // rounding shortfall
+        if (!hist_cut([](float m) { return fixed_mass(m); }, true, need_w, above)) mode = kAll;  // rounding shortfall
         else {
           // The cut's bin has weight > 0, so its pages (all of mass bits thr) weigh tw > 0 each.
           const unsigned long long tw = fixed_mass(__uint_as_float(thr));
@@ -435,7 +467,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       else {
         const int want = k_top - n_forced;  // free pages to add (< the free pages: k_top < n)
         unsigned long long above = 0;
-        hist_cut([](float) { return 1ull; }, static_cast<unsigned long long>(want), above);
+        hist_cut([](float) { return 1ull; }, false, static_cast<unsigned long long>(want), above);
         k_eq = want - static_cast<int>(above);
       }
     }
@@ -490,6 +522,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   };
   if (per <= 1) emit_rounds(IntC<1>{});
   else if (per <= 4) emit_rounds(IntC<4>{});
+  else if (per <= 8) emit_rounds(IntC<8>{});  // (128k x 8: 8 rounds; the 16-wide scan cost 25 us there)
   else emit_rounds(IntC<kRegPer>{});
   for (int k = kRegPer; k < per; ++k) {  // overflow rounds, one scan each
     const int i = k * stride + off;

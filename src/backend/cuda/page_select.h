@@ -36,7 +36,8 @@ namespace dhs::cuda {
 enum class SelectRule { Coverage, TopK, SinkWindow };
 
 struct PageSelectParams {
-  // This layer's dense lists: every page of each (request, KV head), ascending page_pos.
+  // This layer's dense lists: every page of each (request, KV head), ascending page_pos (so page i
+  // of a list is its request's page i: the select kernel takes the positions as such).
   const int32_t* dense_indptr = nullptr;    // [n_requests * n_heads_kv + 1]
   const int32_t* dense_slots = nullptr;     // [nnz_dense]
   const int32_t* dense_page_pos = nullptr;  // [nnz_dense]
