@@ -157,10 +157,11 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
 // local sum plus three shuffles (over g):
 //   score = log2( (1/n_vis) sum_vis 2^x_t ),  x_t = (acc_t - 8 sum(q8)) qstep step_t scale log2 e
 // so the select kernel's n_vis * 2^score is the page's summed exp-score.
-// Paired (kPaired: at most 4 q vectors per list, a GQA group of <= 4 at decode): two pages share
-// one accumulator: page X's codes against B = [q | 0] (columns 0-3) and page Y's against
-// [0 | q] (columns 4-7), so every lane and every column of the MMA's output is a real score
-// (with one page per MMA at GQA 4, as v10 did, half of the lanes and 3/4 of the rows idled).
+// Paired (PP = 2: at most 4 q vectors per list, a GQA group of <= 4 at decode): B's columns 0-3
+// are page X's list's q vectors and 4-7 page Y's; page X's codes times B gives X's scores in
+// columns 0-3, page Y's in 4-7 of a second accumulator, and lane (g, tig) keeps those of page
+// tig / 2: every lane of the epilogue holds real scores (with one page per MMA at GQA 4, as v10
+// did, half of the lanes and 3/4 of the rows idled).
 // The two pages may lie in different lists: each half keeps its own list.
 // Otherwise one page per pass against tiles of 8 q vectors.
 // When every x of the pass lies in [-96, 96] (or is masked) the sum needs no max: 2^x neither
@@ -293,7 +294,7 @@ struct SketchList {
 };
 
 template <int KS, int PP>
-__global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __grid_constant__ PageSelectParams p) {
+__global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_kernel(const __grid_constant__ PageSelectParams p) {
   constexpr int D = KS * 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -416,18 +417,24 @@ __global__ void __launch_bounds__(kScoreThreads) score_sketch_kernel(const __gri
     const bool all_visible = tok0 + p.page_size - 1 <= list_of(pe == 1).qpos0;
     for (int nt = 0; nt < n_tiles; ++nt) {
       if (nt != cur_nt) rebuild(nt);
-      int acc[4] = {0, 0, 0, 0};
+      // Paired: page p's MMAs take every lane's B (column n: lane 4n's vector, of page n / 4's
+      // list), into an accumulator of their own; columns 4p .. 4p + 3 of it are page p's scores.
+      int acc_p[PP][4];
 #pragma unroll
       for (int pp = 0; pp < PP; ++pp) {
-        const bool mine = PP == 1 || (g >> 2) == pp;  // paired: lanes 0-15 carry page X's B, 16-31 Y's
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc_p[pp][r] = 0;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
           const uint32_t lo0 = w[pp][0][ks] & 0x0F0F0F0Fu, lo1 = w[pp][1][ks] & 0x0F0F0F0Fu;
           const uint32_t hi0 = (w[pp][0][ks] >> 4) & 0x0F0F0F0Fu, hi1 = (w[pp][1][ks] >> 4) & 0x0F0F0F0Fu;
           const uint32_t a[4] = {lo0, lo1, hi0, hi1};
-          ptx::mma_s8_16832(acc, a, mine ? bq[ks][0] : 0u, mine ? bq[ks][1] : 0u);
+          ptx::mma_s8_16832(acc_p[pp], a, bq[ks][0], bq[ks][1]);
         }
       }
+      int acc[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r] = PP == 2 && pe == 1 ? acc_p[PP - 1][r] : acc_p[0][r];
       // x[c][t]: column 2tig + c, token g + 8t of this lane's page.
       float x[2][2];
       bool in_range = true;

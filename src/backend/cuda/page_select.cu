@@ -279,25 +279,44 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         auto first_token = [&](int i) { return i * p.page_size; };
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
         auto score = [&](int i, int c) { return p.scores[(j0 + c) * p.score_stride + bh + i]; };
-        // Each thread's own (max, sum) of n_i 2^s_i per q vector (a max pass, then a sum pass over
-        // its pages), then one reduction of the pairs (v10 reduced the max and the sum apart).
+        // Each thread's own (max, sum) of n_i 2^s_i per q vector, then one reduction of the pairs
+        // (v10 reduced the max and the sum apart). One pass takes the max and the sum against 2^0:
+        // where the thread's max lies in [-64, 64] that sum neither overflows (<= 2^64 * 16 * its
+        // pages) nor loses its largest terms, and it stands as the pair (0, sum); otherwise (rare)
+        // the thread sums again against its max.
         float2 mz[kVecChunk];
+        float z0[kVecChunk];
 #pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) mz[c] = SoftmaxF::id();
+        for (int c = 0; c < kVecChunk; ++c) {
+          mz[c] = SoftmaxF::id();
+          z0[c] = 0.0f;
+        }
         for_owned([&](int, int i, float&) {
           const int tok0 = first_token(i);
 #pragma unroll
           for (int c = 0; c < kVecChunk; ++c)
-            if (visible(tok0, c) > 0) mz[c].x = fmaxf(mz[c].x, score(i, c));
+            if (const int nv = visible(tok0, c); nv > 0) {
+              const float sc = score(i, c);
+              mz[c].x = fmaxf(mz[c].x, sc);
+              z0[c] = fmaf(static_cast<float>(nv), exp2f(sc), z0[c]);
+            }
         });
-        for_owned([&](int, int i, float&) {
-          const int tok0 = first_token(i);
+        bool again = false;
 #pragma unroll
-          for (int c = 0; c < kVecChunk; ++c) {
-            const int nv = visible(tok0, c);
-            if (nv > 0 && mz[c].x != -INFINITY) mz[c].y += static_cast<float>(nv) * exp2f(score(i, c) - mz[c].x);
-          }
-        });
+        for (int c = 0; c < kVecChunk; ++c) {
+          const bool plain = mz[c].x >= -64.0f && mz[c].x <= 64.0f;
+          again = again || (!plain && mz[c].x != -INFINITY);
+          if (plain) mz[c] = make_float2(0.0f, z0[c]);  // (a thread that sees no key keeps (-inf, 0))
+        }
+        if (again)
+          for_owned([&](int, int i, float&) {
+            const int tok0 = first_token(i);
+#pragma unroll
+            for (int c = 0; c < kVecChunk; ++c) {
+              const int nv = visible(tok0, c);
+              if (nv > 0 && mz[c].x != -INFINITY && mz[c].x != 0.0f) mz[c].y += static_cast<float>(nv) * exp2f(score(i, c) - mz[c].x);
+            }
+          });
         red.reduce<SoftmaxF>(mz);
         float mx[kVecChunk], z[kVecChunk];
 #pragma unroll
@@ -499,12 +518,11 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     const int ex_sure = ex & 0xFFFF, ex_tie = ex >> 16;
     if ((f & 1) || ((f >> 16) && ex_tie < quota)) {
       const int o = out_before + ex_sure + min(ex_tie, quota);
-      const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
-      for (int hh = h_first; hh <= h_last; ++hh) {
-        const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
-        p.stage_slots[bh + o] = p.dense_slots[bh + i];
-        p.stage_pos[bh + o] = p.dense_page_pos[bh + i];
-      }
+      // Only the page's index: compact gathers its slot and position (their loads, latency-bound
+      // here, run there on many blocks).
+      if (!p.share_heads) p.stage_idx[base + o] = i;
+      else
+        for (int hh = 0; hh < p.n_heads_kv; ++hh) p.stage_idx[p.dense_indptr[req * p.n_heads_kv + hh] + o] = i;
     }
     out_before += (all & 0xFFFF) + min(all >> 16, quota);
     ties_before += all >> 16;
@@ -567,8 +585,9 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
   }
   const int base = p.dense_indptr[row];
   for (int i = blockIdx.y * kCompactThreads + threadIdx.x; i < c; i += kCompactSplit * kCompactThreads) {
-    p.slots[off + i] = p.stage_slots[base + i];
-    p.page_pos[off + i] = p.stage_pos[base + i];
+    const int idx = p.stage_idx[base + i];
+    p.slots[off + i] = p.dense_slots[base + idx];
+    p.page_pos[off + i] = p.dense_page_pos[base + idx];
   }
 }
 
@@ -665,24 +684,21 @@ PageSelectWorkspace::PageSelectWorkspace(int max_lists, int64_t max_nnz, int q_s
   DHS_CUDA_CHECK(cudaMalloc(&scores_d_, nnz * q_stride * sizeof(float)));
   DHS_CUDA_CHECK(cudaMalloc(&mass_d_, nnz * sizeof(float)));
   DHS_CUDA_CHECK(cudaMalloc(&counts_d_, static_cast<size_t>(max_lists) * sizeof(int32_t)));
-  DHS_CUDA_CHECK(cudaMalloc(&stage_slots_d_, nnz * sizeof(int32_t)));
-  DHS_CUDA_CHECK(cudaMalloc(&stage_pos_d_, nnz * sizeof(int32_t)));
+  DHS_CUDA_CHECK(cudaMalloc(&stage_idx_d_, nnz * sizeof(int32_t)));
 }
 
 PageSelectWorkspace::~PageSelectWorkspace() {
   cudaFree(scores_d_);
   cudaFree(mass_d_);
   cudaFree(counts_d_);
-  cudaFree(stage_slots_d_);
-  cudaFree(stage_pos_d_);
+  cudaFree(stage_idx_d_);
 }
 
 void PageSelectWorkspace::bind(PageSelectParams* p) const {
   p->scores = scores_d_;
   p->mass = mass_d_;
   p->counts = counts_d_;
-  p->stage_slots = stage_slots_d_;
-  p->stage_pos = stage_pos_d_;
+  p->stage_idx = stage_idx_d_;
   p->q_stride = q_stride_;
   p->score_stride = max_nnz_ > 0 ? max_nnz_ : 1;
   p->n_score_warps = n_score_warps_;

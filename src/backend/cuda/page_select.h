@@ -20,7 +20,8 @@
 //                by three histogram levels over the float bits of the masses (non-negative
 //                floats order as their bits; weights in fixed point), ties by page index.
 //                Forced pages (first n_sink, last n_recent) are always in.
-//   3. compact — prefix sums of the chosen counts -> CSR indptr; copies the lists.
+//   3. compact — prefix sums of the chosen counts -> CSR indptr; gathers the chosen pages' slots
+//                and positions into the lists.
 // Every float reduction has a fixed order and the histograms add integers, so the same inputs
 // give the same lists.
 #pragma once
@@ -68,8 +69,7 @@ struct PageSelectParams {
   float* scores = nullptr;        // [q_stride, score_stride]: q vector j of dense page i at j * score_stride + i
   float* mass = nullptr;          // [nnz_dense] for lists longer than smem_pages
   int32_t* counts = nullptr;      // [n_lists]
-  int32_t* stage_slots = nullptr; // [nnz_dense] chosen pages at their list's dense offset
-  int32_t* stage_pos = nullptr;   // [nnz_dense]
+  int32_t* stage_idx = nullptr;   // [nnz_dense] chosen pages' indices in their list, at its dense offset
 
   // Output: the lists attention reads.
   int32_t* indptr = nullptr;    // [n_requests * n_heads_kv + 1]
@@ -127,8 +127,7 @@ class PageSelectWorkspace {
   float* scores_d_ = nullptr;
   float* mass_d_ = nullptr;
   int32_t* counts_d_ = nullptr;
-  int32_t* stage_slots_d_ = nullptr;
-  int32_t* stage_pos_d_ = nullptr;
+  int32_t* stage_idx_d_ = nullptr;
 };
 
 // Shared-memory capacity of each select block, in fp32 masses: 22 rounds of 512 (44 KiB, which
