@@ -414,7 +414,6 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     const int n_tiles = PP == 2 ? 1 : (lst[0].n_vec + 7) / 8;
     const int tok0 = pos * p.page_size;
     const bool live = pos >= 0;  // this lane's page exists
-    const bool all_visible = tok0 + p.page_size - 1 <= list_of(pe == 1).qpos0;
     for (int nt = 0; nt < n_tiles; ++nt) {
       if (nt != cur_nt) rebuild(nt);
       // Paired: page p's MMAs take every lane's B (column n: lane 4n's vector, of page n / 4's
@@ -435,36 +434,35 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
       int acc[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] = PP == 2 && pe == 1 ? acc_p[PP - 1][r] : acc_p[0][r];
-      // x[c][t]: column 2tig + c, token g + 8t of this lane's page.
-      float x[2][2];
-      bool in_range = true;
+      // x[c][t]: column 2tig + c, token g + 8t of this lane's page; no branches (ncu at 0716267:
+      // 261 instructions per page, a third of them branches and predicates of the epilogue).
+      float x[2][2], hi = -INFINITY, lo = INFINITY;
 #pragma unroll
       for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          const bool vis = live && (all_visible ? qpos[c] >= 0 : tok0 + g + 8 * t <= qpos[c]);
+          const bool vis = live && tok0 + g + 8 * t <= qpos[c];  // (qpos -1: no such q vector)
           x[c][t] = vis ? (static_cast<float>(acc[2 * t + c]) - qsum8[c]) * (qf[c] * step[t]) : -INFINITY;
-          in_range = in_range && x[c][t] <= 96.0f && (x[c][t] >= -96.0f || x[c][t] == -INFINITY);
+          hi = fmaxf(hi, x[c][t]);
+          lo = fminf(lo, vis ? x[c][t] : 0.0f);
         }
-      const bool plain = __all_sync(0xffffffffu, in_range);
+      const bool plain = __all_sync(0xffffffffu, hi <= 96.0f && lo >= -96.0f);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float m = 0.0f, sum;
-        if (plain) {
-          sum = ptx::ex2_approx(x[c][0]) + ptx::ex2_approx(x[c][1]);
-        } else {
+        float m = 0.0f;
+        if (!plain) {  // (warp-uniform, rare)
           m = fmaxf(x[c][0], x[c][1]);
 #pragma unroll
           for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-          sum = m == -INFINITY ? 0.0f : ptx::ex2_approx(x[c][0] - m) + ptx::ex2_approx(x[c][1] - m);
+          if (m == -INFINITY) m = 0.0f;  // (every term is 0 then)
         }
+        float sum = ptx::ex2_approx(x[c][0] - m) + ptx::ex2_approx(x[c][1] - m);
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (g == 0 && live && qpos[c] >= 0) {
-          const int nv = all_visible ? p.page_size : min(max(qpos[c] + 1 - tok0, 0), p.page_size);
-          const float l2nv = nv == p.page_size ? log2_page : ptx::lg2_approx(static_cast<float>(nv));
-          srow[c][i + pe] = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
-        }
+        const int nv = min(max(qpos[c] + 1 - tok0, 0), p.page_size);
+        const float l2nv = nv == p.page_size ? log2_page : ptx::lg2_approx(static_cast<float>(nv));
+        const float score = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
+        if (g == 0 && live && qpos[c] >= 0) srow[c][i + pe] = score;
       }
     }
   }

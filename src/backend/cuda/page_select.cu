@@ -206,9 +206,12 @@ __device__ __forceinline__ uint32_t level0_prefix(uint32_t bin) { return (((bin 
 // workspace). Pages are emitted in index order by rounds, one cluster scan ranking a round.
 constexpr int kRegPer = 16;
 constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
+constexpr int kCacheRounds = 8;  // rounds whose exp-terms the mass pass reads from shared memory
+constexpr int kCacheFloats = kCacheRounds * kVecChunk * kSelectThreads;  // 64 KiB
 
 __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
-  extern __shared__ float s_mass[];
+  extern __shared__ float s_mass[];  // [smem_pages] overflow masses, then [kCacheRounds][kVecChunk][threads] terms
+  float* const s_wcache = s_mass + p.smem_pages;
   __shared__ __align__(8) uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
   __shared__ __align__(8) uint32_t s_bbuf[2][kMaxRed];
   __shared__ __align__(8) uint32_t s_hist[2][2 * kHistBins];  // the cut search's histograms, alternating levels
@@ -226,6 +229,11 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   const int group = p.n_heads_q / p.n_heads_kv;
   const int tid = threadIdx.x;
   const int stride = n_blk * kSelectThreads, off = rank * kSelectThreads + tid;
+  // Benchmark timeline: block 0's thread 0 stamps clock64() at the phase ends (phase_cycles).
+  auto mark = [&](int k) {
+    if (p.phase_cycles != nullptr && blockIdx.x == 0 && tid == 0) p.phase_cycles[k] = clock64();
+  };
+  mark(0);
   const int per = (n + stride - 1) / stride;  // rounds
   const int sink = min(p.n_sink, n), recent_from = max(sink, n - p.n_recent);
   auto forced = [&](int i) { return i < sink || i >= recent_from; };
@@ -264,6 +272,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   if (mode == kCut) {
     // Both histograms zeroed before the mass phase (its reductions' barriers order the stores).
     for (int t = tid; t < 4 * kHistBins; t += kSelectThreads) s_hist[t / (2 * kHistBins)][t % (2 * kHistBins)] = 0;
+    mark(1);
     for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     const int n_vec = q_len * group;
@@ -291,22 +300,32 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
           mz[c] = SoftmaxF::id();
           z0[c] = 0.0f;
         }
-        for_owned([&](int, int i, float&) {
+        // The terms n_i 2^s_i of the first kCacheRounds rounds stay in shared memory for the mass
+        // pass (which then needs no score load and no exp2 where the thread's sum was plain).
+        for_owned([&](int k, int i, float&) {
           const int tok0 = first_token(i);
 #pragma unroll
-          for (int c = 0; c < kVecChunk; ++c)
+          for (int c = 0; c < kVecChunk; ++c) {
+            float e = 0.0f;
             if (const int nv = visible(tok0, c); nv > 0) {
               const float sc = score(i, c);
               mz[c].x = fmaxf(mz[c].x, sc);
-              z0[c] = fmaf(static_cast<float>(nv), exp2f(sc), z0[c]);
+              e = static_cast<float>(nv) * exp2f(sc);
+              z0[c] += e;
             }
+            if (k < kCacheRounds) s_wcache[(k * kVecChunk + c) * kSelectThreads + tid] = e;
+          }
         });
         bool again = false;
+        unsigned plain_c = 0;  // bit c: this thread's sum of q vector c is the plain one (cached terms valid)
 #pragma unroll
         for (int c = 0; c < kVecChunk; ++c) {
           const bool plain = mz[c].x >= -64.0f && mz[c].x <= 64.0f;
           again = again || (!plain && mz[c].x != -INFINITY);
-          if (plain) mz[c] = make_float2(0.0f, z0[c]);  // (a thread that sees no key keeps (-inf, 0))
+          if (plain) {
+            mz[c] = make_float2(0.0f, z0[c]);  // (a thread that sees no key keeps (-inf, 0))
+            plain_c |= 1u << c;
+          }
         }
         if (again)
           for_owned([&](int, int i, float&) {
@@ -317,28 +336,39 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
               if (nv > 0 && mz[c].x != -INFINITY && mz[c].x != 0.0f) mz[c].y += static_cast<float>(nv) * exp2f(score(i, c) - mz[c].x);
             }
           });
+        mark(2);
         red.reduce<SoftmaxF>(mz);
+        mark(3);
         float mx[kVecChunk], z[kVecChunk];
 #pragma unroll
         for (int c = 0; c < kVecChunk; ++c) {
           mx[c] = mz[c].x;
           z[c] = mz[c].y;
         }
-        float inv_z[kVecChunk];
+        float inv_z[kVecChunk], f_c[kVecChunk];  // f_c: a cached term's factor, 2^-max / z
 #pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) inv_z[c] = mx[c] != -INFINITY && z[c] > 0.0f ? 1.0f / z[c] : 0.0f;  // 0: row sees no key
-        for_owned([&](int, int i, float& m) {
+        for (int c = 0; c < kVecChunk; ++c) {
+          inv_z[c] = mx[c] != -INFINITY && z[c] > 0.0f ? 1.0f / z[c] : 0.0f;  // 0: row sees no key
+          f_c[c] = inv_z[c] == 0.0f ? 0.0f : exp2f(-mx[c]) * inv_z[c];
+        }
+        for_owned([&](int k, int i, float& m) {
           const int tok0 = first_token(i);
 #pragma unroll
           for (int c = 0; c < kVecChunk; ++c) {
             if (inv_z[c] == 0.0f) continue;
-            const int nv = visible(tok0, c);
-            const float w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(score(i, c) - mx[c]) * inv_z[c];
+            float w;
+            if (k < kCacheRounds && (plain_c >> c & 1u)) {
+              w = s_wcache[(k * kVecChunk + c) * kSelectThreads + tid] * f_c[c];
+            } else {
+              const int nv = visible(tok0, c);
+              w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(score(i, c) - mx[c]) * inv_z[c];
+            }
             m = p.combine_max ? fmaxf(m, w) : m + w;
           }
         });
       }
     }
+    mark(4);
     if (p.stop_after == 1) {
       cluster.sync();
       return;
@@ -351,6 +381,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       else f2[1] += m;
     });
     red.reduce<SumF>(f2);
+    mark(5);
     if (const float tot = f2[0] + f2[1]; tot > 0.0f) {
       const float inv = 1.0f / tot;
       for_owned([&](int, int, float& m) { m *= inv; });
@@ -379,28 +410,32 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         const bool c0 = lv == 0 && compress0;
         const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = c0 ? kHistN[0] : 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
         uint32_t* hist = s_hist[lv & 1];  // [bin][weight >> 16, weight & 0xFFFF]; zeroed (below, or before level 0)
-        // Warp-aggregated: the lanes of a round with the same bin sum their weights (redux.sync
-        // over the match_any group) and one of them adds the sum (masses crowd into a few bins;
-        // per-lane atomics on one shared word serialize); lanes add their own when no bin has more
-        // than kAtomicShare of the warp's lanes (a few serialized adds cost less than the match and
-        // redux: MinMax masses spread over many bins, sketch4 masses crowd). Every lane of the
-        // block runs every round.
+        // Each thread first merges runs of its pages that share a bin (masses crowd into few
+        // bins: a thread's pages mostly do) and adds a run when its bin changes; its last run goes
+        // in warp-aggregated: the lanes with the same bin sum their weights (redux.sync over the
+        // match_any group) and one of them adds the sum, where per-lane atomics on one shared word
+        // would serialize; lanes add their own when no bin holds more than kAtomicShare of the
+        // warp's lanes (MinMax masses spread over many bins, sketch4 masses crowd). v10 matched
+        // and reduced every round (ncu: level 0 was a quarter of the kernel).
+        uint32_t run_bin = 0xFFFFFFFFu;
+        unsigned run_hi = 0, run_lo = 0;
+        auto add_run = [&] {
+          if (run_bin == 0xFFFFFFFFu) return;
+          if (run_hi) atomicAdd(&hist[2 * run_bin], run_hi);
+          atomicAdd(&hist[2 * run_bin + 1], run_lo);
+        };
         auto add = [&](int i, float m) {
           const uint32_t bits = __float_as_uint(m);
-          const bool in = i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi));
-          const uint32_t bin = !in ? 0xFFFFFFFFu : c0 ? level0_bin(bits) : (bits >> lo) & static_cast<uint32_t>(n_bins - 1);
-          const unsigned peers = __match_any_sync(0xffffffffu, bin);
-          const unsigned long long w = in ? weight(m) : 0ull;
-          unsigned w_hi = static_cast<unsigned>(w >> 16), w_lo = static_cast<unsigned>(w & 0xFFFFu);
-          if (__any_sync(0xffffffffu, in && __popc(peers) > kAtomicShare)) {  // a crowded bin
-            w_hi = __reduce_add_sync(peers, w_hi);
-            w_lo = __reduce_add_sync(peers, w_lo);
-            if (static_cast<int>(threadIdx.x & 31) != __ffs(peers) - 1) return;
+          if (!(i < n && !forced(i) && (lv == 0 || (bits >> hi) == (prefix >> hi)))) return;
+          const uint32_t bin = c0 ? level0_bin(bits) : (bits >> lo) & static_cast<uint32_t>(n_bins - 1);
+          const unsigned long long w = weight(m);  // < 2^41 (coverage) or 1 (top-k)
+          if (bin != run_bin) {
+            add_run();
+            run_bin = bin;
+            run_hi = run_lo = 0;
           }
-          if (in) {
-            if (w_hi) atomicAdd(&hist[2 * bin], w_hi);
-            atomicAdd(&hist[2 * bin + 1], w_lo);
-          }
+          run_hi += static_cast<unsigned>(w >> 16);
+          run_lo += static_cast<unsigned>(w & 0xFFFFu);  // (<= 2^20 over a thread's 16 rounds)
         };
 #pragma unroll
         for (int k = 0; k < kRegPer; ++k) {
@@ -410,6 +445,16 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         for (int k = kRegPer; k < per; ++k) {
           const int i = k * stride + off;
           add(i, i < n ? ovf(k) : 0.0f);
+        }
+        {
+          const bool in = run_bin != 0xFFFFFFFFu;
+          const unsigned peers = __match_any_sync(0xffffffffu, run_bin);
+          if (__any_sync(0xffffffffu, in && __popc(peers) > kAtomicShare)) {  // a crowded bin
+            run_hi = __reduce_add_sync(peers, run_hi);
+            run_lo = __reduce_add_sync(peers, run_lo);
+            if (static_cast<int>(threadIdx.x & 31) != __ffs(peers) - 1) run_bin = 0xFFFFFFFFu;
+          }
+          add_run();
         }
         cluster.sync();  // every rank's histogram complete (the alternate one is no longer read)
         // The alternate histogram (level lv - 1's, whose remote reads every block finished before
@@ -460,6 +505,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         __syncthreads();
         prefix |= c0 ? level0_prefix(static_cast<uint32_t>(s_cut[0])) : static_cast<uint32_t>(s_cut[0]) << lo;
         above = s_cut[1];
+        mark(6 + lv);
         if (p.stop_after == 3 + lv) return true;
       }
       thr = prefix;
@@ -534,6 +580,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
 #pragma unroll
     for (int k = 0; k < N; ++k) ex[k] = f[k] = flag(k * stride + off, mr[k]);
     red.exclusive_scan(ex, all);
+    mark(9);
 #pragma unroll
     for (int k = 0; k < N; ++k)
       if (k < per) emit(k * stride + off, f[k], ex[k], all[k]);
@@ -560,7 +607,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       }
     }
   }
+  mark(10);
   cluster.sync();  // no block leaves while another may still read its totals
+  mark(11);
 }
 
 // ---- 3. compact ----------------------------------------------------------------------
@@ -621,7 +670,7 @@ int select_cluster_size(int n_lists, int forced, size_t smem) {
     DHS_CUDA_CHECK(cudaGetDevice(&dev));
     DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSelectSmemPages * 4));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(select_pages_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (kSelectSmemPages + kCacheFloats) * 4));
     return sms;
   }();
   if (forced > 0) {
@@ -655,7 +704,7 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
     if (p.rule != SelectRule::SinkWindow) launch_score_pages(p, stream);
     return;
   } else if (stage == 1) {
-    const size_t smem = static_cast<size_t>(p.smem_pages) * 4;
+    const size_t smem = (static_cast<size_t>(p.smem_pages) + kCacheFloats) * 4;
     const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream);
     DHS_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, select_pages_kernel, p));
   } else {
@@ -665,7 +714,7 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
 }
 
 int page_select_cluster(int n_lists) {
-  return select_cluster_size(n_lists, 0, static_cast<size_t>(kSelectSmemPages) * 4);
+  return select_cluster_size(n_lists, 0, (static_cast<size_t>(kSelectSmemPages) + kCacheFloats) * 4);
 }
 
 void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
