@@ -323,6 +323,67 @@ TEST(MassEstimator, NormalisedMassMatchesDefinition) {
   }
 }
 
+// sketch4:KEEP (the channel-subset study): per KV group the KEEP / 4 blocks of 4 dimensions with
+// the largest summed |q| over the group's heads and rows (ties to the lower block) enter the
+// dot products; stated here as the plain sketch estimator on queries whose other dimensions are
+// zero, with the blocks ranked by a sort of its own.
+TEST(MassEstimator, ChannelSubsetSketchScoresTheGroupsLargestBlocks) {
+  std::mt19937 rng(31);
+  const int Hkv = 2, Hq = 6, D = 32, ps = 16, group = Hq / Hkv;
+  SparseWorld w(1, Hkv, ps, D, Hkv * 8);
+  PageTable& t = w.add_request();
+  w.append_random(t, 77, rng);
+  EXPECT_EQ(make_estimator("sketch4:16")->name(), "sketch4:16");
+  EXPECT_EQ(make_estimator("sketch4:16")->kept_dims(D), 16);
+  EXPECT_EQ(make_estimator("sketch4:64")->kept_dims(D), D);  // more than there are: all
+  EXPECT_THROW(make_estimator("sketch4:6"), Error);          // not whole blocks
+  EXPECT_THROW(make_estimator("sketch4:0"), Error);
+  EXPECT_THROW(make_estimator("sketch4:8x"), Error);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int n_rows : {1, 2}) {
+    std::vector<float> q = test::random_vec(static_cast<size_t>(n_rows * Hq * D), rng, 1.5f);
+    for (size_t i = 0; i < q.size(); ++i)
+      if (i % D >= 8 && i % D < 12) q[i] *= 6.0f;  // block 2 heavy in every head: surely kept
+    MassQuery mq;
+    mq.q = q.data();
+    mq.row_begin = 0;
+    mq.row_end = n_rows;
+    mq.n_heads_q = Hq;
+    mq.scale = scale;
+    mq.seq_len = 77;
+    for (int keep : {8, 16}) {
+      const KeySketchEstimator subset(keep), full;
+      for (int h = 0; h < Hkv; ++h) {
+        std::vector<std::pair<double, int>> blocks;  // (-weight, block): ascending = heaviest first
+        for (int b = 0; b < D / 4; ++b) {
+          double wsum = 0;
+          for (int r = 0; r < n_rows; ++r)
+            for (int g = 0; g < group; ++g)
+              for (int e = 0; e < 4; ++e) wsum += std::fabs(q[(static_cast<size_t>(r) * Hq + h * group + g) * D + b * 4 + e]);
+          blocks.emplace_back(-wsum, b);
+        }
+        std::sort(blocks.begin(), blocks.end());
+        std::vector<float> masked(q.size(), 0.0f);
+        for (int k = 0; k < keep / 4; ++k)
+          for (int r = 0; r < n_rows; ++r)
+            for (int g = 0; g < group; ++g)
+              for (int e = 0; e < 4; ++e) {
+                const size_t at = (static_cast<size_t>(r) * Hq + h * group + g) * D + blocks[static_cast<size_t>(k)].second * 4 + e;
+                masked[at] = q[at];
+              }
+        ASSERT_EQ(blocks[0].second, 2);
+        MassQuery mm = mq;
+        mm.q = masked.data();
+        std::vector<double> got, want;
+        estimate_page_mass(subset, w.store, t, 0, h, mq, GroupCombine::Sum, &got);
+        estimate_page_mass(full, w.store, t, 0, h, mm, GroupCombine::Sum, &want);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-9 + 1e-6 * want[i]) << "keep " << keep << " page " << i;
+      }
+    }
+  }
+}
+
 TEST(MassEstimator, EmptyAndOnePage) {
   std::mt19937 rng(6);
   SparseWorld w(1, 1, 16, 8, 4);
