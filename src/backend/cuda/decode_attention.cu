@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   // Let the merge kernel get scheduled as soon as SM room frees up; it waits on
   // griddepcontrol.wait for this grid's completion before reading anything we write.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ptx::griddep_launch_dependents();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;  // MMA fragment coordinates
@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   const int64_t lo = __ldg(p.kv_indptr + row), hi = __ldg(p.kv_indptr + row + 1);
 
   // Everything below reads what the split-KV kernel wrote (or writes what it must not).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::griddep_wait();
 
   if (hi == lo) {  // empty list: nothing attended
     if (threadIdx.x < HEAD_DIM) p.out[orow * HEAD_DIM + threadIdx.x] = __float2bfloat16_rn(0.0f);

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/page_select.h"
@@ -209,31 +210,29 @@ struct SketchIds {
   }
 };
 
-// Issues the copies of the pass at page j0 into stage `st` (pages past e: zeros, position -1).
+// Issues the copies of the pass at page j0 into the stage at shared address `st` (pages past e:
+// zeros, position -1). codes_lane / steps_lane: the sketch arrays advanced by this lane's chunk.
+// (v11's first form spent 39 instructions a page here on 64-bit address arithmetic.)
 template <int KS, int PP>
 __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, SketchIds& ids, int j0, int e, int lane,
-                                                  uint8_t* st) {
+                                                  const uint8_t* codes_lane, const float* steps_lane, uint32_t st) {
   using S = SketchStage<KS, PP>;
   ids.reach(p, j0 + PP - 1, e, lane);
-  const uint32_t dst = ptx::smem_u32(st);
+  const uint32_t dst = st + 16 * lane;
 #pragma unroll
   for (int pp = 0; pp < PP; ++pp) {
-    const int j = j0 + pp;
-    const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j - ids.base) & 31);
-    const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j - ids.base) & 31);
-    const bool valid = j < e && slot >= 0;
-    const uint8_t* codes = p.sketch_codes + static_cast<int64_t>(valid ? slot : 0) * S::kPageBytes;
+    const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j0 + pp - ids.base) & 31);  // -1 past e
+    const uint8_t* codes = codes_lane + static_cast<uint64_t>(max(slot, 0)) * S::kPageBytes;
 #pragma unroll
-    for (int r = 0; r < S::kPageBytes / 16 / 32; ++r) {
-      const int c = lane + 32 * r;
-      ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 16 * c, codes + 16 * c, valid ? 16 : 0);
-    }
-    if (lane < 4) {
-      const float* steps = p.sketch_steps + static_cast<int64_t>(valid ? slot : 0) * 16;
-      ptx::cp_async_16(dst + S::kSteps + pp * 64 + 16 * lane, steps + 4 * lane, valid ? 16 : 0);
-    }
-    if (lane == 0) reinterpret_cast<int32_t*>(st + S::kPos)[pp] = valid ? pos : -1;
+    for (int r = 0; r < S::kPageBytes / 16 / 32; ++r)
+      ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 512 * r, codes + 512 * r, slot >= 0 ? 16 : 0);
   }
+  // Lane l < 4 PP: chunk l % 4 of page l / 4's steps; lane l < PP: page l's position.
+  const int32_t slot_s = __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
+  const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j0 + lane - ids.base) & 31);
+  if (lane < 4 * PP)
+    ptx::cp_async_16(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * 16, slot_s >= 0 ? 16 : 0);
+  if (lane < PP) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(st + S::kPos + 4 * lane), "r"(pos) : "memory");
   ptx::cp_async_commit();
 }
 
@@ -298,6 +297,9 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   constexpr int D = KS * 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  // The select kernel may be scheduled now (one resident wave here: it takes SMs as these blocks
+  // leave, and waits for this kernel's end before it reads the scores).
+  ptx::griddep_launch_dependents();
   const int n_lists = p.n_requests * p.n_heads_kv;
   const int64_t total = p.dense_indptr[n_lists];  // < 2^31 (PageSelectWorkspace)
   const int b = static_cast<int>(warp * total / p.n_score_warps), e = static_cast<int>((warp + 1) * total / p.n_score_warps);
@@ -317,6 +319,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   float qf[2], qsum8[2];           // columns 2tig + c: qstep * scale * log2 e and 8 * sum(q8)
   int qpos[2];                     // columns 2tig + c: the query row's position (-1: no such q vector)
   float* srow[2];                  // columns 2tig + c: its scores
+  int qfirst = 0;                  // the first query row's position (of this lane's page's list)
 
   // The B words and column constants of tile nt (paired: nt = 0; half = page). Warp-uniform.
   // A half's list by a lane-dependent choice, as selects (a dynamic index would put lst in local memory).
@@ -344,76 +347,90 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
       qpos[c] = j < le.n_vec ? le.qpos0 + j / group : -1;
       srow[c] = p.scores + static_cast<int64_t>(min(j, max(le.n_vec - 1, 0))) * p.score_stride;
     }
+    qfirst = le.qpos0;
     cur_nt = nt;
   };
 
   extern __shared__ __align__(16) uint8_t s_sketch[];
   using S = SketchStage<KS, PP>;
-  uint8_t* ring = s_sketch + (threadIdx.x >> 5) * S::kWarpBytes;  // this warp's stages
+  const uint32_t ring = ptx::smem_u32(s_sketch + (threadIdx.x >> 5) * S::kWarpBytes);  // this warp's stages
+  const uint8_t* const codes_lane = p.sketch_codes + 16 * lane;
+  const float* const steps_lane = p.sketch_steps + 4 * (lane & 3);
   SketchIds ids;
   ids.start(p, b, e, lane);
   const int n_pass = (e - b + PP - 1) / PP;
 #pragma unroll
   for (int k = 0; k < kSketchStages - 1; ++k) {
-    if (k < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + k * PP, e, lane, ring + k * S::kBytes);
+    if (k < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + k * PP, e, lane, codes_lane, steps_lane, ring + k * S::kBytes);
     else ptx::cp_async_commit();  // (empty groups keep the count)
   }
+  int list_end = b;  // the smaller of the halves' list ends: below it no half changes list
   for (int k = 0; k < n_pass; ++k) {
     const int i = b + k * PP;
     // The stage of pass k - 1 is free once every lane has read it.
     __syncwarp();
     const int kn = k + kSketchStages - 1;
-    if (kn < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + kn * PP, e, lane, ring + (kn % kSketchStages) * S::kBytes);
+    if (kn < n_pass)
+      issue_sketch_pass<KS, PP>(p, ids, b + kn * PP, e, lane, codes_lane, steps_lane,
+                                ring + (kn % kSketchStages) * S::kBytes);
     else ptx::cp_async_commit();
     ptx::cp_async_wait<kSketchStages - 1>();  // pass k's group is complete
     __syncwarp();
-    const uint8_t* st = ring + (k % kSketchStages) * S::kBytes;
+    const uint32_t st = ring + (k % kSketchStages) * S::kBytes;
     uint32_t w[PP][2][KS];  // page pp, tokens g and g + 8: this lane's code words
 #pragma unroll
     for (int pp = 0; pp < PP; ++pp)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const uint8_t* src = st + S::kCodes + pp * S::kPageBytes + (g + 8 * half) * (KS * 16) + tig * KS * 4;
-        if constexpr (KS == 2) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src);
-          w[pp][half][0] = v.x;
-          w[pp][half][1] = v.y;
-        } else {
+        const uint32_t src = st + S::kCodes + pp * S::kPageBytes + (g + 8 * half) * (KS * 16) + tig * KS * 4;
 #pragma unroll
-          for (int c = 0; c < KS / 4; ++c) {
-            const uint4 v = reinterpret_cast<const uint4*>(src)[c];
-            w[pp][half][4 * c] = v.x;
-            w[pp][half][4 * c + 1] = v.y;
-            w[pp][half][4 * c + 2] = v.z;
-            w[pp][half][4 * c + 3] = v.w;
+        for (int c = 0; c < KS; c += 4 > KS ? KS : 4) {
+          if constexpr (KS == 2) {
+            asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(w[pp][half][0]), "=r"(w[pp][half][1]) : "r"(src) : "memory");
+          } else {
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w[pp][half][c]), "=r"(w[pp][half][c + 1]), "=r"(w[pp][half][c + 2]), "=r"(w[pp][half][c + 3])
+                         : "r"(src + 4 * c)
+                         : "memory");
           }
         }
       }
-    const float* steps = reinterpret_cast<const float*>(st + S::kSteps + pe * 64);
-    const float step[2] = {steps[g], steps[g + 8]};
-    const int32_t pos = reinterpret_cast<const int32_t*>(st + S::kPos)[pe];
+    float step[2];
+    int32_t pos;
+    // (Shared-memory loads by address: "memory" keeps them after the __syncwarp that makes the
+    // other lanes' copies visible.)
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(step[0]) : "r"(st + S::kSteps + pe * 64 + 4 * g) : "memory");
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(step[1]) : "r"(st + S::kSteps + pe * 64 + 4 * (g + 8)) : "memory");
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(pos) : "r"(st + S::kPos + 4 * pe) : "memory");
 
-    bool changed = false;
+    if (i + PP - 1 >= list_end) {  // (uniform) a half may enter a new list
+      bool changed = false;
 #pragma unroll
-    for (int pp = 0; pp < PP; ++pp) {
-      const int ip = min(i + pp, e - 1);  // (a page past the range keeps the last list)
-      if (ip >= lst[pp].end) {
-        SketchList& l = lst[pp];
-        do ++l.row; while (p.dense_indptr[l.row + 1] <= ip);
-        l.end = p.dense_indptr[l.row + 1];
-        const int req = l.row / p.n_heads_kv;
-        l.h = l.row - req * p.n_heads_kv;
-        l.q0 = p.q_indptr[req];
-        const int q_len = p.q_indptr[req + 1] - l.q0;
-        l.n_vec = q_len * group;
-        l.qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
-        changed = true;
+      for (int pp = 0; pp < PP; ++pp) {
+        const int ip = min(i + pp, e - 1);  // (a page past the range keeps the last list)
+        if (ip >= lst[pp].end) {
+          SketchList& l = lst[pp];
+          do ++l.row; while (p.dense_indptr[l.row + 1] <= ip);
+          l.end = p.dense_indptr[l.row + 1];
+          const int req = l.row / p.n_heads_kv;
+          l.h = l.row - req * p.n_heads_kv;
+          l.q0 = p.q_indptr[req];
+          const int q_len = p.q_indptr[req + 1] - l.q0;
+          l.n_vec = q_len * group;
+          l.qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
+          changed = true;
+        }
       }
+      if (changed) cur_nt = -1;
+      list_end = lst[0].end;
+#pragma unroll
+      for (int pp = 1; pp < PP; ++pp) list_end = min(list_end, lst[pp].end);
     }
-    if (changed) cur_nt = -1;
     const int n_tiles = PP == 2 ? 1 : (lst[0].n_vec + 7) / 8;
     const int tok0 = pos * p.page_size;
     const bool live = pos >= 0;  // this lane's page exists
+    // Every row sees all of every live page of the pass (all but a request's last pages).
+    const bool full = __all_sync(0xffffffffu, !live || tok0 + p.page_size - 1 <= qfirst);
     for (int nt = 0; nt < n_tiles; ++nt) {
       if (nt != cur_nt) rebuild(nt);
       // Paired: page p's MMAs take every lane's B (column n: lane 4n's vector, of page n / 4's
@@ -434,36 +451,57 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
       int acc[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] = PP == 2 && pe == 1 ? acc_p[PP - 1][r] : acc_p[0][r];
-      // x[c][t]: column 2tig + c, token g + 8t of this lane's page; no branches (ncu at 0716267:
-      // 261 instructions per page, a third of them branches and predicates of the epilogue).
-      float x[2][2], hi = -INFINITY, lo = INFINITY;
+      // x[c][t]: column 2tig + c, token g + 8t of this lane's page; no branches but the two
+      // warp-uniform ones (full pages, plain sums).
+      auto epilogue = [&](auto full_tag) {
+        constexpr bool kFull = decltype(full_tag)::value;
+        float x[2][2], hi = -INFINITY, lo = INFINITY;
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < 2; ++c)
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const bool vis = live && tok0 + g + 8 * t <= qpos[c];  // (qpos -1: no such q vector)
-          x[c][t] = vis ? (static_cast<float>(acc[2 * t + c]) - qsum8[c]) * (qf[c] * step[t]) : -INFINITY;
-          hi = fmaxf(hi, x[c][t]);
-          lo = fminf(lo, vis ? x[c][t] : 0.0f);
+          for (int t = 0; t < 2; ++t) {
+            const bool vis = live && (kFull ? qpos[c] >= 0 : tok0 + g + 8 * t <= qpos[c]);  // (qpos -1: no vector)
+            x[c][t] = vis ? (static_cast<float>(acc[2 * t + c]) - qsum8[c]) * (qf[c] * step[t]) : -INFINITY;
+            hi = fmaxf(hi, x[c][t]);
+            lo = fminf(lo, vis ? x[c][t] : 0.0f);
+          }
+        const bool plain = __all_sync(0xffffffffu, hi <= 96.0f && lo >= -96.0f);
+        float m[2] = {0.0f, 0.0f}, sum[2];
+        if (plain) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) sum[c] = ptx::ex2_approx(x[c][0]) + ptx::ex2_approx(x[c][1]);
+        } else {  // (rare)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            m[c] = fmaxf(x[c][0], x[c][1]);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) m[c] = fmaxf(m[c], __shfl_xor_sync(0xffffffffu, m[c], o));
+            if (m[c] == -INFINITY) m[c] = 0.0f;  // (every term is 0 then)
+            sum[c] = ptx::ex2_approx(x[c][0] - m[c]) + ptx::ex2_approx(x[c][1] - m[c]);
+          }
         }
-      const bool plain = __all_sync(0xffffffffu, hi <= 96.0f && lo >= -96.0f);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float m = 0.0f;
-        if (!plain) {  // (warp-uniform, rare)
-          m = fmaxf(x[c][0], x[c][1]);
-#pragma unroll
-          for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-          if (m == -INFINITY) m = 0.0f;  // (every term is 0 then)
+        // The 8 lanes of a column group sum over g; one exchange first halves the work: lanes of
+        // even g keep column 2tig and send 2tig + 1, odd ones the reverse.
+        const bool odd = g & 1;
+        float keep = odd ? sum[1] : sum[0];
+        keep += __shfl_xor_sync(0xffffffffu, odd ? sum[0] : sum[1], 4);
+        keep += __shfl_xor_sync(0xffffffffu, keep, 8);
+        keep += __shfl_xor_sync(0xffffffffu, keep, 16);
+        // Lanes g = 0, 1 (columns 2tig, 2tig + 1) write.
+        const int qp = odd ? qpos[1] : qpos[0];
+        if (g < 2 && live && qp >= 0) {
+          const float mm = odd ? m[1] : m[0];
+          int nv = p.page_size;
+          float l2nv = log2_page;
+          if constexpr (!kFull) {
+            nv = min(max(qp + 1 - tok0, 0), p.page_size);
+            if (nv != p.page_size) l2nv = ptx::lg2_approx(static_cast<float>(nv));
+          }
+          (odd ? srow[1] : srow[0])[i + pe] = nv > 0 && keep > 0.0f ? mm + ptx::lg2_approx(keep) - l2nv : -INFINITY;
         }
-        float sum = ptx::ex2_approx(x[c][0] - m) + ptx::ex2_approx(x[c][1] - m);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const int nv = min(max(qpos[c] + 1 - tok0, 0), p.page_size);
-        const float l2nv = nv == p.page_size ? log2_page : ptx::lg2_approx(static_cast<float>(nv));
-        const float score = nv > 0 && sum > 0.0f ? m + ptx::lg2_approx(sum) - l2nv : -INFINITY;
-        if (g == 0 && live && qpos[c] >= 0) srow[c][i + pe] = score;
-      }
+      };
+      if (full) epilogue(std::true_type{});
+      else epilogue(std::false_type{});
     }
   }
   ptx::cp_async_wait<0>();

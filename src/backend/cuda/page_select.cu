@@ -4,6 +4,7 @@
 #include <cooperative_groups.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -217,6 +218,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   __shared__ __align__(8) uint32_t s_hist[2][2 * kHistBins];  // the cut search's histograms, alternating levels
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
+  // Launched as a programmatic dependent (of the score kernel, or of whatever precedes it): its
+  // blocks may be resident before that kernel ends; nothing is read before this wait.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();  // compact may be scheduled (it waits for this kernel's end)
   const cg::cluster_group cluster = cg::this_cluster();
   ClusterReduce red{s_wbuf, s_bbuf, cluster.block_rank(), cluster.num_blocks()};
   const int n_blk = static_cast<int>(red.n_blocks), rank = static_cast<int>(red.rank);
@@ -617,6 +622,7 @@ constexpr int kCompactThreads = 256, kCompactSplit = 8;  // blocks per list: cop
 
 __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
   __shared__ int s_red[kCompactThreads / 32];
+  ptx::griddep_wait();  // the select kernel's counts and staged lists
   const int row = blockIdx.x;
   int s = 0;
   for (int r = threadIdx.x; r < row; r += blockDim.x) s += p.counts[r];
@@ -641,10 +647,12 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
 }
 
 // The select kernel's launch: n_lists clusters of c blocks (not copyable: cfg points at attr).
+// pdl: launched as a programmatic dependent of the score kernel (its blocks start as the score
+// kernel's leave; griddep_wait before the scores are read).
 struct SelectLaunch {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1] = {};
-  SelectLaunch(int n_lists, int c, size_t smem, cudaStream_t stream) {
+  cudaLaunchAttribute attr[2] = {};
+  SelectLaunch(int n_lists, int c, size_t smem, cudaStream_t stream, bool pdl = false) {
     cfg.gridDim = dim3(static_cast<unsigned>(n_lists * c));
     cfg.blockDim = dim3(kSelectThreads);
     cfg.dynamicSmemBytes = smem;
@@ -653,8 +661,10 @@ struct SelectLaunch {
     attr[0].val.clusterDim.x = static_cast<unsigned>(c);
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = pdl ? 2 : 1;
   }
   SelectLaunch(const SelectLaunch&) = delete;
   SelectLaunch& operator=(const SelectLaunch&) = delete;
@@ -705,10 +715,19 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
     return;
   } else if (stage == 1) {
     const size_t smem = (static_cast<size_t>(p.smem_pages) + kCacheFloats) * 4;
-    const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream);
+    const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream, /*pdl=*/true);
     DHS_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, select_pages_kernel, p));
   } else {
-    compact_lists_kernel<<<dim3(n_lists, kCompactSplit), kCompactThreads, 0, stream>>>(p);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1] = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(n_lists), kCompactSplit);
+    cfg.blockDim = dim3(kCompactThreads);
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // (after select, as select after score)
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, compact_lists_kernel, p));
   }
   DHS_CUDA_CHECK(cudaGetLastError());
 }

@@ -46,6 +46,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Programmatic dependent launch (sm_90): the next kernel of the stream, launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization, may start once every block of this one has
+// called launch_dependents (or exited); griddep_wait blocks until the previous kernel has
+// completed and its writes are visible (a no-op without such a launch).
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
