@@ -429,10 +429,11 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     const int n_tiles = PP == 2 ? 1 : (lst[0].n_vec + 7) / 8;
     const int tok0 = pos * p.page_size;
     const bool live = pos >= 0;  // this lane's page exists
-    // Every row sees all of every live page of the pass (all but a request's last pages).
-    const bool full = __all_sync(0xffffffffu, !live || tok0 + p.page_size - 1 <= qfirst);
     for (int nt = 0; nt < n_tiles; ++nt) {
       if (nt != cur_nt) rebuild(nt);
+      // Every row sees all of every live page of the pass (all but a request's last pages); after
+      // the rebuild, which sets qfirst for a new list.
+      const bool full = __all_sync(0xffffffffu, !live || tok0 + p.page_size - 1 <= qfirst);
       // Paired: page p's MMAs take every lane's B (column n: lane 4n's vector, of page n / 4's
       // list), into an accumulator of their own; columns 4p .. 4p + 3 of it are page p's scores.
       int acc_p[PP][4];
