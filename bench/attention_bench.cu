@@ -471,21 +471,21 @@ int main(int argc, char** argv) {
             std::printf(" us\n");
             // Block 0's timeline inside one run (clock64 at the phase ends; at the reported clock).
             long long* cyc_d = nullptr;
-            DHS_CUDA_CHECK(cudaMalloc(&cyc_d, 12 * sizeof(long long)));
-            DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 12 * sizeof(long long)));
+            DHS_CUDA_CHECK(cudaMalloc(&cyc_d, 14 * sizeof(long long)));
+            DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
             p.phase_cycles = cyc_d;
             dhs::cuda::launch_page_select_stage(p, 1, b.stream);
             DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
             p.phase_cycles = nullptr;
-            long long cyc[12];
+            long long cyc[14];
             DHS_CUDA_CHECK(cudaMemcpy(cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
             cudaFree(cyc_d);
-            int khz = 0, dev = 0;
-            DHS_CUDA_CHECK(cudaGetDevice(&dev));
-            DHS_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+            // The clock the cycles ran at: block 0's cycles over its %globaltimer span.
+            const double khz = cyc[13] > cyc[12] ? static_cast<double>(cyc[11] - cyc[0]) / (static_cast<double>(cyc[13] - cyc[12]) * 1e-6) : 1.98e6;
             const char* mark_name[12] = {"entry", "zero", "pass", "softmax-red", "masses", "f2-red", "level0", "level1",
                                          "level2", "emit-scan", "emit", "exit"};
-            std::printf("%-7d %-6d %-30s select timeline, block 0 (us at %d MHz):", ctx, batch, impl, khz / 1000);
+            std::printf("%-7d %-6d %-30s select timeline, block 0 (us at its measured %.0f MHz; %.1f us in block 0):", ctx, batch, impl,
+                        khz / 1000, static_cast<double>(cyc[13] - cyc[12]) * 1e-3);
             for (int k = 1; k < 12; ++k)
               if (cyc[k] != 0 && cyc[k - 1] != 0)
                 std::printf(" %s %.2f", mark_name[k], static_cast<double>(cyc[k] - cyc[k - 1]) / (khz * 1e-3));

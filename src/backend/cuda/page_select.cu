@@ -235,8 +235,16 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   const int tid = threadIdx.x;
   const int stride = n_blk * kSelectThreads, off = rank * kSelectThreads + tid;
   // Benchmark timeline: block 0's thread 0 stamps clock64() at the phase ends (phase_cycles).
+  // Entries 12 and 13: %globaltimer (ns) at entry and exit, for the clock the cycles ran at.
   auto mark = [&](int k) {
-    if (p.phase_cycles != nullptr && blockIdx.x == 0 && tid == 0) p.phase_cycles[k] = clock64();
+    if (p.phase_cycles != nullptr && blockIdx.x == 0 && tid == 0) {
+      p.phase_cycles[k] = clock64();
+      if (k == 0 || k == 11) {
+        unsigned long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        p.phase_cycles[k == 0 ? 12 : 13] = static_cast<long long>(ns);
+      }
+    }
   };
   mark(0);
   const int per = (n + stride - 1) / stride;  // rounds
