@@ -30,14 +30,19 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kScoreThreads = 128;
 
-// The list holding flat page `i`: the largest row with indptr[row] <= i (never an empty one).
-__device__ __forceinline__ int find_list(const int32_t* indptr, int n_lists, int64_t i) {
-  int lo = 0, hi = n_lists;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (indptr[mid] <= i) lo = mid; else hi = mid;
+// The list holding flat page `i`: the largest row with indptr[row] <= i (never an empty one), by
+// the whole warp: rows with indptr[row] <= i are a prefix (indptr does not decrease), so the answer
+// is their count - 1; the loads are independent (one memory latency for up to 32 * 8 lists, where a
+// binary search chains log2(n_lists) of them at every warp's start).
+__device__ __forceinline__ int find_list_warp(const int32_t* indptr, int n_lists, int64_t i) {
+  const int lane = threadIdx.x & 31;
+  int count = 0;
+#pragma unroll 8
+  for (int r0 = 0; r0 < n_lists; r0 += 32) {
+    const int r = r0 + lane;
+    count += __popc(__ballot_sync(0xffffffffu, r < n_lists && indptr[r] <= i));
   }
-  return lo;
+  return count - 1;
 }
 
 __device__ __forceinline__ __nv_bfloat162 u32_as_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
@@ -61,7 +66,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
   const bool minmax = p.kind == SummaryKind::MinMax;
   const int group = p.n_heads_q / p.n_heads_kv;
   const float mul = p.scale * kLog2e;
-  int row = find_list(p.dense_indptr, n_lists, tb * 16);
+  int row = find_list_warp(p.dense_indptr, n_lists, tb * 16);
   int cur_row = -1, cur_nt = -1;
   uint4 bq[JJ];
   // The next tile's slots are loaded one tile ahead: the page loads then wait on one latency.
@@ -309,9 +314,10 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   const float log2_page = log2f(static_cast<float>(p.page_size));
   const int pe = epilogue_page<PP>(tig);  // the page of this lane's output columns
   SketchList lst[PP];
+  const int first_row = find_list_warp(p.dense_indptr, n_lists, b);
 #pragma unroll
   for (int pp = 0; pp < PP; ++pp) {
-    lst[pp].row = find_list(p.dense_indptr, n_lists, b) - 1;
+    lst[pp].row = first_row - 1;
     lst[pp].end = b;
   }
   int cur_nt = -1;
@@ -365,6 +371,34 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     else ptx::cp_async_commit();  // (empty groups keep the count)
   }
   int list_end = b;  // the smaller of the halves' list ends: below it no half changes list
+  // The lists of the pass at page i (warp-uniform; a half entering a new list loads its shape).
+  auto advance = [&](int i) {
+    if (i + PP - 1 < list_end) return;
+    bool changed = false;
+#pragma unroll
+    for (int pp = 0; pp < PP; ++pp) {
+      const int ip = min(i + pp, e - 1);  // (a page past the range keeps the last list)
+      if (ip >= lst[pp].end) {
+        SketchList& l = lst[pp];
+        do ++l.row; while (p.dense_indptr[l.row + 1] <= ip);
+        l.end = p.dense_indptr[l.row + 1];
+        const int req = l.row / p.n_heads_kv;
+        l.h = l.row - req * p.n_heads_kv;
+        l.q0 = p.q_indptr[req];
+        const int q_len = p.q_indptr[req + 1] - l.q0;
+        l.n_vec = q_len * group;
+        l.qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
+        changed = true;
+      }
+    }
+    if (changed) cur_nt = -1;
+    list_end = lst[0].end;
+#pragma unroll
+    for (int pp = 1; pp < PP; ++pp) list_end = min(list_end, lst[pp].end);
+  };
+  // The first pass's lists and q while its pages are in flight (v12 loaded them after the wait).
+  advance(b);
+  rebuild(0);
   for (int k = 0; k < n_pass; ++k) {
     const int i = b + k * PP;
     // The stage of pass k - 1 is free once every lane has read it.
@@ -403,29 +437,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(step[1]) : "r"(st + S::kSteps + pe * 64 + 4 * (g + 8)) : "memory");
     asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(pos) : "r"(st + S::kPos + 4 * pe) : "memory");
 
-    if (i + PP - 1 >= list_end) {  // (uniform) a half may enter a new list
-      bool changed = false;
-#pragma unroll
-      for (int pp = 0; pp < PP; ++pp) {
-        const int ip = min(i + pp, e - 1);  // (a page past the range keeps the last list)
-        if (ip >= lst[pp].end) {
-          SketchList& l = lst[pp];
-          do ++l.row; while (p.dense_indptr[l.row + 1] <= ip);
-          l.end = p.dense_indptr[l.row + 1];
-          const int req = l.row / p.n_heads_kv;
-          l.h = l.row - req * p.n_heads_kv;
-          l.q0 = p.q_indptr[req];
-          const int q_len = p.q_indptr[req + 1] - l.q0;
-          l.n_vec = q_len * group;
-          l.qpos0 = p.seq_len[req] - q_len;  // query row r sees tokens <= qpos0 + r
-          changed = true;
-        }
-      }
-      if (changed) cur_nt = -1;
-      list_end = lst[0].end;
-#pragma unroll
-      for (int pp = 1; pp < PP; ++pp) list_end = min(list_end, lst[pp].end);
-    }
+    advance(i);
     const int n_tiles = PP == 2 ? 1 : (lst[0].n_vec + 7) / 8;
     const int tok0 = pos * p.page_size;
     const bool live = pos >= 0;  // this lane's page exists
