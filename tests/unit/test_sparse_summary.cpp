@@ -281,6 +281,18 @@ std::vector<double> brute_mass(const SparseWorld& w, const PageTable& t, int lay
   return out;
 }
 
+// Query rows 0 .. n_rows - 1 of one request (q: [n_rows, hq, head_dim]) at seq_len tokens.
+MassQuery rows_query(const std::vector<float>& q, int n_rows, int hq, float scale, int64_t seq_len) {
+  MassQuery mq;
+  mq.q = q.data();
+  mq.row_begin = 0;
+  mq.row_end = n_rows;
+  mq.n_heads_q = hq;
+  mq.scale = scale;
+  mq.seq_len = seq_len;
+  return mq;
+}
+
 TEST(MassEstimator, NormalisedMassMatchesDefinition) {
   std::mt19937 rng(5);
   const int Hkv = 2, Hq = 6, D = 16, ps = 16;
@@ -290,13 +302,7 @@ TEST(MassEstimator, NormalisedMassMatchesDefinition) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int n_rows : {1, 3}) {  // decode, and verification of 2 draft tokens (causal)
     const std::vector<float> q = test::random_vec(static_cast<size_t>(n_rows * Hq * D), rng, 1.5f);
-    MassQuery mq;
-    mq.q = q.data();
-    mq.row_begin = 0;
-    mq.row_end = n_rows;
-    mq.n_heads_q = Hq;
-    mq.scale = scale;
-    mq.seq_len = 151;
+    const MassQuery mq = rows_query(q, n_rows, Hq, scale, 151);
     for (GroupCombine c : {GroupCombine::Sum, GroupCombine::Max})
       for (int est_i = 0; est_i < 2; ++est_i) {
         const bool minmax = est_i == 0;
@@ -344,13 +350,7 @@ TEST(MassEstimator, ChannelSubsetSketchScoresTheGroupsLargestBlocks) {
     std::vector<float> q = test::random_vec(static_cast<size_t>(n_rows * Hq * D), rng, 1.5f);
     for (size_t i = 0; i < q.size(); ++i)
       if (i % D >= 8 && i % D < 12) q[i] *= 6.0f;  // block 2 heavy in every head: surely kept
-    MassQuery mq;
-    mq.q = q.data();
-    mq.row_begin = 0;
-    mq.row_end = n_rows;
-    mq.n_heads_q = Hq;
-    mq.scale = scale;
-    mq.seq_len = 77;
+    const MassQuery mq = rows_query(q, n_rows, Hq, scale, 77);
     for (int keep : {8, 16}) {
       const KeySketchEstimator subset(keep), full;
       for (int h = 0; h < Hkv; ++h) {
