@@ -181,11 +181,14 @@ __device__ __forceinline__ unsigned long long fixed_mass(float m) { return __flo
 // Histogram levels of the cut search over the float bits of the (non-negative) mass: level 0 the
 // exponent and 3 mantissa bits (bits 30..20), levels 1 and 2 bits 19..9 and 8..0. For coverage,
 // level 0 bins only exponents from kExpLow + 1 up (a mass below 2^-47 weighs 0 in fixed point, so
-// the cut never falls there; they share bin 0): 49 * 8 of its 512 bins are used, where 2,048
-// covered every exponent. Each bin is two 32-bit words, weight >> 16 and weight & 0xFFFF (the masses sum to 1,
-// so the high words sum below 2^25 and the low ones below 2^29): shared-memory atomics on 32-bit
-// words are native, on 64-bit ones a compare-and-swap loop (ncu: half of the kernel's stall samples
-// sat in level 0's 64-bit adds and the remote reads after them).
+// the cut never falls there; they share bins 0-7): 49 * 8 of its 512 bins are used, where 2,048
+// covered every exponent. Each bin is two 32-bit words, weight >> 12 and weight & 0xFFF: the
+// weights (< 2^41, 2^-40 units) sum to about 2^40 (the masses sum to 1), so the high words stay
+// below 2^29; a low word wraps only past 2^20 pages in one bin of one block (a per-thread run past
+// 2^20 rounds, a warp's past 2^15 rounds per thread), and top-k's weights of 1 count pages. (v11b
+// split at bit 16, which wraps at 65,537 uniform pages in a bin: a 2M-token list.) Shared-memory
+// atomics on 32-bit words are native, on 64-bit ones a compare-and-swap loop (ncu: half of the
+// kernel's stall samples sat in level 0's 64-bit adds and the remote reads after them).
 constexpr int kHistBins = 2048;
 constexpr int kHistLevels = 3;
 constexpr int kAtomicShare = 4;  // lanes of a warp per bin up to which shared atomics are cheaper
@@ -193,7 +196,8 @@ constexpr int kExpLow = 79;      // level 0's bin 0: exponent fields <= 79 (mass
 __device__ __constant__ const int kHistHi[kHistLevels] = {31, 20, 9};
 __device__ __constant__ const int kHistLo[kHistLevels] = {20, 9, 0};
 __device__ __constant__ const int kHistN[kHistLevels] = {512, 2048, 512};  // (level 0 for coverage; top-k: 2048)
-// Level 0's bin of mass bits, and the bits 31..20 a level-0 bin stands for (bin > 0).
+// Level 0's bin of mass bits, and the bits 31..20 a level-0 bin stands for (bins >= 8; bins 0-7 hold
+// every exponent <= kExpLow).
 __device__ __forceinline__ uint32_t level0_bin(uint32_t bits) {
   const int e = static_cast<int>(bits >> 23);
   return (static_cast<uint32_t>(max(e - kExpLow, 0)) << 3) | ((bits >> 20) & 7u);
@@ -422,7 +426,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       for (int lv = 0; lv < kHistLevels; ++lv) {
         const bool c0 = lv == 0 && compress0;
         const int hi = kHistHi[lv], lo = kHistLo[lv], n_bins = c0 ? kHistN[0] : 1 << (hi - lo), per_thread = n_bins / kSelectThreads;
-        uint32_t* hist = s_hist[lv & 1];  // [bin][weight >> 16, weight & 0xFFFF]; zeroed (below, or before level 0)
+        uint32_t* hist = s_hist[lv & 1];  // [bin][weight >> 12, weight & 0xFFF]; zeroed (below, or before level 0)
         // Each thread first merges runs of its pages that share a bin (masses crowd into few
         // bins: a thread's pages mostly do) and adds a run when its bin changes; its last run goes
         // in warp-aggregated: the lanes with the same bin sum their weights (redux.sync over the
@@ -447,8 +451,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
             run_bin = bin;
             run_hi = run_lo = 0;
           }
-          run_hi += static_cast<unsigned>(w >> 16);
-          run_lo += static_cast<unsigned>(w & 0xFFFFu);  // (<= 2^20 over a thread's 16 rounds)
+          run_hi += static_cast<unsigned>(w >> 12);
+          run_lo += static_cast<unsigned>(w & 0xFFFu);
         };
 #pragma unroll
         for (int k = 0; k < kRegPer; ++k) {
@@ -498,7 +502,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
               sh += x.x;
               sl += x.y;
             }
-            v[k] = (sh << 16) + sl;
+            v[k] = (sh << 12) + sl;
             t_sum += v[k];
           }
         }
@@ -536,7 +540,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         else {
           // The cut's bin has weight > 0, so its pages (all of mass bits thr) weigh tw > 0 each.
           const unsigned long long tw = fixed_mass(__uint_as_float(thr));
-          k_eq = static_cast<int>((need_w - above + tw - 1) / tw);
+          k_eq = tw > 0 ? static_cast<int>((need_w - above + tw - 1) / tw) : 0;  // (tw 0 only when the bench ends the cut early)
         }
       }
     } else {  // TopK

@@ -132,11 +132,11 @@ class PageSelectWorkspace {
   int32_t* stage_idx_d_ = nullptr;
 };
 
-// Shared-memory capacity of each select block, in fp32 masses: 22 rounds of 512 (44 KiB, which
-// with the kernel's 2.1 KiB of static buffers stays under the 48 KiB that needs no opt-in). With
-// C blocks per list the first C * 16 * 512 pages of a list (8,192 per block: 128k tokens at page
-// 16 for C = 1) keep their masses in registers, the next C * 11,264 in shared memory; longer
-// lists or a smaller smem_pages put the overflow in the global workspace.
+// Shared-memory capacity of each select block, in fp32 masses: 22 rounds of 512 (44 KiB; with the
+// mass pass's 64 KiB cache of exp-terms and ~34 KiB of static buffers a block takes ~142 KiB, one
+// block per SM, opted in). With C blocks per list the first C * 16 * 512 pages of a list (8,192 per
+// block: 128k tokens at page 16 for C = 1) keep their masses in registers, the next C * 11,264 in
+// shared memory; longer lists or a smaller smem_pages put the overflow in the global workspace.
 inline constexpr int kSelectSmemPages = 11264;
 
 }  // namespace dhs::cuda
