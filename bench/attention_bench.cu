@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -471,12 +472,33 @@ int main(int argc, char** argv) {
             std::printf(" us\n");
             // Block 0's timeline inside one run (clock64 at the phase ends; at the reported clock).
             long long* cyc_d = nullptr;
+            long long* blk_d = nullptr;
+            const int n_blocks = batch * kHkv * dhs::cuda::page_select_cluster(batch * kHkv);
             DHS_CUDA_CHECK(cudaMalloc(&cyc_d, 14 * sizeof(long long)));
             DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
+            DHS_CUDA_CHECK(cudaMalloc(&blk_d, 2 * n_blocks * sizeof(long long)));
+            DHS_CUDA_CHECK(cudaMemset(blk_d, 0, 2 * n_blocks * sizeof(long long)));
             p.phase_cycles = cyc_d;
+            p.block_ns = blk_d;
             dhs::cuda::launch_page_select_stage(p, 1, b.stream);
             DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
             p.phase_cycles = nullptr;
+            p.block_ns = nullptr;
+            {  // every block's entry and exit (%globaltimer), relative to the first entry
+              std::vector<long long> blk(2 * static_cast<size_t>(n_blocks));
+              DHS_CUDA_CHECK(cudaMemcpy(blk.data(), blk_d, blk.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+              long long e0 = LLONG_MAX, e1 = 0, x0 = LLONG_MAX, x1 = 0;
+              for (int k = 0; k < n_blocks; ++k) {
+                e0 = std::min(e0, blk[2 * k]);
+                e1 = std::max(e1, blk[2 * k]);
+                x0 = std::min(x0, blk[2 * k + 1]);
+                x1 = std::max(x1, blk[2 * k + 1]);
+              }
+              std::printf("%-7d %-6d %-30s select blocks (%d): entries span %.1f us, exits %.1f-%.1f us after the first entry, "
+                          "block 0 enters at %.1f us\n", ctx, batch, impl, n_blocks, (e1 - e0) * 1e-3, (x0 - e0) * 1e-3,
+                          (x1 - e0) * 1e-3, (blk[0] - e0) * 1e-3);
+            }
+            cudaFree(blk_d);
             long long cyc[14];
             DHS_CUDA_CHECK(cudaMemcpy(cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
             cudaFree(cyc_d);

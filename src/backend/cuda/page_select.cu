@@ -222,6 +222,14 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   __shared__ __align__(8) uint32_t s_hist[2][2 * kHistBins];  // the cut search's histograms, alternating levels
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
+  auto stamp = [&](int which) {  // (benchmark: each block's entry and exit)
+    if (p.block_ns != nullptr && threadIdx.x == 0) {
+      unsigned long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      p.block_ns[2 * blockIdx.x + which] = static_cast<long long>(ns);
+    }
+  };
+  stamp(0);
   // Launched as a programmatic dependent (of the score kernel, or of whatever precedes it): its
   // blocks may be resident before that kernel ends; nothing is read before this wait.
   ptx::griddep_wait();
@@ -627,6 +635,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   mark(10);
   cluster.sync();  // no block leaves while another may still read its totals
   mark(11);
+  stamp(1);
 }
 
 // ---- 3. compact ----------------------------------------------------------------------
