@@ -499,6 +499,22 @@ int main(int argc, char** argv) {
                           (x1 - e0) * 1e-3, (blk[0] - e0) * 1e-3);
             }
             cudaFree(blk_d);
+            {  // the three kernels of one selection, launched as in a decode step (not a graph here)
+              const unsigned long long init[6] = {~0ull, 0, ~0ull, 0, ~0ull, 0};
+              unsigned long long* span_d = nullptr;
+              DHS_CUDA_CHECK(cudaMalloc(&span_d, sizeof init));
+              DHS_CUDA_CHECK(cudaMemcpy(span_d, init, sizeof init, cudaMemcpyHostToDevice));
+              p.span_ns = span_d;
+              dhs::cuda::launch_page_select(p, b.stream);
+              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+              p.span_ns = nullptr;
+              unsigned long long sp[6];
+              DHS_CUDA_CHECK(cudaMemcpy(sp, span_d, sizeof sp, cudaMemcpyDeviceToHost));
+              cudaFree(span_d);
+              auto at = [&](int k) { return static_cast<double>(sp[k] - sp[0]) * 1e-3; };
+              std::printf("%-7d %-6d %-30s pipeline spans (us from the score kernel's first entry): score 0-%.1f, "
+                          "select %.1f-%.1f, compact %.1f-%.1f\n", ctx, batch, impl, at(1), at(2), at(3), at(4), at(5));
+            }
             long long cyc[14];
             DHS_CUDA_CHECK(cudaMemcpy(cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
             cudaFree(cyc_d);

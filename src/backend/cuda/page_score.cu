@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   // The select kernel may be scheduled now (one resident wave here: it takes SMs as these blocks
   // leave, and waits for this kernel's end before it reads the scores).
   ptx::griddep_launch_dependents();
+  if (lane == 0) ptx::stamp_span(p.span_ns, 0);
   const int n_lists = p.n_requests * p.n_heads_kv;
   const int64_t total = p.dense_indptr[n_lists];  // < 2^31 (PageSelectWorkspace)
   const int b = static_cast<int>(warp * total / p.n_score_warps), e = static_cast<int>((warp + 1) * total / p.n_score_warps);
@@ -518,6 +519,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     }
   }
   ptx::cp_async_wait<0>();
+  if (lane == 0) ptx::stamp_span(p.span_ns, 1);
 }
 
 }  // namespace

@@ -230,6 +230,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     }
   };
   stamp(0);
+  if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 2, 0);
   // Launched as a programmatic dependent (of the score kernel, or of whatever precedes it): its
   // blocks may be resident before that kernel ends; nothing is read before this wait.
   ptx::griddep_wait();
@@ -636,6 +637,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   cluster.sync();  // no block leaves while another may still read its totals
   mark(11);
   stamp(1);
+  if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 2, 1);
 }
 
 // ---- 3. compact ----------------------------------------------------------------------
@@ -643,6 +645,7 @@ constexpr int kCompactThreads = 256, kCompactSplit = 8;  // blocks per list: cop
 
 __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
   __shared__ int s_red[kCompactThreads / 32];
+  if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 4, 0);
   ptx::griddep_wait();  // the select kernel's counts and staged lists
   const int row = blockIdx.x;
   int s = 0;
@@ -665,6 +668,8 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
     p.slots[off + i] = p.dense_slots[base + idx];
     p.page_pos[off + i] = p.dense_page_pos[base + idx];
   }
+  __syncthreads();
+  if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 4, 1);
 }
 
 // The select kernel's launch: n_lists clusters of c blocks (not copyable: cfg points at attr).
