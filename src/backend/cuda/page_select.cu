@@ -223,11 +223,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   __shared__ unsigned long long s_scan[2][kSelectWarps];
   __shared__ unsigned long long s_cut[2];               // (bin, weight above it) of the level's cut
   auto stamp = [&](int which) {  // (benchmark: each block's entry and exit)
-    if (p.block_ns != nullptr && threadIdx.x == 0) {
-      unsigned long long ns;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-      p.block_ns[2 * blockIdx.x + which] = static_cast<long long>(ns);
-    }
+    if (p.block_ns != nullptr && threadIdx.x == 0) p.block_ns[2 * blockIdx.x + which] = static_cast<long long>(ptx::globaltimer());
   };
   stamp(0);
   if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 2, 0);
@@ -252,11 +248,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   auto mark = [&](int k) {
     if (p.phase_cycles != nullptr && blockIdx.x == 0 && tid == 0) {
       p.phase_cycles[k] = clock64();
-      if (k == 0 || k == 11) {
-        unsigned long long ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-        p.phase_cycles[k == 0 ? 12 : 13] = static_cast<long long>(ns);
-      }
+      if (k == 0 || k == 11) p.phase_cycles[k == 0 ? 12 : 13] = static_cast<long long>(ptx::globaltimer());
     }
   };
   mark(0);

@@ -53,11 +53,17 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+// The GPU's global timer (ns), for benchmark timelines.
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
 // Benchmark spans: span[0] = min over calls of %globaltimer (first entry), span[1] = max (last exit).
 __device__ __forceinline__ void stamp_span(unsigned long long* span, int which) {
   if (span == nullptr) return;
-  unsigned long long ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  const unsigned long long ns = globaltimer();
   if (which == 0) atomicMin(span, ns);
   else atomicMax(span + 1, ns);
 }
