@@ -7,7 +7,8 @@ build="${DHS_BUILD_DIR:-$root/build}"
 
 pkgs=(cmake g++ make pkg-config python3 python3-pip
       libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libpcre2-dev libfmt-dev libcli11-dev libcpp-httplib-dev libspdlog-dev libutf8proc-dev)
+      nlohmann-json3-dev libpcre2-dev libfmt-dev libcli11-dev libcpp-httplib-dev libspdlog-dev libutf8proc-dev
+      libeigen3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -36,6 +36,16 @@ class CpuRunner final : public StepRunner {
     table.truncate(*pool_, n_tokens);
     if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
   }
+  double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank) override {
+    DHS_CHECK(summaries_, "calibrating a key basis needs an engine loaded with a sparse policy (page summaries)");
+    const ModelConfig& c = model_->config();
+    auto basis = std::make_shared<KeyBasis>(dhs::fit_key_basis(*pool_, table, n_tokens, rank));
+    summaries_->set_key_basis(basis, *pool_);
+    double sum = 0.0;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int h = 0; h < c.n_heads_kv; ++h) sum += basis->explained(l, h);
+    return sum / (c.n_layers * c.n_heads_kv);
+  }
   PageCounts take_page_counts() override {
     const auto st = model_->sparsity_stats();
     model_->reset_sparsity_stats();

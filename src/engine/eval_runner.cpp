@@ -138,6 +138,25 @@ int run_eval(Engine& engine, const EvalOptions& o) {
     chat = false;  // no template
   }
 
+  // The projected sketch's key basis (psketch4:R): fitted once, from a calibration sample of
+  // its own seed (not one of the evaluated samples), before any evaluated prefill.
+  int rank = 0;
+  for (const EvalPolicy& p : policies) {
+    const std::string e = p.estimator.empty() ? o.estimator : p.estimator;
+    if (p.name == "dense" || e.empty()) continue;
+    const int r = make_estimator(e)->projected_rank();
+    DHS_CHECK(r == 0 || rank == 0 || r == rank, "eval: one key-basis rank per run (psketch4:{} and psketch4:{})", rank, r);
+    if (r > 0) rank = r;
+  }
+  if (rank > 0) {
+    const eval::Sample cal = eval::make_sample(tasks.front(), o.lengths.front(), o.seed * 1000003u + 0xCA11Bu, count_tokens);
+    std::string text = chat ? engine.render_chat({{"user", cal.context + cal.question}}, true) : cal.context + cal.question + "\n";
+    const std::vector<int32_t> ids = engine.tokenize(text + cal.answer_prefix);
+    const double kept = engine.calibrate_key_basis(ids, rank);
+    std::printf("key basis: rank %d from a %zu-token calibration prompt (%s, own seed): %.1f%% of the keys' variance\n", rank,
+                ids.size(), eval::task_name(tasks.front()).c_str(), 100.0 * kept);
+  }
+
   std::map<std::tuple<int, int64_t, int>, Agg> agg;  // (task, length, policy index)
   const int64_t n_total = static_cast<int64_t>(tasks.size() * o.lengths.size()) * o.samples;
   int64_t done = 0;

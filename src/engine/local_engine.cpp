@@ -175,6 +175,21 @@ class LocalEngine final : public Engine {
   }
   PageCounts take_page_counts() override { return runner_->take_page_counts(); }
 
+  double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank) override {
+    DHS_CHECK(!prompt.empty(), "key basis calibration needs a non-empty prompt");
+    PageTable table = new_table();
+    std::vector<float> logits;
+    try {
+      prefill(table, prompt, &logits);
+      const double kept = runner_->fit_key_basis(table, table.n_tokens(), rank);
+      table.release(runner_->pages());
+      return kept;
+    } catch (...) {
+      table.release(runner_->pages());
+      throw;
+    }
+  }
+
   PoolStats kv_stats() const override { return runner_->pages().stats(); }
   std::string kv_check() const override { return runner_->pages().check_invariants(); }
 

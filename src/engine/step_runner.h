@@ -30,6 +30,9 @@ class StepRunner {
   // The policy of the following decode steps (prefill stays dense). Scoring policies
   // need page summaries, kept when the runner was built with a sparse policy.
   virtual void set_policy(const PolicyConfig& pc) = 0;
+  // Fits and installs the projected sketch's key basis from the first n_tokens keys of `table`
+  // (Engine::calibrate_key_basis); returns the mean variance fraction kept.
+  virtual double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank) = 0;
 };
 
 // EngineOptions' sparse fields as the sparse/ factory reads them.

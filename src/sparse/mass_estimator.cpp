@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
 
 namespace dhs {
 
@@ -56,29 +57,29 @@ float GaussianEstimator::score(const PageSummaryStore& s, int32_t slot, const fl
 
 std::string KeySketchEstimator::name() const { return keep_ > 0 ? fmt::format("sketch4:{}", keep_) : "sketch4"; }
 
-float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
-  const int n = s.n_rows(slot), d_n = s.head_dim();
+namespace {
+
+// log((1/n) sum_t exp(scale q^.k^_t)) / scale over n 4-bit code rows of `dims` entries (step
+// per row), with q^ = q quantized to int8 (step absmax / 127, round to nearest even), as the
+// device scores it (backend/cuda/page_score.cu): the dot products with the codes are exact in
+// int32 and vectorize; the quantization moves a token's q.k^ by at most (step / 2) sum_d |k^_d|.
+float sketch_log_mean_exp(const int8_t* codes, const float* step, int n, int dims, const float* q, float scale) {
   if (n == 0) return 0.0f;
-  // q quantized to int8 (step absmax / 127, round to nearest even), as the device scores it
-  // (backend/cuda/page_score.cu): the dot products with the codes are exact in int32 and
-  // vectorize; the quantization moves a token's q.k^ by at most (step / 2) sum_d |k^_d|.
   float amax = 0.0f;
-  for (int d = 0; d < d_n; ++d) amax = std::max(amax, std::fabs(q[d]));
+  for (int d = 0; d < dims; ++d) amax = std::max(amax, std::fabs(q[d]));
   if (amax == 0.0f) return 0.0f;  // every token scores 0: log-mean-exp 0
   const float qstep = amax / 127.0f;
   thread_local std::vector<int8_t> q8;
   thread_local std::vector<float> x;
-  q8.resize(static_cast<size_t>(d_n));
+  q8.resize(static_cast<size_t>(dims));
   x.resize(static_cast<size_t>(n));
-  for (int d = 0; d < d_n; ++d)
+  for (int d = 0; d < dims; ++d)
     q8[static_cast<size_t>(d)] = static_cast<int8_t>(std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f));
-  const int8_t* codes = s.key_codes(slot);
-  const float* step = s.key_code_scales(slot);
   float m = -INFINITY;
   for (int t = 0; t < n; ++t) {
-    const int8_t* c = codes + static_cast<size_t>(t) * d_n;
+    const int8_t* c = codes + static_cast<size_t>(t) * dims;
     int32_t acc = 0;
-    for (int d = 0; d < d_n; ++d) acc += static_cast<int32_t>(c[d]) * static_cast<int32_t>(q8[static_cast<size_t>(d)]);
+    for (int d = 0; d < dims; ++d) acc += static_cast<int32_t>(c[d]) * static_cast<int32_t>(q8[static_cast<size_t>(d)]);
     x[static_cast<size_t>(t)] = static_cast<float>(acc) * (qstep * step[t] * scale);
     m = std::max(m, x[static_cast<size_t>(t)]);
   }
@@ -87,19 +88,53 @@ float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const f
   return (m + std::log(z / static_cast<float>(n))) / scale;
 }
 
+}  // namespace
+
+float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
+  return sketch_log_mean_exp(s.key_codes(slot), s.key_code_scales(slot), s.n_rows(slot), s.head_dim(), q, scale);
+}
+
+std::string ProjectedSketchEstimator::name() const {
+  return keep_ > 0 ? fmt::format("psketch4:{}:{}", rank_, keep_) : fmt::format("psketch4:{}", rank_);
+}
+
+float ProjectedSketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
+  DHS_ASSERT(s.key_basis() != nullptr && s.key_basis()->rank() == rank_);
+  return sketch_log_mean_exp(s.projected_codes(slot), s.projected_scales(slot), s.n_rows(slot), rank_, q, scale);
+}
+
+namespace {
+
+// The integer after "prefix" in name, or -1.
+int parse_suffix_int(const std::string& name, size_t prefix) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(name.substr(prefix), &used);
+    return used == name.size() - prefix ? v : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   if (name == "sketch4") return std::make_shared<KeySketchEstimator>();
   if (name.rfind("sketch4:", 0) == 0) {
-    int keep = -1;
-    try {
-      size_t used = 0;
-      keep = std::stoi(name.substr(8), &used);
-      if (used != name.size() - 8) keep = -1;
-    } catch (const std::exception&) {
-    }
+    const int keep = parse_suffix_int(name, 8);
     DHS_CHECK(keep > 0 && keep % kChannelBlock == 0, "estimator '{}': KEEP must be a positive multiple of {}", name,
               kChannelBlock);
     return std::make_shared<KeySketchEstimator>(keep);
+  }
+  if (name.rfind("psketch4:", 0) == 0) {
+    const size_t colon = name.find(':', 9);
+    const std::string head = name.substr(0, colon);
+    const int rank = parse_suffix_int(head, 9);
+    const int keep = colon == std::string::npos ? 0 : parse_suffix_int(name, colon + 1);
+    DHS_CHECK(rank > 0 && rank <= 1024, "estimator '{}': R must be a positive rank", name);
+    DHS_CHECK(colon == std::string::npos || (keep > 0 && keep % kChannelBlock == 0 && keep <= rank),
+              "estimator '{}': KEEP must be a positive multiple of {} up to R", name, kChannelBlock);
+    return std::make_shared<ProjectedSketchEstimator>(rank, keep);
   }
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name.rfind("minmax:", 0) == 0) {
@@ -113,28 +148,36 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   }
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
   if (name == "gaussian") return std::make_shared<GaussianEstimator>();
-  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, minmax, minmax:ALPHA, meanspread, gaussian)", name));
+  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, psketch4:R, minmax, minmax:ALPHA, meanspread, gaussian)", name));
 }
 
 namespace {
 
-// The kept dimensions of one KV group (kept_dims < d): the kept / kChannelBlock blocks of the
-// largest summed |q| over the group's q heads and rows; ties to the lower block. mask: [d] 0/1.
-void group_channel_mask(const MassQuery& mq, int d, int group, int hk, int kept, std::vector<float>* mask) {
-  const int n_blocks = d / kChannelBlock;
+// The kept / kChannelBlock blocks of the largest summed weight w[e] (ties to the lower block).
+// mask: [w.size()] 0/1.
+void top_block_mask(const std::vector<double>& w_dims, int kept, std::vector<float>* mask) {
+  const int n = static_cast<int>(w_dims.size()), n_blocks = n / kChannelBlock;
   std::vector<double> w(static_cast<size_t>(n_blocks), 0.0);
-  for (int g = 0; g < group; ++g)
-    for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
-      const float* q = mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hk * group + g) * d;
-      for (int e = 0; e < d; ++e) w[static_cast<size_t>(e / kChannelBlock)] += std::fabs(q[e]);
-    }
+  for (int e = 0; e < n_blocks * kChannelBlock; ++e) w[static_cast<size_t>(e / kChannelBlock)] += w_dims[static_cast<size_t>(e)];
   std::vector<int> order(static_cast<size_t>(n_blocks));
   for (int b = 0; b < n_blocks; ++b) order[static_cast<size_t>(b)] = b;
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)]; });
-  mask->assign(static_cast<size_t>(d), 0.0f);
+  mask->assign(static_cast<size_t>(n), 0.0f);
   for (int k = 0; k < kept / kChannelBlock && k < n_blocks; ++k)
     for (int e = 0; e < kChannelBlock; ++e) (*mask)[static_cast<size_t>(order[static_cast<size_t>(k)] * kChannelBlock + e)] = 1.0f;
+}
+
+// The kept dimensions of one KV group (kept_dims < d): the blocks of the largest summed |q|
+// over the group's q heads and rows.
+void group_channel_mask(const MassQuery& mq, int d, int group, int hk, int kept, std::vector<float>* mask) {
+  std::vector<double> w(static_cast<size_t>(d), 0.0);
+  for (int g = 0; g < group; ++g)
+    for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
+      const float* q = mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hk * group + g) * d;
+      for (int e = 0; e < d; ++e) w[static_cast<size_t>(e)] += std::fabs(q[e]);
+    }
+  top_block_mask(w, kept, mask);
 }
 
 }  // namespace
@@ -155,9 +198,32 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
   std::vector<double> score(static_cast<size_t>(n_pages)), part(static_cast<size_t>(n_pages));
   const int kept = est.kept_dims(d);
   DHS_ASSERT(kept == d || (d % kChannelBlock == 0 && kept % kChannelBlock == 0));
-  std::vector<float> mask, qm(static_cast<size_t>(d));
+  const int rank = est.projected_rank();
+  DHS_CHECK(rank == 0 || (store.key_basis() != nullptr && store.key_basis()->rank() == rank),
+            "estimator {}: the page summaries have no key basis of rank {} (calibrate one first)", est.name(), rank);
+  const int pkeep = est.projected_keep();
+  std::vector<float> mask, pmask, qm(static_cast<size_t>(d));
+  // B q of every q head and row of the group, rounded to bf16 as the device stores it.
+  std::vector<float> qps(static_cast<size_t>(group * std::max<int64_t>(q_len, 0) * rank));
   for (int hk : kv_heads) {
     if (kept < d) group_channel_mask(mq, d, group, hk, kept, &mask);
+    if (rank > 0) {
+      const KeyBasis& kb = *store.key_basis();
+      std::vector<double> w(static_cast<size_t>(rank), 0.0);
+      for (int g = 0; g < group; ++g)
+        for (int32_t row = mq.row_begin; row < mq.row_end; ++row) {
+          float* out = qps.data() + (static_cast<size_t>(g) * q_len + (row - mq.row_begin)) * rank;
+          kb.project_query(layer, hk, mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hk * group + g) * d, out);
+          for (int i = 0; i < rank; ++i) {
+            out[i] = bf16_to_f32(f32_to_bf16(out[i]));
+            w[static_cast<size_t>(i)] += std::fabs(out[i]) * std::sqrt(static_cast<double>(kb.variance(layer, hk)[i]));
+          }
+        }
+      if (pkeep < rank) {  // the coordinates of the most score spread, the others zeroed
+        top_block_mask(w, pkeep, &pmask);
+        for (size_t i = 0; i < qps.size(); ++i) qps[i] *= pmask[i % static_cast<size_t>(rank)];
+      }
+    }
     // Scores of every page for this KV head's pages, per q head and row.
     for (int g = 0; g < group; ++g) {
       const int hq = hk * group + g;
@@ -168,6 +234,7 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
           for (int e = 0; e < d; ++e) qm[static_cast<size_t>(e)] = q[e] * mask[static_cast<size_t>(e)];
           q = qm.data();
         }
+        if (rank > 0) q = qps.data() + (static_cast<size_t>(g) * q_len + (row - mq.row_begin)) * rank;
         double m = -INFINITY;
         for (int64_t i = 0; i < n_pages; ++i) {
           const int64_t n_vis = std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps);

@@ -28,6 +28,11 @@ class MassEstimator {
   // kept_dims(head_dim) dimensions of the largest summed |q| over the GQA group, in aligned blocks
   // of kChannelBlock (estimate_page_mass_heads zeroes the others before calling score).
   virtual int kept_dims(int head_dim) const { return head_dim; }
+  // > 0: the estimate works in the R coordinates of the store's key basis (sparse/key_basis.h),
+  // and score() gets q projected, B q ([R]), instead of q.
+  virtual int projected_rank() const { return 0; }
+  // Coordinates of B q kept per step (<= projected_rank(); see ProjectedSketchEstimator).
+  virtual int projected_keep() const { return projected_rank(); }
 };
 
 // Channel blocks of a channel-subset sketch: 4 dims x 16 tokens x 4 bits = one 32-byte sector.
@@ -95,7 +100,32 @@ class KeySketchEstimator final : public MassEstimator {
   int keep_;
 };
 
-// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "minmax:ALPHA". Throws dhs::Error on another name.
+// The key sketch in a low-rank key basis ("psketch4:R"): sketch4's log-mean-exp of the page's
+// tokens' exp-scores, on R coordinates per token (PageSummaryStore::projected_codes, the store
+// needs a key basis of rank R) and q projected on the same basis and rounded to bf16 (the device
+// keeps it so), q^ = int8(bf16(B q)). Scores are
+// q·k up to the common q·mean term (key_basis.h), which cancels in the normalised masses.
+// A device would read R / head_dim of sketch4's code bytes.
+//
+// keep > 0 ("psketch4:R:KEEP"): per step, layer and KV head only the KEEP / 4 blocks of 4
+// coordinates with the largest summed |(B q)_i| * sqrt(variance_i) over the GQA group (the
+// spread each coordinate adds to the scores; SparQ's choice, in the basis where the keys'
+// variance is concentrated) enter the dot products; the others of B q are zeroed.
+class ProjectedSketchEstimator final : public MassEstimator {
+ public:
+  explicit ProjectedSketchEstimator(int rank, int keep = 0) : rank_(rank), keep_(keep) {}
+  std::string name() const override;
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
+  int projected_rank() const override { return rank_; }
+  int projected_keep() const override { return keep_ > 0 && keep_ < rank_ ? keep_ : rank_; }
+
+ private:
+  int rank_, keep_;
+};
+
+// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "psketch4:R" | "psketch4:R:KEEP" |
+// "minmax:ALPHA".
+// Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
 
 // How the per-q-head (and per-row) normalised masses of one KV group are combined.

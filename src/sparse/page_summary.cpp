@@ -15,6 +15,7 @@ PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int
   code_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
   data_.assign(static_cast<size_t>(n_pages) * 4 * static_cast<size_t>(head_dim), 0.0f);
   n_rows_.assign(static_cast<size_t>(n_pages), 0);
+  tag_.assign(static_cast<size_t>(n_pages), -1);
   for (int64_t s = 0; s < n_pages; ++s) reset(static_cast<int32_t>(s));
 }
 
@@ -40,7 +41,36 @@ void PageSummaryStore::reset(int32_t slot) {
   n_rows_[idx(slot)] = 0;
 }
 
-void PageSummaryStore::add_row(int32_t slot, const float* k) {
+namespace {
+
+// Symmetric 4-bit codes of one row: step = absmax / 7, code = clamp(round(x / step), -7, 7).
+void quantize_row4(const float* x, int n, int8_t* code, float* step_out) {
+  float amax = 0.0f;
+  for (int d = 0; d < n; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float step = amax / 7.0f;
+  for (int d = 0; d < n; ++d)
+    code[d] = static_cast<int8_t>(step > 0.0f ? std::clamp(std::lround(x[d] / step), -7L, 7L) : 0L);
+  *step_out = step;
+}
+
+}  // namespace
+
+void PageSummaryStore::set_key_basis(std::shared_ptr<const KeyBasis> basis, const PagePool& pool) {
+  basis_ = std::move(basis);
+  pcodes_.clear();
+  pscale_.clear();
+  if (!basis_) return;
+  DHS_CHECK(basis_->head_dim() == head_dim_, "key basis head_dim {} differs from the store's {}", basis_->head_dim(),
+            head_dim_);
+  pcodes_.assign(static_cast<size_t>(n_pages_) * page_size_ * basis_->rank(), 0);
+  pscale_.assign(static_cast<size_t>(n_pages_) * page_size_, 0.0f);
+  for (int64_t s = 0; s < n_pages_; ++s) {
+    const int32_t slot = static_cast<int32_t>(s);
+    if (n_rows_[idx(slot)] > 0) rebuild(pool, slot, n_rows_[idx(slot)]);
+  }
+}
+
+void PageSummaryStore::add_row(int32_t slot, const float* k, int layer, int kv_head) {
   float* mn = mut(slot, 0);
   float* mx = mut(slot, 1);
   float* mu = mut(slot, 2);
@@ -48,14 +78,17 @@ void PageSummaryStore::add_row(int32_t slot, const float* k) {
   DHS_ASSERT(n_rows_[idx(slot)] < page_size_);
   const int32_t n = ++n_rows_[idx(slot)];
   const float inv_n = 1.0f / static_cast<float>(n);
-  {
-    float amax = 0.0f;
-    for (int d = 0; d < head_dim_; ++d) amax = std::max(amax, std::fabs(k[d]));
-    const float step = amax / 7.0f;
-    int8_t* code = codes_.data() + (idx(slot) * page_size_ + static_cast<size_t>(n - 1)) * head_dim_;
-    for (int d = 0; d < head_dim_; ++d)
-      code[d] = static_cast<int8_t>(step > 0.0f ? std::clamp(std::lround(k[d] / step), -7L, 7L) : 0L);
-    code_scale_[idx(slot) * page_size_ + static_cast<size_t>(n - 1)] = step;
+  if (n == 1 && layer >= 0) tag_[idx(slot)] = layer * 65536 + kv_head;
+  const size_t row = idx(slot) * page_size_ + static_cast<size_t>(n - 1);
+  quantize_row4(k, head_dim_, codes_.data() + row * head_dim_, &code_scale_[row]);
+  if (basis_) {
+    const int32_t tag = tag_[idx(slot)];
+    DHS_CHECK(tag >= 0, "page summary: slot {} has a key basis but no (layer, KV head)", slot);
+    const int r = basis_->rank();
+    thread_local std::vector<float> y;
+    y.resize(static_cast<size_t>(r));
+    basis_->project_key(tag / 65536, tag % 65536, k, y.data());
+    quantize_row4(y.data(), r, pcodes_.data() + row * r, &pscale_[row]);
   }
   // Welford: mean and M2 stay accurate as rows arrive one by one (sum-of-squares would
   // cancel catastrophically for keys with a large common offset, which RoPE'd keys have).
@@ -68,12 +101,14 @@ void PageSummaryStore::add_row(int32_t slot, const float* k) {
   }
 }
 
-void PageSummaryStore::rebuild(const PagePool& pool, int32_t slot, int n_rows) {
+void PageSummaryStore::rebuild(const PagePool& pool, int32_t slot, int n_rows, int layer, int kv_head) {
   DHS_ASSERT(pool.tier() == tier_ && pool.head_dim() == head_dim_ && pool.has_storage());
   DHS_ASSERT(n_rows >= 0 && n_rows <= pool.page_size());
+  const int32_t tag = layer >= 0 ? layer * 65536 + kv_head : tag_[idx(slot)];
   reset(slot);
   const float* kp = pool.k_page(PageRef{tier_, slot});
-  for (int t = 0; t < n_rows; ++t) add_row(slot, kp + static_cast<size_t>(t) * head_dim_);
+  for (int t = 0; t < n_rows; ++t)
+    add_row(slot, kp + static_cast<size_t>(t) * head_dim_, tag < 0 ? -1 : tag / 65536, tag < 0 ? -1 : tag % 65536);
 }
 
 void append_summaries(const PageTable& table, PageSummaryStore& store, int layer, const float* k,
@@ -89,7 +124,7 @@ void append_summaries(const PageTable& table, PageSummaryStore& store, int layer
       if (row == 0) store.reset(pg.slot);
       // Rows must extend the page in order, else the summary would count a row twice.
       DHS_ASSERT(store.n_rows(pg.slot) == row);
-      store.add_row(pg.slot, k + (t * hkv + h) * d);
+      store.add_row(pg.slot, k + (t * hkv + h) * d, layer, h);
     }
   }
 }

@@ -7,10 +7,12 @@
 // pool. Since a head-page holds one (layer, KV head), the slot alone identifies it.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
+#include "sparse/key_basis.h"
 
 namespace dhs {
 
@@ -27,11 +29,24 @@ class PageSummaryStore {
 
   // Empties the summary of `slot` (no rows).
   void reset(int32_t slot);
-  // Adds one key row.  k: [head_dim]
-  void add_row(int32_t slot, const float* k);
+  // Adds one key row.  k: [head_dim]. layer / kv_head name the page's list (they are kept
+  // per slot, from its first row): the projected sketch needs them, -1 when unknown.
+  void add_row(int32_t slot, const float* k, int layer = -1, int kv_head = -1);
   // Recomputes the summary of `slot` from the first n_rows key rows of the page in `pool`
-  // (after a truncation, or to repair a page written behind the store's back).
-  void rebuild(const PagePool& pool, int32_t slot, int n_rows);
+  // (after a truncation, or to repair a page written behind the store's back). layer / kv_head
+  // as add_row's; -1 keeps the slot's own.
+  void rebuild(const PagePool& pool, int32_t slot, int n_rows, int layer = -1, int kv_head = -1);
+
+  // Projected key sketch (sparse/key_basis.h): from now on every row is also kept as its R
+  // coordinates B (k - mean) quantized to 4 bits (per-row absmax / 7, as key_codes). Rows
+  // already in the store are re-encoded from `pool`. null turns it off.
+  void set_key_basis(std::shared_ptr<const KeyBasis> basis, const PagePool& pool);
+  const KeyBasis* key_basis() const { return basis_.get(); }
+  // [page_size, R] codes in [-7, 7] and [page_size] steps; only with a key basis.
+  const int8_t* projected_codes(int32_t slot) const {
+    return pcodes_.data() + idx(slot) * static_cast<size_t>(page_size_ * basis_->rank());
+  }
+  const float* projected_scales(int32_t slot) const { return pscale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
 
   int32_t n_rows(int32_t slot) const { return n_rows_[idx(slot)]; }
   // [head_dim] each. Undefined content (±inf for min/max, 0 for mean/var) while n_rows == 0.
@@ -60,6 +75,10 @@ class PageSummaryStore {
   std::vector<float> code_scale_;  // [n_pages, page_size]
   std::vector<float> data_;      // [n_pages, 4 (min, max, mean, m2), head_dim]
   std::vector<int32_t> n_rows_;  // [n_pages] rows folded into the summary
+  std::vector<int32_t> tag_;     // [n_pages] layer * 65536 + kv_head of the page's rows, -1 unknown
+  std::shared_ptr<const KeyBasis> basis_;
+  std::vector<int8_t> pcodes_;   // [n_pages, page_size, R] with a basis
+  std::vector<float> pscale_;    // [n_pages, page_size]
 };
 
 // The summary half of cpu::append_kv: folds K rows of n_tok tokens into the summaries of
