@@ -361,6 +361,24 @@ int main(int argc, char** argv) {
       const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
       DHS_CUDA_CHECK(cudaMemcpy(sketch.steps_d(), steps.data(), steps.size() * 4, cudaMemcpyHostToDevice));
     }
+    // The projected sketch at rank 32 (psketch4:32): random codes and a random basis (the cost
+    // does not depend on their values); its q projection runs inside the timed selection.
+    constexpr int kRank = 32;
+    dhs::cuda::DeviceKeySketch psketch(max_pages, kPage, kRank);
+    dhs::cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(psketch.codes_d()), psketch.code_bytes() / 2, 7, -1.0f, 1.0f,
+                                nullptr);
+    {
+      const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
+      DHS_CUDA_CHECK(cudaMemcpy(psketch.steps_d(), steps.data(), steps.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<float> pb(static_cast<size_t>(kHkv) * kRank * kD), pm(static_cast<size_t>(kHkv) * kD, 0.0f);
+    {
+      std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(static_cast<float>(kD)));
+      for (float& x : pb) x = nd(rng);
+    }
+    dhs::cuda::DeviceKeyBasis pbasis(1, kHkv, kD, kRank, pb.data(), pm.data());
+    __nv_bfloat16* qp_d = nullptr;
+    DHS_CUDA_CHECK(cudaMalloc(&qp_d, static_cast<size_t>(32) * kHq * kRank * 2));
     dhs::cuda::DevicePageLists dense_lists(32, kHkv, max_pages);
     int32_t *sel_indptr, *sel_slots, *sel_pos;
     DHS_CUDA_CHECK(cudaMalloc(&sel_indptr, (32 * kHkv + 1) * 4));
@@ -408,7 +426,7 @@ int main(int argc, char** argv) {
         }
         // Scoring + selection + compaction on the device, timed alone (graph replay, L2 flushed).
         dense_lists.upload(dense);
-        for (int rule = 0; rule < 3; ++rule) {  // coverage (MinMax), top-k (MinMax), coverage (sketch4)
+        for (int rule = 0; rule < 4; ++rule) {  // coverage (MinMax), top-k (MinMax), coverage (sketch4, psketch4:32)
           dhs::cuda::PageSelectParams p;
           p.dense_indptr = dense_lists.indptr_d();
           p.dense_slots = dense_lists.slots_d();
@@ -422,6 +440,20 @@ int main(int argc, char** argv) {
             p.sketch_codes = sketch.codes_d();
             p.sketch_steps = sketch.steps_d();
           }
+          dhs::cuda::ProjectQueriesParams pq;
+          if (rule == 3) {
+            p.sketch_codes = psketch.codes_d();
+            p.sketch_steps = psketch.steps_d();
+            pq.q = b.q_d;
+            pq.qp = qp_d;
+            pq.basis = pbasis.basis_d(0);
+            pq.n_rows = batch;
+            pq.n_heads_q = kHq;
+            pq.n_heads_kv = kHkv;
+            pq.head_dim = kD;
+            pq.rank = kRank;
+            p.q = qp_d;
+          }
           p.gamma = 0.99f;
           p.budget = 4096 / kPage;
           p.indptr = sel_indptr;
@@ -430,13 +462,17 @@ int main(int argc, char** argv) {
           p.n_requests = batch;
           p.n_heads_q = kHq;
           p.n_heads_kv = kHkv;
-          p.head_dim = kD;
+          p.head_dim = rule == 3 ? kRank : kD;
           p.page_size = kPage;
           p.scale = 1.0f / std::sqrt(static_cast<float>(kD));
           sws.bind(&p);
-          const Timing t = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
-          const char* impl = rule == 0 ? "select-coverage" : rule == 1 ? "select-topk" : "select-coverage-sketch4";
-          const double sum_bytes = rule == 2 ? static_cast<double>(n_pages) * kPage * (kD / 2 + 4)  // sketch read
+          const Timing t = b.time_graph([&] {
+            if (rule == 3) dhs::cuda::launch_project_queries(pq, b.stream);
+            dhs::cuda::launch_page_select(p, b.stream);
+          }, opt.reps);
+          const char* impl = rule == 0 ? "select-coverage" : rule == 1 ? "select-topk" : rule == 2 ? "select-coverage-sketch4"
+                                                                                                   : "select-coverage-psketch4-32";
+          const double sum_bytes = rule >= 2 ? static_cast<double>(n_pages) * kPage * (p.head_dim / 2 + 4)  // sketch read
                                              : static_cast<double>(n_pages) * 2 * kD * 2;    // summaries read
           // Breakdown, each stage alone (rows impl/score, /select, /compact), and the select kernel
           // on one block per list (/select-1block) beside the cluster size chosen for this shape.
@@ -453,7 +489,12 @@ int main(int argc, char** argv) {
           std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us (cluster %d; one block per list: %.1f), compact %.1f us\n",
                       ctx, batch, impl, part[0].median_us, part[1].median_us, dhs::cuda::page_select_cluster(batch * kHkv),
                       part[3].median_us, part[2].median_us);
-          if (rule == 2) {  // the select kernel at every cluster size
+          if (rule == 3) {
+            const Timing tp = b.time_graph([&] { dhs::cuda::launch_project_queries(pq, b.stream); }, opt.reps);
+            b.emit(b.out, (std::string(impl) + "/project").c_str(), ctx, batch, tp, 0.0, 1.0, ws, opt.min_pages);
+            std::printf("%-7d %-6d %-30s q projection %.1f us\n", ctx, batch, impl, tp.median_us);
+          }
+          if (rule >= 2) {  // the select kernel at every cluster size
             std::printf("%-7d %-6d %-30s select by cluster size:", ctx, batch, impl);
             for (int c = 1; c <= 16; c *= 2) {
               p.select_cluster = c;
@@ -537,6 +578,7 @@ int main(int argc, char** argv) {
     cudaFree(sel_indptr);
     cudaFree(sel_slots);
     cudaFree(sel_pos);
+    cudaFree(qp_d);
   }
 
   if (opt.tune) {

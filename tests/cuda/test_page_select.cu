@@ -49,6 +49,7 @@
 #include "kv/page_table.h"
 #include "sparse/mass_estimator.h"
 #include "sparse/page_summary.h"
+#include "sparse/key_basis.h"
 #include "sparse/policy.h"
 
 namespace {
@@ -824,6 +825,181 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     cudaFree(out_slots);
     cudaFree(out_pos);
     cudaFree(mass_d);
+  }
+}
+
+// ---- projected key sketch (psketch4:R, sparse/key_basis.h) ---------------------------------
+
+// The device's codes of B (k - mean), its B q and its scores on them equal the CPU definition:
+// codes and B q bit for bit (the same fp32 fma chains), scores up to float rounding.
+TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(23);
+  constexpr int kRank = 32;
+  for (auto [hq, hkv, d, multi] : {std::tuple{32, 8, 128, false}, std::tuple{32, 8, 128, true}, std::tuple{9, 3, 64, false}}) {
+    Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi), rng);
+    const int n_req = static_cast<int>(pr.seq_len.size());
+    const int group = hq / hkv;
+    auto kb = std::make_shared<dhs::KeyBasis>(dhs::fit_key_basis(1, hkv, d, kRank, [&](int, int h, std::vector<float>* rows) {
+      for (auto* t : pr.table_ptrs)
+        for (int64_t i = 0; i < t->n_pages_per_list(); ++i) {
+          const float* kp = pr.pool->k_page(t->page(0, h, i));
+          rows->insert(rows->end(), kp, kp + std::min<int64_t>(kPage, t->n_tokens() - i * kPage) * d);
+        }
+    }));
+    dhs::PageSummaryStore cpu(*pr.pool);
+    for (auto* t : pr.table_ptrs)
+      for (int h = 0; h < hkv; ++h)
+        for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
+          cpu.rebuild(*pr.pool, t->page(0, h, i).slot, static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)), 0, h);
+    cpu.set_key_basis(kb, *pr.pool);
+    dc::DeviceKeyBasis kb_d(1, hkv, d, kRank, kb->basis(0, 0), kb->mean(0, 0));
+
+    // Codes.
+    dc::DeviceKeySketch sk(pr.pool->n_pages(), kPage, kRank);
+    {
+      std::vector<int32_t> dst, pos;
+      all_tokens(pr, &dst, &pos);
+      run_step(dst, pos, [&](const int32_t* dst_d, const int32_t* pos_d) {
+        dc::SketchKeysParams sp;
+        sp.k_pool = pr.pool_d->k_d();
+        sp.codes = sk.codes_d();
+        sp.steps = sk.steps_d();
+        sp.pos = pos_d;
+        sp.dst_slot = dst_d;
+        sp.n_pages = pr.pool->n_pages();
+        sp.page_size = kPage;
+        sp.n_tok = static_cast<int64_t>(pos.size());
+        sp.n_heads_kv = hkv;
+        sp.head_dim = d;
+        sp.basis = kb_d.basis_d(0);
+        sp.basis_mean = kb_d.mean_d(0);
+        sp.code_dims = kRank;
+        dc::launch_sketch_keys(sp, nullptr);
+      });
+    }
+    const auto codes = to_host(sk.codes_d(), sk.code_bytes());
+    const auto steps = to_host(sk.steps_d(), static_cast<size_t>(pr.pool->n_pages()) * kPage);
+    int64_t rows = 0, bad_rows = 0;
+    for (auto* t : pr.table_ptrs)
+      for (int h = 0; h < hkv; ++h)
+        for (int64_t i = 0; i < t->n_pages_per_list(); ++i) {
+          const int32_t slot = t->page(0, h, i).slot;
+          for (int r = 0; r < cpu.n_rows(slot); ++r) {
+            const uint8_t* row = codes.data() + (static_cast<size_t>(slot) * kPage + r) * (kRank / 2);
+            bool ok = steps[static_cast<size_t>(slot) * kPage + r] == cpu.projected_scales(slot)[r];
+            for (int j = 0; j < kRank; ++j) ok = ok && dc::sketch_code(row, kRank, j) == cpu.projected_codes(slot)[r * kRank + j];
+            bad_rows += !ok;
+            ++rows;
+          }
+        }
+    EXPECT_EQ(bad_rows, 0) << "of " << rows << " projected sketch rows, d " << d;
+    ASSERT_GT(rows, 5000);
+
+    // B q.
+    std::vector<uint16_t> qb(pr.q.size());
+    for (size_t i = 0; i < qb.size(); ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
+    auto* q_d = reinterpret_cast<__nv_bfloat16*>(to_device(qb));
+    const int n_rows = pr.q_indptr.back();
+    auto* qp_d = reinterpret_cast<__nv_bfloat16*>(to_device(std::vector<uint16_t>(static_cast<size_t>(n_rows) * hq * kRank, 0)));
+    dc::ProjectQueriesParams pq;
+    pq.q = q_d;
+    pq.qp = qp_d;
+    pq.basis = kb_d.basis_d(0);
+    pq.n_rows = n_rows;
+    pq.n_heads_q = hq;
+    pq.n_heads_kv = hkv;
+    pq.head_dim = d;
+    pq.rank = kRank;
+    dc::launch_project_queries(pq, nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto qp_got = to_host(reinterpret_cast<const uint16_t*>(qp_d), static_cast<size_t>(n_rows) * hq * kRank);
+    int64_t bad_q = 0;
+    std::vector<float> qp_cpu(static_cast<size_t>(n_rows) * hq * kRank);
+    for (int r = 0; r < n_rows; ++r)
+      for (int h = 0; h < hq; ++h) {
+        float* out = qp_cpu.data() + (static_cast<size_t>(r) * hq + h) * kRank;
+        kb->project_query(0, h / group, pr.q.data() + (static_cast<size_t>(r) * hq + h) * d, out);
+        for (int j = 0; j < kRank; ++j) {
+          bad_q += dhs::f32_to_bf16(out[j]) != qp_got[(static_cast<size_t>(r) * hq + h) * kRank + j];
+          out[j] = dhs::bf16_to_f32(dhs::f32_to_bf16(out[j]));
+        }
+      }
+    EXPECT_EQ(bad_q, 0) << "of " << qp_cpu.size() << " projected q entries, d " << d;
+
+    // Scores on the projected codes, against the definition (every visible row, int8 q of B q).
+    const dhs::PageLists dense = dhs::dense_page_lists(pr.table_ptrs, 0, pr.seq_len);
+    dc::DevicePageLists dense_d(n_req, hkv, dense.nnz());
+    dense_d.upload(dense);
+    int32_t* q_indptr_d = to_device(pr.q_indptr);
+    const int q_stride = multi ? group * 5 : group;
+    dc::PageSelectWorkspace ws(n_req * hkv, dense.nnz(), q_stride);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    dc::PageSelectParams p;
+    p.dense_indptr = dense_d.indptr_d();
+    p.dense_slots = dense_d.slots_d();
+    p.dense_page_pos = dense_d.page_pos_d();
+    p.seq_len = dense_d.seq_len_d();
+    p.q = qp_d;
+    p.q_indptr = q_indptr_d;
+    p.sketch_codes = sk.codes_d();
+    p.sketch_steps = sk.steps_d();
+    p.n_requests = n_req;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = kRank;
+    p.page_size = kPage;
+    p.scale = scale;
+    ws.bind(&p);
+    for (int warps : {8, p.n_score_warps}) {
+      p.n_score_warps = warps;
+      DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
+      dc::launch_page_select_stage(p, 0, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
+      const double l2e = 1.4426950408889634;
+      int64_t checked = 0, bad = 0;
+      for (int r = 0; r < n_req; ++r) {
+        const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
+        for (int h = 0; h < hkv; ++h)
+          for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
+            const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
+            const int8_t* c8 = cpu.projected_codes(slot);
+            const float* st = cpu.projected_scales(slot);
+            for (int j = 0; j < q_len * group; ++j) {
+              const int qi = j / group, hh = h * group + j % group;
+              const int n_vis = std::clamp(pr.seq_len[r] - q_len + qi + 1 - i * kPage, 0, kPage);
+              if (n_vis == 0) continue;
+              const float* qv = qp_cpu.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * kRank;
+              float amax = 0.0f;
+              for (int c = 0; c < kRank; ++c) amax = std::max(amax, std::fabs(qv[c]));
+              const float qstep = amax / 127.0f;
+              double m = -INFINITY;
+              std::vector<double> x(static_cast<size_t>(n_vis));
+              for (int t = 0; t < n_vis; ++t) {
+                int64_t dot = 0;
+                for (int c = 0; c < kRank; ++c)
+                  dot += static_cast<int64_t>(c8[t * kRank + c]) * static_cast<int>(std::clamp(std::nearbyint(qv[c] / qstep), -127.0f, 127.0f));
+                x[static_cast<size_t>(t)] = static_cast<double>(dot) * qstep * st[t] * scale * l2e;
+                m = std::max(m, x[static_cast<size_t>(t)]);
+              }
+              double z = 0.0;
+              for (double v : x) z += std::exp2(v - m);
+              const double want = m + std::log2(z / n_vis);
+              const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
+              // float rounding of the step products and the device's ex2 / lg2 approximations
+              bad += !(std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want) / 30.0));
+              ++checked;
+            }
+          }
+      }
+      EXPECT_EQ(bad, 0) << "of " << checked << " projected sketch scores, d " << d << ", " << warps << " warps";
+      std::printf("  psketch4:%d d %3d, q rows %s, %4d warps: %lld scores, %lld off\n", kRank, d, multi ? "1,5" : "1  ", warps,
+                  static_cast<long long>(checked), static_cast<long long>(bad));
+    }
+    cudaFree(q_d);
+    cudaFree(qp_d);
+    cudaFree(q_indptr_d);
   }
 }
 

@@ -12,6 +12,10 @@
 //   steps: [n_pages, page_size] fp32
 //
 // 1,088 B per 16-token page at head_dim 128: 1/8 of the page's K + V (plus 1/64 for steps).
+//
+// Projected sketch (psketch4:R, sparse/key_basis.h): with a key basis the row quantized is
+// y = B (k - mean), R = code_dims coordinates instead of head_dim, by the same rule (R / 2 bytes
+// a row: 256 B a page at R = 32). The scores then take q projected by launch_project_queries.
 // Rows are written by the append itself (each token quantizes its own row), so a truncated
 // page needs no repair: the next append overwrites the rolled-back rows, and rows past a
 // request's length are never read (they are not visible to any query).
@@ -43,6 +47,7 @@ __host__ __device__ inline int sketch_code(const uint8_t* row, int head_dim, int
 
 class DeviceKeySketch {
  public:
+  // head_dim: the entries per row, i.e. code dims (32 with a rank-32 basis); 32, 64, 128 or 256.
   DeviceKeySketch(int64_t n_pages, int page_size, int head_dim);
   ~DeviceKeySketch();
   DeviceKeySketch(const DeviceKeySketch&) = delete;
@@ -78,9 +83,43 @@ struct SketchKeysParams {
   int64_t n_tok = 0;
   int n_heads_kv = 0;
   int head_dim = 0;  // 64, 128 or 256
+  // Projected sketch: this layer's key basis, or null for the plain sketch.
+  const float* basis = nullptr;       // [n_heads_kv, code_dims, head_dim]
+  const float* basis_mean = nullptr;  // [n_heads_kv, head_dim]
+  int code_dims = 0;                  // rank (32, 64, ...) with a basis; head_dim (or 0) without
 };
 
-// Quantizes the K row of every (token, KV head) of the step into its page's sketch.
+// Quantizes the K row (or its projection) of every (token, KV head) of the step into its page's sketch.
 void launch_sketch_keys(const SketchKeysParams& p, cudaStream_t stream);
+
+// The key basis of the projected sketch in HBM (a copy of a sparse/key_basis.h KeyBasis).
+class DeviceKeyBasis {
+ public:
+  // basis: [n_layers, n_heads_kv, rank, head_dim], mean: [n_layers, n_heads_kv, head_dim] (host).
+  DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int rank, const float* basis, const float* mean);
+  ~DeviceKeyBasis();
+  DeviceKeyBasis(const DeviceKeyBasis&) = delete;
+  DeviceKeyBasis& operator=(const DeviceKeyBasis&) = delete;
+  int rank() const { return rank_; }
+  int head_dim() const { return head_dim_; }
+  const float* basis_d(int layer) const { return basis_d_ + static_cast<size_t>(layer) * n_heads_kv_ * rank_ * head_dim_; }
+  const float* mean_d(int layer) const { return mean_d_ + static_cast<size_t>(layer) * n_heads_kv_ * head_dim_; }
+
+ private:
+  int n_layers_, n_heads_kv_, head_dim_, rank_;
+  float* basis_d_ = nullptr;
+  float* mean_d_ = nullptr;
+};
+
+// qp = bf16(B q) per (row, q head), B the basis of the head's KV head: what the projected
+// sketch's scores take as q (PageSelectParams::q with head_dim = rank).
+struct ProjectQueriesParams {
+  const __nv_bfloat16* q = nullptr;  // [n_rows, n_heads_q, head_dim]
+  __nv_bfloat16* qp = nullptr;       // [n_rows, n_heads_q, rank]
+  const float* basis = nullptr;      // [n_heads_kv, rank, head_dim] (this layer's)
+  int64_t n_rows = 0;
+  int n_heads_q = 0, n_heads_kv = 0, head_dim = 0, rank = 0;
+};
+void launch_project_queries(const ProjectQueriesParams& p, cudaStream_t stream);
 
 }  // namespace dhs::cuda

@@ -228,9 +228,13 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
   for (int pp = 0; pp < PP; ++pp) {
     const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j0 + pp - ids.base) & 31);  // -1 past e
     const uint8_t* codes = codes_lane + static_cast<uint64_t>(max(slot, 0)) * S::kPageBytes;
+    if constexpr (S::kPageBytes < 512) {  // (KS = 1: 256 B, lanes 0-15)
+      if (lane < S::kPageBytes / 16) ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes, codes, slot >= 0 ? 16 : 0);
+    } else {
 #pragma unroll
-    for (int r = 0; r < S::kPageBytes / 16 / 32; ++r)
-      ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 512 * r, codes + 512 * r, slot >= 0 ? 16 : 0);
+      for (int r = 0; r < S::kPageBytes / 16 / 32; ++r)
+        ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 512 * r, codes + 512 * r, slot >= 0 ? 16 : 0);
+    }
   }
   // Lane l < 4 PP: chunk l % 4 of page l / 4's steps; lane l < PP: page l's position.
   const int32_t slot_s = __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
@@ -420,7 +424,9 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
         const uint32_t src = st + S::kCodes + pp * S::kPageBytes + (g + 8 * half) * (KS * 16) + tig * KS * 4;
 #pragma unroll
         for (int c = 0; c < KS; c += 4 > KS ? KS : 4) {
-          if constexpr (KS == 2) {
+          if constexpr (KS == 1) {
+            asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(w[pp][half][0]) : "r"(src) : "memory");
+          } else if constexpr (KS == 2) {
             asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(w[pp][half][0]), "=r"(w[pp][half][1]) : "r"(src) : "memory");
           } else {
             asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
@@ -556,10 +562,14 @@ void launch_sketch(const PageSelectParams& p, cudaStream_t stream) {
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
+    case 32:  // the projected sketch at rank 32 (head_dim = the rank, q projected)
+      if (!sketch) check(cudaErrorInvalidValue, "page_select: head_dim 32 is for the projected key sketch only", __FILE__, __LINE__);
+      launch_sketch<1>(p, stream);
+      break;
     case 64: sketch ? launch_sketch<2>(p, stream) : launch_resident<score_summaries_kernel<64>>(p, stream); break;
     case 128: sketch ? launch_sketch<4>(p, stream) : launch_resident<score_summaries_kernel<128>>(p, stream); break;
     case 256: sketch ? launch_sketch<8>(p, stream) : launch_resident<score_summaries_kernel<256>>(p, stream); break;
-    default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256", __FILE__, __LINE__);
+    default: check(cudaErrorInvalidValue, "page_select: head_dim must be 64, 128 or 256 (32: projected sketch)", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
 }
