@@ -446,7 +446,7 @@ int main(int argc, char** argv) {
             p.sketch_steps = psketch.steps_d();
             pq.q = b.q_d;
             pq.qp = qp_d;
-            pq.basis = pbasis.basis_d(0);
+            pq.basis = pbasis.query_basis_d(0);
             pq.n_rows = batch;
             pq.n_heads_q = kHq;
             pq.n_heads_kv = kHkv;

@@ -104,10 +104,11 @@ class Engine {
                                  const std::string& estimator = "") = 0;
   // Page counts of sparse decode since the last call.
   virtual PageCounts take_page_counts() = 0;
-  // Fits the low-rank key basis of the projected sketch (estimator "psketch4:R",
-  // sparse/key_basis.h) from the keys of `prompt` (prefilled, then released) and installs it in
-  // the page summaries. Returns the mean fraction of the keys' variance the R directions hold.
-  virtual double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank) = 0;
+  // Fits the low-rank key basis of the projected sketch (estimators "psketch4:R", "qsketch4:R",
+  // sparse/key_basis.h) from the keys (and, query_aware, the queries) of `prompt` (prefilled,
+  // then released) and installs it in the page summaries. Returns the mean fraction of the keys'
+  // variance (query_aware: of the scores' second moment) the R directions hold.
+  virtual double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank, bool query_aware = false) = 0;
 
   // KV page accounting (free + used == total when idle).
   virtual PoolStats kv_stats() const = 0;

@@ -36,15 +36,47 @@ class CpuRunner final : public StepRunner {
     table.truncate(*pool_, n_tokens);
     if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
   }
-  double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank) override {
+  void capture_queries(bool on) override {
+    queries_.clear();
+    if (!on) {
+      model_->set_debug_hook(nullptr);
+      return;
+    }
+    queries_.resize(static_cast<size_t>(model_->config().n_layers));
+    model_->set_debug_hook([this](const std::string& name, int layer, const float* data, int64_t n_tok, int64_t n) {
+      if (name == "q_rope") queries_[static_cast<size_t>(layer)].insert(queries_[static_cast<size_t>(layer)].end(), data, data + n_tok * n);
+    });
+  }
+  double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank, bool query_aware) override {
     DHS_CHECK(summaries_, "calibrating a key basis needs an engine loaded with a sparse policy (page summaries)");
     const ModelConfig& c = model_->config();
-    auto basis = std::make_shared<KeyBasis>(dhs::fit_key_basis(*pool_, table, n_tokens, rank));
+    const int d = static_cast<int>(c.head_dim), hq = static_cast<int>(c.n_heads_q), hkv = static_cast<int>(c.n_heads_kv);
+    DHS_CHECK(!query_aware || !queries_.empty(), "a query-aware key basis needs the calibration's queries (capture_queries)");
+    auto basis = std::make_shared<KeyBasis>(
+        query_aware ? fit_qk_basis(static_cast<int>(c.n_layers), hkv, d, rank,
+                                   [&](int l, int h, std::vector<float>* rows) { key_rows(table, n_tokens, l, h, rows); },
+                                   [&](int l, int h, std::vector<float>* rows) {
+                                     const std::vector<float>& q = queries_[static_cast<size_t>(l)];  // [T, Hq, D]
+                                     const int group = hq / hkv;
+                                     for (size_t t = 0; t < q.size() / static_cast<size_t>(hq * d); ++t)
+                                       for (int g = 0; g < group; ++g) {
+                                         const float* row = q.data() + (t * hq + static_cast<size_t>(h * group + g)) * d;
+                                         rows->insert(rows->end(), row, row + d);
+                                       }
+                                   })
+                    : dhs::fit_key_basis(*pool_, table, n_tokens, rank));
     summaries_->set_key_basis(basis, *pool_);
     double sum = 0.0;
     for (int l = 0; l < c.n_layers; ++l)
       for (int h = 0; h < c.n_heads_kv; ++h) sum += basis->explained(l, h);
     return sum / (c.n_layers * c.n_heads_kv);
+  }
+  void key_rows(const PageTable& table, int64_t n_tokens, int l, int h, std::vector<float>* rows) const {
+    const int ps = table.page_size(), d = pool_->head_dim();
+    for (int64_t i = 0; i * ps < n_tokens; ++i) {
+      const float* kp = pool_->k_page(table.page(l, h, i));
+      rows->insert(rows->end(), kp, kp + std::min<int64_t>(ps, n_tokens - i * ps) * d);
+    }
   }
   PageCounts take_page_counts() override {
     const auto st = model_->sparsity_stats();
@@ -63,6 +95,7 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SelectionPolicy> policy_;
   std::unique_ptr<PageSummaryStore> summaries_;
+  std::vector<std::vector<float>> queries_;  // [n_layers][T, Hq, D] while capturing
 };
 
 }  // namespace

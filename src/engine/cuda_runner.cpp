@@ -31,9 +31,10 @@ class CudaRunner final : public StepRunner {
     if (o.sparse_policy != "dense") set_policy(policy_config(o));
   }
   void set_policy(const PolicyConfig& pc) override { model_->set_sparsity(pc); }
-  double fit_key_basis(const PageTable&, int64_t, int) override {
-    throw Error("the projected key sketch (psketch4:R) is a CPU experiment so far: --device cpu");
+  double fit_key_basis(const PageTable&, int64_t, int, bool) override {
+    throw Error("the projected key sketch (psketch4:R, qsketch4:R) is a CPU experiment so far: --device cpu");
   }
+  void capture_queries(bool) override {}
   PageCounts take_page_counts() override {
     const CudaSparsityStats st = model_->sparsity_stats();
     model_->reset_sparsity_stats();

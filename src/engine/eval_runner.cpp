@@ -140,21 +140,26 @@ int run_eval(Engine& engine, const EvalOptions& o) {
 
   // The projected sketch's key basis (psketch4:R): fitted once, from a calibration sample of
   // its own seed (not one of the evaluated samples), before any evaluated prefill.
-  int rank = 0;
+  int rank = 0, query_aware = -1;
   for (const EvalPolicy& p : policies) {
     const std::string e = p.estimator.empty() ? o.estimator : p.estimator;
     if (p.name == "dense" || e.empty()) continue;
-    const int r = make_estimator(e)->projected_rank();
-    DHS_CHECK(r == 0 || rank == 0 || r == rank, "eval: one key-basis rank per run (psketch4:{} and psketch4:{})", rank, r);
-    if (r > 0) rank = r;
+    const auto est = make_estimator(e);
+    const int r = est->projected_rank();
+    if (r == 0) continue;
+    DHS_CHECK((rank == 0 || r == rank) && (query_aware < 0 || query_aware == est->query_aware()),
+              "eval: one key basis per run (rank {} and {}; psketch4 and qsketch4 need different bases)", rank, r);
+    rank = r;
+    query_aware = est->query_aware();
   }
   if (rank > 0) {
     const eval::Sample cal = eval::make_sample(tasks.front(), o.lengths.front(), o.seed * 1000003u + 0xCA11Bu, count_tokens);
     std::string text = chat ? engine.render_chat({{"user", cal.context + cal.question}}, true) : cal.context + cal.question + "\n";
     const std::vector<int32_t> ids = engine.tokenize(text + cal.answer_prefix);
-    const double kept = engine.calibrate_key_basis(ids, rank);
-    std::printf("key basis: rank %d from a %zu-token calibration prompt (%s, own seed): %.1f%% of the keys' variance\n", rank,
-                ids.size(), eval::task_name(tasks.front()).c_str(), 100.0 * kept);
+    const double kept = engine.calibrate_key_basis(ids, rank, query_aware == 1);
+    std::printf("key basis%s: rank %d from a %zu-token calibration prompt (%s, own seed): %.1f%% of the %s\n",
+                query_aware == 1 ? " (query-aware)" : "", rank, ids.size(), eval::task_name(tasks.front()).c_str(), 100.0 * kept,
+                query_aware == 1 ? "scores' second moment" : "keys' variance");
   }
 
   std::map<std::tuple<int, int64_t, int>, Agg> agg;  // (task, length, policy index)

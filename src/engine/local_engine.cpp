@@ -175,16 +175,19 @@ class LocalEngine final : public Engine {
   }
   PageCounts take_page_counts() override { return runner_->take_page_counts(); }
 
-  double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank) override {
+  double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank, bool query_aware) override {
     DHS_CHECK(!prompt.empty(), "key basis calibration needs a non-empty prompt");
     PageTable table = new_table();
     std::vector<float> logits;
     try {
+      runner_->capture_queries(query_aware);
       prefill(table, prompt, &logits);
-      const double kept = runner_->fit_key_basis(table, table.n_tokens(), rank);
+      const double kept = runner_->fit_key_basis(table, table.n_tokens(), rank, query_aware);
+      runner_->capture_queries(false);
       table.release(runner_->pages());
       return kept;
     } catch (...) {
+      runner_->capture_queries(false);
       table.release(runner_->pages());
       throw;
     }

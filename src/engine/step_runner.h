@@ -32,7 +32,10 @@ class StepRunner {
   virtual void set_policy(const PolicyConfig& pc) = 0;
   // Fits and installs the projected sketch's key basis from the first n_tokens keys of `table`
   // (Engine::calibrate_key_basis); returns the mean variance fraction kept.
-  virtual double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank) = 0;
+  // query_aware: from the queries recorded since capture_queries(true) too (fit_qk_basis).
+  virtual double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank, bool query_aware) = 0;
+  // Records every layer's RoPE'd query rows of the following steps (on) or drops them (off).
+  virtual void capture_queries(bool on) = 0;
 };
 
 // EngineOptions' sparse fields as the sparse/ factory reads them.

@@ -1,6 +1,7 @@
 #include "sparse/key_basis.h"
 
 #include <Eigen/Eigenvalues>
+#include <Eigen/SVD>
 #include <algorithm>
 #include <cmath>
 
@@ -34,8 +35,13 @@ void KeyBasis::project_key(int layer, int kv_head, const float* k, float* out) c
   }
 }
 
+float* KeyBasis::query_basis_mut(int layer, int kv_head) {
+  if (qbasis_.empty()) qbasis_.assign(basis_.size(), 0.0f);
+  return qbasis_.data() + off(layer, kv_head) * rank_;
+}
+
 void KeyBasis::project_query(int layer, int kv_head, const float* q, float* out) const {
-  const float* b = basis(layer, kv_head);
+  const float* b = query_basis(layer, kv_head);
   for (int r = 0; r < rank_; ++r) {
     float acc = 0.0f;
     for (int d = 0; d < head_dim_; ++d) acc = std::fma(b[r * head_dim_ + d], q[d], acc);
@@ -80,6 +86,81 @@ KeyBasis fit_key_basis(int n_layers, int n_heads_kv, int head_dim, int rank,
       }
       float* m = kb.mean_mut(l, h);
       for (int d = 0; d < head_dim; ++d) m[d] = static_cast<float>(mu[d]);
+      kb.set_explained(l, h, all > 0.0 ? static_cast<float>(kept / all) : 1.0f);
+    }
+  return kb;
+}
+
+namespace {
+
+// Rows [n, d] -> (mean, second moment about `centre` ? mean : 0), in double.
+void moments(const std::vector<float>& rows, int d, bool centre, Eigen::VectorXd* mu, Eigen::MatrixXd* m2) {
+  const int64_t n = static_cast<int64_t>(rows.size()) / d;
+  *mu = Eigen::VectorXd::Zero(d);
+  for (int64_t t = 0; t < n; ++t)
+    for (int e = 0; e < d; ++e) (*mu)[e] += rows[static_cast<size_t>(t * d + e)];
+  *mu /= static_cast<double>(n);
+  Eigen::MatrixXd c = Eigen::MatrixXd::Zero(d, d);
+  Eigen::VectorXd x(d);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int e = 0; e < d; ++e) x[e] = rows[static_cast<size_t>(t * d + e)] - (centre ? (*mu)[e] : 0.0);
+    c.selfadjointView<Eigen::Lower>().rankUpdate(x);
+  }
+  *m2 = Eigen::MatrixXd(c.selfadjointView<Eigen::Lower>()) / static_cast<double>(n);
+}
+
+// S^(1/2) and S^(-1/2) of a covariance, the eigenvalues floored at 1e-6 of the largest.
+void sqrt_pair(const Eigen::MatrixXd& s, Eigen::MatrixXd* half, Eigen::MatrixXd* inv_half) {
+  const Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(s);
+  DHS_CHECK(es.info() == Eigen::Success, "key basis: eigen solver failed");
+  const double top = std::max(es.eigenvalues().maxCoeff(), 1e-30);
+  Eigen::VectorXd l = es.eigenvalues().cwiseMax(1e-6 * top);
+  *half = es.eigenvectors() * l.cwiseSqrt().asDiagonal() * es.eigenvectors().transpose();
+  *inv_half = es.eigenvectors() * l.cwiseSqrt().cwiseInverse().asDiagonal() * es.eigenvectors().transpose();
+}
+
+}  // namespace
+
+KeyBasis fit_qk_basis(int n_layers, int n_heads_kv, int head_dim, int rank,
+                      const std::function<void(int, int, std::vector<float>*)>& keys,
+                      const std::function<void(int, int, std::vector<float>*)>& queries) {
+  KeyBasis kb(n_layers, n_heads_kv, head_dim, rank);
+  const int d = head_dim;
+  std::vector<float> rows;
+  for (int l = 0; l < n_layers; ++l)
+    for (int h = 0; h < n_heads_kv; ++h) {
+      Eigen::VectorXd mu_k, mu_q;
+      Eigen::MatrixXd s_k, s_q;
+      rows.clear();
+      keys(l, h, &rows);
+      DHS_CHECK(!rows.empty() && rows.size() % static_cast<size_t>(d) == 0, "key basis: layer {} head {}: no whole keys", l, h);
+      moments(rows, d, /*centre=*/true, &mu_k, &s_k);
+      rows.clear();
+      queries(l, h, &rows);
+      DHS_CHECK(!rows.empty() && rows.size() % static_cast<size_t>(d) == 0, "key basis: layer {} head {}: no whole queries", l, h);
+      moments(rows, d, /*centre=*/false, &mu_q, &s_q);
+      Eigen::MatrixXd qh, qih, kh, kih;
+      sqrt_pair(s_q, &qh, &qih);
+      sqrt_pair(s_k, &kh, &kih);
+      const Eigen::BDCSVD<Eigen::MatrixXd> svd(qh * kh, Eigen::ComputeThinU | Eigen::ComputeThinV);
+      const Eigen::VectorXd sv = svd.singularValues();  // descending
+      const Eigen::MatrixXd a = sv.head(rank).cwiseSqrt().asDiagonal() * svd.matrixU().leftCols(rank).transpose() * qih;
+      const Eigen::MatrixXd c = sv.head(rank).cwiseSqrt().asDiagonal() * svd.matrixV().leftCols(rank).transpose() * kih;
+      float* bq = kb.query_basis_mut(l, h);
+      float* bk = kb.basis_mut(l, h);
+      for (int r = 0; r < rank; ++r)
+        for (int e = 0; e < d; ++e) {
+          bq[r * d + e] = static_cast<float>(a(r, e));
+          bk[r * d + e] = static_cast<float>(c(r, e));
+        }
+      float* m = kb.mean_mut(l, h);
+      for (int e = 0; e < d; ++e) m[e] = static_cast<float>(mu_k[e]);
+      double all = 0.0, kept = 0.0;
+      for (int i = 0; i < sv.size(); ++i) all += sv[i] * sv[i];
+      for (int r = 0; r < rank; ++r) {
+        kept += sv[r] * sv[r];
+        kb.variance_mut(l, h)[r] = static_cast<float>(sv[r]);
+      }
       kb.set_explained(l, h, all > 0.0 ? static_cast<float>(kept / all) : 1.0f);
     }
   return kb;

@@ -41,8 +41,16 @@ class KeyBasis {
   float explained(int layer, int kv_head) const { return explained_[static_cast<size_t>(layer * n_heads_kv_ + kv_head)]; }
   void set_explained(int layer, int kv_head, float f) { explained_[static_cast<size_t>(layer * n_heads_kv_ + kv_head)] = f; }
 
+  // The query map of a query-aware basis (fit_qk_basis): [rank, head_dim], or null when queries
+  // take the key basis B itself.
+  const float* query_basis(int layer, int kv_head) const {
+    return qbasis_.empty() ? basis(layer, kv_head) : qbasis_.data() + off(layer, kv_head) * rank_;
+  }
+  bool query_aware() const { return !qbasis_.empty(); }
+  float* query_basis_mut(int layer, int kv_head);
+
   // out = B (k - mean)   k: [head_dim], out: [rank]
-  // out = B q            q: [head_dim], out: [rank]
+  // out = A q            q: [head_dim], out: [rank]   (A = query_basis: B unless query-aware)
   // Each output is one fp32 fma chain over d ascending (k - mean rounded first): the device
   // (backend/cuda/device_key_sketch.cu) computes the same chain, so the codes agree bit for bit.
   void project_key(int layer, int kv_head, const float* k, float* out) const;
@@ -55,6 +63,7 @@ class KeyBasis {
   std::vector<float> mean_;       // [n_layers, n_heads_kv, head_dim]
   std::vector<float> explained_;  // [n_layers, n_heads_kv]
   std::vector<float> variance_;   // [n_layers, n_heads_kv, rank]
+  std::vector<float> qbasis_;     // [n_layers, n_heads_kv, rank, head_dim] or empty
 };
 
 // PCA of each (layer, KV head)'s calibration keys: mean, then the top `rank` eigenvectors of
@@ -69,5 +78,18 @@ namespace dhs {
 
 // Same, from the first n_tokens keys of every (layer, KV head) list of `table` in a host pool.
 KeyBasis fit_key_basis(const PagePool& pool, const PageTable& table, int64_t n_tokens, int rank);
+
+// A query-aware basis: maps A (queries) and C (keys) of rank R that minimise the mean squared
+// error of the scores, E[(q.(k - mean) - (A q).(C (k - mean)))^2], over the calibration queries
+// and keys taken as independent: with S_q = E[q q^T], S_k = Cov(k) and the SVD
+// S_q^(1/2) S_k^(1/2) = U S V^T,   A = S_R^(1/2) U_R^T S_q^(-1/2),   C = S_R^(1/2) V_R^T S_k^(-1/2)
+// (the eigenvalues under S^(-1/2) floored at 1e-6 of the largest). Key PCA keeps the directions
+// of the keys' spread whatever the queries look at; this keeps those of the scores' spread.
+// variance() is then S's first R values (the variance of each coordinate of C (k - mean)), explained()
+// the fraction of E[(q.(k - mean))^2] they hold. queries(layer, kv_head, &rows): the q rows of
+// the KV head's GQA group.
+KeyBasis fit_qk_basis(int n_layers, int n_heads_kv, int head_dim, int rank,
+                      const std::function<void(int, int, std::vector<float>*)>& keys,
+                      const std::function<void(int, int, std::vector<float>*)>& queries);
 
 }  // namespace dhs

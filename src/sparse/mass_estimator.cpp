@@ -95,7 +95,8 @@ float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const f
 }
 
 std::string ProjectedSketchEstimator::name() const {
-  return keep_ > 0 ? fmt::format("psketch4:{}:{}", rank_, keep_) : fmt::format("psketch4:{}", rank_);
+  const char* kind = query_aware_ ? "qsketch4" : "psketch4";
+  return keep_ > 0 ? fmt::format("{}:{}:{}", kind, rank_, keep_) : fmt::format("{}:{}", kind, rank_);
 }
 
 float ProjectedSketchEstimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
@@ -126,7 +127,7 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
               kChannelBlock);
     return std::make_shared<KeySketchEstimator>(keep);
   }
-  if (name.rfind("psketch4:", 0) == 0) {
+  if (name.rfind("psketch4:", 0) == 0 || name.rfind("qsketch4:", 0) == 0) {
     const size_t colon = name.find(':', 9);
     const std::string head = name.substr(0, colon);
     const int rank = parse_suffix_int(head, 9);
@@ -134,7 +135,7 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
     DHS_CHECK(rank > 0 && rank <= 1024, "estimator '{}': R must be a positive rank", name);
     DHS_CHECK(colon == std::string::npos || (keep > 0 && keep % kChannelBlock == 0 && keep <= rank),
               "estimator '{}': KEEP must be a positive multiple of {} up to R", name, kChannelBlock);
-    return std::make_shared<ProjectedSketchEstimator>(rank, keep);
+    return std::make_shared<ProjectedSketchEstimator>(rank, keep, name[0] == 'q');
   }
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name.rfind("minmax:", 0) == 0) {
@@ -148,7 +149,7 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   }
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
   if (name == "gaussian") return std::make_shared<GaussianEstimator>();
-  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, psketch4:R, minmax, minmax:ALPHA, meanspread, gaussian)", name));
+  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, psketch4:R[:KEEP], qsketch4:R[:KEEP], minmax, minmax:ALPHA, meanspread, gaussian)", name));
 }
 
 namespace {
@@ -199,8 +200,10 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
   const int kept = est.kept_dims(d);
   DHS_ASSERT(kept == d || (d % kChannelBlock == 0 && kept % kChannelBlock == 0));
   const int rank = est.projected_rank();
-  DHS_CHECK(rank == 0 || (store.key_basis() != nullptr && store.key_basis()->rank() == rank),
-            "estimator {}: the page summaries have no key basis of rank {} (calibrate one first)", est.name(), rank);
+  DHS_CHECK(rank == 0 || (store.key_basis() != nullptr && store.key_basis()->rank() == rank &&
+                          store.key_basis()->query_aware() == est.query_aware()),
+            "estimator {}: the page summaries have no {}key basis of rank {} (calibrate one first)", est.name(),
+            est.query_aware() ? "query-aware " : "", rank);
   const int pkeep = est.projected_keep();
   std::vector<float> mask, pmask, qm(static_cast<size_t>(d));
   // B q of every q head and row of the group, rounded to bf16 as the device stores it.

@@ -33,6 +33,8 @@ class MassEstimator {
   virtual int projected_rank() const { return 0; }
   // Coordinates of B q kept per step (<= projected_rank(); see ProjectedSketchEstimator).
   virtual int projected_keep() const { return projected_rank(); }
+  // The basis it needs is query-aware (KeyBasis::query_aware).
+  virtual bool query_aware() const { return false; }
 };
 
 // Channel blocks of a channel-subset sketch: 4 dims x 16 tokens x 4 bits = one 32-byte sector.
@@ -111,19 +113,25 @@ class KeySketchEstimator final : public MassEstimator {
 // coordinates with the largest summed |(B q)_i| * sqrt(variance_i) over the GQA group (the
 // spread each coordinate adds to the scores; SparQ's choice, in the basis where the keys'
 // variance is concentrated) enter the dot products; the others of B q are zeroed.
+//
+// query_aware ("qsketch4:R[:KEEP]"): the same on a query-aware basis (key_basis.h fit_qk_basis:
+// A q for the queries, C (k - mean) for the keys), fitted to keep the scores' spread.
 class ProjectedSketchEstimator final : public MassEstimator {
  public:
-  explicit ProjectedSketchEstimator(int rank, int keep = 0) : rank_(rank), keep_(keep) {}
+  explicit ProjectedSketchEstimator(int rank, int keep = 0, bool query_aware = false)
+      : rank_(rank), keep_(keep), query_aware_(query_aware) {}
   std::string name() const override;
   float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
   int projected_rank() const override { return rank_; }
   int projected_keep() const override { return keep_ > 0 && keep_ < rank_ ? keep_ : rank_; }
+  bool query_aware() const override { return query_aware_; }
 
  private:
   int rank_, keep_;
+  bool query_aware_;
 };
 
-// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "psketch4:R" | "psketch4:R:KEEP" |
+// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "psketch4:R[:KEEP]" | "qsketch4:R[:KEEP]" |
 // "minmax:ALPHA".
 // Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);

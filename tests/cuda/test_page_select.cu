@@ -836,24 +836,35 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(23);
   constexpr int kRank = 32;
-  for (auto [hq, hkv, d, multi] : {std::tuple{32, 8, 128, false}, std::tuple{32, 8, 128, true}, std::tuple{9, 3, 64, false}}) {
+  // (qa: a query-aware basis, fitted on the problem's own queries: A q differs from C k.)
+  for (auto [hq, hkv, d, multi, qa] : {std::tuple{32, 8, 128, false, false}, std::tuple{32, 8, 128, true, false},
+                                       std::tuple{9, 3, 64, false, false}, std::tuple{32, 8, 128, false, true}}) {
     Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi), rng);
     const int n_req = static_cast<int>(pr.seq_len.size());
     const int group = hq / hkv;
-    auto kb = std::make_shared<dhs::KeyBasis>(dhs::fit_key_basis(1, hkv, d, kRank, [&](int, int h, std::vector<float>* rows) {
+    auto keys = [&](int, int h, std::vector<float>* rows) {
       for (auto* t : pr.table_ptrs)
         for (int64_t i = 0; i < t->n_pages_per_list(); ++i) {
           const float* kp = pr.pool->k_page(t->page(0, h, i));
           rows->insert(rows->end(), kp, kp + std::min<int64_t>(kPage, t->n_tokens() - i * kPage) * d);
         }
-    }));
+    };
+    auto queries = [&](int, int h, std::vector<float>* rows) {
+      for (size_t r = 0; r < pr.q.size() / static_cast<size_t>(hq * d); ++r)
+        for (int g = 0; g < group; ++g) {
+          const float* qv = pr.q.data() + (r * hq + static_cast<size_t>(h * group + g)) * d;
+          rows->insert(rows->end(), qv, qv + d);
+        }
+    };
+    auto kb = std::make_shared<dhs::KeyBasis>(qa ? dhs::fit_qk_basis(1, hkv, d, kRank, keys, queries)
+                                                 : dhs::fit_key_basis(1, hkv, d, kRank, keys));
     dhs::PageSummaryStore cpu(*pr.pool);
     for (auto* t : pr.table_ptrs)
       for (int h = 0; h < hkv; ++h)
         for (int64_t i = 0; i < t->n_pages_per_list(); ++i)
           cpu.rebuild(*pr.pool, t->page(0, h, i).slot, static_cast<int>(std::min<int64_t>(kPage, t->n_tokens() - i * kPage)), 0, h);
     cpu.set_key_basis(kb, *pr.pool);
-    dc::DeviceKeyBasis kb_d(1, hkv, d, kRank, kb->basis(0, 0), kb->mean(0, 0));
+    dc::DeviceKeyBasis kb_d(1, hkv, d, kRank, kb->basis(0, 0), kb->mean(0, 0), qa ? kb->query_basis(0, 0) : nullptr);
 
     // Codes.
     dc::DeviceKeySketch sk(pr.pool->n_pages(), kPage, kRank);
@@ -905,7 +916,7 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
     dc::ProjectQueriesParams pq;
     pq.q = q_d;
     pq.qp = qp_d;
-    pq.basis = kb_d.basis_d(0);
+    pq.basis = kb_d.query_basis_d(0);
     pq.n_rows = n_rows;
     pq.n_heads_q = hq;
     pq.n_heads_kv = hkv;
@@ -994,7 +1005,7 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
           }
       }
       EXPECT_EQ(bad, 0) << "of " << checked << " projected sketch scores, d " << d << ", " << warps << " warps";
-      std::printf("  psketch4:%d d %3d, q rows %s, %4d warps: %lld scores, %lld off\n", kRank, d, multi ? "1,5" : "1  ", warps,
+      std::printf("  %s:%d d %3d, q rows %s, %4d warps: %lld scores, %lld off\n", qa ? "qsketch4" : "psketch4", kRank, d, multi ? "1,5" : "1  ", warps,
                   static_cast<long long>(checked), static_cast<long long>(bad));
     }
     cudaFree(q_d);

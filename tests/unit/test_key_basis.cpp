@@ -85,6 +85,58 @@ TEST(KeyBasis, FitFindsTheKeysSubspaceInOrder) {
   EXPECT_THROW(fit_key_basis(1, 1, 8, 2, [](int, int, std::vector<float>* rows) { rows->assign(12, 0.0f); }), Error);
 }
 
+// The query-aware basis: exact at full rank, and at rank 2 it keeps the directions the queries
+// look at, where key PCA keeps the keys' largest spread (which these queries ignore).
+TEST(KeyBasis, QueryAwareBasisKeepsTheScoresSpread) {
+  std::mt19937 rng(47);
+  const int d = 8, n = 3000;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // Keys: sd 5 in dims 0-1, 1 in dims 2-3, 0.1 elsewhere, offset 2; queries: only dims 2-3 (and noise).
+  auto key = [&](float* k) {
+    for (int e = 0; e < d; ++e) k[e] = 2.0f + nd(rng) * (e < 2 ? 5.0f : e < 4 ? 1.0f : 0.1f);
+  };
+  auto query = [&](float* q) {
+    for (int e = 0; e < d; ++e) q[e] = (e == 2 || e == 3) ? 3.0f * nd(rng) : 0.01f * nd(rng);
+  };
+  auto keys = [&](int, int, std::vector<float>* rows) {
+    rows->resize(static_cast<size_t>(n) * d);
+    for (int t = 0; t < n; ++t) key(rows->data() + static_cast<size_t>(t) * d);
+  };
+  auto queries = [&](int, int, std::vector<float>* rows) {
+    rows->resize(static_cast<size_t>(n) * d);
+    for (int t = 0; t < n; ++t) query(rows->data() + static_cast<size_t>(t) * d);
+  };
+  const KeyBasis full = fit_qk_basis(1, 1, d, d, keys, queries);
+  const KeyBasis qk = fit_qk_basis(1, 1, d, 2, keys, queries);
+  const KeyBasis pca = fit_key_basis(1, 1, d, 2, keys);
+  EXPECT_TRUE(qk.query_aware());
+  EXPECT_FALSE(pca.query_aware());
+  EXPECT_GT(qk.explained(0, 0), 0.99f);
+  auto score_err = [&](const KeyBasis& kb, double* rel) {
+    double se = 0, ss = 0;
+    std::vector<float> q(d), k(d), a(static_cast<size_t>(kb.rank())), c(static_cast<size_t>(kb.rank()));
+    for (int trial = 0; trial < 500; ++trial) {
+      query(q.data());
+      key(k.data());
+      kb.project_query(0, 0, q.data(), a.data());
+      kb.project_key(0, 0, k.data(), c.data());
+      double est = 0, want = 0;
+      for (int r = 0; r < kb.rank(); ++r) est += static_cast<double>(a[r]) * c[r];
+      for (int e = 0; e < d; ++e) want += static_cast<double>(q[e]) * (k[e] - kb.mean(0, 0)[e]);
+      se += (est - want) * (est - want);
+      ss += want * want;
+    }
+    *rel = se / ss;
+  };
+  double e_full, e_qk, e_pca;
+  score_err(full, &e_full);
+  score_err(qk, &e_qk);
+  score_err(pca, &e_pca);
+  EXPECT_LT(e_full, 1e-8) << "full rank: A^T C = I";
+  EXPECT_LT(e_qk, 0.01) << "the queries' two directions kept";
+  EXPECT_GT(e_pca, 0.9) << "key PCA keeps dims 0-1, which the queries ignore";
+}
+
 // The projected sketch, stated independently: per token y = B (k - mean) quantized to 4 bits
 // (step absmax / 7), q^ = int8(B q) (step absmax / 127), page score = log-mean-exp of
 // scale * q^.y^ over the page's rows, masses n_vis * exp(score), normalised per q head, summed.

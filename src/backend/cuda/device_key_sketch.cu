@@ -125,7 +125,8 @@ void launch_project_queries(const ProjectQueriesParams& p, cudaStream_t stream) 
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
-DeviceKeyBasis::DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int rank, const float* basis, const float* mean)
+DeviceKeyBasis::DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int rank, const float* basis, const float* mean,
+                               const float* query_basis)
     : n_layers_(n_layers), n_heads_kv_(n_heads_kv), head_dim_(head_dim), rank_(rank) {
   if (n_layers < 1 || n_heads_kv < 1 || head_dim < 1 || head_dim > 256 || rank < 1 || rank > head_dim)
     check(cudaErrorInvalidValue, "DeviceKeyBasis: bad shape", __FILE__, __LINE__);
@@ -134,11 +135,16 @@ DeviceKeyBasis::DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int r
   DHS_CUDA_CHECK(cudaMalloc(&mean_d_, nm * 4));
   DHS_CUDA_CHECK(cudaMemcpy(basis_d_, basis, nb * 4, cudaMemcpyHostToDevice));
   DHS_CUDA_CHECK(cudaMemcpy(mean_d_, mean, nm * 4, cudaMemcpyHostToDevice));
+  if (query_basis != nullptr) {
+    DHS_CUDA_CHECK(cudaMalloc(&qbasis_d_, nb * 4));
+    DHS_CUDA_CHECK(cudaMemcpy(qbasis_d_, query_basis, nb * 4, cudaMemcpyHostToDevice));
+  }
 }
 
 DeviceKeyBasis::~DeviceKeyBasis() {
   cudaFree(basis_d_);
   cudaFree(mean_d_);
+  cudaFree(qbasis_d_);
 }
 
 }  // namespace dhs::cuda

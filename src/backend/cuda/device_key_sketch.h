@@ -95,8 +95,11 @@ void launch_sketch_keys(const SketchKeysParams& p, cudaStream_t stream);
 // The key basis of the projected sketch in HBM (a copy of a sparse/key_basis.h KeyBasis).
 class DeviceKeyBasis {
  public:
-  // basis: [n_layers, n_heads_kv, rank, head_dim], mean: [n_layers, n_heads_kv, head_dim] (host).
-  DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int rank, const float* basis, const float* mean);
+  // basis: [n_layers, n_heads_kv, rank, head_dim], mean: [n_layers, n_heads_kv, head_dim] (host);
+  // query_basis: the query map of a query-aware basis (same shape as basis), or null (queries
+  // take the key basis).
+  DeviceKeyBasis(int n_layers, int n_heads_kv, int head_dim, int rank, const float* basis, const float* mean,
+                 const float* query_basis = nullptr);
   ~DeviceKeyBasis();
   DeviceKeyBasis(const DeviceKeyBasis&) = delete;
   DeviceKeyBasis& operator=(const DeviceKeyBasis&) = delete;
@@ -104,19 +107,24 @@ class DeviceKeyBasis {
   int head_dim() const { return head_dim_; }
   const float* basis_d(int layer) const { return basis_d_ + static_cast<size_t>(layer) * n_heads_kv_ * rank_ * head_dim_; }
   const float* mean_d(int layer) const { return mean_d_ + static_cast<size_t>(layer) * n_heads_kv_ * head_dim_; }
+  // What launch_project_queries takes: the query map, or the key basis.
+  const float* query_basis_d(int layer) const {
+    return (qbasis_d_ != nullptr ? qbasis_d_ : basis_d_) + static_cast<size_t>(layer) * n_heads_kv_ * rank_ * head_dim_;
+  }
 
  private:
   int n_layers_, n_heads_kv_, head_dim_, rank_;
   float* basis_d_ = nullptr;
   float* mean_d_ = nullptr;
+  float* qbasis_d_ = nullptr;
 };
 
-// qp = bf16(B q) per (row, q head), B the basis of the head's KV head: what the projected
+// qp = bf16(A q) per (row, q head), A the query map of the head's KV head (query_basis_d): what the projected
 // sketch's scores take as q (PageSelectParams::q with head_dim = rank).
 struct ProjectQueriesParams {
   const __nv_bfloat16* q = nullptr;  // [n_rows, n_heads_q, head_dim]
   __nv_bfloat16* qp = nullptr;       // [n_rows, n_heads_q, rank]
-  const float* basis = nullptr;      // [n_heads_kv, rank, head_dim] (this layer's)
+  const float* basis = nullptr;      // [n_heads_kv, rank, head_dim] (this layer's query map)
   int64_t n_rows = 0;
   int n_heads_q = 0, n_heads_kv = 0, head_dim = 0, rank = 0;
 };
