@@ -835,10 +835,11 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
 TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(23);
-  constexpr int kRank = 32;
-  // (qa: a query-aware basis, fitted on the problem's own queries: A q differs from C k.)
-  for (auto [hq, hkv, d, multi, qa] : {std::tuple{32, 8, 128, false, false}, std::tuple{32, 8, 128, true, false},
-                                       std::tuple{9, 3, 64, false, false}, std::tuple{32, 8, 128, false, true}}) {
+  // (qa: a query-aware basis, fitted on the problem's own queries: A q differs from C k. Rank 64
+  // takes the projection's second output per lane and the score kernel's two k-steps.)
+  for (auto [hq, hkv, d, multi, qa, kRank] :
+       {std::tuple{32, 8, 128, false, false, 32}, std::tuple{32, 8, 128, true, false, 32}, std::tuple{9, 3, 64, false, false, 32},
+        std::tuple{32, 8, 128, false, true, 32}, std::tuple{32, 8, 128, true, false, 64}}) {
     Problem pr = make_problem(hq, hkv, d, seq_lens_17(), q_lens_17(multi), rng);
     const int n_req = static_cast<int>(pr.seq_len.size());
     const int group = hq / hkv;
@@ -962,14 +963,16 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
     p.page_size = kPage;
     p.scale = scale;
     ws.bind(&p);
-    for (int warps : {8, p.n_score_warps}) {
+    const int default_warps = p.n_score_warps;
+    const dhs::ProjectedSketchEstimator est(kRank, 0, qa);
+    for (int warps : {8, default_warps}) {
       p.n_score_warps = warps;
       DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
       dc::launch_page_select_stage(p, 0, nullptr);
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
       const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
       const double l2e = 1.4426950408889634;
-      int64_t checked = 0, bad = 0;
+      int64_t checked = 0, bad = 0, vs_estimator = 0;
       for (int r = 0; r < n_req; ++r) {
         const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
         for (int h = 0; h < hkv; ++h)
@@ -1001,12 +1004,19 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
               // float rounding of the step products and the device's ex2 / lg2 approximations
               bad += !(std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want) / 30.0));
               ++checked;
+              // Whole pages of one-row requests: the CPU estimator itself (on the same bf16 A q).
+              if (n_vis == cpu.n_rows(slot) && q_len == 1) {
+                const double e = est.score(cpu, slot, qv, scale) * scale * l2e;
+                bad += std::fabs(e - got) > 1e-3 * std::max(1.0, std::fabs(e) / 30.0);
+                ++vs_estimator;
+              }
             }
           }
       }
       EXPECT_EQ(bad, 0) << "of " << checked << " projected sketch scores, d " << d << ", " << warps << " warps";
-      std::printf("  %s:%d d %3d, q rows %s, %4d warps: %lld scores, %lld off\n", qa ? "qsketch4" : "psketch4", kRank, d, multi ? "1,5" : "1  ", warps,
-                  static_cast<long long>(checked), static_cast<long long>(bad));
+      std::printf("  %s:%d d %3d, q rows %s, %4d warps: %lld scores (%lld also against the estimator), %lld off\n",
+                  qa ? "qsketch4" : "psketch4", kRank, d, multi ? "1,5" : "1  ", warps, static_cast<long long>(checked),
+                  static_cast<long long>(vs_estimator), static_cast<long long>(bad));
     }
     cudaFree(q_d);
     cudaFree(qp_d);

@@ -108,6 +108,8 @@ __global__ void __launch_bounds__(32) project_queries_kernel(const __grid_consta
 
 void launch_sketch_keys(const SketchKeysParams& p, cudaStream_t stream) {
   if (p.n_tok <= 0) return;
+  if (p.head_dim < 32 || p.head_dim > 256 || p.head_dim % 32 != 0)  // (the row is staged in a 256-float buffer)
+    check(cudaErrorInvalidValue, "sketch_keys: head_dim must be a multiple of 32 up to 256", __FILE__, __LINE__);
   if (p.basis != nullptr && (p.code_dims % 32 != 0 || p.code_dims < 32 || p.code_dims > 256 || p.basis_mean == nullptr))
     check(cudaErrorInvalidValue, "sketch_keys: a key basis needs code_dims in {32, 64, ..., 256} and its mean", __FILE__,
           __LINE__);
@@ -118,7 +120,8 @@ void launch_sketch_keys(const SketchKeysParams& p, cudaStream_t stream) {
 
 void launch_project_queries(const ProjectQueriesParams& p, cudaStream_t stream) {
   if (p.n_rows <= 0) return;
-  if (p.rank < 1 || p.rank > 256 || p.head_dim < 1 || p.head_dim > 256 || p.n_heads_kv < 1 || p.n_heads_q % p.n_heads_kv != 0)
+  if (p.rank < 1 || p.rank > 256 || p.head_dim < 1 || p.head_dim > 256 || p.n_heads_kv < 1 || p.n_heads_q < 1 ||
+      p.n_heads_q % p.n_heads_kv != 0)
     check(cudaErrorInvalidValue, "project_queries: bad shape", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>(p.n_rows), static_cast<unsigned>(p.n_heads_q));
   project_queries_kernel<<<grid, 32, 0, stream>>>(p);

@@ -74,7 +74,7 @@ class DeviceKeySketch {
 // Same token/slot arguments as SummarizePagesParams (device_page_summary.h), after the append.
 struct SketchKeysParams {
   const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
-  uint8_t* codes = nullptr;               // [n_pages, page_size, head_dim / 2]
+  uint8_t* codes = nullptr;               // [n_pages, page_size, C / 2], C = code_dims with a basis, else head_dim
   float* steps = nullptr;                 // [n_pages, page_size]
   const int32_t* pos = nullptr;           // [n_tok]
   const int32_t* dst_slot = nullptr;      // [n_tok * n_heads_kv]; outside [0, n_pages): skipped

@@ -562,8 +562,8 @@ void launch_sketch(const PageSelectParams& p, cudaStream_t stream) {
 void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
-    case 32:  // the projected sketch at rank 32 (head_dim = the rank, q projected)
-      if (!sketch) check(cudaErrorInvalidValue, "page_select: head_dim 32 is for the projected key sketch only", __FILE__, __LINE__);
+    case 32:  // a sketch of 32 entries a row: the projected sketch at rank 32 (head_dim = the rank, q projected)
+      if (!sketch) check(cudaErrorInvalidValue, "page_select: head_dim 32 is for the key sketch only", __FILE__, __LINE__);
       launch_sketch<1>(p, stream);
       break;
     case 64: sketch ? launch_sketch<2>(p, stream) : launch_resident<score_summaries_kernel<64>>(p, stream); break;

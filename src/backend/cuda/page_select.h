@@ -81,7 +81,7 @@ struct PageSelectParams {
   int n_requests = 0;
   int n_heads_q = 0;
   int n_heads_kv = 0;
-  int head_dim = 0;      // 64, 128 or 256
+  int head_dim = 0;      // 64, 128 or 256; the projected sketch: its rank (32, 64, ...), q projected
   int page_size = 16;
   int q_stride = 0;      // >= (n_heads_q / n_heads_kv) * max q_len
   int64_t score_stride = 0;  // >= nnz_dense (the workspace's max_nnz)
