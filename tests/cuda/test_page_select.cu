@@ -157,6 +157,27 @@ dhs::PageSummaryStore cpu_store_of(const Problem& pr) {
   return store;
 }
 
+// The fields every selection shares: the dense lists of every page, q ([rows, Hq, head_dim]),
+// shapes and the workspace; the caller adds the estimate's inputs (summaries or a sketch).
+dc::PageSelectParams dense_params(const dc::DevicePageLists& dense_d, const __nv_bfloat16* q_d, const int32_t* q_indptr_d,
+                                  int n_req, int hq, int hkv, int head_dim, float scale, const dc::PageSelectWorkspace& ws) {
+  dc::PageSelectParams p;
+  p.dense_indptr = dense_d.indptr_d();
+  p.dense_slots = dense_d.slots_d();
+  p.dense_page_pos = dense_d.page_pos_d();
+  p.seq_len = dense_d.seq_len_d();
+  p.q = q_d;
+  p.q_indptr = q_indptr_d;
+  p.n_requests = n_req;
+  p.n_heads_q = hq;
+  p.n_heads_kv = hkv;
+  p.head_dim = head_dim;
+  p.page_size = kPage;
+  p.scale = scale;
+  ws.bind(&p);
+  return p;
+}
+
 // dst_slot / pos of every token of every request as one prefill-like step.
 void all_tokens(const Problem& pr, std::vector<int32_t>* dst, std::vector<int32_t>* pos) {
   for (size_t r = 0; r < pr.seq_len.size(); ++r)
@@ -403,26 +424,13 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
 
   // The fields every case shares: inputs, outputs, shapes, workspace.
   auto base_params = [&] {
-    dc::PageSelectParams p;
-    p.dense_indptr = dense_d.indptr_d();
-    p.dense_slots = dense_d.slots_d();
-    p.dense_page_pos = dense_d.page_pos_d();
-    p.seq_len = dense_d.seq_len_d();
-    p.q = q_d;
-    p.q_indptr = q_indptr_d;
+    dc::PageSelectParams p = dense_params(dense_d, q_d, q_indptr_d, n_req, hq, hkv, d, scale, ws);
     p.summaries = sums_d->data_d();
     p.kind = kind;
     p.gaussian = gaussian;
     p.indptr = out_indptr;
     p.slots = out_slots;
     p.page_pos = out_pos;
-    p.n_requests = n_req;
-    p.n_heads_q = hq;
-    p.n_heads_kv = hkv;
-    p.head_dim = d;
-    p.page_size = kPage;
-    p.scale = scale;
-    ws.bind(&p);
     if (smem_pages >= 0) p.smem_pages = smem_pages;
     return p;
   };
@@ -619,7 +627,9 @@ TEST(PageSelect, MatchesTheCpuPoliciesSmolShape) {
 
 // ---- 4-bit key sketch ------------------------------------------------------------------
 
-void sketch_step(const Problem& pr, dc::DeviceKeySketch& s, const std::vector<int32_t>& dst, const std::vector<int32_t>& pos) {
+// basis: the projected sketch's (code dims = its rank), or null for the plain sketch.
+void sketch_step(const Problem& pr, dc::DeviceKeySketch& s, const std::vector<int32_t>& dst, const std::vector<int32_t>& pos,
+                 const dc::DeviceKeyBasis* basis = nullptr) {
   run_step(dst, pos, [&](const int32_t* dst_d, const int32_t* pos_d) {
     dc::SketchKeysParams sp;
     sp.k_pool = pr.pool_d->k_d();
@@ -632,8 +642,22 @@ void sketch_step(const Problem& pr, dc::DeviceKeySketch& s, const std::vector<in
     sp.n_tok = static_cast<int64_t>(pos.size());
     sp.n_heads_kv = pr.n_heads_kv;
     sp.head_dim = pr.head_dim;
+    if (basis != nullptr) {
+      sp.basis = basis->basis_d(0);
+      sp.basis_mean = basis->mean_d(0);
+      sp.code_dims = basis->rank();
+    }
     dc::launch_sketch_keys(sp, nullptr);
   });
+}
+
+// Every score of the score stage on `warps` warps ([q_stride, score_stride]; NaN where unwritten).
+std::vector<float> run_scores(dc::PageSelectParams p, int warps, int q_stride) {
+  p.n_score_warps = warps;
+  DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
+  dc::launch_page_select_stage(p, 0, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  return to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
 }
 
 // Rows of the device sketch that differ from the CPU store's codes or steps, over every written row.
@@ -656,6 +680,26 @@ int64_t sketch_mismatches(const Problem& pr, const dc::DeviceKeySketch& s, const
         }
       }
   return bad;
+}
+
+// Visits every (request r, KV head h, page i, q vector j) whose page has n_vis > 0 rows visible to
+// the vector: f(slot, row q0 + qi, q head hh, n_vis, q_len, index of the score in the stage's output).
+template <typename F>
+void for_each_visible_score(const Problem& pr, const dhs::PageLists& dense, int64_t score_stride, F f) {
+  const int group = pr.n_heads_q / pr.n_heads_kv;
+  for (int r = 0; r < static_cast<int>(pr.seq_len.size()); ++r) {
+    const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
+    for (int h = 0; h < pr.n_heads_kv; ++h)
+      for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
+        const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
+        for (int j = 0; j < q_len * group; ++j) {
+          const int qi = j / group;
+          const int n_vis = std::clamp(pr.seq_len[r] - q_len + qi + 1 - i * kPage, 0, kPage);
+          if (n_vis == 0) continue;  // the select kernel ignores it
+          f(slot, q0 + qi, h * group + j % group, n_vis, q_len, static_cast<size_t>(j) * score_stride + dense.row_begin(r, h) + i);
+        }
+      }
+  }
 }
 
 TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
@@ -693,79 +737,51 @@ TEST(KeySketch, CodesEqualTheCpuStoreAndScoresMeetTheirBound) {
     const int q_stride = multi ? group * 5 : group;
     dc::PageSelectWorkspace ws(n_req * hkv, dense.nnz(), q_stride);
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    dc::PageSelectParams p;
-    p.dense_indptr = dense_d.indptr_d();
-    p.dense_slots = dense_d.slots_d();
-    p.dense_page_pos = dense_d.page_pos_d();
-    p.seq_len = dense_d.seq_len_d();
-    p.q = q_d;
-    p.q_indptr = q_indptr_d;
+    dc::PageSelectParams p = dense_params(dense_d, q_d, q_indptr_d, n_req, hq, hkv, d, scale, ws);
     p.sketch_codes = sk.codes_d();
     p.sketch_steps = sk.steps_d();
-    p.n_requests = n_req;
-    p.n_heads_q = hq;
-    p.n_heads_kv = hkv;
-    p.head_dim = d;
-    p.page_size = kPage;
-    p.scale = scale;
-    ws.bind(&p);
     const int default_warps = p.n_score_warps;
     // 8 warps: hundreds of pages per warp (the steady-state prefetch ring, passes across list
     // ends); then the default grid (a page or two per warp here), which the selection below uses.
     for (int warps : {8, default_warps}) {
-      p.n_score_warps = warps;
-      DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
-      dc::launch_page_select_stage(p, 0, nullptr);
-      DHS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
+      const auto g_scores = run_scores(p, warps, q_stride);
       const double l2e = 1.4426950408889634;
       int64_t checked = 0, bad = 0;
       double worst = 0.0;
-      for (int r = 0; r < n_req; ++r) {
-        const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
-        for (int h = 0; h < hkv; ++h)
-          for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
-            const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
-            const int8_t* codes = cpu.key_codes(slot);
-            const float* st = cpu.key_code_scales(slot);
-            for (int j = 0; j < q_len * group; ++j) {
-              const int qi = j / group, hh = h * group + j % group;
-              const int qpos = pr.seq_len[r] - q_len + qi;
-              const int n_vis = std::clamp(qpos + 1 - i * kPage, 0, kPage);
-              if (n_vis == 0) continue;  // the select kernel ignores it
-              const float* q = pr.q.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * d;
-              double qmax = 0.0;
-              for (int c = 0; c < d; ++c) qmax = std::max(qmax, static_cast<double>(std::fabs(q[c])));
-              double m = -INFINITY, bound = 0.0;
-              std::vector<double> x(static_cast<size_t>(n_vis));
-              for (int t = 0; t < n_vis; ++t) {
-                double acc = 0.0, l1 = 0.0;
-                for (int c = 0; c < d; ++c) {
-                  acc += static_cast<double>(q[c]) * codes[t * d + c];
-                  l1 += std::abs(codes[t * d + c]);
-                }
-                x[static_cast<size_t>(t)] = acc * st[t] * scale * l2e;
-                m = std::max(m, x[static_cast<size_t>(t)]);
-                bound = std::max(bound, scale * l2e * (qmax / 127.0 / 2.0) * l1 * st[t]);
-              }
-              double z = 0.0;
-              for (double v : x) z += std::exp2(v - m);
-              const double want = m + std::log2(z / n_vis);
-              const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
-              const double err = std::fabs(got - want);
-              worst = std::max(worst, err / (bound + 1e-4));
-              bad += !(err <= bound + 1e-4);
-              ++checked;
-              // Where every row of the page is visible, the CPU estimator computes the same quantity with
-              // the same int8 q (equal integer dot products): equal up to float rounding (1e-3 in log2
-              // units for scores of magnitude <= ~30, relative past it).
-              if (n_vis == cpu.n_rows(slot) && q_len == 1) {
-                const double e = dhs::KeySketchEstimator().score(cpu, slot, q, scale) * scale * l2e;
-                bad += std::fabs(e - got) > 1e-3 * std::max(1.0, std::fabs(e) / 30.0);
-              }
-            }
+      for_each_visible_score(pr, dense, p.score_stride, [&](int32_t slot, int row, int hh, int n_vis, int q_len, size_t at) {
+        const int8_t* codes = cpu.key_codes(slot);
+        const float* st = cpu.key_code_scales(slot);
+        const float* q = pr.q.data() + (static_cast<size_t>(row) * hq + hh) * d;
+        double qmax = 0.0;
+        for (int c = 0; c < d; ++c) qmax = std::max(qmax, static_cast<double>(std::fabs(q[c])));
+        double m = -INFINITY, bound = 0.0;
+        std::vector<double> x(static_cast<size_t>(n_vis));
+        for (int t = 0; t < n_vis; ++t) {
+          double acc = 0.0, l1 = 0.0;
+          for (int c = 0; c < d; ++c) {
+            acc += static_cast<double>(q[c]) * codes[t * d + c];
+            l1 += std::abs(codes[t * d + c]);
           }
-      }
+          x[static_cast<size_t>(t)] = acc * st[t] * scale * l2e;
+          m = std::max(m, x[static_cast<size_t>(t)]);
+          bound = std::max(bound, scale * l2e * (qmax / 127.0 / 2.0) * l1 * st[t]);
+        }
+        double z = 0.0;
+        for (double v : x) z += std::exp2(v - m);
+        const double want = m + std::log2(z / n_vis);
+        const double got = g_scores[at];
+        const double err = std::fabs(got - want);
+        worst = std::max(worst, err / (bound + 1e-4));
+        bad += !(err <= bound + 1e-4);
+        ++checked;
+        // Where every row of the page is visible, the CPU estimator computes the same quantity with
+        // the same int8 q (equal integer dot products): equal up to float rounding (1e-3 in log2
+        // units for scores of magnitude <= ~30, relative past it).
+        if (n_vis == cpu.n_rows(slot) && q_len == 1) {
+          const double e = dhs::KeySketchEstimator().score(cpu, slot, q, scale) * scale * l2e;
+          bad += std::fabs(e - got) > 1e-3 * std::max(1.0, std::fabs(e) / 30.0);
+        }
+      });
       EXPECT_EQ(bad, 0) << "of " << checked << " sketch scores off their bound, d " << d << ", " << warps << " warps";
       std::printf("  sketch d %3d, q rows %s, q gain %4.1f, %4d warps: %lld scores, worst error %.2f of its bound\n", d,
                   multi ? "1,5" : "1  ", gain, warps, static_cast<long long>(checked), worst);
@@ -872,23 +888,7 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
     {
       std::vector<int32_t> dst, pos;
       all_tokens(pr, &dst, &pos);
-      run_step(dst, pos, [&](const int32_t* dst_d, const int32_t* pos_d) {
-        dc::SketchKeysParams sp;
-        sp.k_pool = pr.pool_d->k_d();
-        sp.codes = sk.codes_d();
-        sp.steps = sk.steps_d();
-        sp.pos = pos_d;
-        sp.dst_slot = dst_d;
-        sp.n_pages = pr.pool->n_pages();
-        sp.page_size = kPage;
-        sp.n_tok = static_cast<int64_t>(pos.size());
-        sp.n_heads_kv = hkv;
-        sp.head_dim = d;
-        sp.basis = kb_d.basis_d(0);
-        sp.basis_mean = kb_d.mean_d(0);
-        sp.code_dims = kRank;
-        dc::launch_sketch_keys(sp, nullptr);
-      });
+      sketch_step(pr, sk, dst, pos, &kb_d);
     }
     const auto codes = to_host(sk.codes_d(), sk.code_bytes());
     const auto steps = to_host(sk.steps_d(), static_cast<size_t>(pr.pool->n_pages()) * kPage);
@@ -946,73 +946,45 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
     int32_t* q_indptr_d = to_device(pr.q_indptr);
     const int q_stride = multi ? group * 5 : group;
     dc::PageSelectWorkspace ws(n_req * hkv, dense.nnz(), q_stride);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    dc::PageSelectParams p;
-    p.dense_indptr = dense_d.indptr_d();
-    p.dense_slots = dense_d.slots_d();
-    p.dense_page_pos = dense_d.page_pos_d();
-    p.seq_len = dense_d.seq_len_d();
-    p.q = qp_d;
-    p.q_indptr = q_indptr_d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));  // attention's scale, not the rank's
+    dc::PageSelectParams p = dense_params(dense_d, qp_d, q_indptr_d, n_req, hq, hkv, kRank, scale, ws);
     p.sketch_codes = sk.codes_d();
     p.sketch_steps = sk.steps_d();
-    p.n_requests = n_req;
-    p.n_heads_q = hq;
-    p.n_heads_kv = hkv;
-    p.head_dim = kRank;
-    p.page_size = kPage;
-    p.scale = scale;
-    ws.bind(&p);
-    const int default_warps = p.n_score_warps;
     const dhs::ProjectedSketchEstimator est(kRank, 0, qa);
-    for (int warps : {8, default_warps}) {
-      p.n_score_warps = warps;
-      DHS_CUDA_CHECK(cudaMemset(p.scores, 0xFF, static_cast<size_t>(p.score_stride) * q_stride * sizeof(float)));  // NaN
-      dc::launch_page_select_stage(p, 0, nullptr);
-      DHS_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto g_scores = to_host(p.scores, static_cast<size_t>(p.score_stride) * q_stride);
+    for (int warps : {8, p.n_score_warps}) {
+      const auto g_scores = run_scores(p, warps, q_stride);
       const double l2e = 1.4426950408889634;
       int64_t checked = 0, bad = 0, vs_estimator = 0;
-      for (int r = 0; r < n_req; ++r) {
-        const int q0 = pr.q_indptr[r], q_len = pr.q_indptr[r + 1] - q0;
-        for (int h = 0; h < hkv; ++h)
-          for (int i = 0; i < (dense.row_end(r, h) - dense.row_begin(r, h)); ++i) {
-            const int32_t slot = pr.tables[static_cast<size_t>(r)]->page(0, h, i).slot;
-            const int8_t* c8 = cpu.projected_codes(slot);
-            const float* st = cpu.projected_scales(slot);
-            for (int j = 0; j < q_len * group; ++j) {
-              const int qi = j / group, hh = h * group + j % group;
-              const int n_vis = std::clamp(pr.seq_len[r] - q_len + qi + 1 - i * kPage, 0, kPage);
-              if (n_vis == 0) continue;
-              const float* qv = qp_cpu.data() + (static_cast<size_t>(q0 + qi) * hq + hh) * kRank;
-              float amax = 0.0f;
-              for (int c = 0; c < kRank; ++c) amax = std::max(amax, std::fabs(qv[c]));
-              const float qstep = amax / 127.0f;
-              double m = -INFINITY;
-              std::vector<double> x(static_cast<size_t>(n_vis));
-              for (int t = 0; t < n_vis; ++t) {
-                int64_t dot = 0;
-                for (int c = 0; c < kRank; ++c)
-                  dot += static_cast<int64_t>(c8[t * kRank + c]) * static_cast<int>(std::clamp(std::nearbyint(qv[c] / qstep), -127.0f, 127.0f));
-                x[static_cast<size_t>(t)] = static_cast<double>(dot) * qstep * st[t] * scale * l2e;
-                m = std::max(m, x[static_cast<size_t>(t)]);
-              }
-              double z = 0.0;
-              for (double v : x) z += std::exp2(v - m);
-              const double want = m + std::log2(z / n_vis);
-              const double got = g_scores[static_cast<size_t>(j) * p.score_stride + dense.row_begin(r, h) + i];
-              // float rounding of the step products and the device's ex2 / lg2 approximations
-              bad += !(std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want) / 30.0));
-              ++checked;
-              // Whole pages of one-row requests: the CPU estimator itself (on the same bf16 A q).
-              if (n_vis == cpu.n_rows(slot) && q_len == 1) {
-                const double e = est.score(cpu, slot, qv, scale) * scale * l2e;
-                bad += std::fabs(e - got) > 1e-3 * std::max(1.0, std::fabs(e) / 30.0);
-                ++vs_estimator;
-              }
-            }
-          }
-      }
+      for_each_visible_score(pr, dense, p.score_stride, [&](int32_t slot, int row, int hh, int n_vis, int q_len, size_t at) {
+        const int8_t* c8 = cpu.projected_codes(slot);
+        const float* st = cpu.projected_scales(slot);
+        const float* qv = qp_cpu.data() + (static_cast<size_t>(row) * hq + hh) * kRank;
+        float amax = 0.0f;
+        for (int c = 0; c < kRank; ++c) amax = std::max(amax, std::fabs(qv[c]));
+        const float qstep = amax / 127.0f;
+        double m = -INFINITY;
+        std::vector<double> x(static_cast<size_t>(n_vis));
+        for (int t = 0; t < n_vis; ++t) {
+          int64_t dot = 0;
+          for (int c = 0; c < kRank; ++c)
+            dot += static_cast<int64_t>(c8[t * kRank + c]) * static_cast<int>(std::clamp(std::nearbyint(qv[c] / qstep), -127.0f, 127.0f));
+          x[static_cast<size_t>(t)] = static_cast<double>(dot) * qstep * st[t] * scale * l2e;
+          m = std::max(m, x[static_cast<size_t>(t)]);
+        }
+        double z = 0.0;
+        for (double v : x) z += std::exp2(v - m);
+        const double want = m + std::log2(z / n_vis);
+        const double got = g_scores[at];
+        // float rounding of the step products and the device's ex2 / lg2 approximations
+        bad += !(std::fabs(got - want) <= 1e-3 * std::max(1.0, std::fabs(want) / 30.0));
+        ++checked;
+        // Whole pages of one-row requests: the CPU estimator itself (on the same bf16 A q).
+        if (n_vis == cpu.n_rows(slot) && q_len == 1) {
+          const double e = est.score(cpu, slot, qv, scale) * scale * l2e;
+          bad += std::fabs(e - got) > 1e-3 * std::max(1.0, std::fabs(e) / 30.0);
+          ++vs_estimator;
+        }
+      });
       EXPECT_EQ(bad, 0) << "of " << checked << " projected sketch scores, d " << d << ", " << warps << " warps";
       std::printf("  %s:%d d %3d, q rows %s, %4d warps: %lld scores (%lld also against the estimator), %lld off\n",
                   qa ? "qsketch4" : "psketch4", kRank, d, multi ? "1,5" : "1  ", warps, static_cast<long long>(checked),
