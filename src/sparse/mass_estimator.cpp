@@ -94,6 +94,10 @@ float KeySketchEstimator::score(const PageSummaryStore& s, int32_t slot, const f
   return sketch_log_mean_exp(s.key_codes(slot), s.key_code_scales(slot), s.n_rows(slot), s.head_dim(), q, scale);
 }
 
+float KeySketch2Estimator::score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const {
+  return sketch_log_mean_exp(s.key_codes2(slot), s.key_code2_scales(slot), s.n_rows(slot), s.head_dim(), q, scale);
+}
+
 std::string ProjectedSketchEstimator::name() const {
   const char* kind = query_aware_ ? "qsketch4" : "psketch4";
   return keep_ > 0 ? fmt::format("{}:{}:{}", kind, rank_, keep_) : fmt::format("{}:{}", kind, rank_);
@@ -137,6 +141,7 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
               "estimator '{}': KEEP must be a positive multiple of {} up to R", name, kChannelBlock);
     return std::make_shared<ProjectedSketchEstimator>(rank, keep, name[0] == 'q');
   }
+  if (name == "sketch2") return std::make_shared<KeySketch2Estimator>();
   if (name == "minmax") return std::make_shared<MinMaxEstimator>();
   if (name.rfind("minmax:", 0) == 0) {
     float a = -1.0f;
@@ -149,7 +154,7 @@ std::shared_ptr<const MassEstimator> make_estimator(const std::string& name) {
   }
   if (name == "meanspread") return std::make_shared<MeanSpreadEstimator>();
   if (name == "gaussian") return std::make_shared<GaussianEstimator>();
-  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, psketch4:R[:KEEP], qsketch4:R[:KEEP], minmax, minmax:ALPHA, meanspread, gaussian)", name));
+  throw Error(fmt::format("unknown mass estimator '{}' (sketch4, sketch4:KEEP, sketch2, psketch4:R[:KEEP], qsketch4:R[:KEEP], minmax, minmax:ALPHA, meanspread, gaussian)", name));
 }
 
 namespace {

@@ -102,6 +102,14 @@ class KeySketchEstimator final : public MassEstimator {
   int keep_;
 };
 
+// The key sketch in 2 bits per dimension ("sketch2", a CPU study; PageSummaryStore::key_codes2):
+// sketch4's log-mean-exp on codes in {-3, -1, 1, 3}, all dimensions, half of sketch4's bytes.
+class KeySketch2Estimator final : public MassEstimator {
+ public:
+  std::string name() const override { return "sketch2"; }
+  float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
+};
+
 // The key sketch in a low-rank key basis ("psketch4:R"): sketch4's log-mean-exp of the page's
 // tokens' exp-scores, on R coordinates per token (PageSummaryStore::projected_codes, the store
 // needs a key basis of rank R) and q projected on the same basis and rounded to bf16 (the device
@@ -131,7 +139,7 @@ class ProjectedSketchEstimator final : public MassEstimator {
   bool query_aware_;
 };
 
-// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "psketch4:R[:KEEP]" | "qsketch4:R[:KEEP]" |
+// "minmax" | "meanspread" (kappa 1) | "gaussian" | "sketch4" | "sketch4:KEEP" | "sketch2" | "psketch4:R[:KEEP]" | "qsketch4:R[:KEEP]" |
 // "minmax:ALPHA".
 // Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);

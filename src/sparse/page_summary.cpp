@@ -13,6 +13,8 @@ PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int
   DHS_ASSERT(n_pages >= 0 && head_dim > 0 && page_size > 0);
   codes_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
   code_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
+  codes2_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
+  code2_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
   data_.assign(static_cast<size_t>(n_pages) * 4 * static_cast<size_t>(head_dim), 0.0f);
   n_rows_.assign(static_cast<size_t>(n_pages), 0);
   tag_.assign(static_cast<size_t>(n_pages), -1);
@@ -53,6 +55,17 @@ void quantize_row4(const float* x, int n, int8_t* code, float* step_out) {
   *step_out = step;
 }
 
+// 2-bit codes of one row: step = absmax / 3, code = the odd integer nearest x / step (ties up),
+// clamped to [-3, 3].
+void quantize_row2(const float* x, int n, int8_t* code, float* step_out) {
+  float amax = 0.0f;
+  for (int d = 0; d < n; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float step = amax / 3.0f;
+  for (int d = 0; d < n; ++d)
+    code[d] = static_cast<int8_t>(step > 0.0f ? std::clamp(2.0f * std::floor(x[d] / step / 2.0f) + 1.0f, -3.0f, 3.0f) : 0.0f);
+  *step_out = step;
+}
+
 }  // namespace
 
 void PageSummaryStore::set_key_basis(std::shared_ptr<const KeyBasis> basis, const PagePool& pool) {
@@ -81,6 +94,7 @@ void PageSummaryStore::add_row(int32_t slot, const float* k, int layer, int kv_h
   if (n == 1 && layer >= 0) tag_[idx(slot)] = layer * 65536 + kv_head;
   const size_t row = idx(slot) * page_size_ + static_cast<size_t>(n - 1);
   quantize_row4(k, head_dim_, codes_.data() + row * head_dim_, &code_scale_[row]);
+  quantize_row2(k, head_dim_, codes2_.data() + row * head_dim_, &code2_scale_[row]);
   if (basis_) {
     const int32_t tag = tag_[idx(slot)];
     DHS_CHECK(tag >= 0, "page summary: slot {} has a key basis but no (layer, KV head)", slot);

@@ -60,6 +60,10 @@ class PageSummaryStore {
   // at d 128 (1/4 of the bf16 key); per-token, where min/max/mean/var summarize the page.
   const int8_t* key_codes(int32_t slot) const { return codes_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_); }
   const float* key_code_scales(int32_t slot) const { return code_scale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
+  // The same keys in 2 bits per dimension (a CPU study): k_d ~= code * step, code the odd integer
+  // nearest k_d / step in {-3, -1, 1, 3}, step = max_d |k_d| / 3.
+  const int8_t* key_codes2(int32_t slot) const { return codes2_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_); }
+  const float* key_code2_scales(int32_t slot) const { return code2_scale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
   int page_size() const { return page_size_; }
 
  private:
@@ -73,6 +77,8 @@ class PageSummaryStore {
   int page_size_;
   std::vector<int8_t> codes_;      // [n_pages, page_size, head_dim]
   std::vector<float> code_scale_;  // [n_pages, page_size]
+  std::vector<int8_t> codes2_;     // [n_pages, page_size, head_dim] in {-3, -1, 1, 3}
+  std::vector<float> code2_scale_; // [n_pages, page_size]
   std::vector<float> data_;      // [n_pages, 4 (min, max, mean, m2), head_dim]
   std::vector<int32_t> n_rows_;  // [n_pages] rows folded into the summary
   std::vector<int32_t> tag_;     // [n_pages] layer * 65536 + kv_head of the page's rows, -1 unknown

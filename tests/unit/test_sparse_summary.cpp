@@ -237,6 +237,48 @@ TEST(MassEstimator, KeySketchReconstructsKeysAndScoresTheirSum) {
   EXPECT_EQ(best_page, 1);
 }
 
+// sketch2: each dimension the odd multiple of step = absmax / 3 nearest it (within step), and the
+// score the log-mean-exp on those keys with q in int8, stated here from the raw keys.
+TEST(MassEstimator, TwoBitSketchReconstructsKeysAndScoresTheirSum) {
+  std::mt19937 rng(22);
+  SparseWorld w(1, 1, 16, 32, 8);
+  PageTable& t = w.add_request();
+  w.append_random(t, 40, rng);
+  const KeySketch2Estimator est;
+  EXPECT_EQ(make_estimator("sketch2")->name(), "sketch2");
+  const float scale = 0.25f;
+  const std::vector<float> q = test::random_vec(32, rng, 1.5f);
+  float qmax = 0;
+  for (float v : q) qmax = std::max(qmax, std::fabs(v));
+  const float qstep = qmax / 127.0f;
+  for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
+    const PageRef pg = t.page(0, 0, i);
+    const int n = w.store.n_rows(pg.slot);
+    const int8_t* codes = w.store.key_codes2(pg.slot);
+    double m = -1e30;
+    std::vector<double> x;
+    for (int r = 0; r < n; ++r) {
+      const float* k = w.pool.k_page(pg) + r * 32;
+      float amax = 0;
+      for (int d = 0; d < 32; ++d) amax = std::max(amax, std::fabs(k[d]));
+      const double step = amax / 3.0;
+      EXPECT_NEAR(w.store.key_code2_scales(pg.slot)[r], step, 1e-6 * step);
+      double dot = 0;
+      for (int d = 0; d < 32; ++d) {
+        const int c = codes[r * 32 + d];
+        ASSERT_TRUE(c == -3 || c == -1 || c == 1 || c == 3) << c;
+        EXPECT_LE(std::fabs(c * step - k[d]), step * 1.0001) << "row " << r << " dim " << d;  // the nearest odd level
+        dot += std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f) * static_cast<double>(qstep) * c * step;
+      }
+      x.push_back(dot * scale);
+      m = std::max(m, dot * scale);
+    }
+    double z = 0;
+    for (double v : x) z += std::exp(v - m);
+    EXPECT_NEAR(est.score(w.store, pg.slot, q.data(), scale), (m + std::log(z / n)) / scale, 1e-3);
+  }
+}
+
 // The definition, independently: per q head and row, scores from the summaries (in
 // double), mass = n_visible * exp(s*scale - max), normalised; combined; renormalised.
 std::vector<double> brute_mass(const SparseWorld& w, const PageTable& t, int layer, const std::vector<int>& heads,
