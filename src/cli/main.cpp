@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K")->delimiter(',')->capture_default_str();
   evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
   evc->add_option("--seed", ev.seed, "Sample seed")->capture_default_str();
-  evc->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, psketch4:R[:KEEP] with a key basis fitted on a calibration sample)")->capture_default_str();
+  evc->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, sketch2, psketch4:R[:KEEP] and qsketch4:R[:KEEP] on a key basis fitted on a calibration sample)")->capture_default_str();
   evc->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
   evc->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   evc->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
