@@ -54,7 +54,7 @@ class CpuRunner final : public StepRunner {
     DHS_CHECK(!query_aware || !queries_.empty(), "a query-aware key basis needs the calibration's queries (capture_queries)");
     auto basis = std::make_shared<KeyBasis>(
         query_aware ? fit_qk_basis(static_cast<int>(c.n_layers), hkv, d, rank,
-                                   [&](int l, int h, std::vector<float>* rows) { key_rows(table, n_tokens, l, h, rows); },
+                                   [&](int l, int h, std::vector<float>* rows) { table_key_rows(*pool_, table, n_tokens, l, h, rows); },
                                    [&](int l, int h, std::vector<float>* rows) {
                                      const std::vector<float>& q = queries_[static_cast<size_t>(l)];  // [T, Hq, D]
                                      const int group = hq / hkv;
@@ -70,13 +70,6 @@ class CpuRunner final : public StepRunner {
     for (int l = 0; l < c.n_layers; ++l)
       for (int h = 0; h < c.n_heads_kv; ++h) sum += basis->explained(l, h);
     return sum / (c.n_layers * c.n_heads_kv);
-  }
-  void key_rows(const PageTable& table, int64_t n_tokens, int l, int h, std::vector<float>* rows) const {
-    const int ps = table.page_size(), d = pool_->head_dim();
-    for (int64_t i = 0; i * ps < n_tokens; ++i) {
-      const float* kp = pool_->k_page(table.page(l, h, i));
-      rows->insert(rows->end(), kp, kp + std::min<int64_t>(ps, n_tokens - i * ps) * d);
-    }
   }
   PageCounts take_page_counts() override {
     const auto st = model_->sparsity_stats();

@@ -170,14 +170,17 @@ KeyBasis fit_key_basis(const PagePool& pool, const PageTable& table, int64_t n_t
   DHS_CHECK(pool.has_storage(), "key basis: the pool has no host storage");
   DHS_CHECK(n_tokens >= 1 && n_tokens <= table.n_tokens(), "key basis: {} calibration tokens, the table holds {}",
             n_tokens, table.n_tokens());
+  return fit_key_basis(table.n_layers(), table.n_heads_kv(), pool.head_dim(), rank,
+                       [&](int l, int h, std::vector<float>* rows) { table_key_rows(pool, table, n_tokens, l, h, rows); });
+}
+
+void table_key_rows(const PagePool& pool, const PageTable& table, int64_t n_tokens, int layer, int kv_head,
+                    std::vector<float>* rows) {
   const int d = pool.head_dim(), ps = table.page_size();
-  return fit_key_basis(table.n_layers(), table.n_heads_kv(), d, rank, [&](int l, int h, std::vector<float>* rows) {
-    for (int64_t i = 0; i * ps < n_tokens; ++i) {
-      const float* kp = pool.k_page(table.page(l, h, i));
-      const int64_t n = std::min<int64_t>(ps, n_tokens - i * ps);
-      rows->insert(rows->end(), kp, kp + n * d);
-    }
-  });
+  for (int64_t i = 0; i * ps < n_tokens; ++i) {
+    const float* kp = pool.k_page(table.page(layer, kv_head, i));
+    rows->insert(rows->end(), kp, kp + std::min<int64_t>(ps, n_tokens - i * ps) * d);
+  }
 }
 
 }  // namespace dhs

@@ -76,6 +76,10 @@ KeyBasis fit_key_basis(int n_layers, int n_heads_kv, int head_dim, int rank,
 
 namespace dhs {
 
+// The first n_tokens key rows of list (layer, kv_head) of `table` in a host pool, appended to rows.
+void table_key_rows(const PagePool& pool, const PageTable& table, int64_t n_tokens, int layer, int kv_head,
+                    std::vector<float>* rows);
+
 // Same, from the first n_tokens keys of every (layer, KV head) list of `table` in a host pool.
 KeyBasis fit_key_basis(const PagePool& pool, const PageTable& table, int64_t n_tokens, int rank);
 
