@@ -38,6 +38,9 @@ constexpr size_t kFlushBytes = size_t{256} << 20;
 
 // Reads the flush buffer: fills L2 with clean lines of other data (a memset would leave
 // dirty lines whose write-back would be charged to the next timed kernel).
+// The timing method's floor: a graph of empty kernels.
+__global__ void empty_kernel() {}
+
 __global__ void l2_flush_kernel(const int4* __restrict__ buf, size_t n, int* sink) {
   int acc = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -56,6 +59,7 @@ struct Options {
   bool tune = false;
   bool quick = false;
   bool select_only = false;  // only the sparse section's selection rows (profiling)
+  bool probe = false;        // only the dense kernel's fixed-cost and bandwidth probes
   std::string trace;             // budget trace (dhisparse eval --trace-out): per-head budgets replayed
   int64_t trace_len = 0;         // prompt length of the trace to use (0: its longest)
   std::vector<int> quest_tokens = {2048, 4096};  // fixed top-k budgets (Quest), tokens per list
@@ -135,6 +139,11 @@ struct Bench {
   FILE* out = nullptr;
   FILE* tune_out = nullptr;
 
+  void flush_l2() {
+    l2_flush_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const int4*>(flush_d), kFlushBytes / 16,
+                                               reinterpret_cast<int*>(flush_d));
+  }
+
   // Median over reps graph replays of what `launch` enqueues, L2 flushed before each.
   template <typename Launch>
   Timing time_graph(const Launch& launch, int reps) {
@@ -148,8 +157,7 @@ struct Bench {
     std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * reps));
     for (auto& e : ev) DHS_CUDA_CHECK(cudaEventCreate(&e));
     for (int i = 0; i < reps; ++i) {
-      l2_flush_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const int4*>(flush_d), kFlushBytes / 16,
-                                                 reinterpret_cast<int*>(flush_d));
+      flush_l2();
       DHS_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * i)], stream));
       DHS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       DHS_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], stream));
@@ -171,8 +179,9 @@ struct Bench {
   }
 
   // The decode attention op (split-KV kernel + merge kernel) over the current lists.
-  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps) {
+  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps, bool split_only = false) {
     dhs::cuda::DecodeAttentionArgs a;
+    a.split_only = split_only;
     a.q_d = q_d;
     a.q_indptr_d = q_indptr_d;
     a.max_q_len = 1;
@@ -234,6 +243,7 @@ int main(int argc, char** argv) {
     else if (a == "--tune") opt.tune = true;
     else if (a == "--quick") opt.quick = true;
     else if (a == "--select-only") opt.select_only = true;
+    else if (a == "--probe") opt.probe = true;
     else if (a == "--trace") opt.trace = next();
     else if (a == "--trace-len") opt.trace_len = std::stoll(next());
     else if (a == "--trace-layers") opt.trace_layers = std::stoi(next());
@@ -248,7 +258,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: attention_bench [--out F.jsonl] [--commit SHA] [--run-id ID] [--reps N] [--stages 2|3|4]\n"
-                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick] [--select-only]\n"
+                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick] [--select-only] [--probe]\n"
                    "                       [--trace TRACE.json [--trace-len N] [--trace-layers N]] [--quest-tokens T1,T2]\n");
       return 2;
     }
@@ -301,6 +311,37 @@ int main(int argc, char** argv) {
               ws.bytes() / 1e6, ws.stages(), opt.min_pages);
 
   std::mt19937 rng(42);
+  if (opt.probe) {
+    // Where the dense kernel's time goes (docs/kernels/decode_attention_NOTES.md, the v2 probes):
+    // the timing method's floor, and the split-KV grid without its merge.
+    const Timing e1 = b.time_graph([&] { empty_kernel<<<1, 32, 0, b.stream>>>(); }, opt.reps);
+    const Timing e2 = b.time_graph([&] {
+      empty_kernel<<<1, 32, 0, b.stream>>>();
+      empty_kernel<<<1, 32, 0, b.stream>>>();
+    }, opt.reps);
+    const Timing e3 = b.time_graph([&] { empty_kernel<<<b.n_sm * 2, 128, 0, b.stream>>>(); }, opt.reps);
+    std::printf("probe floor: graph of 1 empty kernel %.2f us, of 2 %.2f us, 1 kernel of %d empty blocks %.2f us\n",
+                e1.median_us, e2.median_us, b.n_sm * 2, e3.median_us);
+    for (int ctx : {8192, 32768, 131072})
+      for (int batch : {1, 8}) {
+        const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
+        if (n_pages > max_pages) continue;
+        std::vector<int32_t> perm(static_cast<size_t>(n_pages)), identity(static_cast<size_t>(n_pages));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::iota(identity.begin(), identity.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        const double bytes = static_cast<double>(n_pages) * page_bytes;
+        for (int layout = 0; layout < 2; ++layout) {
+          lists.upload(make_lists(batch, ctx, 1.0, layout == 0 ? perm : identity, rng));
+          const Timing full = b.time_op(ws, batch, opt.min_pages, opt.reps);
+          const Timing split = b.time_op(ws, batch, opt.min_pages, opt.reps, true);
+          std::printf("probe %-7d %-3d %-9s full %8.1f us (%6.0f GB/s)  split-KV alone %8.1f us (merge %+.1f)\n", ctx, batch,
+                      layout == 0 ? "shuffled" : "contig", full.median_us, bytes / full.median_us / 1e3, split.median_us,
+                      full.median_us - split.median_us);
+        }
+      }
+    return 0;
+  }
   std::printf("%-7s %-6s %-11s %10s %9s %8s\n", "ctx", "batch", "impl", "us", "GB/s", "frac");
   for (int ctx : ctxs)
     for (int batch : batches) {
@@ -521,11 +562,13 @@ int main(int argc, char** argv) {
             DHS_CUDA_CHECK(cudaMemset(blk_d, 0, 2 * n_blocks * sizeof(long long)));
             p.phase_cycles = cyc_d;
             p.block_ns = blk_d;
+            b.flush_l2();  // (the select kernel alone on a cold L2; the pipeline below has the score kernel's L2)
             dhs::cuda::launch_page_select_stage(p, 1, b.stream);
             DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
             p.phase_cycles = nullptr;
             p.block_ns = nullptr;
-            {  // every block's entry and exit (%globaltimer), relative to the first entry
+            // Every block's entry and exit (%globaltimer), relative to the first entry (or to t0).
+            auto print_blocks = [&](const char* what, long long t0) {
               std::vector<long long> blk(2 * static_cast<size_t>(n_blocks));
               DHS_CUDA_CHECK(cudaMemcpy(blk.data(), blk_d, blk.size() * sizeof(long long), cudaMemcpyDeviceToHost));
               long long e0 = LLONG_MAX, e1 = 0, x0 = LLONG_MAX, x1 = 0;
@@ -535,40 +578,55 @@ int main(int argc, char** argv) {
                 x0 = std::min(x0, blk[2 * k + 1]);
                 x1 = std::max(x1, blk[2 * k + 1]);
               }
-              std::printf("%-7d %-6d %-30s select blocks (%d): entries span %.1f us, exits %.1f-%.1f us after the first entry, "
-                          "block 0 enters at %.1f us\n", ctx, batch, impl, n_blocks, (e1 - e0) * 1e-3, (x0 - e0) * 1e-3,
-                          (x1 - e0) * 1e-3, (blk[0] - e0) * 1e-3);
-            }
-            cudaFree(blk_d);
+              if (t0 == 0) t0 = e0;
+              std::printf("%-7d %-6d %-30s select blocks%s (%d): entries %.1f-%.1f us, exits %.1f-%.1f us, block 0 enters at %.1f us\n",
+                          ctx, batch, impl, what, n_blocks, (e0 - t0) * 1e-3, (e1 - t0) * 1e-3, (x0 - t0) * 1e-3,
+                          (x1 - t0) * 1e-3, (blk[0] - t0) * 1e-3);
+            };
+            print_blocks("", 0);
+            auto print_timeline = [&](const char* what) {
+              long long cyc[14];
+              DHS_CUDA_CHECK(cudaMemcpy(cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
+              // The clock the cycles ran at: block 0's cycles over its %globaltimer span.
+              const double khz = cyc[13] > cyc[12] ? static_cast<double>(cyc[11] - cyc[0]) / (static_cast<double>(cyc[13] - cyc[12]) * 1e-6) : 1.98e6;
+              const char* mark_name[12] = {"entry", "zero", "pass", "softmax-red", "masses", "f2-red", "level0", "level1",
+                                           "level2", "emit-scan", "emit", "exit"};
+              std::printf("%-7d %-6d %-30s select timeline%s, block 0 (us at its measured %.0f MHz; %.1f us in block 0):", ctx, batch, impl, what,
+                          khz / 1000, static_cast<double>(cyc[13] - cyc[12]) * 1e-3);
+              for (int k = 1; k < 12; ++k)
+                if (cyc[k] != 0 && cyc[k - 1] != 0)
+                  std::printf(" %s %.2f", mark_name[k], static_cast<double>(cyc[k] - cyc[k - 1]) / (khz * 1e-3));
+              std::printf("\n");
+            };
+            print_timeline("");
             {  // the three kernels of one selection, launched as in a decode step (not a graph here)
-              const unsigned long long init[6] = {~0ull, 0, ~0ull, 0, ~0ull, 0};
+              const unsigned long long init[10] = {~0ull, 0, ~0ull, 0, ~0ull, 0, ~0ull, 0, ~0ull, 0};
               unsigned long long* span_d = nullptr;
               DHS_CUDA_CHECK(cudaMalloc(&span_d, sizeof init));
               DHS_CUDA_CHECK(cudaMemcpy(span_d, init, sizeof init, cudaMemcpyHostToDevice));
               p.span_ns = span_d;
+              p.block_ns = blk_d;
+              p.phase_cycles = cyc_d;
+              DHS_CUDA_CHECK(cudaMemset(blk_d, 0, 2 * n_blocks * sizeof(long long)));
+              DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
+              b.flush_l2();
               dhs::cuda::launch_page_select(p, b.stream);
               DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
               p.span_ns = nullptr;
-              unsigned long long sp[6];
+              p.block_ns = nullptr;
+              p.phase_cycles = nullptr;
+              unsigned long long sp[10];
               DHS_CUDA_CHECK(cudaMemcpy(sp, span_d, sizeof sp, cudaMemcpyDeviceToHost));
               cudaFree(span_d);
               auto at = [&](int k) { return static_cast<double>(sp[k] - sp[0]) * 1e-3; };
               std::printf("%-7d %-6d %-30s pipeline spans (us from the score kernel's first entry): score 0-%.1f, "
-                          "select %.1f-%.1f, compact %.1f-%.1f\n", ctx, batch, impl, at(1), at(2), at(3), at(4), at(5));
+                          "select %.1f-%.1f (last entry %.1f, released from its wait %.1f-%.1f), compact %.1f-%.1f\n", ctx, batch,
+                          impl, at(1), at(2), at(3), at(9), at(6), at(7), at(4), at(5));
+              print_blocks(" in the pipeline (us from the score kernel's first entry)", static_cast<long long>(sp[0]));
+              print_timeline(" in the pipeline");
             }
-            long long cyc[14];
-            DHS_CUDA_CHECK(cudaMemcpy(cyc, cyc_d, sizeof cyc, cudaMemcpyDeviceToHost));
+            cudaFree(blk_d);
             cudaFree(cyc_d);
-            // The clock the cycles ran at: block 0's cycles over its %globaltimer span.
-            const double khz = cyc[13] > cyc[12] ? static_cast<double>(cyc[11] - cyc[0]) / (static_cast<double>(cyc[13] - cyc[12]) * 1e-6) : 1.98e6;
-            const char* mark_name[12] = {"entry", "zero", "pass", "softmax-red", "masses", "f2-red", "level0", "level1",
-                                         "level2", "emit-scan", "emit", "exit"};
-            std::printf("%-7d %-6d %-30s select timeline, block 0 (us at its measured %.0f MHz; %.1f us in block 0):", ctx, batch, impl,
-                        khz / 1000, static_cast<double>(cyc[13] - cyc[12]) * 1e-3);
-            for (int k = 1; k < 12; ++k)
-              if (cyc[k] != 0 && cyc[k - 1] != 0)
-                std::printf(" %s %.2f", mark_name[k], static_cast<double>(cyc[k] - cyc[k - 1]) / (khz * 1e-3));
-            std::printf("\n");
           }
           b.emit(b.out, impl, ctx, batch, t, sum_bytes, 1.0, ws, opt.min_pages);
           std::printf("%-7d %-6d %-30s %10.1f %8s %8.1f%% of dense\n", ctx, batch, impl, t.median_us, "-",

@@ -579,7 +579,7 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream
     DHS_DISPATCH_M_TILES(q_vecs, M_TILES, [&] {
       DHS_DISPATCH_STAGES(p.stages, STAGES, [&] { launch_split_kv<HEAD_DIM, M_TILES, STAGES>(p, stream); });
     });
-    launch_merge<HEAD_DIM>(p, stream);
+    if (!p.split_only) launch_merge<HEAD_DIM>(p, stream);
   });
 }
 
@@ -663,6 +663,7 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.min_pages_per_worker = a.min_pages_per_worker;
   p.stages = ws.stages();
   p.scale = a.scale;
+  p.split_only = a.split_only ? 1 : 0;
   launch_decode_attention(p, stream);
 }
 

@@ -53,6 +53,7 @@ struct DecodeAttentionParams {
   int min_pages_per_worker = 8;  // fewer, longer chunks when the lists are short
   int stages = 3;                // cp.async pipeline depth per warp (2..4)
   float scale = 0.0f;            // usually 1/sqrt(head_dim)
+  int split_only = 0;            // DecodeAttentionArgs::split_only (host side: no merge launch)
 };
 
 // Launches the split-KV kernel and the merge kernel on `stream` (no checks).
@@ -97,6 +98,9 @@ struct DecodeAttentionArgs {
   __nv_bfloat16* out_d = nullptr;  // [n_rows, n_heads_q, head_dim]
   float* lse_d = nullptr;          // [n_rows, n_heads_q] or null
   int min_pages_per_worker = 8;
+  // Bench probe (attention_bench --probe), off in every real call: the split-KV grid alone (lists
+  // split over workers get no output).
+  bool split_only = false;
 };
 
 // The backend op: checks shapes against the workspace, pool and lists, then launches.

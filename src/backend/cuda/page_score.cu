@@ -220,7 +220,8 @@ struct SketchIds {
 // (v11's first form spent 39 instructions a page here on 64-bit address arithmetic.)
 template <int KS, int PP>
 __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, SketchIds& ids, int j0, int e, int lane,
-                                                  const uint8_t* codes_lane, const float* steps_lane, uint32_t st) {
+                                                  const uint8_t* codes_lane, const float* steps_lane, uint32_t st,
+                                                  uint64_t stream_pol) {
   using S = SketchStage<KS, PP>;
   ids.reach(p, j0 + PP - 1, e, lane);
   const uint32_t dst = st + 16 * lane;
@@ -229,18 +230,20 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
     const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j0 + pp - ids.base) & 31);  // -1 past e
     const uint8_t* codes = codes_lane + static_cast<uint64_t>(max(slot, 0)) * S::kPageBytes;
     if constexpr (S::kPageBytes < 512) {  // (KS = 1: 256 B, lanes 0-15)
-      if (lane < S::kPageBytes / 16) ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes, codes, slot >= 0 ? 16 : 0);
+      if (lane < S::kPageBytes / 16)
+        ptx::cp_async_16_hint(dst + S::kCodes + pp * S::kPageBytes, codes, slot >= 0 ? 16 : 0, stream_pol);
     } else {
 #pragma unroll
       for (int r = 0; r < S::kPageBytes / 16 / 32; ++r)
-        ptx::cp_async_16(dst + S::kCodes + pp * S::kPageBytes + 512 * r, codes + 512 * r, slot >= 0 ? 16 : 0);
+        ptx::cp_async_16_hint(dst + S::kCodes + pp * S::kPageBytes + 512 * r, codes + 512 * r, slot >= 0 ? 16 : 0, stream_pol);
     }
   }
   // Lane l < 4 PP: chunk l % 4 of page l / 4's steps; lane l < PP: page l's position.
   const int32_t slot_s = __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
   const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j0 + lane - ids.base) & 31);
   if (lane < 4 * PP)
-    ptx::cp_async_16(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * 16, slot_s >= 0 ? 16 : 0);
+    ptx::cp_async_16_hint(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * 16, slot_s >= 0 ? 16 : 0,
+                          stream_pol);
   if (lane < PP) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(st + S::kPos + 4 * lane), "r"(pos) : "memory");
   ptx::cp_async_commit();
 }
@@ -367,12 +370,15 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   const uint32_t ring = ptx::smem_u32(s_sketch + (threadIdx.x >> 5) * S::kWarpBytes);  // this warp's stages
   const uint8_t* const codes_lane = p.sketch_codes + 16 * lane;
   const float* const steps_lane = p.sketch_steps + 4 * (lane & 3);
+  // The codes stream through L2 once; the scores stay for the select kernel (at 128k x 8 the
+  // 570 MB of codes otherwise evict the 8 MB of scores before select reads them).
+  const uint64_t stream_pol = ptx::l2_evict_first_policy(), keep_pol = ptx::l2_evict_last_policy();
   SketchIds ids;
   ids.start(p, b, e, lane);
   const int n_pass = (e - b + PP - 1) / PP;
 #pragma unroll
   for (int k = 0; k < kSketchStages - 1; ++k) {
-    if (k < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + k * PP, e, lane, codes_lane, steps_lane, ring + k * S::kBytes);
+    if (k < n_pass) issue_sketch_pass<KS, PP>(p, ids, b + k * PP, e, lane, codes_lane, steps_lane, ring + k * S::kBytes, stream_pol);
     else ptx::cp_async_commit();  // (empty groups keep the count)
   }
   int list_end = b;  // the smaller of the halves' list ends: below it no half changes list
@@ -411,7 +417,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     const int kn = k + kSketchStages - 1;
     if (kn < n_pass)
       issue_sketch_pass<KS, PP>(p, ids, b + kn * PP, e, lane, codes_lane, steps_lane,
-                                ring + (kn % kSketchStages) * S::kBytes);
+                                ring + (kn % kSketchStages) * S::kBytes, stream_pol);
     else ptx::cp_async_commit();
     ptx::cp_async_wait<kSketchStages - 1>();  // pass k's group is complete
     __syncwarp();
@@ -517,7 +523,8 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
             nv = min(max(qp + 1 - tok0, 0), p.page_size);
             if (nv != p.page_size) l2nv = ptx::lg2_approx(static_cast<float>(nv));
           }
-          (odd ? srow[1] : srow[0])[i + pe] = nv > 0 && keep > 0.0f ? mm + ptx::lg2_approx(keep) - l2nv : -INFINITY;
+          ptx::st_global_hint((odd ? srow[1] : srow[0]) + i + pe, nv > 0 && keep > 0.0f ? mm + ptx::lg2_approx(keep) - l2nv : -INFINITY,
+                              keep_pol);
         }
       };
       if (full) epilogue(std::true_type{});

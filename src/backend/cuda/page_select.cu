@@ -207,9 +207,12 @@ __device__ __forceinline__ uint32_t level0_prefix(uint32_t bin) { return (((bin 
 // A cluster per list (per request under SoloHead). Thread tid of rank r owns pages
 // k * C * threads + r * threads + tid (every pass over the scores is coalesced, and round k
 // covers consecutive pages in (rank, thread) order); the masses of its first kRegPer pages
-// live in registers (lists up to C * 8,192 pages), the rest in shared memory (then the global
-// workspace). Pages are emitted in index order by rounds, one cluster scan ranking a round.
-constexpr int kRegPer = 16;
+// live in registers (lists up to C * 4,096 pages: 128k tokens at C = 2), the rest in shared
+// memory (then the global workspace). Pages are emitted in index order by rounds, one cluster
+// scan ranking a round. kRegPer = 8, not 16: every phase unrolls its rounds, and the kernel's
+// code is fetched cold at each layer's call (the score kernel streams hundreds of MB through L2
+// first): 413 -> 278 KB of code, select 58 -> 47 us at 128k x 8 (NOTES v13).
+constexpr int kRegPer = 8;
 constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
 constexpr int kCacheRounds = 8;  // rounds whose exp-terms the mass pass reads from shared memory
 constexpr int kCacheFloats = kCacheRounds * kVecChunk * kSelectThreads;  // 64 KiB
@@ -227,10 +230,15 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   };
   stamp(0);
   if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 2, 0);
+  if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 8, 1);  // [9]: the last entry
   // Launched as a programmatic dependent (of the score kernel, or of whatever precedes it): its
   // blocks may be resident before that kernel ends; nothing is read before this wait.
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();  // compact may be scheduled (it waits for this kernel's end)
+  if (threadIdx.x == 0 && p.span_ns != nullptr) {  // (benchmark: the first and last release from the wait)
+    ptx::stamp_span(p.span_ns + 6, 0);
+    ptx::stamp_span(p.span_ns + 6, 1);
+  }
   const cg::cluster_group cluster = cg::this_cluster();
   ClusterReduce red{s_wbuf, s_bbuf, cluster.block_rank(), cluster.num_blocks()};
   const int n_blk = static_cast<int>(red.n_blocks), rank = static_cast<int>(red.rank);
@@ -605,8 +613,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   };
   if (per <= 1) emit_rounds(IntC<1>{});
   else if (per <= 4) emit_rounds(IntC<4>{});
-  else if (per <= 8) emit_rounds(IntC<8>{});  // (128k x 8: 8 rounds; the 16-wide scan cost 25 us there)
-  else emit_rounds(IntC<kRegPer>{});
+  else emit_rounds(IntC<kRegPer>{});  // (128k x 8: 8 rounds; a 16-wide scan cost 25 us there)
   for (int k = kRegPer; k < per; ++k) {  // overflow rounds, one scan each
     const int i = k * stride + off;
     int f[1] = {flag(i, i < n ? ovf(k) : 0.0f)}, ex[1] = {f[0]}, all[1];

@@ -91,8 +91,9 @@ struct PageSelectParams {
   int select_cluster = 0; // blocks per list of the select kernel (power of two <= 16); 0: chosen
                           // from the number of lists (about one block per SM)
   long long* block_ns = nullptr;      // benchmark only: [grid blocks][2] %globaltimer at each select block's entry, exit
-  unsigned long long* span_ns = nullptr;  // benchmark only: [3][2] first entry (min) and last exit (max), %globaltimer,
-                                          // of the score, select and compact kernels (set to [~0, 0] before)
+  unsigned long long* span_ns = nullptr;  // benchmark only: [5][2] %globaltimer, set to [~0, 0] before: first entry (min)
+                                          // and last exit (max) of the score, select and compact kernels; the select
+                                          // blocks' first and last release from their wait; [9] their last entry
   long long* phase_cycles = nullptr;  // benchmark only: [14] clock64() of block 0 at the select kernel's phase ends,
                                       // then %globaltimer (ns) at its entry and exit
   int stop_after = 0;     // benchmark only: 0 runs the select kernel whole; k in 1..5 ends it after
