@@ -27,6 +27,8 @@ class CpuRunner final : public StepRunner {
     DHS_CHECK(pc.name == "dense" || pc.name == "sinkwindow" || summaries_,
               "--sparse-policy {}: the engine was loaded dense, without page summaries", pc.name);
     policy_ = pc.name == "dense" ? nullptr : make_policy(pc);
+    if (policy_ && summaries_ && make_estimator(pc.estimator)->needs_two_bit_codes())
+      summaries_->enable_two_bit_codes(*pool_);  // (re-encodes the rows already appended)
     model_->set_sparsity(policy_.get(), summaries_.get());
   }
   const ModelConfig& config() const override { return model_->config(); }

@@ -35,6 +35,8 @@ class MassEstimator {
   virtual int projected_keep() const { return projected_rank(); }
   // The basis it needs is query-aware (KeyBasis::query_aware).
   virtual bool query_aware() const { return false; }
+  // It reads the store's 2-bit codes (PageSummaryStore::enable_two_bit_codes, off by default).
+  virtual bool needs_two_bit_codes() const { return false; }
 };
 
 // Channel blocks of a channel-subset sketch: 4 dims x 16 tokens x 4 bits = one 32-byte sector.
@@ -107,6 +109,7 @@ class KeySketchEstimator final : public MassEstimator {
 class KeySketch2Estimator final : public MassEstimator {
  public:
   std::string name() const override { return "sketch2"; }
+  bool needs_two_bit_codes() const override { return true; }
   float score(const PageSummaryStore& s, int32_t slot, const float* q, float scale) const override;
 };
 

@@ -13,8 +13,6 @@ PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int
   DHS_ASSERT(n_pages >= 0 && head_dim > 0 && page_size > 0);
   codes_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
   code_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
-  codes2_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
-  code2_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
   data_.assign(static_cast<size_t>(n_pages) * 4 * static_cast<size_t>(head_dim), 0.0f);
   n_rows_.assign(static_cast<size_t>(n_pages), 0);
   tag_.assign(static_cast<size_t>(n_pages), -1);
@@ -68,6 +66,27 @@ void quantize_row2(const float* x, int n, int8_t* code, float* step_out) {
 
 }  // namespace
 
+void PageSummaryStore::enable_two_bit_codes(const PagePool& pool) {
+  if (two_bit_) return;
+  two_bit_ = true;
+  codes2_.assign(static_cast<size_t>(n_pages_) * page_size_ * head_dim_, 0);
+  code2_scale_.assign(static_cast<size_t>(n_pages_) * page_size_, 0.0f);
+  for (int64_t s = 0; s < n_pages_; ++s) {
+    const int32_t slot = static_cast<int32_t>(s);
+    if (n_rows_[idx(slot)] > 0) rebuild(pool, slot, n_rows_[idx(slot)]);
+  }
+}
+
+const int8_t* PageSummaryStore::key_codes2(int32_t slot) const {
+  DHS_ASSERT(two_bit_);
+  return codes2_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_);
+}
+
+const float* PageSummaryStore::key_code2_scales(int32_t slot) const {
+  DHS_ASSERT(two_bit_);
+  return code2_scale_.data() + idx(slot) * static_cast<size_t>(page_size_);
+}
+
 void PageSummaryStore::set_key_basis(std::shared_ptr<const KeyBasis> basis, const PagePool& pool) {
   basis_ = std::move(basis);
   pcodes_.clear();
@@ -94,7 +113,7 @@ void PageSummaryStore::add_row(int32_t slot, const float* k, int layer, int kv_h
   if (n == 1 && layer >= 0) tag_[idx(slot)] = layer * 65536 + kv_head;
   const size_t row = idx(slot) * page_size_ + static_cast<size_t>(n - 1);
   quantize_row4(k, head_dim_, codes_.data() + row * head_dim_, &code_scale_[row]);
-  quantize_row2(k, head_dim_, codes2_.data() + row * head_dim_, &code2_scale_[row]);
+  if (two_bit_) quantize_row2(k, head_dim_, codes2_.data() + row * head_dim_, &code2_scale_[row]);
   if (basis_) {
     const int32_t tag = tag_[idx(slot)];
     DHS_CHECK(tag >= 0, "page summary: slot {} has a key basis but no (layer, KV head)", slot);

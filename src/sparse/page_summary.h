@@ -60,10 +60,13 @@ class PageSummaryStore {
   // at d 128 (1/4 of the bf16 key); per-token, where min/max/mean/var summarize the page.
   const int8_t* key_codes(int32_t slot) const { return codes_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_); }
   const float* key_code_scales(int32_t slot) const { return code_scale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
-  // The same keys in 2 bits per dimension (a CPU study): k_d ~= code * step, code the odd integer
-  // nearest k_d / step in {-3, -1, 1, 3}, step = max_d |k_d| / 3.
-  const int8_t* key_codes2(int32_t slot) const { return codes2_.data() + idx(slot) * static_cast<size_t>(page_size_ * head_dim_); }
-  const float* key_code2_scales(int32_t slot) const { return code2_scale_.data() + idx(slot) * static_cast<size_t>(page_size_); }
+  // The same keys in 2 bits per dimension (a CPU study, kept only once enabled: one more int8 per
+  // key dimension): k_d ~= code * step, code the odd integer nearest k_d / step in {-3, -1, 1, 3},
+  // step = max_d |k_d| / 3. Enabling re-encodes the rows already in the store from `pool`.
+  void enable_two_bit_codes(const PagePool& pool);
+  bool has_two_bit_codes() const { return two_bit_; }
+  const int8_t* key_codes2(int32_t slot) const;  // (asserts they are enabled)
+  const float* key_code2_scales(int32_t slot) const;
   int page_size() const { return page_size_; }
 
  private:
@@ -77,7 +80,8 @@ class PageSummaryStore {
   int page_size_;
   std::vector<int8_t> codes_;      // [n_pages, page_size, head_dim]
   std::vector<float> code_scale_;  // [n_pages, page_size]
-  std::vector<int8_t> codes2_;     // [n_pages, page_size, head_dim] in {-3, -1, 1, 3}
+  bool two_bit_ = false;
+  std::vector<int8_t> codes2_;     // [n_pages, page_size, head_dim] in {-3, -1, 1, 3}, once enabled
   std::vector<float> code2_scale_; // [n_pages, page_size]
   std::vector<float> data_;      // [n_pages, 4 (min, max, mean, m2), head_dim]
   std::vector<int32_t> n_rows_;  // [n_pages] rows folded into the summary

@@ -243,8 +243,11 @@ TEST(MassEstimator, TwoBitSketchReconstructsKeysAndScoresTheirSum) {
   std::mt19937 rng(22);
   SparseWorld w(1, 1, 16, 32, 8);
   PageTable& t = w.add_request();
-  w.append_random(t, 40, rng);
+  w.append_random(t, 24, rng);
+  w.store.enable_two_bit_codes(w.pool);  // rows 0-23 re-encoded from the pool, rows 24-39 appended after
+  w.append_random(t, 16, rng);
   const KeySketch2Estimator est;
+  EXPECT_TRUE(est.needs_two_bit_codes());
   EXPECT_EQ(make_estimator("sketch2")->name(), "sketch2");
   const float scale = 0.25f;
   const std::vector<float> q = test::random_vec(32, rng, 1.5f);
