@@ -41,6 +41,27 @@ constexpr size_t kFlushBytes = size_t{256} << 20;
 // The timing method's floor: a graph of empty kernels.
 __global__ void empty_kernel() {}
 
+// HBM read rate by chunk size and order (--probe): every warp reads whole chunks of chunk_int4
+// 16-byte words at chunk indices idx[c] (in order or shuffled), two chunks in flight, and folds
+// them into a register (stored only if it hits an impossible value, so nothing is elided).
+__global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* __restrict__ idx, int64_t n_chunks,
+                                  int chunk_int4, int* sink) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  int acc = 0;
+  for (int64_t c = warp; c < n_chunks; c += 2 * n_warps) {
+    const int64_t c2 = c + n_warps;
+    const int4* a = base + static_cast<int64_t>(__ldg(idx + c)) * chunk_int4;
+    const int4* b = c2 < n_chunks ? base + static_cast<int64_t>(__ldg(idx + c2)) * chunk_int4 : a;
+    for (int i = lane; i < chunk_int4; i += 32) {
+      const int4 x = __ldg(a + i), y = __ldg(b + i);
+      acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+    }
+  }
+  if (acc == 0x7e57ab1e) sink[0] = acc;
+}
+
 __global__ void l2_flush_kernel(const int4* __restrict__ buf, size_t n, int* sink) {
   int acc = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -322,6 +343,29 @@ int main(int argc, char** argv) {
     const Timing e3 = b.time_graph([&] { empty_kernel<<<b.n_sm * 2, 128, 0, b.stream>>>(); }, opt.reps);
     std::printf("probe floor: graph of 1 empty kernel %.2f us, of 2 %.2f us, 1 kernel of %d empty blocks %.2f us\n",
                 e1.median_us, e2.median_us, b.n_sm * 2, e3.median_us);
+    {  // HBM read rate by chunk size: the sketch score reads 1 KiB per page, attention 4 KiB twice
+      const size_t buf_bytes = size_t{1} << 30;
+      int4* buf = nullptr;
+      int32_t* idx_d = nullptr;
+      DHS_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
+      DHS_CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
+      DHS_CUDA_CHECK(cudaMalloc(&idx_d, (buf_bytes / 256) * sizeof(int32_t)));
+      for (int chunk : {256, 512, 1024, 4096})
+        for (int shuffled = 0; shuffled < 2; ++shuffled) {
+          const int64_t n_chunks = static_cast<int64_t>(buf_bytes / chunk);
+          std::vector<int32_t> idx(static_cast<size_t>(n_chunks));
+          std::iota(idx.begin(), idx.end(), 0);
+          if (shuffled) std::shuffle(idx.begin(), idx.end(), rng);
+          DHS_CUDA_CHECK(cudaMemcpy(idx_d, idx.data(), idx.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+          const Timing t = b.time_graph([&] {
+            chunk_read_kernel<<<b.n_sm * 4, 512, 0, b.stream>>>(buf, idx_d, n_chunks, chunk / 16, reinterpret_cast<int*>(buf));
+          }, opt.reps);
+          std::printf("probe read %4d-byte chunks %-9s %8.1f us  %6.0f GB/s\n", chunk, shuffled ? "shuffled" : "in order",
+                      t.median_us, static_cast<double>(buf_bytes) / t.median_us / 1e3);
+        }
+      cudaFree(buf);
+      cudaFree(idx_d);
+    }
     for (int ctx : {8192, 32768, 131072})
       for (int batch : {1, 8}) {
         const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
@@ -523,6 +567,15 @@ int main(int argc, char** argv) {
           p.select_cluster = 1;
           part[3] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps);
           p.select_cluster = 0;
+          if (rule == 2) {  // the same score stage with each list's pages in consecutive slots (codes contiguous)
+            std::vector<int32_t> identity(static_cast<size_t>(n_pages));
+            std::iota(identity.begin(), identity.end(), 0);
+            dense_lists.upload(make_lists(batch, ctx, 1.0, identity, rng));
+            const Timing tc = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 0, b.stream); }, opt.reps);
+            dense_lists.upload(dense);
+            std::printf("%-7d %-6d %-30s score on contiguous slots %.1f us (shuffled %.1f)\n", ctx, batch, impl, tc.median_us,
+                        part[0].median_us);
+          }
           const char* part_name[4] = {"score", "select", "compact", "select-1block"};
           for (int st = 0; st < 4; ++st)
             b.emit(b.out, (std::string(impl) + "/" + part_name[st]).c_str(), ctx, batch, part[st], st == 0 ? sum_bytes : 0.0, 1.0, ws,

@@ -13,6 +13,8 @@
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
 #   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
 #          cluster size (attention_bench --select-only)
+#   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
+#          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
@@ -118,6 +120,9 @@ for stage in "$@"; do
       fi
       run attention_bench_select timeout 150 "$B/attention_bench" --quick --select-only --commit "$C"
       grep -E "select" "$OUT/attention_bench_select.log" | tail -12 ;;
+    probe)
+      run attention_bench_probe timeout 240 "$B/attention_bench" --probe
+      grep probe "$OUT/attention_bench_probe.log" ;;
     bench)
       TRACE=$(ls "$OUT"/budget_trace_eval_smollm2.json bench/results/budget_trace_smollm2_sketch4.json 2>/dev/null | head -1)
       echo "budget trace: ${TRACE:-none}"
