@@ -200,9 +200,11 @@ struct Bench {
   }
 
   // The decode attention op (split-KV kernel + merge kernel) over the current lists.
-  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps, bool split_only = false) {
+  Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps, bool split_only = false,
+                 bool evict_first = false) {
     dhs::cuda::DecodeAttentionArgs a;
     a.split_only = split_only;
+    a.l2_evict_first = evict_first;
     a.q_d = q_d;
     a.q_indptr_d = q_indptr_d;
     a.max_q_len = 1;
@@ -379,9 +381,11 @@ int main(int argc, char** argv) {
           lists.upload(make_lists(batch, ctx, 1.0, layout == 0 ? perm : identity, rng));
           const Timing full = b.time_op(ws, batch, opt.min_pages, opt.reps);
           const Timing split = b.time_op(ws, batch, opt.min_pages, opt.reps, true);
-          std::printf("probe %-7d %-3d %-9s full %8.1f us (%6.0f GB/s)  split-KV alone %8.1f us (merge %+.1f)\n", ctx, batch,
-                      layout == 0 ? "shuffled" : "contig", full.median_us, bytes / full.median_us / 1e3, split.median_us,
-                      full.median_us - split.median_us);
+          const Timing ef = b.time_op(ws, batch, opt.min_pages, opt.reps, false, true);
+          std::printf("probe %-7d %-3d %-9s full %8.1f us (%6.0f GB/s)  split-KV alone %8.1f us (merge %+.1f)  "
+                      "K/V evict_first %8.1f us (%6.0f GB/s)\n", ctx, batch, layout == 0 ? "shuffled" : "contig",
+                      full.median_us, bytes / full.median_us / 1e3, split.median_us, full.median_us - split.median_us,
+                      ef.median_us, bytes / ef.median_us / 1e3);
         }
       }
     return 0;

@@ -219,6 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   };
   load_window(begin);
 
+  const uint64_t stream_pol = ptx::l2_evict_first_policy();
   // Page pg of the flat range into ring stage st (an empty group past the end).
   auto issue = [&](int64_t pg, int st) {
     if (pg < end) {
@@ -240,8 +241,13 @@ __global__ void __launch_bounds__(kWarps * 32)
         // anything (NaN included), and 0 * NaN would poison P V.
         const int bytes = tok < n_valid ? 16 : 0;
         const uint32_t off = swz<HEAD_DIM>(tok, c);
-        cp_async_16(k_dst + off, k_src + tok * HEAD_DIM + c * 8, bytes);
-        cp_async_16(v_dst + off, v_src + tok * HEAD_DIM + c * 8, bytes);
+        if (p.l2_evict_first) {  // (a probe; warp-uniform)
+          ptx::cp_async_16_hint(k_dst + off, k_src + tok * HEAD_DIM + c * 8, bytes, stream_pol);
+          ptx::cp_async_16_hint(v_dst + off, v_src + tok * HEAD_DIM + c * 8, bytes, stream_pol);
+        } else {
+          cp_async_16(k_dst + off, k_src + tok * HEAD_DIM + c * 8, bytes);
+          cp_async_16(v_dst + off, v_src + tok * HEAD_DIM + c * 8, bytes);
+        }
       }
     }
     cp_async_commit();
@@ -664,6 +670,7 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.stages = ws.stages();
   p.scale = a.scale;
   p.split_only = a.split_only ? 1 : 0;
+  p.l2_evict_first = a.l2_evict_first ? 1 : 0;
   launch_decode_attention(p, stream);
 }
 
