@@ -571,14 +571,24 @@ int main(int argc, char** argv) {
           p.select_cluster = 1;
           part[3] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps);
           p.select_cluster = 0;
-          if (rule == 2) {  // the same score stage with each list's pages in consecutive slots (codes contiguous)
-            std::vector<int32_t> identity(static_cast<size_t>(n_pages));
+          if (rule == 2) {  // the same score stage on two other layouts of the lists' pages in the pool
+            // Runs of 128 consecutive slots in a shuffled order (the engine's allocator after 2,048-token
+            // prefill chunks: each chunk takes a run per list), and every list contiguous.
+            std::vector<int32_t> runs(static_cast<size_t>(n_pages)), identity(static_cast<size_t>(n_pages));
             std::iota(identity.begin(), identity.end(), 0);
-            dense_lists.upload(make_lists(batch, ctx, 1.0, identity, rng));
-            const Timing tc = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 0, b.stream); }, opt.reps);
+            std::vector<int32_t> order(static_cast<size_t>(n_pages / 128));
+            std::iota(order.begin(), order.end(), 0);
+            std::shuffle(order.begin(), order.end(), rng);
+            for (size_t r = 0; r < order.size(); ++r)
+              for (int j = 0; j < 128; ++j) runs[r * 128 + static_cast<size_t>(j)] = order[r] * 128 + j;
+            double us[2];
+            for (int lay = 0; lay < 2; ++lay) {
+              dense_lists.upload(make_lists(batch, ctx, 1.0, lay == 0 ? runs : identity, rng));
+              us[lay] = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 0, b.stream); }, opt.reps).median_us;
+            }
             dense_lists.upload(dense);
-            std::printf("%-7d %-6d %-30s score on contiguous slots %.1f us (shuffled %.1f)\n", ctx, batch, impl, tc.median_us,
-                        part[0].median_us);
+            std::printf("%-7d %-6d %-30s score by pool layout: shuffled pages %.1f us, runs of 128 pages %.1f, contiguous %.1f\n",
+                        ctx, batch, impl, part[0].median_us, us[0], us[1]);
           }
           const char* part_name[4] = {"score", "select", "compact", "select-1block"};
           for (int st = 0; st < 4; ++st)
