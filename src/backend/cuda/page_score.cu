@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   const uint8_t* const codes_lane = p.sketch_codes + 16 * lane;
   const float* const steps_lane = p.sketch_steps + 4 * (lane & 3);
   // The codes stream through L2 once (evict_first); the scores are read back by the select
-  // kernel (evict_last). Measured at 128k x 8 (NOTES v13a): this kernel 183.6 -> 170.4 us, the
+  // kernel (evict_last). Measured at 128k x 8 (NOTES v13a): this kernel 180-181 -> 170.4 us, the
   // select kernel's pass over the scores 6.6 -> 5.2 us in the pipeline.
   const uint64_t stream_pol = ptx::l2_evict_first_policy(), keep_pol = ptx::l2_evict_last_policy();
   SketchIds ids;
