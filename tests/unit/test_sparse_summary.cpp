@@ -168,6 +168,21 @@ TEST(MassEstimator, GaussianAndShrunkMinMaxMatchTheirDefinitions) {
   }
 }
 
+// q quantized to int8 as the sketch estimators quantize it (step max|q| / 127): the values
+// code * step and the step.
+struct Int8Q {
+  std::vector<double> v;
+  float step = 0.0f;
+};
+Int8Q int8_q(const std::vector<float>& q) {
+  float qmax = 0;
+  for (float x : q) qmax = std::max(qmax, std::fabs(x));
+  Int8Q r{std::vector<double>(q.size()), qmax / 127.0f};
+  for (size_t d = 0; d < q.size(); ++d)
+    r.v[d] = std::clamp(std::nearbyint(q[d] / r.step), -127.0f, 127.0f) * static_cast<double>(r.step);
+  return r;
+}
+
 // The 4-bit key sketch: every code within [-7, 7], each key reconstructed within half a step
 // (absmax / 14) per dimension; the sketch estimator equals log-mean-exp of the scores of the
 // int8-quantized q (step max|q| / 127) on the reconstructed keys (1e-3: float vs double), lies
@@ -182,11 +197,9 @@ TEST(MassEstimator, KeySketchReconstructsKeysAndScoresTheirSum) {
   EXPECT_EQ(make_estimator("sketch4")->name(), "sketch4");
   const float scale = 0.25f;
   const std::vector<float> q = test::random_vec(32, rng, 1.5f);
-  float qmax = 0;
-  for (float v : q) qmax = std::max(qmax, std::fabs(v));
-  const float qstep = qmax / 127.0f;
-  std::vector<double> q8(32);
-  for (int d = 0; d < 32; ++d) q8[d] = std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f) * static_cast<double>(qstep);
+  const Int8Q qi = int8_q(q);
+  const std::vector<double>& q8 = qi.v;
+  const float qstep = qi.step;
   for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
     const PageRef pg = t.page(0, 0, i);
     const int n = w.store.n_rows(pg.slot);
@@ -251,9 +264,7 @@ TEST(MassEstimator, TwoBitSketchReconstructsKeysAndScoresTheirSum) {
   EXPECT_EQ(make_estimator("sketch2")->name(), "sketch2");
   const float scale = 0.25f;
   const std::vector<float> q = test::random_vec(32, rng, 1.5f);
-  float qmax = 0;
-  for (float v : q) qmax = std::max(qmax, std::fabs(v));
-  const float qstep = qmax / 127.0f;
+  const std::vector<double> q8 = int8_q(q).v;
   for (int64_t i = 0; i * 16 < t.n_tokens(); ++i) {
     const PageRef pg = t.page(0, 0, i);
     const int n = w.store.n_rows(pg.slot);
@@ -271,7 +282,7 @@ TEST(MassEstimator, TwoBitSketchReconstructsKeysAndScoresTheirSum) {
         const int c = codes[r * 32 + d];
         ASSERT_TRUE(c == -3 || c == -1 || c == 1 || c == 3) << c;
         EXPECT_LE(std::fabs(c * step - k[d]), step * 1.0001) << "row " << r << " dim " << d;  // the nearest odd level
-        dot += std::clamp(std::nearbyint(q[d] / qstep), -127.0f, 127.0f) * static_cast<double>(qstep) * c * step;
+        dot += q8[d] * c * step;
       }
       x.push_back(dot * scale);
       m = std::max(m, dot * scale);
