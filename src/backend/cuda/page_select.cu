@@ -47,7 +47,7 @@ struct SoftmaxF {
   static __device__ __forceinline__ T op(T a, T b) {
     const float m = fmaxf(a.x, b.x);
     if (m == -INFINITY) return id();
-    return make_float2(m, a.y * exp2f(a.x - m) + b.y * exp2f(b.x - m));
+    return make_float2(m, a.y * ptx::ex2_approx(a.x - m) + b.y * ptx::ex2_approx(b.x - m));
   }
 };
 
@@ -135,10 +135,12 @@ struct ClusterReduce {
     T t[N];
 #pragma unroll
     for (int k = 0; k < N; ++k) t[k] = lane < static_cast<int>(n_blocks) ? *cg::this_cluster().map_shared_rank(bt + k, lane) : Op::id();
+    // The xor tree over the C ranks only: the levels o >= C of a 16-lane tree would combine
+    // identities (op(x, id) == x exactly), so skipping them keeps every bit.
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-#pragma unroll
-      for (int o = kMaxCluster / 2; o > 0; o >>= 1) t[k] = Op::op(t[k], shfl_xor(t[k], o));
+#pragma unroll 1
+      for (int o = static_cast<int>(n_blocks) / 2; o > 0; o >>= 1) t[k] = Op::op(t[k], shfl_xor(t[k], o));
       v[k] = shfl_idx(t[k], 0);
     }
   }
@@ -157,8 +159,8 @@ struct ClusterReduce {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       int t = lane < static_cast<int>(n_blocks) ? static_cast<int>(remote(bt, k)) : 0;
-#pragma unroll
-      for (int o = 1; o < kMaxCluster; o <<= 1) {
+#pragma unroll 1
+      for (int o = 1; o < static_cast<int>(n_blocks); o <<= 1) {  // (lanes >= C are never read)
         const int y = __shfl_up_sync(0xffffffffu, t, o);
         if (lane >= o) t += y;
       }
@@ -313,7 +315,10 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         // (no load of its position in each of the three passes).
         auto first_token = [&](int i) { return i * p.page_size; };
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
-        auto score = [&](int i, int c) { return p.scores[(j0 + c) * p.score_stride + bh + i]; };
+        const float* srow[kVecChunk];  // q vector j0 + c's scores of this list (rows past n_vec are never read)
+#pragma unroll
+        for (int c = 0; c < kVecChunk; ++c) srow[c] = p.scores + static_cast<int64_t>(j0 + c) * p.score_stride + bh;
+        auto score = [&](int i, int c) { return srow[c][i]; };
         // Each thread's own (max, sum) of n_i 2^s_i per q vector, then one reduction of the pairs
         // (v10 reduced the max and the sum apart). One pass takes the max and the sum against 2^0:
         // where the thread's max lies in [-64, 64] that sum neither overflows (<= 2^64 * 16 * its
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
             if (const int nv = visible(tok0, c); nv > 0) {
               const float sc = score(i, c);
               mz[c].x = fmaxf(mz[c].x, sc);
-              e = static_cast<float>(nv) * exp2f(sc);
+              e = static_cast<float>(nv) * ptx::ex2_approx(sc);
               z0[c] += e;
             }
             if (k < kCacheRounds) s_wcache[(k * kVecChunk + c) * kSelectThreads + tid] = e;
@@ -359,7 +364,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
 #pragma unroll
             for (int c = 0; c < kVecChunk; ++c) {
               const int nv = visible(tok0, c);
-              if (nv > 0 && mz[c].x != -INFINITY && mz[c].x != 0.0f) mz[c].y += static_cast<float>(nv) * exp2f(score(i, c) - mz[c].x);
+              if (nv > 0 && mz[c].x != -INFINITY && mz[c].x != 0.0f) mz[c].y += static_cast<float>(nv) * ptx::ex2_approx(score(i, c) - mz[c].x);
             }
           });
         mark(2);
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
 #pragma unroll
         for (int c = 0; c < kVecChunk; ++c) {
           inv_z[c] = mx[c] != -INFINITY && z[c] > 0.0f ? 1.0f / z[c] : 0.0f;  // 0: row sees no key
-          f_c[c] = inv_z[c] == 0.0f ? 0.0f : exp2f(-mx[c]) * inv_z[c];
+          f_c[c] = inv_z[c] == 0.0f ? 0.0f : ptx::ex2_approx(-mx[c]) * inv_z[c];
         }
         for_owned([&](int k, int i, float& m) {
           const int tok0 = first_token(i);
@@ -387,7 +392,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
               w = s_wcache[(k * kVecChunk + c) * kSelectThreads + tid] * f_c[c];
             } else {
               const int nv = visible(tok0, c);
-              w = nv == 0 ? 0.0f : static_cast<float>(nv) * exp2f(score(i, c) - mx[c]) * inv_z[c];
+              w = nv == 0 ? 0.0f : static_cast<float>(nv) * ptx::ex2_approx(score(i, c) - mx[c]) * inv_z[c];
             }
             m = p.combine_max ? fmaxf(m, w) : m + w;
           }
@@ -506,7 +511,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
               sh += rv[r].x;
               sl += rv[r].y;
             }
-            for (int r = kAutoCluster; r < n_blk; ++r) {
+#pragma unroll 1
+            for (int r = kAutoCluster; r < n_blk; ++r) {  // (C > 4: tests and sweeps only)
               const uint2 x = *cluster.map_shared_rank(h2, r);
               sh += x.x;
               sl += x.y;
@@ -594,6 +600,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       // here, run there on many blocks).
       if (!p.share_heads) p.stage_idx[base + o] = i;
       else
+#pragma unroll 1
         for (int hh = 0; hh < p.n_heads_kv; ++hh) p.stage_idx[p.dense_indptr[req * p.n_heads_kv + hh] + o] = i;
     }
     out_before += (all & 0xFFFF) + min(all >> 16, quota);
