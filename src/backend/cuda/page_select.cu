@@ -137,12 +137,13 @@ struct ClusterReduce {
     for (int k = 0; k < N; ++k) t[k] = lane < static_cast<int>(n_blocks) ? *cg::this_cluster().map_shared_rank(bt + k, lane) : Op::id();
     // The xor tree over the C ranks only: the levels o >= C of a 16-lane tree would combine
     // identities (op(x, id) == x exactly), so skipping them keeps every bit.
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
+    // (The level loop outside, not unrolled; the N values inside, so their chains interleave.)
 #pragma unroll 1
-      for (int o = static_cast<int>(n_blocks) / 2; o > 0; o >>= 1) t[k] = Op::op(t[k], shfl_xor(t[k], o));
-      v[k] = shfl_idx(t[k], 0);
-    }
+    for (int o = static_cast<int>(n_blocks) / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int k = 0; k < N; ++k) t[k] = Op::op(t[k], shfl_xor(t[k], o));
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = shfl_idx(t[k], 0);
   }
   // Exclusive prefixes over the cluster's threads in (rank, thread) order of N values at once;
   // total[k] gets the sums.
@@ -156,16 +157,21 @@ struct ClusterReduce {
     });
     par ^= 1;
     cg::this_cluster().sync();
+    int t[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) t[k] = lane < static_cast<int>(n_blocks) ? static_cast<int>(remote(bt, k)) : 0;
+    // The scan over the C ranks only (lanes >= C are never read); levels outside, values inside.
+#pragma unroll 1
+    for (int o = 1; o < static_cast<int>(n_blocks); o <<= 1)
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const int y = __shfl_up_sync(0xffffffffu, t[k], o);
+        if (lane >= o) t[k] += y;
+      }
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      int t = lane < static_cast<int>(n_blocks) ? static_cast<int>(remote(bt, k)) : 0;
-#pragma unroll 1
-      for (int o = 1; o < static_cast<int>(n_blocks); o <<= 1) {  // (lanes >= C are never read)
-        const int y = __shfl_up_sync(0xffffffffu, t, o);
-        if (lane >= o) t += y;
-      }
-      const int lower = __shfl_sync(0xffffffffu, t, rank > 0 ? static_cast<int>(rank) - 1 : 0);
-      total[k] = __shfl_sync(0xffffffffu, t, static_cast<int>(n_blocks) - 1);
+      const int lower = __shfl_sync(0xffffffffu, t[k], rank > 0 ? static_cast<int>(rank) - 1 : 0);
+      total[k] = __shfl_sync(0xffffffffu, t[k], static_cast<int>(n_blocks) - 1);
       v[k] += rank > 0 ? lower : 0;
     }
   }
@@ -317,7 +323,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
         const float* srow[kVecChunk];  // q vector j0 + c's scores of this list (rows past n_vec are never read)
 #pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) srow[c] = p.scores + static_cast<int64_t>(j0 + c) * p.score_stride + bh;
+        for (int c = 0; c < kVecChunk; ++c) srow[c] = p.scores + (j0 + c) * p.score_stride + bh;
         auto score = [&](int i, int c) { return srow[c][i]; };
         // Each thread's own (max, sum) of n_i 2^s_i per q vector, then one reduction of the pairs
         // (v10 reduced the max and the sum apart). One pass takes the max and the sum against 2^0:
