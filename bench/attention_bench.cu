@@ -692,6 +692,23 @@ int main(int argc, char** argv) {
               print_blocks(" in the pipeline (us from the score kernel's first entry)", static_cast<long long>(sp[0]));
               print_timeline(" in the pipeline");
             }
+            {  // Why select is slower in the pipeline than alone: the score kernel run first and
+               // finished (no programmatic overlap), then select alone; and select right after
+               // itself (its code and data warm).
+              p.phase_cycles = cyc_d;
+              b.flush_l2();
+              dhs::cuda::launch_page_select_stage(p, 0, b.stream);
+              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+              DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
+              dhs::cuda::launch_page_select_stage(p, 1, b.stream);
+              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+              print_timeline(" after the score kernel ended");
+              DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
+              dhs::cuda::launch_page_select_stage(p, 1, b.stream);
+              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+              print_timeline(" right after itself");
+              p.phase_cycles = nullptr;
+            }
             cudaFree(blk_d);
             cudaFree(cyc_d);
           }
