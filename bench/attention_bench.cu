@@ -590,6 +590,13 @@ int main(int argc, char** argv) {
             std::printf("%-7d %-6d %-30s score by pool layout: shuffled pages %.1f us, runs of 128 pages %.1f, contiguous %.1f\n",
                         ctx, batch, impl, part[0].median_us, us[0], us[1]);
           }
+          if (rule >= 2) {  // the pipeline with select launched after the score kernel ends
+            p.select_pdl = false;
+            const Timing tn = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
+            p.select_pdl = true;
+            std::printf("%-7d %-6d %-30s pipeline %.1f us; select not a programmatic dependent of the score kernel: %.1f us\n",
+                        ctx, batch, impl, t.median_us, tn.median_us);
+          }
           const char* part_name[4] = {"score", "select", "compact", "select-1block"};
           for (int st = 0; st < 4; ++st)
             b.emit(b.out, (std::string(impl) + "/" + part_name[st]).c_str(), ctx, batch, part[st], st == 0 ? sum_bytes : 0.0, 1.0, ws,

@@ -753,7 +753,7 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
     return;
   } else if (stage == 1) {
     const size_t smem = (static_cast<size_t>(p.smem_pages) + kCacheFloats) * 4;
-    const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream, /*pdl=*/true);
+    const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream, p.select_pdl);
     DHS_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, select_pages_kernel, p));
   } else {
     cudaLaunchConfig_t cfg = {};
