@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         // anything (NaN included), and 0 * NaN would poison P V.
         const int bytes = tok < n_valid ? 16 : 0;
         const uint32_t off = swz<HEAD_DIM>(tok, c);
-        if (p.l2_evict_first) {  // (a probe; warp-uniform)
+        if (p.l2_evict_first) {  // (warp-uniform)
           ptx::cp_async_16_hint(k_dst + off, k_src + tok * HEAD_DIM + c * 8, bytes, stream_pol);
           ptx::cp_async_16_hint(v_dst + off, v_src + tok * HEAD_DIM + c * 8, bytes, stream_pol);
         } else {
