@@ -80,6 +80,7 @@ struct Options {
   bool tune = false;
   bool quick = false;
   bool select_only = false;  // only the sparse section's selection rows (profiling)
+  std::vector<int> batches;  // --batches: these batch sizes only (profiling)
   bool probe = false;        // only the dense kernel's fixed-cost and bandwidth probes
   std::string trace;             // budget trace (dhisparse eval --trace-out): per-head budgets replayed
   int64_t trace_len = 0;         // prompt length of the trace to use (0: its longest)
@@ -245,6 +246,17 @@ struct Bench {
 
 }  // namespace
 
+// "1,4,8" -> {1, 4, 8}.
+std::vector<int> int_list(const std::string& v) {
+  std::vector<int> out;
+  for (size_t p = 0; p <= v.size();) {
+    const size_t c = std::min(v.find(',', p), v.size());
+    if (c > p) out.push_back(std::stoi(v.substr(p, c - p)));
+    p = c + 1;
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
@@ -267,21 +279,15 @@ int main(int argc, char** argv) {
     else if (a == "--quick") opt.quick = true;
     else if (a == "--select-only") opt.select_only = true;
     else if (a == "--probe") opt.probe = true;
+    else if (a == "--batches") opt.batches = int_list(next());
     else if (a == "--trace") opt.trace = next();
     else if (a == "--trace-len") opt.trace_len = std::stoll(next());
     else if (a == "--trace-layers") opt.trace_layers = std::stoi(next());
-    else if (a == "--quest-tokens") {
-      opt.quest_tokens.clear();
-      std::string v = next();
-      for (size_t p = 0; p <= v.size();) {
-        const size_t c = std::min(v.find(',', p), v.size());
-        if (c > p) opt.quest_tokens.push_back(std::stoi(v.substr(p, c - p)));
-        p = c + 1;
-      }
-    } else {
+    else if (a == "--quest-tokens") opt.quest_tokens = int_list(next());
+    else {
       std::fprintf(stderr,
                    "usage: attention_bench [--out F.jsonl] [--commit SHA] [--run-id ID] [--reps N] [--stages 2|3|4]\n"
-                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick] [--select-only] [--probe]\n"
+                   "                       [--min-pages N] [--tune [--tune-out F.jsonl]] [--quick] [--select-only] [--probe] [--batches B1,B2]\n"
                    "                       [--trace TRACE.json [--trace-len N] [--trace-layers N]] [--quest-tokens T1,T2]\n");
       return 2;
     }
@@ -300,7 +306,7 @@ int main(int argc, char** argv) {
   if (!opt.tune_out.empty()) b.tune_out = std::fopen(opt.tune_out.c_str(), "a");
 
   const std::vector<int> ctxs = opt.quick ? std::vector<int>{8192, 131072} : std::vector<int>{8192, 32768, 131072};
-  const std::vector<int> batches = opt.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 4, 8, 32};
+  const std::vector<int> batches = !opt.batches.empty() ? opt.batches : opt.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 4, 8, 32};
   int64_t max_pages = 0;
   for (int c : ctxs)
     for (int bt : batches) max_pages = std::max<int64_t>(max_pages, int64_t{bt} * kHkv * (c / kPage));

@@ -105,16 +105,17 @@ for stage in "$@"; do
       tail -12 "$OUT/e2e_bench.log" ;;
     profile)
       # Nsight Compute on the selection kernels alone (attention_bench --select-only: 128k x 1, then x 8).
+      # DHS_NCU_BATCHES: the batch sizes profiled (default 1,8: the first launch is at 128k x 1).
       for k in select_pages score_sketch; do
         run "ncu_$k" timeout 240 ncu --kernel-name "regex:$k" --launch-skip ${DHS_NCU_SKIP:-0} --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
-          --section SourceCounters "$B/attention_bench" --quick --select-only
+          --section SourceCounters --section InstructionStats "$B/attention_bench" --quick --select-only --batches ${DHS_NCU_BATCHES:-1,8}
         grep -E "Duration|Cluster|Block Size|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Stall|Memory Throughput|DRAM Throughput" "$OUT/ncu_$k.log" | head -40
       done
       # Per-instruction SASS with stall samples (source page), for the kernel named in DHS_NCU_SASS.
       if [ -n "${DHS_NCU_SASS:-}" ]; then
         ncu -o /tmp/dhs/sass_rep -f --kernel-name "regex:$DHS_NCU_SASS" --launch-count 1 --section SourceCounters \
-          --section WarpStateStats "$B/attention_bench" --quick --select-only > "$OUT/ncu_sass_run.log" 2>&1
+          --section WarpStateStats "$B/attention_bench" --quick --select-only --batches ${DHS_NCU_BATCHES:-1,8} > "$OUT/ncu_sass_run.log" 2>&1
         ncu -i /tmp/dhs/sass_rep.ncu-rep --page source --csv --print-source sass > "$OUT/sass_$DHS_NCU_SASS.csv" 2>&1
         wc -l "$OUT/sass_$DHS_NCU_SASS.csv"
       fi
