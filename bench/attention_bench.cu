@@ -44,8 +44,10 @@ __global__ void empty_kernel() {}
 // HBM read rate by chunk size and order (--probe): every warp reads whole chunks of chunk_int4
 // 16-byte words at chunk indices idx[c] (in order or shuffled), two chunks in flight, and folds
 // them into a register (stored only if it hits an impossible value, so nothing is elided).
+// side != null: each chunk also reads side_int4 words at the same index of a second array (the
+// sketch's layout: a page's 1 KiB of codes and, apart, its 64 bytes of steps).
 __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* __restrict__ idx, int64_t n_chunks,
-                                  int chunk_int4, int* sink) {
+                                  int chunk_int4, int* sink, const int4* __restrict__ side = nullptr, int side_int4 = 0) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t n_warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -56,6 +58,11 @@ __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* 
     const int4* b = c2 < n_chunks ? base + static_cast<int64_t>(__ldg(idx + c2)) * chunk_int4 : a;
     for (int i = lane; i < chunk_int4; i += 32) {
       const int4 x = __ldg(a + i), y = __ldg(b + i);
+      acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+    }
+    if (side != nullptr && lane < side_int4) {
+      const int4 x = __ldg(side + static_cast<int64_t>(__ldg(idx + c)) * side_int4 + lane);
+      const int4 y = __ldg(side + static_cast<int64_t>(__ldg(idx + (c2 < n_chunks ? c2 : c))) * side_int4 + lane);
       acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
     }
   }
@@ -358,7 +365,7 @@ int main(int argc, char** argv) {
       DHS_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
       DHS_CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
       DHS_CUDA_CHECK(cudaMalloc(&idx_d, (buf_bytes / 256) * sizeof(int32_t)));
-      for (int chunk : {256, 512, 1024, 4096})
+      for (int chunk : {256, 512, 1024, 1088, 4096})
         for (int shuffled = 0; shuffled < 2; ++shuffled) {
           const int64_t n_chunks = static_cast<int64_t>(buf_bytes / chunk);
           std::vector<int32_t> idx(static_cast<size_t>(n_chunks));
@@ -369,7 +376,16 @@ int main(int argc, char** argv) {
             chunk_read_kernel<<<b.n_sm * 4, 512, 0, b.stream>>>(buf, idx_d, n_chunks, chunk / 16, reinterpret_cast<int*>(buf));
           }, opt.reps);
           std::printf("probe read %4d-byte chunks %-9s %8.1f us  %6.0f GB/s\n", chunk, shuffled ? "shuffled" : "in order",
-                      t.median_us, static_cast<double>(buf_bytes) / t.median_us / 1e3);
+                      t.median_us, static_cast<double>(n_chunks * chunk) / t.median_us / 1e3);
+          if (chunk == 1024) {  // the sketch's layout: 1 KiB chunks, and 64 bytes at the same index elsewhere
+            const Timing ts = b.time_graph([&] {
+              chunk_read_kernel<<<b.n_sm * 4, 512, 0, b.stream>>>(buf, idx_d, n_chunks * 15 / 16, chunk / 16, reinterpret_cast<int*>(buf),
+                                                                  buf + (buf_bytes / 16) * 15 / 16, 4);
+            }, opt.reps);
+            const double bytes = static_cast<double>(n_chunks * 15 / 16) * (1024 + 64);
+            std::printf("probe read 1024 + 64 apart  %-9s %8.1f us  %6.0f GB/s\n", shuffled ? "shuffled" : "in order", ts.median_us,
+                        bytes / ts.median_us / 1e3);
+          }
         }
       cudaFree(buf);
       cudaFree(idx_d);
@@ -595,6 +611,11 @@ int main(int argc, char** argv) {
             dense_lists.upload(dense);
             std::printf("%-7d %-6d %-30s score by pool layout: shuffled pages %.1f us, runs of 128 pages %.1f, contiguous %.1f\n",
                         ctx, batch, impl, part[0].median_us, us[0], us[1]);
+            p.probe_steps_slot0 = true;  // the steps' own HBM reads (64 B per page, apart from the codes)
+            const double us_s0 = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 0, b.stream); }, opt.reps).median_us;
+            p.probe_steps_slot0 = false;
+            std::printf("%-7d %-6d %-30s score with every page's steps from one slot (L2): %.1f us (shuffled pages: %.1f)\n",
+                        ctx, batch, impl, us_s0, part[0].median_us);
           }
           if (rule >= 2) {  // the pipeline with select launched after the score kernel ends
             p.select_pdl = false;
