@@ -611,11 +611,6 @@ int main(int argc, char** argv) {
             dense_lists.upload(dense);
             std::printf("%-7d %-6d %-30s score by pool layout: shuffled pages %.1f us, runs of 128 pages %.1f, contiguous %.1f\n",
                         ctx, batch, impl, part[0].median_us, us[0], us[1]);
-            p.probe_steps_slot0 = true;  // the steps' own HBM reads (64 B per page, apart from the codes)
-            const double us_s0 = b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 0, b.stream); }, opt.reps).median_us;
-            p.probe_steps_slot0 = false;
-            std::printf("%-7d %-6d %-30s score with every page's steps from one slot (L2): %.1f us (shuffled pages: %.1f)\n",
-                        ctx, batch, impl, us_s0, part[0].median_us);
           }
           if (rule >= 2) {  // the pipeline with select launched after the score kernel ends
             p.select_pdl = false;

@@ -239,7 +239,7 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
     }
   }
   // Lane l < 4 PP: chunk l % 4 of page l / 4's steps; lane l < PP: page l's position.
-  const int32_t slot_s = p.probe_steps_slot0 ? 0 : __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
+  const int32_t slot_s = __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
   const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j0 + lane - ids.base) & 31);
   if (lane < 4 * PP)
     ptx::cp_async_16_hint(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * 16, slot_s >= 0 ? 16 : 0,

@@ -99,8 +99,6 @@ struct PageSelectParams {
   int stop_after = 0;     // benchmark only: 0 runs the select kernel whole; k in 1..5 ends it after
                           // phase k (1 masses, 2 their sums, 3-5 the cut's histogram levels), the
                           // lists unwritten, so that timing each prefix gives each phase's cost
-  bool probe_steps_slot0 = false;  // benchmark only: the sketch score reads every page's steps from slot 0
-                                  // (L2-resident), to measure what their separate 64-byte reads cost
   bool select_pdl = true; // select launched as a programmatic dependent of the score kernel (its
                           // blocks resident before the score kernel ends); false: after it ends
 };
