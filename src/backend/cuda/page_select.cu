@@ -221,6 +221,9 @@ __device__ __forceinline__ uint32_t level0_prefix(uint32_t bin) { return (((bin 
 // code is fetched cold at each layer's call (the score kernel streams hundreds of MB through L2
 // first): 413 -> 278 KB of code, select 58 -> 47 us at 128k x 8 (NOTES v13).
 constexpr int kRegPer = 8;
+// (>= 4: the emission's register scans are 1 or 4 wide below kRegPer rounds; a smaller kRegPer
+// would scan past mr[] and emit rounds 1-3 twice, as a kRegPer = 1 build did in test_page_select.)
+static_assert(kRegPer >= 4);
 constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
 constexpr int kCacheRounds = 8;  // rounds whose exp-terms the mass pass reads from shared memory
 constexpr int kCacheFloats = kCacheRounds * kVecChunk * kSelectThreads;  // 64 KiB
