@@ -472,14 +472,6 @@ int main(int argc, char** argv) {
       const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
       DHS_CUDA_CHECK(cudaMemcpy(sketch.steps_d(), steps.data(), steps.size() * 4, cudaMemcpyHostToDevice));
     }
-    // The same codes and steps in one 1,088-byte record per page (codes, then steps): a probe of
-    // the layout (one contiguous read per page instead of 1 KiB and 64 B apart).
-    const int rec_bytes = kPage * kD / 2 + kPage * 4;
-    uint8_t* rec_d = nullptr;
-    DHS_CUDA_CHECK(cudaMalloc(&rec_d, static_cast<size_t>(max_pages) * rec_bytes));
-    DHS_CUDA_CHECK(cudaMemcpy2D(rec_d, rec_bytes, sketch.codes_d(), kPage * kD / 2, kPage * kD / 2, max_pages, cudaMemcpyDeviceToDevice));
-    DHS_CUDA_CHECK(cudaMemcpy2D(rec_d + kPage * kD / 2, rec_bytes, sketch.steps_d(), kPage * 4, kPage * 4, max_pages,
-                                cudaMemcpyDeviceToDevice));
     // The projected sketch at rank 32 (psketch4:32): random codes and a random basis (the cost
     // does not depend on their values); its q projection runs inside the timed selection.
     constexpr int kRank = 32;
@@ -619,14 +611,6 @@ int main(int argc, char** argv) {
             dense_lists.upload(dense);
             std::printf("%-7d %-6d %-30s score by pool layout: shuffled pages %.1f us, runs of 128 pages %.1f, contiguous %.1f\n",
                         ctx, batch, impl, part[0].median_us, us[0], us[1]);
-            dhs::cuda::PageSelectParams pr = p;
-            pr.sketch_codes = rec_d;
-            pr.sketch_steps = reinterpret_cast<const float*>(rec_d + kPage * kD / 2);
-            pr.sketch_page_stride = rec_bytes;
-            pr.sketch_steps_stride = rec_bytes / 4;
-            const double us_rec = b.time_graph([&] { dhs::cuda::launch_page_select_stage(pr, 0, b.stream); }, opt.reps).median_us;
-            std::printf("%-7d %-6d %-30s score with codes and steps in one %d-byte record per page: %.1f us (apart: %.1f)\n", ctx,
-                        batch, impl, rec_bytes, us_rec, part[0].median_us);
           }
           if (rule >= 2) {  // the pipeline with select launched after the score kernel ends
             p.select_pdl = false;
@@ -766,7 +750,6 @@ int main(int argc, char** argv) {
     cudaFree(sel_slots);
     cudaFree(sel_pos);
     cudaFree(qp_d);
-    cudaFree(rec_d);
   }
 
   if (opt.tune) {

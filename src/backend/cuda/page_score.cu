@@ -223,14 +223,12 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
                                                   const uint8_t* codes_lane, const float* steps_lane, uint32_t st,
                                                   uint64_t stream_pol) {
   using S = SketchStage<KS, PP>;
-  const uint32_t code_stride = p.sketch_page_stride > 0 ? p.sketch_page_stride : S::kPageBytes;
-  const uint32_t steps_stride = p.sketch_steps_stride > 0 ? p.sketch_steps_stride : 16;
   ids.reach(p, j0 + PP - 1, e, lane);
   const uint32_t dst = st + 16 * lane;
 #pragma unroll
   for (int pp = 0; pp < PP; ++pp) {
     const int32_t slot = __shfl_sync(0xffffffffu, ids.slot, (j0 + pp - ids.base) & 31);  // -1 past e
-    const uint8_t* codes = codes_lane + static_cast<uint64_t>(max(slot, 0)) * code_stride;
+    const uint8_t* codes = codes_lane + static_cast<uint64_t>(max(slot, 0)) * S::kPageBytes;
     if constexpr (S::kPageBytes < 512) {  // (KS = 1: 256 B, lanes 0-15)
       if (lane < S::kPageBytes / 16)
         ptx::cp_async_16_hint(dst + S::kCodes + pp * S::kPageBytes, codes, slot >= 0 ? 16 : 0, stream_pol);
@@ -244,7 +242,7 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
   const int32_t slot_s = __shfl_sync(0xffffffffu, ids.slot, (j0 + (lane >> 2) - ids.base) & 31);
   const int32_t pos = __shfl_sync(0xffffffffu, ids.pos, (j0 + lane - ids.base) & 31);
   if (lane < 4 * PP)
-    ptx::cp_async_16_hint(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * steps_stride, slot_s >= 0 ? 16 : 0,
+    ptx::cp_async_16_hint(st + S::kSteps + 16 * lane, steps_lane + static_cast<uint64_t>(max(slot_s, 0)) * 16, slot_s >= 0 ? 16 : 0,
                           stream_pol);
   if (lane < PP) asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(st + S::kPos + 4 * lane), "r"(pos) : "memory");
   ptx::cp_async_commit();

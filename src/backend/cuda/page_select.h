@@ -52,10 +52,6 @@ struct PageSelectParams {
   // with q quantized to int8 per vector (absmax / 127) for the int8 tensor-core MMA.
   const uint8_t* sketch_codes = nullptr;    // [n_pages, page_size, head_dim / 2]
   const float* sketch_steps = nullptr;      // [n_pages, page_size]
-  // Page strides of the two (0: packed as above). Nonzero: a page's codes and steps may share one
-  // record (bytes between pages' codes; floats between pages' steps; multiples of 16 bytes).
-  int sketch_page_stride = 0;
-  int sketch_steps_stride = 0;
   float kappa = 1.0f;     // MeanSpread: q.mean + kappa sqrt(sum q^2 var)
   bool gaussian = false;  // MeanSpread summaries, Gaussian estimate: q.mean + scale / 2 sum q^2 var
 
