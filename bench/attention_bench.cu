@@ -36,8 +36,6 @@ namespace {
 constexpr int kHq = 32, kHkv = 8, kD = 128, kPage = 16;
 constexpr size_t kFlushBytes = size_t{256} << 20;
 
-// Reads the flush buffer: fills L2 with clean lines of other data (a memset would leave
-// dirty lines whose write-back would be charged to the next timed kernel).
 // The timing method's floor: a graph of empty kernels.
 __global__ void empty_kernel() {}
 
@@ -54,21 +52,23 @@ __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* 
   int acc = 0;
   for (int64_t c = warp; c < n_chunks; c += 2 * n_warps) {
     const int64_t c2 = c + n_warps;
-    const int4* a = base + static_cast<int64_t>(__ldg(idx + c)) * chunk_int4;
-    const int4* b = c2 < n_chunks ? base + static_cast<int64_t>(__ldg(idx + c2)) * chunk_int4 : a;
+    const int64_t ia = __ldg(idx + c), ib = c2 < n_chunks ? __ldg(idx + c2) : ia;
+    const int4* a = base + ia * chunk_int4;
+    const int4* b = base + ib * chunk_int4;
     for (int i = lane; i < chunk_int4; i += 32) {
       const int4 x = __ldg(a + i), y = __ldg(b + i);
       acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
     }
     if (side != nullptr && lane < side_int4) {
-      const int4 x = __ldg(side + static_cast<int64_t>(__ldg(idx + c)) * side_int4 + lane);
-      const int4 y = __ldg(side + static_cast<int64_t>(__ldg(idx + (c2 < n_chunks ? c2 : c))) * side_int4 + lane);
+      const int4 x = __ldg(side + ia * side_int4 + lane), y = __ldg(side + ib * side_int4 + lane);
       acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
     }
   }
   if (acc == 0x7e57ab1e) sink[0] = acc;
 }
 
+// Reads the flush buffer: fills L2 with clean lines of other data (a memset would leave
+// dirty lines whose write-back would be charged to the next timed kernel).
 __global__ void l2_flush_kernel(const int4* __restrict__ buf, size_t n, int* sink) {
   int acc = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -725,17 +725,17 @@ int main(int argc, char** argv) {
                // finished (no programmatic overlap), then select alone; and select right after
                // itself (its code and data warm).
               p.phase_cycles = cyc_d;
+              auto select_timeline = [&](const char* what) {
+                DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
+                dhs::cuda::launch_page_select_stage(p, 1, b.stream);
+                DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+                print_timeline(what);
+              };
               b.flush_l2();
               dhs::cuda::launch_page_select_stage(p, 0, b.stream);
               DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
-              DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
-              dhs::cuda::launch_page_select_stage(p, 1, b.stream);
-              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
-              print_timeline(" after the score kernel ended");
-              DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
-              dhs::cuda::launch_page_select_stage(p, 1, b.stream);
-              DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
-              print_timeline(" right after itself");
+              select_timeline(" after the score kernel ended");
+              select_timeline(" right after itself");
               p.phase_cycles = nullptr;
             }
             cudaFree(blk_d);
