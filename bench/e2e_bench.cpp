@@ -131,10 +131,18 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       }
       double dense_ms = 0;
       for (const std::string& pol_spec : opts.policies) {
+        // "/R" last: each layer selects every R steps (staggered), reusing its lists between.
+        std::string spec = pol_spec;
+        int reselect_every = 1;
+        if (const size_t sl = spec.rfind('/'); sl != std::string::npos) {
+          reselect_every = std::stoi(spec.substr(sl + 1));
+          spec = spec.substr(0, sl);
+        }
         // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
-        const bool sketch = chosen_by_sketch(pol_spec);
-        const std::string pol = sketch ? pol_spec.substr(0, pol_spec.size() - kSketchSuffix.size()) : pol_spec;
+        const bool sketch = chosen_by_sketch(spec);
+        const std::string pol = sketch ? spec.substr(0, spec.size() - kSketchSuffix.size()) : spec;
         PolicyConfig pc;
+        pc.reselect_every = reselect_every;
         if (sketch) pc.estimator = "sketch4";
         std::vector<float> frac;
         double gamma = 1.0;
@@ -169,7 +177,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
                     pol_spec.c_str(), read_frac,
                     dense_ms > 0 && pol != "dense" ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
         jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
-           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.name == "dense" ? "" : pc.estimator) << "\",\"gamma\":" << gamma << ",\"budgets\":\"" << budgets
+           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.name == "dense" ? "" : pc.estimator) << "\",\"gamma\":" << gamma
+           << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";

@@ -34,6 +34,7 @@ struct EngineOptions {
   std::string combine = "sum";      // q heads of a GQA group: sum (mean of their masses) or max
   int sink_pages = 1;               // first pages every sparse list keeps
   int recent_pages = 1;             // last pages every sparse list keeps
+  int reselect_every = 1;           // a layer selects every this many decode steps, reusing its lists between
 };
 
 // KV pages read by sparse decode vs all pages, summed over decode steps.
@@ -100,8 +101,9 @@ class Engine {
   // Policy of the following decode steps, as EngineOptions' sparse fields (scoring
   // policies need an engine loaded with a sparse policy: its page summaries).
   // estimator "" keeps the engine's (EngineOptions::estimator).
+  // reselect_every: EngineOptions::reselect_every.
   virtual void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
-                                 const std::string& estimator = "") = 0;
+                                 const std::string& estimator = "", int reselect_every = 1) = 0;
   // Page counts of sparse decode since the last call.
   virtual PageCounts take_page_counts() = 0;
   // Fits the low-rank key basis of the projected sketch (estimators "psketch4:R", "qsketch4:R",

@@ -21,10 +21,12 @@ struct EvalPolicy {
   double gamma = 0.99;
   int budget = 0;
   std::string estimator;      // "" = the engine's
-  std::string label() const;  // "dense", "coverage-0.99", "topk-64", "coverage-0.99-minmax", ...
+  int reselect_every = 1;     // EngineOptions::reselect_every
+  std::string label() const;  // "dense", "coverage-0.99", "topk-64", "coverage-0.99-minmax", "coverage-0.99-r4", ...
 };
 // "dense", "coverage:0.99", "topk:64", "sinkwindow:32", "solohead:0.98" or "solohead:64",
-// optionally "@minmax" / "@gaussian" / "@meanspread" after it. Throws dhs::Error on anything else.
+// optionally "/R" (a layer selects every R decode steps) and then "@minmax" / "@gaussian" /
+// "@meanspread" after it. Throws dhs::Error on anything else.
 EvalPolicy parse_eval_policy(const std::string& spec);
 
 struct EvalOptions {

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   gen->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
   gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   gen->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  gen->add_option("--reselect-every", eo.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(CLI::Range(1, 64))->capture_default_str();
   gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
   gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> b_policies = {"dense"};
   std::string b_trace;
   int64_t b_trace_len = 0;
-  bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS")->delimiter(',')->capture_default_str();
+  bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS; each optionally @sketch4 (chosen by the key sketch), then /R (select every R steps)")->delimiter(',')->capture_default_str();
   bench->add_option("--trace", b_trace, "Budget trace of a real model (dhisparse eval --trace-out)");
   bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)");
 
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
   evc->add_option("--tasks", ev.tasks, "niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, qa (default: all)")->delimiter(',');
   evc->add_option("--lengths", ev.lengths, "Prompt lengths in tokens")->delimiter(',')->capture_default_str();
   evc->add_option("--samples", ev.samples, "Samples per task and length")->check(CLI::Range(1, 1000000))->capture_default_str();
-  evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K")->delimiter(',')->capture_default_str();
+  evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K, each optionally /R (select every R steps) and @ESTIMATOR")->delimiter(',')->capture_default_str();
   evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
   evc->add_option("--seed", ev.seed, "Sample seed")->capture_default_str();
   evc->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, sketch2, psketch4:R[:KEEP] and qsketch4:R[:KEEP] on a key basis fitted on a calibration sample)")->capture_default_str();

@@ -16,7 +16,8 @@ namespace dhs {
 
 std::string EvalPolicy::label() const {
   if (name == "dense") return "dense";
-  const std::string e = estimator.empty() ? "" : "-" + estimator;
+  const std::string e = (estimator.empty() ? "" : "-" + estimator) +
+                        (reselect_every > 1 ? fmt::format("-r{}", reselect_every) : std::string());
   if (name == "coverage" || (name == "solohead" && budget == 0)) return fmt::format("{}-{}{}", name, gamma, e);
   return fmt::format("{}-{}{}", name, budget, e);
 }
@@ -28,6 +29,21 @@ EvalPolicy parse_eval_policy(const std::string& spec_in) {
     p.estimator = spec.substr(at + 1);
     spec = spec.substr(0, at);
     (void)make_estimator(p.estimator);  // a dhs::Error naming the estimators when unknown
+  }
+  if (const size_t sl = spec.find('/'); sl != std::string::npos) {
+    const std::string r = spec.substr(sl + 1);
+    spec = spec.substr(0, sl);
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(r, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DHS_CHECK(!r.empty() && used == r.size() && v >= 1 && v <= 64, "policy '{}': '/{}' is not a step count in [1, 64]",
+              spec_in, r);
+    DHS_CHECK(spec.rfind("dense", 0) != 0, "policy 'dense' selects nothing to reuse ('{}')", spec_in);
+    p.reselect_every = v;
   }
   const size_t c = spec.find(':');
   p.name = spec.substr(0, c);
@@ -214,7 +230,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
           const EvalPolicy& pol = policies[pi];
           Agg& a = agg[{static_cast<int>(task), len, static_cast<int>(pi)}];
           session->truncate(n_prompt);
-          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below, pol.estimator);
+          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below, pol.estimator, pol.reselect_every);
           // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
           int diverged = -1;
           std::vector<float> lg;
@@ -280,6 +296,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
                             {"estimator", pol.estimator.empty() ? o.estimator : pol.estimator},
                             {"combine", o.combine},
                             {"dense_below", o.dense_below},
+                            {"reselect_every", pol.reselect_every},
                             {"samples", a.n},
                             {"score", score},
                             {"decode_steps", a.steps},

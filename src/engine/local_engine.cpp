@@ -164,8 +164,9 @@ class LocalEngine final : public Engine {
   std::unique_ptr<Session> open_session() override;
 
   void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
-                         const std::string& estimator) override {
+                         const std::string& estimator, int reselect_every) override {
     EngineOptions o = opts_;
+    o.reselect_every = reselect_every;
     if (!estimator.empty()) o.estimator = estimator;
     o.sparse_policy = policy;
     o.gamma = gamma;

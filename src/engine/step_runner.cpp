@@ -14,6 +14,7 @@ PolicyConfig policy_config(const EngineOptions& o) {
   pc.estimator = o.estimator;
   pc.n_sink = o.sink_pages;
   pc.n_recent = o.recent_pages;
+  pc.reselect_every = o.reselect_every;
   DHS_CHECK(o.combine == "sum" || o.combine == "max", "--combine must be sum or max, got '{}'", o.combine);
   pc.combine = o.combine == "max" ? GroupCombine::Max : GroupCombine::Sum;
   return pc;

@@ -234,6 +234,8 @@ void DenseBelowPolicy::select_request(const SelectionInput& in, int req, Request
 std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg) {
   DHS_CHECK(cfg.n_sink >= 0 && cfg.n_recent >= 0, "sink and recent page counts must be >= 0");
   DHS_CHECK(cfg.budget >= 0, "--budget must be >= 0 (got {})", cfg.budget);
+  DHS_CHECK(cfg.reselect_every >= 1 && cfg.reselect_every <= 64, "--reselect-every must be in [1, 64] (got {})",
+            cfg.reselect_every);
   ScoredParams sp;
   sp.gamma = cfg.gamma;
   sp.budget = cfg.budget;

@@ -147,6 +147,10 @@ struct PolicyConfig {
   std::string estimator = "minmax";  // minmax | meanspread
   GroupCombine combine = GroupCombine::Sum;
   int64_t dense_below = 0;  // tokens; 0 = never force dense
+  // A layer runs the policy every this many decode steps and reuses its last selection
+  // (grown by the pages written since) in between (sparse/reselect_schedule.h). The
+  // runners read it; make_policy only checks it.
+  int reselect_every = 1;
 };
 
 // Throws dhs::Error on an unknown name or an invalid combination.

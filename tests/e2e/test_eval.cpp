@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -93,6 +94,71 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   EXPECT_THROW(parse_eval_policy("topk"), Error);
   EXPECT_THROW(parse_eval_policy("bogus:3"), Error);
   EXPECT_EQ(parse_eval_policy("solohead:64").budget, 64);
+  const EvalPolicy r4 = parse_eval_policy("coverage:0.99/4@minmax");
+  EXPECT_EQ(r4.reselect_every, 4);
+  EXPECT_EQ(r4.estimator, "minmax");
+  EXPECT_EQ(r4.label(), "coverage-0.99-minmax-r4");
+  EXPECT_THROW(parse_eval_policy("coverage:0.99/0"), Error);
+  EXPECT_THROW(parse_eval_policy("coverage:0.99/x"), Error);
+  EXPECT_THROW(parse_eval_policy("dense/2"), Error);
+}
+
+// --reselect-every (sparse/reselect_schedule.h) end to end on the CPU engine, 40 decode steps
+// over page boundaries.
+//  * coverage gamma = 1 with R = 4: every selection is all pages, so a reused list must be all
+//    pages too: logits bitwise dense at every step. Fails if the pages written since the
+//    selection are missing (the current token's page) or listed twice.
+//  * sink + window with R = 3: the pages read equal a count written from the definition (each
+//    layer's last selection step by the schedule, its sink + window pages then, the pages
+//    written since) — fails if the schedule or the reuse differs from the definition.
+TEST(Reselect, GammaOneStaysDenseAndSinkWindowReadsWhatTheDefinitionCounts) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  auto e = load_sparse_engine();
+  const int L = static_cast<int>(e->config().n_layers), hkv = static_cast<int>(e->config().n_heads_kv), ps = 16;
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
+  const std::vector<int32_t> prompt = e->tokenize(text);  // ~120 tokens: 8 pages, then 40 steps
+  auto decode = [&](const std::string& policy, double gamma, int budget, int every, std::vector<std::vector<float>>* steps) {
+    e->set_sparse_policy(policy, gamma, budget, 0, "", every);
+    auto s = e->open_session();
+    std::vector<float> lg;
+    s->append(prompt, &lg);
+    (void)e->take_page_counts();
+    for (int i = 0; i < 40; ++i) {
+      s->append({static_cast<int32_t>(100 + 7 * i)}, &lg);
+      steps->push_back(lg);
+    }
+    return e->take_page_counts();
+  };
+  std::vector<std::vector<float>> dense, g1;
+  decode("dense", 0.99, 0, 1, &dense);
+  decode("coverage", 1.0, 0, 4, &g1);
+  ASSERT_EQ(g1.size(), dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) EXPECT_EQ(g1[i], dense[i]) << "step " << i;
+
+  const int n_sink = 1, budget = 4, window = budget - n_sink, every = 3;
+  std::vector<std::vector<float>> sw;
+  const PageCounts got = decode("sinkwindow", 0.99, budget, every, &sw);
+  uint64_t want_read = 0, want_total = 0;
+  const int64_t n0 = static_cast<int64_t>(prompt.size());
+  for (int k = 0; k < 40; ++k) {
+    const int64_t seq = n0 + k + 1, n_pages = (seq + ps - 1) / ps;
+    for (int l = 0; l < L; ++l) {
+      int s = k;  // the layer's last selection step: step 0 (full) or (l + s) % every == 0
+      while (s > 0 && (l + s) % every != 0) --s;
+      const int64_t seq_s = n0 + s + 1, pages_s = (seq_s + ps - 1) / ps, first_new = seq_s / ps;
+      std::set<int64_t> pages;
+      for (int64_t p = 0; p < pages_s; ++p)
+        if ((p < n_sink || p >= pages_s - window) && p < first_new) pages.insert(p);
+      for (int64_t p = first_new; p < n_pages; ++p) pages.insert(p);
+      want_read += static_cast<uint64_t>(hkv) * pages.size();
+      want_total += static_cast<uint64_t>(hkv * n_pages);
+    }
+  }
+  EXPECT_EQ(got.total, want_total);
+  EXPECT_EQ(got.read, want_read);
+  EXPECT_LT(got.read, got.total);
+  EXPECT_EQ(e->kv_check(), "");
 }
 
 }  // namespace

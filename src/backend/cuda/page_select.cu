@@ -676,6 +676,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
   if (threadIdx.x == 0 && blockIdx.y == 0) {
     p.indptr[row + 1] = off + c;
     if (row == 0) p.indptr[0] = 0;
+    if (p.sel_seq_len && row % p.n_heads_kv == 0) p.sel_seq_len[row / p.n_heads_kv] = p.seq_len[row / p.n_heads_kv];
   }
   const int base = p.dense_indptr[row];
   for (int i = blockIdx.y * kCompactThreads + threadIdx.x; i < c; i += kCompactSplit * kCompactThreads) {

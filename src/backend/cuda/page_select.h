@@ -77,6 +77,8 @@ struct PageSelectParams {
   int32_t* page_pos = nullptr;  // [nnz]
   unsigned long long* stats = nullptr;  // [n_heads_kv, 2] += (pages chosen, pages in list), or null
   float* mass_out = nullptr;    // [nnz_dense] the normalised masses of scored lists (tests), or null
+  int32_t* sel_seq_len = nullptr;  // [n_requests] seq_len copied here by compact (what a later reuse of
+                                   // these lists needs: reuse_lists.h), or null
 
   int n_requests = 0;
   int n_heads_q = 0;

@@ -134,6 +134,15 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
   const bool decode_step = T == static_cast<int64_t>(batch.size());
+  int phase = ReselectSchedule::kFull;
+  if (policy_ && decode_step) {
+    std::vector<const void*> ids(tables.begin(), tables.end());
+    std::vector<int64_t> n_before(seq_len.begin(), seq_len.end());
+    for (int64_t& n : n_before) --n;
+    phase = schedule_.begin_step(ids, n_before);
+  } else {
+    schedule_.invalidate();
+  }
 
   std::vector<float> x(static_cast<size_t>(T * H));          // [T, hidden] residual stream
   std::vector<float> h(static_cast<size_t>(T * H));          // [T, hidden] normed
@@ -175,8 +184,13 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     // Sparse selection serves decode steps; prefill reads every page (a chunk's
     // queries span the whole prompt, and its own pages are not summarised yet).
     if (policy_ && decode_step) {
-      SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
-      lists = policy_->select(in);
+      if (schedule_.selects(l, phase)) {
+        SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
+        lists = policy_->select(in);
+        if (schedule_.every() > 1) selected_[static_cast<size_t>(l)] = lists;
+      } else {
+        lists = reuse_selection(selected_[static_cast<size_t>(l)], tables, l, seq_len);
+      }
       stats_.pages_read += lists.nnz();
       for (size_t r = 0; r < seq_len.size(); ++r)
         stats_.pages_total += Hkv * ((seq_len[r] + pool.page_size() - 1) / pool.page_size());

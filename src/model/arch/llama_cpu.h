@@ -13,6 +13,7 @@
 #include "model/weight_source.h"
 #include "sparse/page_summary.h"
 #include "sparse/policy.h"
+#include "sparse/reselect_schedule.h"
 
 namespace dhs {
 
@@ -30,10 +31,13 @@ class LlamaCpu {
   size_t weight_bytes() const;
   void set_debug_hook(DebugHook hook) { debug_ = std::move(hook); }
   // Sparse decode: page summaries kept up to date at every append (when a store is
-  // given) and the policy choosing each layer's page lists (nullptr: dense).
-  void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries) {
+  // given) and the policy choosing each layer's page lists (nullptr: dense), run by each
+  // layer every `reselect_every` decode steps (sparse/reselect_schedule.h).
+  void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries, int reselect_every = 1) {
     policy_ = policy;
     summaries_ = summaries;
+    schedule_ = ReselectSchedule(reselect_every);
+    selected_.assign(static_cast<size_t>(cfg_.n_layers), PageLists{});
   }
 
   struct Seq {
@@ -67,6 +71,8 @@ class LlamaCpu {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   DebugHook debug_;
   const SelectionPolicy* policy_ = nullptr;
+  ReselectSchedule schedule_;
+  std::vector<PageLists> selected_;  // [n_layers] each layer's last selection (reselect_every > 1)
  public:
   // Pages the policy selected vs all pages, summed over decode steps, layers and heads.
   struct SparsityStats {

@@ -8,6 +8,7 @@
 #include "backend/cuda/gather_rows.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/reuse_lists.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -231,7 +232,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, bool decode) {
   (void)decode;
 }
 
-void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
+void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size, QKV = (Hq + 2 * Hkv) * D;
   const int64_t T = n_tok;
@@ -336,7 +337,30 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
 
     if (decode) {
       const int32_t *kv_indptr = indptr_d_, *kv_slots = slots_d_, *kv_page_pos = page_pos_d_;
-      if (sparse_) {
+      const int64_t B = opt_.max_batch, n_lists_max = B * Hkv, nnz_max = sel_ws_ ? sel_ws_->max_nnz() : 0;
+      const bool reuse = sparse_ && schedule_.every() > 1;
+      if (reuse && !schedule_.selects(l, phase)) {
+        // The layer's last selection, grown by the pages written since (reuse_lists.h).
+        cuda::ReuseListsParams rp;
+        rp.dense_indptr = indptr_d_;
+        rp.dense_slots = slots_d_;
+        rp.seq_len = seq_len_d_;
+        rp.sel_indptr = st_indptr_d_ + l * (n_lists_max + 1);
+        rp.sel_slots = st_slots_d_ + l * nnz_max;
+        rp.sel_page_pos = st_page_pos_d_ + l * nnz_max;
+        rp.sel_seq_len = st_seq_len_d_ + l * B;
+        rp.indptr = sp_indptr_d_;
+        rp.slots = sp_slots_d_;
+        rp.page_pos = sp_page_pos_d_;
+        rp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
+        rp.n_requests = n_req;
+        rp.n_heads_kv = static_cast<int>(Hkv);
+        rp.page_size = opt_.page_size;
+        cuda::launch_reuse_lists(rp, stream_);
+        kv_indptr = sp_indptr_d_;
+        kv_slots = sp_slots_d_;
+        kv_page_pos = sp_page_pos_d_;
+      } else if (sparse_) {
         // Score and select on the device; attention reads the selected lists in place.
         cuda::PageSelectParams sp = sel_;
         sp.dense_indptr = indptr_d_;
@@ -347,9 +371,10 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
         sp.q_indptr = q_indptr_d_;
         if (!sp.sketch_codes) sp.summaries = (sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_ : sum_meanvar_)->data_d();
         if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
-        sp.indptr = sp_indptr_d_;
-        sp.slots = sp_slots_d_;
-        sp.page_pos = sp_page_pos_d_;
+        sp.indptr = reuse ? st_indptr_d_ + l * (n_lists_max + 1) : sp_indptr_d_;
+        sp.slots = reuse ? st_slots_d_ + l * nnz_max : sp_slots_d_;
+        sp.page_pos = reuse ? st_page_pos_d_ + l * nnz_max : sp_page_pos_d_;
+        if (reuse) sp.sel_seq_len = st_seq_len_d_ + l * B;  // kept for the steps that reuse these lists
         sp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
         sp.n_requests = n_req;
         sp.n_heads_q = static_cast<int>(Hq);
@@ -359,9 +384,9 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode) {
         sp.scale = scale;
         sel_ws_->bind(&sp);
         cuda::launch_page_select(sp, stream_);
-        kv_indptr = sp_indptr_d_;
-        kv_slots = sp_slots_d_;
-        kv_page_pos = sp_page_pos_d_;
+        kv_indptr = sp.indptr;
+        kv_slots = sp.slots;
+        kv_page_pos = sp.page_pos;
       }
       cuda::DecodeAttentionParams p;
       p.q = q_d_;
@@ -458,22 +483,28 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   }
   const int n_req = static_cast<int>(batch.size());
   upload_step(batch, decode);
-  if (decode && use_graph) {
-    auto it = graphs_.find({policy_key_, n_req});
-    if (it == graphs_.end()) {
-      // Capture once per batch size; replays read the same step-input buffers.
-      cudaGraph_t g;
-      DHS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      run_layers(static_cast<int>(T), n_req, true);
-      DHS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-      cudaGraphExec_t exec;
-      DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-      DHS_CUDA_CHECK(cudaGraphDestroy(g));
-      it = graphs_.emplace(std::make_pair(policy_key_, n_req), exec).first;
+  // Which layers run the policy this step (sparse/reselect_schedule.h): the stored selections
+  // serve only the same requests in the same rows, continued by one token.
+  int phase = ReselectSchedule::kFull;
+  std::vector<int> req_slots;
+  for (const Seq& s : batch) req_slots.push_back(s.req_slot);
+  if (decode && sparse_) {
+    std::vector<const void*> ids;
+    std::vector<int64_t> n_before;
+    for (const Seq& s : batch) {
+      ids.push_back(s.table);
+      n_before.push_back(s.table->n_tokens());
     }
-    DHS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    if (req_slots != last_req_slots_) schedule_.invalidate();
+    phase = schedule_.begin_step(ids, n_before);
   } else {
-    run_layers(static_cast<int>(T), n_req, decode);
+    schedule_.invalidate();
+  }
+  last_req_slots_ = std::move(req_slots);
+  if (decode && use_graph) {
+    DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(static_cast<int>(T), n_req, phase), stream_));
+  } else {
+    run_layers(static_cast<int>(T), n_req, decode, phase);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
@@ -483,6 +514,23 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+cudaGraphExec_t LlamaCuda::decode_graph(int n_tok, int n_req, int phase) {
+  const std::string key = phase == ReselectSchedule::kFull ? policy_key_ : fmt::format("{}#{}", policy_key_, phase);
+  auto it = graphs_.find({key, n_req});
+  if (it == graphs_.end()) {
+    // Capture once per batch size (and phase); replays read the same step-input buffers.
+    cudaGraph_t g;
+    DHS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    run_layers(n_tok, n_req, true, phase);
+    DHS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec;
+    DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    DHS_CUDA_CHECK(cudaGraphDestroy(g));
+    it = graphs_.emplace(std::make_pair(key, n_req), exec).first;
+  }
+  return it->second;
 }
 
 std::vector<int32_t> LlamaCuda::greedy_ids() {
@@ -508,11 +556,21 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
   }
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   // Everything a captured step bakes in (the select kernels' parameters) is in the key.
-  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
-                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1);
+  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
+                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1,
+                            pc.reselect_every);
   sparse_ = pc.name != "dense";
+  schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
   if (!sparse_) return;
   DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
+  if (pc.reselect_every > 1 && st_indptr_d_ == nullptr) {
+    // Once per model: every layer's selection kept for the steps that reuse it.
+    const int64_t B = opt_.max_batch, L = cfg_.n_layers, n_lists = B * cfg_.n_heads_kv, nnz = sel_ws_->max_nnz();
+    st_indptr_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * (n_lists + 1)) * 4));
+    st_slots_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * nnz) * 4));
+    st_page_pos_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * nnz) * 4));
+    st_seq_len_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * B) * 4));
+  }
   const bool scoring = pc.name != "sinkwindow";
   const bool sketch = pc.estimator == "sketch4";
   DHS_CHECK(!scoring || sketch || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
@@ -583,17 +641,24 @@ double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   // One real step (captures the graph), then replays of it: the same positions are
   // rewritten each time, which costs what a real step costs.
   for (const Seq& s : batch) DHS_CHECK(s.n_new == 1, "time_decode_step: decode batches only");
+  schedule_.invalidate();  // the first step selects at every layer
   forward(batch, nullptr, true);
   for (const Seq& s : batch) s.table->truncate(allocator(), s.table->n_tokens() - 1);
-  auto it = graphs_.find({policy_key_, static_cast<int>(batch.size())});
-  DHS_ASSERT(it != graphs_.end());
+  // With --reselect-every R the steps cycle through R graphs (each selecting at a different
+  // 1/R of the layers, reusing the first step's selections at the others): all are timed.
+  const int n_req = static_cast<int>(batch.size());
+  std::vector<cudaGraphExec_t> cycle;
+  if (sparse_ && schedule_.every() > 1)
+    for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(decode_graph(n_req, n_req, ph));
+  else
+    cycle.push_back(decode_graph(n_req, n_req, ReselectSchedule::kFull));
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));
   DHS_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < n_iters; ++i) {
     DHS_CUDA_CHECK(cudaEventRecord(a, stream_));
-    DHS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    DHS_CUDA_CHECK(cudaGraphLaunch(cycle[static_cast<size_t>(i) % cycle.size()], stream_));
     DHS_CUDA_CHECK(cudaEventRecord(b, stream_));
     DHS_CUDA_CHECK(cudaEventSynchronize(b));
     float t = 0;

@@ -26,6 +26,7 @@
 #include "kv/page_table.h"
 #include "model/weight_source.h"
 #include "sparse/policy.h"
+#include "sparse/reselect_schedule.h"
 
 namespace dhs {
 
@@ -104,7 +105,11 @@ class LlamaCuda {
   };
   void allocate(const CudaModelOptions& o);
   void upload_step(const std::vector<Seq>& batch, bool decode);
-  void run_layers(int n_tok, int n_req, bool decode);
+  // phase: the reselect schedule's phase of a decode step (ReselectSchedule::kFull: every
+  // layer runs the policy).
+  void run_layers(int n_tok, int n_req, bool decode, int phase = ReselectSchedule::kFull);
+  // The captured decode step of n_req requests at `phase` (captured on first use).
+  cudaGraphExec_t decode_graph(int n_tok, int n_req, int phase);
   void* dalloc(size_t bytes);
 
   ModelConfig cfg_;
@@ -132,6 +137,14 @@ class LlamaCuda {
   float* budget_frac_d_ = nullptr;              // [L, Hkv] or null
   unsigned long long* sparse_stats_d_ = nullptr;  // [L, Hkv, 2]
   int32_t *sp_indptr_d_ = nullptr, *sp_slots_d_ = nullptr, *sp_page_pos_d_ = nullptr;  // selected lists
+  // --reselect-every R > 1: each layer's last selection, read (grown by the pages written since)
+  // at the steps where the layer does not select. Allocated at the first such policy.
+  ReselectSchedule schedule_;
+  int32_t *st_indptr_d_ = nullptr;    // [L, B * Hkv + 1]
+  int32_t *st_slots_d_ = nullptr;     // [L, B * Hkv * pages_per_seq]
+  int32_t *st_page_pos_d_ = nullptr;  // [L, B * Hkv * pages_per_seq]
+  int32_t *st_seq_len_d_ = nullptr;   // [L, B] tokens at each layer's last selection
+  std::vector<int> last_req_slots_;   // the last decode step's request rows
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
