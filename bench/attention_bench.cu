@@ -27,6 +27,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
+#include "backend/cuda/reuse_lists.h"
 #include "eval/budget_trace.h"
 #include "core/fp16.h"
 #include "kv/page_lists.h"
@@ -623,6 +624,40 @@ int main(int argc, char** argv) {
           for (int st = 0; st < 4; ++st)
             b.emit(b.out, (std::string(impl) + "/" + part_name[st]).c_str(), ctx, batch, part[st], st == 0 ? sum_bytes : 0.0, 1.0, ws,
                    opt.min_pages);
+          if (rule == 2) {
+            // --reselect-every R: a layer's step that reuses its last selection runs only the reuse
+            // kernel (reuse_lists.h) on the lists just selected (same tokens: the page being filled
+            // is the one appended), so a step's selection cost per layer is (pipeline + (R-1) reuse) / R.
+            int32_t *r_indptr = nullptr, *r_slots = nullptr, *r_pos = nullptr;
+            DHS_CUDA_CHECK(cudaMalloc(&r_indptr, (static_cast<size_t>(batch) * kHkv + 1) * 4));
+            DHS_CUDA_CHECK(cudaMalloc(&r_slots, static_cast<size_t>(n_pages) * 4));
+            DHS_CUDA_CHECK(cudaMalloc(&r_pos, static_cast<size_t>(n_pages) * 4));
+            dhs::cuda::ReuseListsParams rp;
+            rp.dense_indptr = dense_lists.indptr_d();
+            rp.dense_slots = dense_lists.slots_d();
+            rp.seq_len = dense_lists.seq_len_d();
+            rp.sel_indptr = sel_indptr;
+            rp.sel_slots = sel_slots;
+            rp.sel_page_pos = sel_pos;
+            rp.sel_seq_len = dense_lists.seq_len_d();
+            rp.indptr = r_indptr;
+            rp.slots = r_slots;
+            rp.page_pos = r_pos;
+            rp.n_requests = batch;
+            rp.n_heads_kv = kHkv;
+            rp.page_size = kPage;
+            const Timing tr = b.time_graph([&] { dhs::cuda::launch_reuse_lists(rp, b.stream); }, opt.reps);
+            b.emit(b.out, (std::string(impl) + "/reuse").c_str(), ctx, batch, tr, 0.0, 1.0, ws, opt.min_pages);
+            std::printf("%-7d %-6d %-30s reuse kernel %.1f us; per step and layer with --reselect-every R, %% of dense:", ctx, batch,
+                        impl, tr.median_us);
+            for (int r : {1, 2, 3, 4, 8})
+              std::printf("  R%d %.1f us %.1f%%", r, (t.median_us + (r - 1) * tr.median_us) / r,
+                          100.0 * (t.median_us + (r - 1) * tr.median_us) / r / td.median_us);
+            std::printf("\n");
+            cudaFree(r_indptr);
+            cudaFree(r_slots);
+            cudaFree(r_pos);
+          }
           std::printf("%-7d %-6d %-30s score %.1f us, select %.1f us (cluster %d; one block per list: %.1f), compact %.1f us\n",
                       ctx, batch, impl, part[0].median_us, part[1].median_us, dhs::cuda::page_select_cluster(batch * kHkv),
                       part[3].median_us, part[2].median_us);

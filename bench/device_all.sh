@@ -13,6 +13,9 @@
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
 #   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
 #          cluster size (attention_bench --select-only)
+#   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
+#          racecheck on it, the GPU-vs-CPU model test (pages read equal), selection cost per step
+#          (attention_bench --quick with the SDPA anchor) and e2e TPOT at 128k x 1/4 for R = 1..8
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
@@ -22,7 +25,8 @@
 # and are joined and hash-checked here. JSON lines and logs go to $OUT; a table is printed last.
 #   DHS_COMMIT=abc1234 bash bench/device_all.sh tests model eval bench
 # DHS_EVAL_SECONDS: time budget of an eval stage (samples per task are sized from a calibration
-# run, at most 100).
+# run, at most 100); DHS_EVAL_SAMPLES fixes them; DHS_EVAL_POLICIES, DHS_EVAL_LENGTHS override
+# the policies and the default model's lengths.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dhs_out}
@@ -88,7 +92,7 @@ for stage in "$@"; do
         -p "What is the capital of France?" -n 48
       cat "$OUT/generate_cuda.log" "$OUT/generate_cuda_sparse.log" ;;
     eval)
-      [ -f $SMOL ] && eval_stage eval_smollm2 $SMOL 4096,7680 32 || echo "eval: default model missing" ;;
+      [ -f $SMOL ] && eval_stage eval_smollm2 $SMOL ${DHS_EVAL_LENGTHS:-4096,7680} 32 || echo "eval: default model missing" ;;
     evalq)
       [ -f $QWEN ] && eval_stage eval_qwen05 $QWEN 30720 128 || echo "evalq: Qwen parts missing ($(ls ~/dhs | tr '\n' ' '))" ;;
     sparse)
@@ -121,6 +125,20 @@ for stage in "$@"; do
       fi
       run attention_bench_select timeout 150 "$B/attention_bench" --quick --select-only --commit "$C"
       grep -E "select" "$OUT/attention_bench_select.log" | tail -12 ;;
+    reselect)
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run test_reuse_lists timeout 60 "$B/test_reuse_lists"
+      run sanitizer_memcheck_test_reuse_lists timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_reuse_lists"
+      run sanitizer_racecheck_test_reuse_lists timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_reuse_lists"
+      [ -f $SMOL ] && run test_llama_cuda timeout 300 "$B/test_llama_cuda"
+      run attention_bench timeout 150 "$B/attention_bench" --quick --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run e2e_bench timeout 300 "$B/dhisparse" bench --ctx 131072 --batch 1,4 --prefill 2048 \
+        --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.99@sketch4/2,trace:coverage-0.99@sketch4/3,trace:coverage-0.99@sketch4/4,trace:coverage-0.99@sketch4/8,trace:coverage-0.95@sketch4/4 \
+        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --commit "$C"
+      grep -E "reuse kernel|select-coverage-sketch4 " "$OUT/attention_bench.log" | tail -8
+      grep -E "cudnn|dhisparse-dense " "$OUT/sdpa_anchor.log" "$OUT/attention_bench.log" | head -8
+      tail -16 "$OUT/e2e_bench.log" ;;
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;
