@@ -72,19 +72,24 @@ int main() {
   std::vector<std::vector<std::vector<float>>> gpu_step_logits;
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& p : ref["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int32_t>>());
+  // The prompt on both backends in 512-token chunks (the GPU model's step size); last logits in cl, gl.
+  auto prefill_both = [&](LlamaCuda& g, const std::vector<int32_t>& ids, PagePool& cpool, PageTable& ct, PageTable& gt,
+                          std::vector<float>* cl, std::vector<float>* gl) {
+    for (size_t b = 0; b < ids.size(); b += 512) {
+      const int64_t n = std::min<int64_t>(512, static_cast<int64_t>(ids.size() - b));
+      ct.reserve(cpool, n);
+      cpu.forward({LlamaCpu::Seq{&ct, ids.data() + b, n}}, cpool, cl);
+      CHECK_TRUE(gt.reserve(g.allocator(), n), "reserve");
+      g.forward({LlamaCuda::Seq{&gt, 0, ids.data() + b, n}}, gl);
+    }
+  };
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const auto& ids = prompts[pi];
     PagePool cpool(Tier::Host, c.n_layers * c.n_heads_kv * 200, 16, static_cast<int>(c.head_dim));
     PageTable ct(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
     PageTable gt(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
     std::vector<float> cl, gl;
-    for (size_t b = 0; b < ids.size(); b += 512) {
-      const int64_t n = std::min<int64_t>(512, static_cast<int64_t>(ids.size() - b));
-      ct.reserve(cpool, n);
-      cpu.forward({LlamaCpu::Seq{&ct, ids.data() + b, n}}, cpool, &cl);
-      CHECK_TRUE(gt.reserve(gpu.allocator(), n), "reserve");
-      gpu.forward({LlamaCuda::Seq{&gt, 0, ids.data() + b, n}}, &gl);
-    }
+    prefill_both(gpu, ids, cpool, ct, gt, &cl, &gl);
     float md = 0;
     for (int64_t i = 0; i < V; ++i) md = std::max(md, std::fabs(cl[static_cast<size_t>(i)] - gl[static_cast<size_t>(i)]));
     std::printf("prompt %zu (%zu tokens): max |dlogit| %.3f\n", pi, ids.size(), md);
@@ -173,13 +178,7 @@ int main() {
     PageTable ct(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
     PageTable gt(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
     std::vector<float> cl, gl;
-    for (size_t b = 0; b < ids.size(); b += 512) {
-      const int64_t n = std::min<int64_t>(512, static_cast<int64_t>(ids.size() - b));
-      ct.reserve(cpool, n);
-      cpu.forward({LlamaCpu::Seq{&ct, ids.data() + b, n}}, cpool, &cl);
-      CHECK_TRUE(gt.reserve(sg.allocator(), n), "reserve");
-      sg.forward({LlamaCuda::Seq{&gt, 0, ids.data() + b, n}}, &gl);
-    }
+    prefill_both(sg, ids, cpool, ct, gt, &cl, &gl);
     cpu.reset_sparsity_stats();
     sg.reset_sparsity_stats();
     float md = 0;

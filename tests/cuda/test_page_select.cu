@@ -43,6 +43,7 @@
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
 #include "core/fp16.h"
+#include "device_vectors.h"
 #include "gtest_shim.h"
 #include "kv/page_lists.h"
 #include "kv/page_pool.h"
@@ -64,19 +65,8 @@ bool quick() {
 bool have_gpu() { return dc::device_count() > 0; }
 float round_bf16(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
 
-template <typename T>
-T* to_device(const std::vector<T>& h) {
-  T* d = nullptr;
-  DHS_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
-  if (!h.empty()) DHS_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) DHS_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using dhs::test::to_device;
+using dhs::test::to_host;
 
 // One layer's KV for a batch: host pool + tables + CPU summaries, the same on the device.
 struct Problem {

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/reuse_lists.h"
+#include "device_vectors.h"
 #include "gtest_shim.h"
 #include "kv/page_lists.h"
 #include "kv/page_pool.h"
@@ -23,19 +24,8 @@ namespace {
 namespace dc = dhs::cuda;
 constexpr int kPage = 16;
 
-template <typename T>
-T* to_device(const std::vector<T>& h) {
-  T* d = nullptr;
-  DHS_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
-  if (!h.empty()) DHS_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-template <typename T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  if (n) DHS_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return h;
-}
+using dhs::test::to_device;
+using dhs::test::to_host;
 
 TEST(ReuseLists, EqualTheCpuDefinition) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";

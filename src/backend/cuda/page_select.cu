@@ -3,6 +3,7 @@
 
 #include <cooperative_groups.h>
 
+#include "backend/cuda/block_sum.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -665,13 +666,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
   const int row = blockIdx.x;
   int s = 0;
   for (int r = threadIdx.x; r < row; r += blockDim.x) s += p.counts[r];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  int off = 0;
-#pragma unroll
-  for (int w = 0; w < kCompactThreads / 32; ++w) off += s_red[w];
+  const int off = block_sum<kCompactThreads>(s, s_red);  // entries of the lists before this one
   const int c = p.counts[row];
   if (threadIdx.x == 0 && blockIdx.y == 0) {
     p.indptr[row + 1] = off + c;

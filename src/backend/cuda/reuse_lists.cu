@@ -1,5 +1,6 @@
 #include "backend/cuda/reuse_lists.h"
 
+#include "backend/cuda/block_sum.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace dhs::cuda {
@@ -28,18 +29,12 @@ __device__ __forceinline__ RowCounts row_counts(const ReuseListsParams& p, int r
 __global__ void __launch_bounds__(kThreads) reuse_lists_kernel(const __grid_constant__ ReuseListsParams p) {
   __shared__ int s_red[kThreads / 32];
   const int row = blockIdx.x;
-  int s = 0;  // entries of the rows before this one
+  int s = 0;
   for (int r = threadIdx.x; r < row; r += blockDim.x) {
     const RowCounts c = row_counts(p, r);
     s += c.kept + c.n_now - c.first;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = s;
-  __syncthreads();
-  int off = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) off += s_red[w];
+  const int off = block_sum<kThreads>(s, s_red);  // entries of the lists before this one
   const RowCounts c = row_counts(p, row);
   const int count = c.kept + c.n_now - c.first;
   if (threadIdx.x == 0 && blockIdx.y == 0) {
