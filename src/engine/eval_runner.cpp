@@ -22,6 +22,24 @@ std::string EvalPolicy::label() const {
   return fmt::format("{}-{}{}", name, budget, e);
 }
 
+namespace {
+
+// The whole of `text` as a number in [lo, hi], or a dhs::Error naming `what` and the policy.
+double number_in(const std::string& text, double lo, double hi, const std::string& spec, const char* what) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DHS_CHECK(!text.empty() && used == text.size() && v >= lo && v <= hi, "policy '{}': '{}' is not {} in [{}, {}]", spec,
+            text, what, lo, hi);
+  return v;
+}
+
+}  // namespace
+
 EvalPolicy parse_eval_policy(const std::string& spec_in) {
   EvalPolicy p;
   std::string spec = spec_in;
@@ -31,35 +49,18 @@ EvalPolicy parse_eval_policy(const std::string& spec_in) {
     (void)make_estimator(p.estimator);  // a dhs::Error naming the estimators when unknown
   }
   if (const size_t sl = spec.find('/'); sl != std::string::npos) {
-    const std::string r = spec.substr(sl + 1);
+    const double r = number_in(spec.substr(sl + 1), 1, 64, spec_in, "a step count");
+    DHS_CHECK(r == static_cast<int>(r), "policy '{}': the step count after '/' must be a whole number", spec_in);
     spec = spec.substr(0, sl);
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(r, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DHS_CHECK(!r.empty() && used == r.size() && v >= 1 && v <= 64, "policy '{}': '/{}' is not a step count in [1, 64]",
-              spec_in, r);
     DHS_CHECK(spec.rfind("dense", 0) != 0, "policy 'dense' selects nothing to reuse ('{}')", spec_in);
-    p.reselect_every = v;
+    p.reselect_every = static_cast<int>(r);
   }
   const size_t c = spec.find(':');
   p.name = spec.substr(0, c);
   const std::string arg = c == std::string::npos ? "" : spec.substr(c + 1);
   auto number = [&](double lo, double hi) {
     DHS_CHECK(!arg.empty(), "policy '{}': give a value after ':'", spec);
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(arg, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DHS_CHECK(used == arg.size() && v >= lo && v <= hi, "policy '{}': '{}' is not a number in [{}, {}]", spec, arg, lo,
-              hi);
-    return v;
+    return number_in(arg, lo, hi, spec, "a number");
   };
   if (p.name == "dense") {
     DHS_CHECK(arg.empty(), "policy 'dense' takes no value");

@@ -100,6 +100,7 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   EXPECT_EQ(r4.label(), "coverage-0.99-minmax-r4");
   EXPECT_THROW(parse_eval_policy("coverage:0.99/0"), Error);
   EXPECT_THROW(parse_eval_policy("coverage:0.99/x"), Error);
+  EXPECT_THROW(parse_eval_policy("coverage:0.99/2.5"), Error);
   EXPECT_THROW(parse_eval_policy("dense/2"), Error);
 }
 
