@@ -16,6 +16,7 @@
 #   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
 #          racecheck on it, the GPU-vs-CPU model test (pages read equal), selection cost per step
 #          (attention_bench --quick with the SDPA anchor) and e2e TPOT at 128k x 1/4 for R = 1..8
+#   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
@@ -104,7 +105,7 @@ for stage in "$@"; do
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       run e2e_bench timeout 200 "$B/dhisparse" bench --ctx 131072 --batch 1,4 --prefill 2048 \
         --policies dense,trace:coverage-0.99,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4,quest:4096 \
-        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --commit "$C"
+        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -E "select" "$OUT/attention_bench.log" | tail -12
       tail -12 "$OUT/e2e_bench.log" ;;
     profile)
@@ -135,10 +136,16 @@ for stage in "$@"; do
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       run e2e_bench timeout 300 "$B/dhisparse" bench --ctx 131072 --batch 1,4 --prefill 2048 \
         --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.99@sketch4/2,trace:coverage-0.99@sketch4/3,trace:coverage-0.99@sketch4/4,trace:coverage-0.99@sketch4/8,trace:coverage-0.95@sketch4/4 \
-        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --commit "$C"
+        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -E "reuse kernel|select-coverage-sketch4 " "$OUT/attention_bench.log" | tail -8
       grep -E "cudnn|dhisparse-dense " "$OUT/sdpa_anchor.log" "$OUT/attention_bench.log" | head -8
       tail -16 "$OUT/e2e_bench.log" ;;
+    gemm)
+      # One layer's weight GEMMs (ours through cuBLASLt, PyTorch F.linear as the anchor), same method.
+      run e2e_bench_gemm "$B/dhisparse" bench --ctx 8192 --batch 1 --prefill 2048 --out "$OUT/decode_e2e.jsonl" \
+        --gemm-out "$OUT/weight_gemm.jsonl" --commit "$C"
+      run linear_anchor python3 bench/anchors/linear_anchor.py --out "$OUT/weight_gemm.jsonl" --commit "$C"
+      grep -A5 "weight GEMMs" "$OUT/e2e_bench_gemm.log"; cat "$OUT/linear_anchor.log" ;;
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;
@@ -150,7 +157,8 @@ for stage in "$@"; do
       POL=dense,quest:4096
       [ -n "$TRACE" ] && POL="dense,trace:coverage-0.95@sketch4,trace:coverage-0.98@sketch4,trace:coverage-0.99@sketch4,trace:coverage-0.99,quest:4096"
       run e2e_bench "$B/dhisparse" bench --ctx 32768,131072 --batch 1,4,8 --prefill 32768,131072 --policies "$POL" \
-        ${TRACE:+--trace "$TRACE"} --out "$OUT/decode_e2e.jsonl" --commit "$C"
+        ${TRACE:+--trace "$TRACE"} --out "$OUT/decode_e2e.jsonl" --gemm-out "$OUT/weight_gemm.jsonl" --commit "$C"
+      run linear_anchor python3 bench/anchors/linear_anchor.py --out "$OUT/weight_gemm.jsonl" --commit "$C"
       run prefill_bench "$B/prefill_bench" --ctx 32768,131072 --out "$OUT/prefill_attention.jsonl"
       run sdpa_prefill_anchor python3 bench/anchors/sdpa_prefill_anchor.py --out "$OUT/prefill_attention.jsonl"
       grep -E "dhisparse-|select-" "$OUT/attention_bench.log" | tail -60

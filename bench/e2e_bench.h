@@ -18,6 +18,9 @@ struct E2eBenchOptions {
   std::vector<std::string> policies = {"dense"};
   std::string trace;       // budget trace JSON (dhisparse eval --trace-out)
   int64_t trace_len = 0;   // its prompt length to use (0: longest)
+  // One layer's weight GEMMs (fused QKV, O, fused gate/up, down) per batch size; rows to gemm_out.
+  std::vector<int64_t> gemm_batch = {1, 4, 8, 32};
+  std::string gemm_out = "bench/results/weight_gemm.jsonl";
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

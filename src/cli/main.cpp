@@ -112,6 +112,12 @@ int main(int argc, char** argv) {
   bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS; each optionally @sketch4 (chosen by the key sketch), then /R (select every R steps)")->delimiter(',')->capture_default_str();
   bench->add_option("--trace", b_trace, "Budget trace of a real model (dhisparse eval --trace-out)");
   bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)");
+  std::vector<int64_t> b_gemm_batch = {1, 4, 8, 32};
+  std::string b_gemm_out = "bench/results/weight_gemm.jsonl";
+  bool b_no_gemm = false;
+  bench->add_option("--gemm-batch", b_gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->capture_default_str();
+  bench->add_option("--gemm-out", b_gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
+  bench->add_flag("--no-gemm", b_no_gemm, "Skip the weight GEMM timing");
 
   dhs::EvalOptions ev;
   std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
@@ -157,6 +163,8 @@ int main(int argc, char** argv) {
       bo.policies = b_policies;
       bo.trace = b_trace;
       bo.trace_len = b_trace_len;
+      bo.gemm_batch = b_no_gemm ? std::vector<int64_t>{} : b_gemm_batch;
+      bo.gemm_out = b_gemm_out;
       return dhs::run_e2e_bench(bo);
 #else
       throw dhs::Error("bench: this build has no CUDA backend (nvcc was not found when it was configured)");
