@@ -77,7 +77,7 @@ eval_stage() {
 for stage in "$@"; do
   case $stage in
     tests)
-      T="test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select"
+      T="test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv"
       for t in $T; do run "$t" timeout 120 "$B/$t"; done
       # Sanitizers: DHS_SANITIZE lists the tests (default: the selection kernels, new here; the
       # others ran clean at 186d1a7 and are unchanged). Racecheck is slow: the small shapes only.

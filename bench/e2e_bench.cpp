@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemv.h"
 #include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
 #include "core/error.h"
@@ -173,13 +174,17 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     const double layer_bytes = 2.0 * cfg.hidden * ((cfg.n_heads_q + 2 * cfg.n_heads_kv) * cfg.head_dim +
                                                    cfg.n_heads_q * cfg.head_dim + 3 * cfg.ffn_hidden);
     std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
-    for (int64_t b : opts.gemm_batch) {
-      const double us = time_layer_gemms(cfg, b, gemm, s);
-      std::printf("%-26s %-5lld %10.1f %9.1f\n", "dhisparse-cublaslt", static_cast<long long>(b), us, layer_bytes / us / 1e3);
-      gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"dhisparse-cublaslt\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
-         << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
-         << ",\"copy_GBps\":" << copy_gbps << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
-    }
+    for (int64_t b : opts.gemm_batch)
+      for (const bool gemv : {false, true}) {  // cuBLASLt for every shape, then what the engine runs
+        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the engine runs cuBLASLt there: the row above)
+        gemm.set_use_gemv(gemv);
+        const char* impl = gemv ? "dhisparse-gemv" : "dhisparse-cublaslt";
+        const double us = time_layer_gemms(cfg, b, gemm, s);
+        std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
+        gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
+           << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
+           << ",\"copy_GBps\":" << copy_gbps << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
+      }
     DHS_CUDA_CHECK(cudaStreamDestroy(s));
   }
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");

@@ -7,10 +7,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 cmake -S . -B build-cu -DCMAKE_CUDA_ARCHITECTURES=90a -DDHS_TESTS=ON > build-cu.configure.log 2>&1
 cmake --build build-cu -j"$(nproc)" --target dhisparse attention_bench prefill_bench \
-  test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_llama_cuda test_reuse_lists
+  test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_llama_cuda test_reuse_lists test_gemv
 rm -rf .devcarry/bin && mkdir -p .devcarry/bin
 cp build-cu/dhisparse build-cu/bench/{attention_bench,prefill_bench} \
-   build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists} \
+   build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists,test_gemv} \
    /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
 tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin
 # The default model in two parts (64 MiB per device call): bench/device_all.sh joins them.

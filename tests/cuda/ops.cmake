@@ -13,3 +13,6 @@ dhs_test(test_page_select LABEL cuda
 dhs_test(test_reuse_lists LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_reuse_lists.cu
   LIBS dhs_cuda dhs_sparse dhs_kv)
+dhs_test(test_gemv LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gemv.cu
+  LIBS dhs_cuda)

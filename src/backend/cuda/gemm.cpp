@@ -1,6 +1,7 @@
 #include "backend/cuda/gemm.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
 #include "core/error.h"
 
 namespace dhs::cuda {
@@ -60,6 +61,22 @@ const Gemm::Plan& Gemm::plan(int64_t n_tok, int64_t in, int64_t out, GemmOut out
 void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
                int64_t out, GemmOut out_type, cudaStream_t stream, float beta) {
   DHS_CHECK(beta == 0.0f || out_type == GemmOut::F32, "GEMM accumulation needs fp32 output");
+  DHS_CHECK(beta == 0.0f || beta == 1.0f, "GEMM beta must be 0 or 1, got {}", beta);
+  if (use_gemv_ && n_tok <= kGemvMaxTok) {
+    GemvParams g;
+    g.w = w_d;
+    g.x = x_d;
+    g.y = y_d;
+    g.y_f32 = out_type == GemmOut::F32;
+    g.accumulate = beta != 0.0f;
+    g.n_tok = static_cast<int>(n_tok);
+    g.in = in;
+    g.out = out;
+    if (gemv_supported(g)) {
+      launch_gemv(g, stream);
+      return;
+    }
+  }
   const Plan& p = plan(n_tok, in, out, out_type, beta);
   const float alpha = 1.0f;
   lt_check(cublasLtMatmul(lt_, p.desc, &alpha, w_d, p.a, x_d, p.b, &beta, y_d, p.c, y_d, p.c, &p.algo, workspace_d_,
