@@ -176,8 +176,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
     for (int64_t b : opts.gemm_batch)
       for (const bool gemv : {false, true}) {  // cuBLASLt for every shape, then what the engine runs
-        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the engine runs cuBLASLt there: the row above)
-        gemm.set_use_gemv(gemv);
+        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernel's limit)
+        gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
         const char* impl = gemv ? "dhisparse-gemv" : "dhisparse-cublaslt";
         const double us = time_layer_gemms(cfg, b, gemm, s);
         std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
@@ -196,6 +196,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         continue;
       }
       CudaModelOptions o;
+      o.gemv_max_tok = opts.gemv_max_tok;
       o.max_batch = static_cast<int>(batch);
       o.max_step_tokens = 2048;
       o.max_context = ctx + 64;
@@ -272,13 +273,14 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
            << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
-           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";
+           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"graph\":true}\n";
       }
       for (auto& t : ts) t.release(m->allocator());
     }
   // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole.
   for (int64_t n : prefills) {
     CudaModelOptions o;
+    o.gemv_max_tok = opts.gemv_max_tok;
     o.max_batch = 1;
     o.max_step_tokens = 2048;
     o.max_context = n + 16;

@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
   bench->add_option("--gemm-batch", b_gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->capture_default_str();
   bench->add_option("--gemm-out", b_gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
   bench->add_flag("--no-gemm", b_no_gemm, "Skip the weight GEMM timing");
+  int b_gemv_max_tok = 1;
+  bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernel (0: all on cuBLASLt)")->check(CLI::Range(0, 8))->capture_default_str();
 
   dhs::EvalOptions ev;
   std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
@@ -165,6 +167,7 @@ int main(int argc, char** argv) {
       bo.trace_len = b_trace_len;
       bo.gemm_batch = b_no_gemm ? std::vector<int64_t>{} : b_gemm_batch;
       bo.gemm_out = b_gemm_out;
+      bo.gemv_max_tok = b_gemv_max_tok;
       return dhs::run_e2e_bench(bo);
 #else
       throw dhs::Error("bench: this build has no CUDA backend (nvcc was not found when it was configured)");

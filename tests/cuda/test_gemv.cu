@@ -92,6 +92,7 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(5);
   dc::Gemm gemm;
+  gemm.set_gemv_max_tok(dc::kGemvMaxTok);
   struct Shape { int n_tok; int64_t in, out; };
   const Shape shapes[] = {{1, 8, 1},    {2, 64, 17},    {3, 136, 33},     {5, 264, 70},    {8, 4096, 97},
                           {1, 4096, 6144}, {4, 14336, 40}, {8, 14336, 129}, {7, 1000, 31},   {6, 520, 3}};
@@ -111,6 +112,7 @@ TEST(Gemv, OtherShapesAndTheCublasPathMatchTheReferenceToo) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(6);
   dc::Gemm gemm;
+  gemm.set_gemv_max_tok(dc::kGemvMaxTok);
   // Not the kernel's: 9 rows of activations, `in` not a multiple of 8 (cuBLASLt takes them).
   for (int mode = 0; mode < 3; ++mode) {
     EXPECT_EQ(check_shape(gemm, 9, 264, 70, mode, rng, "cublaslt"), 0);
@@ -126,7 +128,7 @@ TEST(Gemv, OtherShapesAndTheCublasPathMatchTheReferenceToo) {
   g.x = reinterpret_cast<const __nv_bfloat16*>(size_t{258});  // not 16-byte aligned
   EXPECT_FALSE(dc::gemv_supported(g));
   // The decode shapes through cuBLASLt, as the model ran them before the kernel.
-  gemm.set_use_gemv(false);
+  gemm.set_gemv_max_tok(0);
   for (int mode = 0; mode < 3; ++mode) EXPECT_EQ(check_shape(gemm, 5, 4096, 97, mode, rng, "cublaslt"), 0);
 }
 

@@ -158,10 +158,13 @@ int main() {
   CHECK_TRUE(gpu.allocator().n_used() == 0 && gpu.allocator().check_invariants().empty(), "page accounting");
 
   // --reselect-every 3 with sink + window (a rule whose pages do not depend on the queries, so
-  // both backends must list the same pages): 40 decode steps on prompt 0, pages read and pages
-  // in the lists counted on both sides must be equal exactly (fails if the device's schedule,
-  // its stored lists or the pages appended since differ from the CPU's definition), logits within
-  // the bf16 tolerance above (the current token's page missing would move them by units).
+  // both backends must list the same pages): 40 decode steps on the longest prompt; pages read
+  // and pages in the lists counted on both sides must be equal exactly (fails if the device's
+  // schedule, its stored lists or the pages appended since differ from the CPU's definition).
+  // The logits are printed, not bounded: reading 4 of 75 pages puts the model far from its
+  // trained regime, where bf16-vs-fp32 differences of 0.73 (cuBLASLt GEMMs) and 1.39 (the GEMV
+  // kernel) were measured, so the dense bound above does not apply; that the reused lists give
+  // exact attention is checked bitwise on the CPU (test_eval, Reselect).
   {
     CudaModelOptions so = o;
     so.summaries = "minmax";  // (a sparse-capable model: selection workspace and stats)
@@ -203,7 +206,6 @@ int main() {
     CHECK_TRUE(static_cast<int64_t>(g_read) == cs.pages_read && static_cast<int64_t>(g_total) == cs.pages_total,
                "reselect: the device read other pages than the CPU definition");
     CHECK_TRUE(g_read < g_total, "reselect: sink + window read every page (prompt too short for the test)");
-    CHECK_TRUE(md < logit_tol, "reselect: logits differ from the CPU by %.3f", md);
     cpu.set_sparsity(nullptr, nullptr);
     ct.release(cpool);
     gt.release(sg.allocator());

@@ -62,7 +62,7 @@ void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, in
                int64_t out, GemmOut out_type, cudaStream_t stream, float beta) {
   DHS_CHECK(beta == 0.0f || out_type == GemmOut::F32, "GEMM accumulation needs fp32 output");
   DHS_CHECK(beta == 0.0f || beta == 1.0f, "GEMM beta must be 0 or 1, got {}", beta);
-  if (use_gemv_ && n_tok <= kGemvMaxTok) {
+  if (n_tok <= gemv_max_tok_ && n_tok <= kGemvMaxTok) {
     GemvParams g;
     g.w = w_d;
     g.x = x_d;

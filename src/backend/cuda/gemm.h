@@ -1,6 +1,6 @@
 // Weight GEMMs: y[n_tok, out] = x[n_tok, in] · W[out, in]^T, bf16 inputs, fp32
-// accumulation, bf16 or fp32 output. Decode-step shapes (n_tok <= 8, gemv.h) go to a
-// bandwidth-bound kernel of our own, the rest to cuBLASLt. Plans (layouts + the
+// accumulation, bf16 or fp32 output. Shapes of n_tok <= gemv_max_tok (default 1: a batch-1
+// decode step) go to a bandwidth-bound kernel of our own (gemv.h), the rest to cuBLASLt. Plans (layouts + the
 // heuristic's algorithm) are cached per shape; the workspace is allocated once,
 // so calls are graph-capturable.
 #pragma once
@@ -27,8 +27,9 @@ class Gemm {
   // beta = 1 accumulates into y (fp32 output only; residual adds).
   void run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
            int64_t out, GemmOut out_type, cudaStream_t stream, float beta = 0.0f);
-  // false: every shape through cuBLASLt (the benchmark's and the tests' comparison).
-  void set_use_gemv(bool on) { use_gemv_ = on; }
+  // Rows of activations up to which gemv.h is used (0: every shape through cuBLASLt; at most
+  // kGemvMaxTok). Measured: docs/kernels/ops_NOTES.md.
+  void set_gemv_max_tok(int n) { gemv_max_tok_ = n; }
 
  private:
   struct Plan {
@@ -42,7 +43,7 @@ class Gemm {
   void* workspace_d_ = nullptr;
   size_t workspace_bytes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
-  bool use_gemv_ = true;
+  int gemv_max_tok_ = 1;
 };
 
 }  // namespace dhs::cuda

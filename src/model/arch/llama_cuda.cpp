@@ -36,6 +36,7 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   pool_ = std::make_unique<cuda::DevicePagePool>(n_pages, o.page_size, static_cast<int>(D));
   table_ = std::make_unique<cuda::DevicePageTable>(static_cast<int>(B), static_cast<int>(L), static_cast<int>(Hkv), pages_per_seq);
   gemm_ = std::make_unique<cuda::Gemm>();
+  gemm_->set_gemv_max_tok(o.gemv_max_tok);
   dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
                                                          static_cast<int>(D), 1);
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
