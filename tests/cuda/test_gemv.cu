@@ -1,5 +1,4 @@
-// Weight GEMMs (backend/cuda/gemm.h): the decode-step kernel (gemv.h, n_tok <= 8; both its
-// versions: tensor-core MMAs with a permuted K, and CUDA-core FMAs) and the
+// Weight GEMMs (backend/cuda/gemm.h): the decode-step kernel (gemv.h, n_tok <= 8) and the
 // cuBLASLt path against a double-precision CPU reference computed from the same bf16 inputs,
 // every element, on awkward shapes: n_tok 1, 2, 3, 5, 8 (and 9: cuBLASLt), rows 1 .. 6,144,
 // `in` 8 .. 14,336 including lengths that are not a multiple of the kernel's 256-element stride
@@ -97,17 +96,15 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
   struct Shape { int n_tok; int64_t in, out; };
   const Shape shapes[] = {{1, 8, 1},    {2, 64, 17},    {3, 136, 33},     {5, 264, 70},    {8, 4096, 97},
                           {1, 4096, 6144}, {4, 14336, 40}, {8, 14336, 129}, {7, 1000, 31},   {6, 520, 3}};
-  for (const bool tc : {true, false})  // v2 (tensor cores) and v1
   for (const Shape& s : shapes)
     for (int mode = 0; mode < 3; ++mode) {
-      gemm.set_gemv_tensor_cores(tc);
       dc::GemvParams g;
       g.n_tok = s.n_tok;
       g.in = s.in;
       g.out = s.out;
       g.w = g.x = reinterpret_cast<const __nv_bfloat16*>(size_t{256});
       EXPECT_TRUE(dc::gemv_supported(g)) << "n_tok " << s.n_tok << " in " << s.in;
-      EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, tc ? "gemv-tc" : "gemv-v1"), 0);
+      EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, "gemv"), 0);
     }
 }
 

@@ -69,7 +69,6 @@ void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, in
     g.y = y_d;
     g.y_f32 = out_type == GemmOut::F32;
     g.accumulate = beta != 0.0f;
-    g.tensor_cores = gemv_tc_;
     g.n_tok = static_cast<int>(n_tok);
     g.in = in;
     g.out = out;

@@ -30,8 +30,6 @@ class Gemm {
   // Rows of activations up to which gemv.h is used (0: every shape through cuBLASLt; at most
   // kGemvMaxTok). Measured: docs/kernels/ops_NOTES.md.
   void set_gemv_max_tok(int n) { gemv_max_tok_ = n; }
-  // The GEMV kernel's version (GemvParams::tensor_cores), for the benchmark's comparison.
-  void set_gemv_tensor_cores(bool on) { gemv_tc_ = on; }
 
  private:
   struct Plan {
@@ -46,7 +44,6 @@ class Gemm {
   size_t workspace_bytes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
   int gemv_max_tok_ = 1;
-  bool gemv_tc_ = true;
 };
 
 }  // namespace dhs::cuda

@@ -3,7 +3,6 @@
 #include <cassert>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -94,71 +93,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
       }
 }
 
-// v2: y^T[out, n_tok] = W[out, in] · x^T[in, n_tok] as mma.m16n8k16 (A = 16 rows of W, B = the
-// activations, n_tok <= 8 = the MMA's N), so the FMAs cost nothing at any n_tok. A block owns 16
-// output rows; its kWarps warps split K and add their partial tiles in shared memory.
-// K is permuted inside each 32-column chunk so that every fragment comes from one 16-byte load:
-// lane (g = lane / 4, t = lane % 4) loads columns [8t, 8t + 8) of W rows g and g + 8 and of
-// activation row g; the chunk's first MMA takes words .x, .y as logical columns {2t, 2t+1} and
-// {2t+8, 2t+9}, the second .z, .w. A and B use the same map, so the dot products are unchanged.
-constexpr int kMmaUnroll = 4;  // 32-column chunks in flight per warp
-
-__global__ void __launch_bounds__(kWarps * 32) gemv_mma_kernel(const __grid_constant__ GemvParams p) {
-  __shared__ float s_part[kWarps][32][4];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
-  const int64_t n_words = p.in / 8;                       // 16-byte words per row
-  const int64_t n_chunks = (n_words + 3) / 4;             // 32-column chunks
-  const int64_t per_warp = (n_chunks + kWarps - 1) / kWarps;
-  const int64_t c_begin = warp * per_warp, c_end = min(n_chunks, c_begin + per_warp);
-  const int64_t ra = min(row0 + g, p.out - 1), rb = min(row0 + g + 8, p.out - 1);  // (clamped rows: sums dropped)
-  const uint4* wa = reinterpret_cast<const uint4*>(p.w) + ra * n_words;
-  const uint4* wb = reinterpret_cast<const uint4*>(p.w) + rb * n_words;
-  const uint4* xg = reinterpret_cast<const uint4*>(p.x) + static_cast<int64_t>(min(g, p.n_tok - 1)) * n_words;
-  const bool x_row = g < p.n_tok;
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += kMmaUnroll) {
-    uint4 va[kMmaUnroll], vb[kMmaUnroll], vx[kMmaUnroll];
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      const int64_t wd = (c0 + u) * 4 + t;  // this lane's word of the chunk
-      const bool in_k = c0 + u < c_end && wd < n_words;
-      va[u] = in_k ? ld_stream(wa + wd) : make_uint4(0, 0, 0, 0);
-      vb[u] = in_k ? ld_stream(wb + wd) : make_uint4(0, 0, 0, 0);
-      vx[u] = in_k && x_row ? __ldg(xg + wd) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
-      const uint32_t a0[4] = {va[u].x, vb[u].x, va[u].y, vb[u].y};
-      ptx::mma_bf16_16816(c, a0, vx[u].x, vx[u].y);
-      const uint32_t a1[4] = {va[u].z, vb[u].z, va[u].w, vb[u].w};
-      ptx::mma_bf16_16816(c, a1, vx[u].z, vx[u].w);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) s_part[warp][lane][i] = c[i];
-  __syncthreads();
-  if (warp != 0) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float s = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += s_part[w][lane][i];
-    // c = {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}: (row, token)
-    const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
-    const int tok = 2 * t + (i & 1);
-    if (row < p.out && tok < p.n_tok) {
-      const int64_t at = tok * p.out + row;
-      if (p.y_f32) {
-        float* y = static_cast<float*>(p.y);
-        y[at] = p.accumulate ? y[at] + s : s;
-      } else {
-        static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(s);
-      }
-    }
-  }
-}
-
 template <int NT>
 void launch_nt(const GemvParams& p, cudaStream_t stream) {
   constexpr int ROWS = NT <= 2 ? 2 : 4;  // more rows per warp amortize the activation loads
@@ -178,11 +112,6 @@ bool gemv_supported(const GemvParams& p) {
 
 void launch_gemv(const GemvParams& p, cudaStream_t stream) {
   assert(gemv_supported(p));
-  if (p.tensor_cores) {
-    gemv_mma_kernel<<<static_cast<unsigned>((p.out + 15) / 16), kWarps * 32, 0, stream>>>(p);
-    DHS_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   switch (p.n_tok) {
     case 1: launch_nt<1>(p, stream); break;
     case 2: launch_nt<2>(p, stream); break;

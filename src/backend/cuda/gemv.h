@@ -21,9 +21,6 @@ struct GemvParams {
   int n_tok = 0;                     // 1 .. kGemvMaxTok
   int64_t in = 0;                    // multiple of 8 (16-byte rows)
   int64_t out = 0;
-  // v2 (default): tensor-core MMAs over 16-row tiles of W with split K; false: v1, CUDA-core FMAs
-  // (kept for the benchmark's comparison; docs/kernels/ops_NOTES.md).
-  bool tensor_cores = true;
 };
 
 inline constexpr int kGemvMaxTok = 8;
