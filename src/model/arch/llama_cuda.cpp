@@ -338,18 +338,26 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
 
     if (decode) {
       const int32_t *kv_indptr = indptr_d_, *kv_slots = slots_d_, *kv_page_pos = page_pos_d_;
-      const int64_t B = opt_.max_batch, n_lists_max = B * Hkv, nnz_max = sel_ws_ ? sel_ws_->max_nnz() : 0;
       const bool reuse = sparse_ && schedule_.every() > 1;
+      // This layer's stored selection (reuse only): written where it selects, read where it does not.
+      int32_t *st_indptr = nullptr, *st_slots = nullptr, *st_page_pos = nullptr, *st_seq_len = nullptr;
+      if (reuse) {
+        const int64_t B = opt_.max_batch, nnz_max = sel_ws_->max_nnz();
+        st_indptr = st_indptr_d_ + l * (B * Hkv + 1);
+        st_slots = st_slots_d_ + l * nnz_max;
+        st_page_pos = st_page_pos_d_ + l * nnz_max;
+        st_seq_len = st_seq_len_d_ + l * B;
+      }
       if (reuse && !schedule_.selects(l, phase)) {
         // The layer's last selection, grown by the pages written since (reuse_lists.h).
         cuda::ReuseListsParams rp;
         rp.dense_indptr = indptr_d_;
         rp.dense_slots = slots_d_;
         rp.seq_len = seq_len_d_;
-        rp.sel_indptr = st_indptr_d_ + l * (n_lists_max + 1);
-        rp.sel_slots = st_slots_d_ + l * nnz_max;
-        rp.sel_page_pos = st_page_pos_d_ + l * nnz_max;
-        rp.sel_seq_len = st_seq_len_d_ + l * B;
+        rp.sel_indptr = st_indptr;
+        rp.sel_slots = st_slots;
+        rp.sel_page_pos = st_page_pos;
+        rp.sel_seq_len = st_seq_len;
         rp.indptr = sp_indptr_d_;
         rp.slots = sp_slots_d_;
         rp.page_pos = sp_page_pos_d_;
@@ -372,10 +380,10 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
         sp.q_indptr = q_indptr_d_;
         if (!sp.sketch_codes) sp.summaries = (sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_ : sum_meanvar_)->data_d();
         if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
-        sp.indptr = reuse ? st_indptr_d_ + l * (n_lists_max + 1) : sp_indptr_d_;
-        sp.slots = reuse ? st_slots_d_ + l * nnz_max : sp_slots_d_;
-        sp.page_pos = reuse ? st_page_pos_d_ + l * nnz_max : sp_page_pos_d_;
-        if (reuse) sp.sel_seq_len = st_seq_len_d_ + l * B;  // kept for the steps that reuse these lists
+        sp.indptr = reuse ? st_indptr : sp_indptr_d_;
+        sp.slots = reuse ? st_slots : sp_slots_d_;
+        sp.page_pos = reuse ? st_page_pos : sp_page_pos_d_;
+        sp.sel_seq_len = st_seq_len;  // (null without reuse) kept for the steps that reuse these lists
         sp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
         sp.n_requests = n_req;
         sp.n_heads_q = static_cast<int>(Hq);
