@@ -11,6 +11,7 @@
 #   sparse the selection kernels alone (one short call): test_page_select, memcheck + racecheck,
 #          attention_bench --quick (selection breakdown) with the SDPA anchor, e2e TPOT at
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
+#   crossover e2e TPOT, dense against traced coverage budgets, 32k-128k x batch 1, 2, 4 (--dense-below)
 #   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
 #          cluster size (attention_bench --select-only)
 #   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
@@ -110,6 +111,14 @@ for stage in "$@"; do
         --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -E "select" "$OUT/attention_bench.log" | tail -12
       tail -12 "$OUT/e2e_bench.log" ;;
+    crossover)
+      # Where selection starts to pay end to end (what --dense-below should be): dense against the
+      # traced coverage budgets at 32k-128k x batch 1, 2, 4 on the 8B shape.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run e2e_crossover timeout 400 "$B/dhisparse" bench --ctx 32768,65536,98304,131072 --batch 1,2,4 --prefill 2048 \
+        --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4 \
+        --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
+      tail -16 "$OUT/e2e_crossover.log" ;;
     profile)
       # Nsight Compute on the selection kernels alone (attention_bench --select-only: 128k x 1, then x 8).
       # DHS_NCU_BATCHES: the batch sizes profiled (default 1,8: the first launch is at 128k x 1).

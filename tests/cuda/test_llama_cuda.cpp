@@ -210,6 +210,80 @@ int main() {
     ct.release(cpool);
     gt.release(sg.allocator());
   }
+  // --dense-below N under a scoring policy: while every request is shorter than N the step is the
+  // dense one — logits bitwise equal to the dense policy's on the same tokens, every page counted
+  // as read, no selection kernels run (dense_below_steps) — and from N on the policy selects
+  // (fewer pages than the lists hold). Fails if the threshold were ignored, applied one token
+  // off, or if a threshold step ran the selection.
+  {
+    CudaModelOptions so = o;
+    so.summaries = "minmax";
+    LlamaCuda sg(src, so);
+    const auto& ids = prompts.back();  // 1,186 tokens
+    const int64_t n0 = static_cast<int64_t>(ids.size());
+    constexpr int kSteps = 16, kDenseSteps = 6;  // steps 0..5 stay dense: seq_len n0 + 1 .. n0 + 6 < N
+    PolicyConfig pc;
+    pc.name = "coverage";
+    pc.gamma = 0.5;  // a cut that leaves pages out at this length
+    pc.dense_below = n0 + kDenseSteps + 1;
+    PagePool cpool(Tier::Host, c.n_layers * c.n_heads_kv * 200, 16, static_cast<int>(c.head_dim));
+    PageTable ct(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
+    PageTable gt(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
+    std::vector<float> cl, gl;
+    prefill_both(sg, ids, cpool, ct, gt, &cl, &gl);
+    std::vector<std::vector<float>> dense_logits;
+    for (const bool sparse : {false, true}) {
+      PolicyConfig run = pc;
+      if (!sparse) run.name = "dense";
+      sg.set_sparsity(run);
+      sg.reset_sparsity_stats();
+      int64_t read_dense_phase = -1, total_dense_phase = -1;
+      for (int s = 0; s < kSteps; ++s) {
+        const int32_t tok = gpu_greedy_all[0][static_cast<size_t>(s % n_greedy)];
+        gt.reserve(sg.allocator(), 1);
+        sg.forward({LlamaCuda::Seq{&gt, 0, &tok, 1}}, &gl);
+        if (!sparse) {
+          dense_logits.push_back(gl);
+        } else if (s < kDenseSteps) {
+          CHECK_TRUE(gl == dense_logits[static_cast<size_t>(s)], "dense-below step %d differs from the dense step", s);
+        }
+        if (sparse && s + 1 == kDenseSteps) {
+          const CudaSparsityStats st = sg.sparsity_stats();
+          read_dense_phase = 0;
+          total_dense_phase = 0;
+          for (size_t i = 0; i < st.read.size(); ++i) {
+            read_dense_phase += static_cast<int64_t>(st.read[i]);
+            total_dense_phase += static_cast<int64_t>(st.total[i]);
+          }
+          CHECK_TRUE(sg.dense_below_steps() == kDenseSteps, "dense-below: %lld threshold steps, expected %d",
+                     static_cast<long long>(sg.dense_below_steps()), kDenseSteps);
+        }
+      }
+      gt.truncate(sg.allocator(), n0);
+      if (!sparse) continue;
+      // Pages of steps 0..5: every (layer, KV head) list holds ceil((n0 + s + 1) / 16) pages.
+      int64_t expect = 0;
+      for (int s = 0; s < kDenseSteps; ++s) expect += (n0 + s + 1 + 15) / 16;
+      expect *= c.n_layers * c.n_heads_kv;
+      const CudaSparsityStats st = sg.sparsity_stats();
+      int64_t read = 0, total = 0;
+      for (size_t i = 0; i < st.read.size(); ++i) {
+        read += static_cast<int64_t>(st.read[i]);
+        total += static_cast<int64_t>(st.total[i]);
+      }
+      std::printf("dense-below %lld: %lld dense steps (pages %lld of %lld, expected %lld), then %d selecting steps "
+                  "(pages %lld of %lld)\n",
+                  static_cast<long long>(pc.dense_below), static_cast<long long>(sg.dense_below_steps()),
+                  static_cast<long long>(read_dense_phase), static_cast<long long>(total_dense_phase),
+                  static_cast<long long>(expect), kSteps - kDenseSteps, static_cast<long long>(read - read_dense_phase),
+                  static_cast<long long>(total - total_dense_phase));
+      CHECK_TRUE(read_dense_phase == expect && total_dense_phase == expect, "dense-below: pages counted for dense steps");
+      CHECK_TRUE(sg.dense_below_steps() == kDenseSteps, "dense-below: the policy did not select past the threshold");
+      CHECK_TRUE(read - read_dense_phase < total - total_dense_phase, "dense-below: coverage 0.5 read every page");
+    }
+    gt.release(sg.allocator());
+    ct.release(cpool);
+  }
   std::printf(failures ? "FAILED (%d)\n" : "PASSED\n", failures);
   return failures ? 1 : 0;
 }

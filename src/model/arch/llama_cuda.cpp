@@ -338,7 +338,7 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
 
     if (decode) {
       const int32_t *kv_indptr = indptr_d_, *kv_slots = slots_d_, *kv_page_pos = page_pos_d_;
-      const bool reuse = sparse_ && schedule_.every() > 1;
+      const bool reuse = step_sparse_ && schedule_.every() > 1;
       // This layer's stored selection (reuse only): written where it selects, read where it does not.
       int32_t *st_indptr = nullptr, *st_slots = nullptr, *st_page_pos = nullptr, *st_seq_len = nullptr;
       if (reuse) {
@@ -369,7 +369,7 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
         kv_indptr = sp_indptr_d_;
         kv_slots = sp_slots_d_;
         kv_page_pos = sp_page_pos_d_;
-      } else if (sparse_) {
+      } else if (step_sparse_) {
         // Score and select on the device; attention reads the selected lists in place.
         cuda::PageSelectParams sp = sel_;
         sp.dense_indptr = indptr_d_;
@@ -497,7 +497,22 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   int phase = ReselectSchedule::kFull;
   std::vector<int> req_slots;
   for (const Seq& s : batch) req_slots.push_back(s.req_slot);
-  if (decode && sparse_) {
+  // --dense-below N: a step whose requests are all shorter than N tokens (this step's token
+  // included) runs the dense step: the selection would cost more than it saves there
+  // (docs/benchmarks.md). A batch that mixes short and long requests selects, and the select
+  // kernel gives the short ones their dense lists.
+  step_sparse_ = sparse_ && decode;
+  if (step_sparse_ && dense_below_ > 0) {
+    bool all_short = true;
+    for (const Seq& s : batch) all_short = all_short && s.table->n_tokens() + s.n_new < dense_below_;
+    if (all_short) {
+      step_sparse_ = false;
+      ++dense_below_steps_;
+      for (const Seq& s : batch)
+        dense_step_pages_ += static_cast<uint64_t>((s.table->n_tokens() + s.n_new + opt_.page_size - 1) / opt_.page_size);
+    }
+  }
+  if (step_sparse_) {
     std::vector<const void*> ids;
     std::vector<int64_t> n_before;
     for (const Seq& s : batch) {
@@ -526,7 +541,8 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(int n_tok, int n_req, int phase) {
-  const std::string key = phase == ReselectSchedule::kFull ? policy_key_ : fmt::format("{}#{}", policy_key_, phase);
+  const std::string base = step_sparse_ || !sparse_ ? policy_key_ : std::string("dense-step");
+  const std::string key = phase == ReselectSchedule::kFull ? base : fmt::format("{}#{}", base, phase);
   auto it = graphs_.find({key, n_req});
   if (it == graphs_.end()) {
     // Capture once per batch size (and phase); replays read the same step-input buffers.
@@ -569,6 +585,7 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
                             pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1,
                             pc.reselect_every);
   sparse_ = pc.name != "dense";
+  dense_below_ = pc.dense_below;
   schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
   if (!sparse_) return;
   DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
@@ -635,13 +652,15 @@ CudaSparsityStats LlamaCuda::sparsity_stats() const {
   st.read.resize(n);
   st.total.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    st.read[i] = h[2 * i];
-    st.total[i] = h[2 * i + 1];
+    st.read[i] = h[2 * i] + dense_step_pages_;
+    st.total[i] = h[2 * i + 1] + dense_step_pages_;
   }
   return st;
 }
 
 void LlamaCuda::reset_sparsity_stats() {
+  dense_step_pages_ = 0;
+  dense_below_steps_ = 0;
   if (sparse_stats_d_)
     DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv * 2) * 8));
 }
@@ -657,7 +676,7 @@ double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   // 1/R of the layers, reusing the first step's selections at the others): all are timed.
   const int n_req = static_cast<int>(batch.size());
   std::vector<cudaGraphExec_t> cycle;
-  if (sparse_ && schedule_.every() > 1)
+  if (step_sparse_ && schedule_.every() > 1)
     for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(decode_graph(n_req, n_req, ph));
   else
     cycle.push_back(decode_graph(n_req, n_req, ReselectSchedule::kFull));

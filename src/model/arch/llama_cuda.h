@@ -94,6 +94,9 @@ class LlamaCuda {
   // replayed from traces of a real model). Drops the captured graphs.
   void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
   CudaSparsityStats sparsity_stats() const;
+  // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
+  // every request was shorter than --dense-below (no scoring or selection kernels ran).
+  int64_t dense_below_steps() const { return dense_below_steps_; }
   void reset_sparsity_stats();
 
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
@@ -135,6 +138,14 @@ class LlamaCuda {
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelectWorkspace> sel_ws_;
   bool sparse_ = false;
+  // This step runs the policy (sparse_, unless every request is shorter than dense_below_: such a
+  // step is captured and replayed as the dense one, no scoring or selection at all).
+  bool step_sparse_ = false;
+  int64_t dense_below_ = 0;
+  // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
+  // (read, total) in sparsity_stats(): they read every page.
+  uint64_t dense_step_pages_ = 0;
+  int64_t dense_below_steps_ = 0;
   cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer
   float* budget_frac_d_ = nullptr;              // [L, Hkv] or null
   unsigned long long* sparse_stats_d_ = nullptr;  // [L, Hkv, 2]
