@@ -30,6 +30,10 @@ struct EngineOptions {
   double gamma = 0.99;              // coverage: estimated attention mass kept per (layer, KV head, step)
   int budget = 0;                   // topk / sinkwindow / solohead: pages per list
   int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
+  // A decode step runs the policy only when its batch holds at least this many tokens of context
+  // in all (0: always); below, it reads every page and no selection runs, which is where selection
+  // costs more than it saves (H200, 8B shape: from ~96k tokens a step; docs/benchmarks.md).
+  int64_t sparse_min_tokens = 0;
   std::string estimator = "sketch4"; // page mass estimate: sketch4 (per-token 4-bit keys), minmax (Quest bound), meanspread, gaussian
   std::string combine = "sum";      // q heads of a GQA group: sum (mean of their masses) or max
   int sink_pages = 1;               // first pages every sparse list keeps

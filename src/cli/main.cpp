@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
   gen->add_option("--gamma", eo.gamma, "coverage: attention mass to keep per layer, KV head and step")->check(CLI::Range(0.0, 1.0))->capture_default_str();
   gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(CLI::NonNegativeNumber);
   gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
+  gen->add_option("--sparse-min-tokens", eo.sparse_min_tokens,
+                  "decode steps whose batch holds fewer context tokens in all read every page, no selection "
+                  "(H200, 8B shape: selection pays from ~96k; docs/benchmarks.md)")
+      ->check(CLI::NonNegativeNumber);
   gen->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian", "sketch4"}))->capture_default_str();
   gen->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
   gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();

@@ -11,6 +11,7 @@ PolicyConfig policy_config(const EngineOptions& o) {
   pc.gamma = o.gamma;
   pc.budget = o.budget;
   pc.dense_below = o.dense_below;
+  pc.min_step_tokens = o.sparse_min_tokens;
   pc.estimator = o.estimator;
   pc.n_sink = o.sink_pages;
   pc.n_recent = o.recent_pages;

@@ -236,6 +236,7 @@ std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg) {
   DHS_CHECK(cfg.budget >= 0, "--budget must be >= 0 (got {})", cfg.budget);
   DHS_CHECK(cfg.reselect_every >= 1 && cfg.reselect_every <= 64, "--reselect-every must be in [1, 64] (got {})",
             cfg.reselect_every);
+  DHS_CHECK(cfg.min_step_tokens >= 0, "--sparse-min-tokens must be >= 0 (got {})", cfg.min_step_tokens);
   ScoredParams sp;
   sp.gamma = cfg.gamma;
   sp.budget = cfg.budget;

@@ -147,6 +147,9 @@ struct PolicyConfig {
   std::string estimator = "minmax";  // minmax | meanspread
   GroupCombine combine = GroupCombine::Sum;
   int64_t dense_below = 0;  // tokens; 0 = never force dense
+  // A decode step whose requests hold fewer tokens than this in all reads every page and runs no
+  // selection (EngineOptions::sparse_min_tokens). The runners read it; make_policy only checks it.
+  int64_t min_step_tokens = 0;
   // A layer runs the policy every this many decode steps and reuses its last selection
   // (grown by the pages written since) in between (sparse/reselect_schedule.h). The
   // runners read it; make_policy only checks it.

@@ -210,7 +210,8 @@ int main() {
     ct.release(cpool);
     gt.release(sg.allocator());
   }
-  // --dense-below N under a scoring policy: while every request is shorter than N the step is the
+  // --dense-below N (and --sparse-min-tokens N) under a scoring policy: while every request is
+  // shorter than N (the batch holds fewer than N tokens) the step is the
   // dense one — logits bitwise equal to the dense policy's on the same tokens, every page counted
   // as read, no selection kernels run (dense_below_steps) — and from N on the policy selects
   // (fewer pages than the lists hold). Fails if the threshold were ignored, applied one token
@@ -232,9 +233,16 @@ int main() {
     std::vector<float> cl, gl;
     prefill_both(sg, ids, cpool, ct, gt, &cl, &gl);
     std::vector<std::vector<float>> dense_logits;
-    for (const bool sparse : {false, true}) {
+    // mode 0: the dense policy (reference); 1: --dense-below; 2: --sparse-min-tokens at the same
+    // threshold (one request: the step's tokens are its context).
+    for (const int mode : {0, 1, 2}) {
+      const bool sparse = mode > 0;
       PolicyConfig run = pc;
       if (!sparse) run.name = "dense";
+      if (mode == 2) {
+        run.min_step_tokens = run.dense_below;
+        run.dense_below = 0;
+      }
       sg.set_sparsity(run);
       sg.reset_sparsity_stats();
       int64_t read_dense_phase = -1, total_dense_phase = -1;
@@ -271,9 +279,10 @@ int main() {
         read += static_cast<int64_t>(st.read[i]);
         total += static_cast<int64_t>(st.total[i]);
       }
-      std::printf("dense-below %lld: %lld dense steps (pages %lld of %lld, expected %lld), then %d selecting steps "
+      std::printf("%s %lld: %lld dense steps (pages %lld of %lld, expected %lld), then %d selecting steps "
                   "(pages %lld of %lld)\n",
-                  static_cast<long long>(pc.dense_below), static_cast<long long>(sg.dense_below_steps()),
+                  mode == 1 ? "dense-below" : "sparse-min-tokens", static_cast<long long>(pc.dense_below),
+                  static_cast<long long>(sg.dense_below_steps()),
                   static_cast<long long>(read_dense_phase), static_cast<long long>(total_dense_phase),
                   static_cast<long long>(expect), kSteps - kDenseSteps, static_cast<long long>(read - read_dense_phase),
                   static_cast<long long>(total - total_dense_phase));

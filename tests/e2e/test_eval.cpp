@@ -162,5 +162,54 @@ TEST(Reselect, GammaOneStaysDenseAndSinkWindowReadsWhatTheDefinitionCounts) {
   EXPECT_EQ(e->kv_check(), "");
 }
 
+// EngineOptions::sparse_min_tokens: decode steps below the threshold are the dense step (bitwise the
+// dense policy's logits, every page counted as read); from the threshold on, the policy selects.
+// Fails if the threshold is ignored, off by one token, or if a dense step still ran the policy.
+TEST(Eval, SparseMinTokensRunsDenseStepsBelowTheThreshold) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.sparse_policy = "coverage";
+  o.max_context = 2048;
+  constexpr int64_t kMin = 140;  // tokens of context in the step, this step's included
+  o.sparse_min_tokens = kMin;
+  auto e = Engine::load(o);
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
+  const std::vector<int32_t> prompt = e->tokenize(text);
+  const int64_t n0 = static_cast<int64_t>(prompt.size());
+  const int n_dense = static_cast<int>(kMin - 1 - n0);  // steps k with n0 + k + 1 < kMin
+  ASSERT_GE(n_dense, 4) << "prompt of " << n0 << " tokens: too long for the test";
+  const int n_steps = n_dense + 12;
+  auto decode = [&](const std::string& policy, std::vector<std::vector<float>>* steps, PageCounts* below,
+                    PageCounts* above) {
+    e->set_sparse_policy(policy, 0.5, 0, 0);
+    auto s = e->open_session();
+    std::vector<float> lg;
+    s->append(prompt, &lg);
+    (void)e->take_page_counts();
+    for (int k = 0; k < n_steps; ++k) {
+      s->append({static_cast<int32_t>(100 + 7 * k)}, &lg);
+      steps->push_back(lg);
+      if (k + 1 == n_dense) *below = e->take_page_counts();
+    }
+    *above = e->take_page_counts();
+  };
+  std::vector<std::vector<float>> dense, cov;
+  PageCounts d_below, d_above, below, above;
+  decode("dense", &dense, &d_below, &d_above);
+  decode("coverage", &cov, &below, &above);
+  for (int k = 0; k < n_dense; ++k) EXPECT_EQ(cov[static_cast<size_t>(k)], dense[static_cast<size_t>(k)]) << "step " << k;
+  uint64_t want = 0;
+  const auto& c = e->config();
+  for (int k = 0; k < n_dense; ++k) want += static_cast<uint64_t>(c.n_layers * c.n_heads_kv * ((n0 + k + 1 + 15) / 16));
+  EXPECT_EQ(below.total, want);
+  EXPECT_EQ(below.read, want);
+  EXPECT_GT(above.total, 0u);
+  EXPECT_LT(above.read, above.total) << "coverage 0.5 past the threshold read every page";
+  EXPECT_NE(cov[static_cast<size_t>(n_dense)], dense[static_cast<size_t>(n_dense)]) << "the first step at the threshold did not select";
+  EXPECT_EQ(e->kv_check(), "");
+}
+
 }  // namespace
 }  // namespace dhs

@@ -134,8 +134,13 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
   const bool decode_step = T == static_cast<int64_t>(batch.size());
+  int64_t step_tokens = 0;
+  for (int32_t n : seq_len) step_tokens += n;
+  // The policy runs on decode steps of at least min_step_tokens_ tokens of context; the others
+  // read every page (counted as read when a policy is set).
+  const bool select_step = policy_ && decode_step && step_tokens >= min_step_tokens_;
   int phase = ReselectSchedule::kFull;
-  if (policy_ && decode_step) {
+  if (select_step) {
     std::vector<const void*> ids(tables.begin(), tables.end());
     std::vector<int64_t> n_before(seq_len.begin(), seq_len.end());
     for (int64_t& n : n_before) --n;
@@ -183,7 +188,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     PageLists lists;
     // Sparse selection serves decode steps; prefill reads every page (a chunk's
     // queries span the whole prompt, and its own pages are not summarised yet).
-    if (policy_ && decode_step) {
+    if (select_step) {
       if (schedule_.selects(l, phase)) {
         SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
         lists = policy_->select(in);
@@ -196,6 +201,10 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
         stats_.pages_total += Hkv * ((seq_len[r] + pool.page_size() - 1) / pool.page_size());
     } else {
       lists = dense_page_lists(tables, l, seq_len);
+      if (policy_ && decode_step) {
+        stats_.pages_read += lists.nnz();
+        stats_.pages_total += lists.nnz();
+      }
     }
     cpu::AttentionParams ap;
     ap.q = q.data();
@@ -209,7 +218,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     ap.scale = scale;
     cpu::attention(ap);
     dump("attn_out", l, att.data(), T, Hq * D);
-    if (policy_ && decode_step && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
+    if (select_step && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
 
     cpu::matmul(L.wo, att.data(), o.data(), T);
     cpu::add_inplace(x.data(), o.data(), T * H);

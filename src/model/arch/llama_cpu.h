@@ -33,9 +33,13 @@ class LlamaCpu {
   // Sparse decode: page summaries kept up to date at every append (when a store is
   // given) and the policy choosing each layer's page lists (nullptr: dense), run by each
   // layer every `reselect_every` decode steps (sparse/reselect_schedule.h).
-  void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries, int reselect_every = 1) {
+  // min_step_tokens: a decode step whose requests hold fewer tokens in all reads every page and
+  // runs no selection (PolicyConfig::min_step_tokens).
+  void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries, int reselect_every = 1,
+                    int64_t min_step_tokens = 0) {
     policy_ = policy;
     summaries_ = summaries;
+    min_step_tokens_ = min_step_tokens;
     schedule_ = ReselectSchedule(reselect_every);
     selected_.assign(static_cast<size_t>(cfg_.n_layers), PageLists{});
   }
@@ -84,6 +88,7 @@ class LlamaCpu {
 
  private:
   SparsityStats stats_;
+  int64_t min_step_tokens_ = 0;
   PageSummaryStore* summaries_ = nullptr;
 };
 

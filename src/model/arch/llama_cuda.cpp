@@ -498,14 +498,19 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   std::vector<int> req_slots;
   for (const Seq& s : batch) req_slots.push_back(s.req_slot);
   // --dense-below N: a step whose requests are all shorter than N tokens (this step's token
-  // included) runs the dense step: the selection would cost more than it saves there
+  // included) runs the dense step, and so does one whose requests hold fewer than
+  // --sparse-min-tokens in all: the selection would cost more than it saves there
   // (docs/benchmarks.md). A batch that mixes short and long requests selects, and the select
   // kernel gives the short ones their dense lists.
   step_sparse_ = sparse_ && decode;
-  if (step_sparse_ && dense_below_ > 0) {
-    bool all_short = true;
-    for (const Seq& s : batch) all_short = all_short && s.table->n_tokens() + s.n_new < dense_below_;
-    if (all_short) {
+  if (step_sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
+    bool all_short = dense_below_ > 0;
+    int64_t step_tokens = 0;
+    for (const Seq& s : batch) {
+      all_short = all_short && s.table->n_tokens() + s.n_new < dense_below_;
+      step_tokens += s.table->n_tokens() + s.n_new;
+    }
+    if (all_short || step_tokens < min_step_tokens_) {
       step_sparse_ = false;
       ++dense_below_steps_;
       for (const Seq& s : batch)
@@ -586,6 +591,7 @@ void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& b
                             pc.reselect_every);
   sparse_ = pc.name != "dense";
   dense_below_ = pc.dense_below;
+  min_step_tokens_ = pc.min_step_tokens;
   schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
   if (!sparse_) return;
   DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);

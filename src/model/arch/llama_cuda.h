@@ -95,7 +95,8 @@ class LlamaCuda {
   void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
   CudaSparsityStats sparsity_stats() const;
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
-  // every request was shorter than --dense-below (no scoring or selection kernels ran).
+  // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
+  // (no scoring or selection kernels ran).
   int64_t dense_below_steps() const { return dense_below_steps_; }
   void reset_sparsity_stats();
 
@@ -142,6 +143,7 @@ class LlamaCuda {
   // step is captured and replayed as the dense one, no scoring or selection at all).
   bool step_sparse_ = false;
   int64_t dense_below_ = 0;
+  int64_t min_step_tokens_ = 0;
   // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
   // (read, total) in sparsity_stats(): they read every page.
   uint64_t dense_step_pages_ = 0;
