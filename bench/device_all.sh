@@ -12,6 +12,7 @@
 #          attention_bench --quick (selection breakdown) with the SDPA anchor, e2e TPOT at
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
 #   crossover e2e TPOT, dense against traced coverage budgets, 32k-128k x batch 1, 2, 4 (--dense-below)
+#   timeline Nsight Systems over decode steps: per-kernel time and gaps inside the graph
 #   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
 #          cluster size (attention_bench --select-only)
 #   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
@@ -119,6 +120,17 @@ for stage in "$@"; do
         --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4 \
         --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       tail -16 "$OUT/e2e_crossover.log" ;;
+    timeline)
+      # Nsight Systems over one decode step's graph (nodes traced): per-kernel busy time and the gaps
+      # between kernels, dense and sparse, at DHS_TL_CTX x DHS_TL_BATCH (default 128k x 1).
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      command -v nsys > /dev/null || { echo "timeline: no nsys"; continue; }
+      run nsys_profile timeout 300 nsys profile --cuda-graph-trace=node --trace=cuda -o /tmp/dhs/tl -f true \
+        "$B/dhisparse" bench --ctx ${DHS_TL_CTX:-131072} --batch ${DHS_TL_BATCH:-1} --prefill 2048 \
+        --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm --out /tmp/dhs/tl.jsonl --commit "$C"
+      run nsys_stats timeout 300 nsys stats --report cuda_gpu_trace --format csv -o /tmp/dhs/tl /tmp/dhs/tl.nsys-rep
+      run timeline python3 bench/timeline_summary.py /tmp/dhs/tl_cuda_gpu_trace.csv
+      cat "$OUT/timeline.log" ;;
     profile)
       # Nsight Compute on the selection kernels alone (attention_bench --select-only: 128k x 1, then x 8).
       # DHS_NCU_BATCHES: the batch sizes profiled (default 1,8: the first launch is at 128k x 1).
