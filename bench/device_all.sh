@@ -124,13 +124,18 @@ for stage in "$@"; do
       # Nsight Systems over one decode step's graph (nodes traced): per-kernel busy time and the gaps
       # between kernels, dense and sparse, at DHS_TL_CTX x DHS_TL_BATCH (default 128k x 1).
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
-      command -v nsys > /dev/null || { echo "timeline: no nsys"; continue; }
-      run nsys_profile timeout 300 nsys profile --cuda-graph-trace=node --trace=cuda -o /tmp/dhs/tl -f true \
-        "$B/dhisparse" bench --ctx ${DHS_TL_CTX:-131072} --batch ${DHS_TL_BATCH:-1} --prefill 2048 \
-        --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm --out /tmp/dhs/tl.jsonl --commit "$C"
-      run nsys_stats timeout 300 nsys stats --report cuda_gpu_trace --format csv -o /tmp/dhs/tl /tmp/dhs/tl.nsys-rep
-      run timeline python3 bench/timeline_summary.py /tmp/dhs/tl_cuda_gpu_trace.csv
-      cat "$OUT/timeline.log" ;;
+      # (The lent machine has no Nsight Systems importer: Nsight Compute times each graph node
+      # serialized, L2 and clocks left as they are, so the busy times are real and the gaps are the
+      # step's TPOT minus their sum.)
+      for pol in dense trace:coverage-0.99@sketch4; do
+        tag=${pol//[:@.]/_}
+        run "ncu_nodes_$tag" timeout 400 ncu --graph-profiling node --metrics gpu__time_duration.sum --cache-control none \
+          --clock-control none --launch-count ${DHS_TL_LAUNCHES:-2400} --csv \
+          "$B/dhisparse" bench --ctx ${DHS_TL_CTX:-131072} --batch ${DHS_TL_BATCH:-1} --prefill 0 \
+          --policies "$pol" --trace "$TRACE" --trace-len 7680 --no-gemm --out /tmp/dhs/tl.jsonl --commit "$C"
+        run "timeline_$tag" python3 bench/timeline_summary.py "$OUT/ncu_nodes_$tag.log"
+        cat "$OUT/timeline_$tag.log"
+      done ;;
     profile)
       # Nsight Compute on the selection kernels alone (attention_bench --select-only: 128k x 1, then x 8).
       # DHS_NCU_BATCHES: the batch sizes profiled (default 1,8: the first launch is at 128k x 1).

@@ -279,6 +279,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     }
   // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole.
   for (int64_t n : prefills) {
+    if (n <= 0) continue;  // --prefill 0: no TTFT run
     CudaModelOptions o;
     o.gemv_max_tok = opts.gemv_max_tok;
     o.max_batch = 1;

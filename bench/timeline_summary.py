@@ -5,7 +5,8 @@
     nsys stats --report cuda_gpu_trace --format csv -o tl tl.nsys-rep
     python3 bench/timeline_summary.py tl_cuda_gpu_trace.csv
 
-A step starts at each embedding kernel; steps are grouped by whether they ran page scoring
+Also reads `ncu --csv --metrics gpu__time_duration.sum` output (kernels serialized: busy times, no
+gaps). A step starts at each embedding kernel; steps are grouped by whether they ran page scoring
 (sparse) or not (dense), and the first two of each group are dropped (capture and warm-up).
 For each kernel name: launches per step, mean busy time per step, and the mean idle gap before
 it (from the previous kernel's end: launch latency, the previous grid's drain). Printed last: the
@@ -24,7 +25,21 @@ def short(name):
 
 def load(path):
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        text = f.read().splitlines()
+    # ncu --csv prints its own lines first; the table starts at the header row.
+    first = next(i for i, l in enumerate(text) if l.startswith('"ID"') or l.startswith("Start"))
+    rows = list(csv.DictReader(text[first:]))
+    if "Kernel Name" in rows[0]:
+        # Nsight Compute (gpu__time_duration per kernel, serialized): busy times only, laid end to end.
+        out, t = [], 0
+        for r in sorted(rows, key=lambda r: int(r["ID"])):
+            if r.get("Metric Name") != "gpu__time_duration.sum":
+                continue
+            v = float(r["Metric Value"].replace(",", ""))
+            dur = int(v * (1000 if r.get("Metric Unit") == "usecond" else 1e6 if r.get("Metric Unit") == "msecond" else 1))
+            out.append((t, dur, short(r["Kernel Name"])))
+            t += dur
+        return out
     key_start = next(k for k in rows[0] if k.startswith("Start"))
     key_dur = next(k for k in rows[0] if k.startswith("Duration"))
     out = []
