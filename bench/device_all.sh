@@ -12,6 +12,7 @@
 #          attention_bench --quick (selection breakdown) with the SDPA anchor, e2e TPOT at
 #          128k x 1/4 with dense, MinMax- and sketch4-chosen traced budgets and Quest
 #   crossover e2e TPOT, dense against traced coverage budgets, 32k-128k x batch 1, 2, 4 (--dense-below)
+#   pdl    e2e TPOT with the decode chain as programmatic dependents and without (--no-pdl), alternated
 #   timeline Nsight Systems over decode steps: per-kernel time and gaps inside the graph
 #   profile Nsight Compute on the select and sketch-score kernels, and the select kernel at every
 #          cluster size (attention_bench --select-only)
@@ -120,6 +121,19 @@ for stage in "$@"; do
         --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4 \
         --trace "$TRACE" --trace-len 7680 --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       tail -16 "$OUT/e2e_crossover.log" ;;
+    pdl)
+      # The decode chain as programmatic dependents (pdl_launch.h) against plain launches, the same
+      # call, alternated twice: e2e TPOT, dense and traced coverage budgets.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      for rep in 1 2; do
+        for flag in --no-pdl ""; do
+          tag=pdl${flag:+_off}_$rep
+          run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4 --prefill 0 $flag \
+            --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm \
+            --out "$OUT/decode_e2e.jsonl" --commit "$C"
+          grep -E "^[0-9]" "$OUT/e2e_$tag.log" | sed "s/^/$tag  /"
+        done
+      done ;;
     timeline)
       # Nsight Systems over one decode step's graph (nodes traced): per-kernel busy time and the gaps
       # between kernels, dense and sparse, at DHS_TL_CTX x DHS_TL_BATCH (default 128k x 1).

@@ -21,6 +21,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/pdl_launch.h"
 #include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
 #include "core/error.h"
@@ -147,6 +148,7 @@ bool chosen_by_sketch(const std::string& spec) {
 }  // namespace
 
 int run_e2e_bench(const E2eBenchOptions& opts) {
+  cuda::set_pdl_chain(opts.pdl);
   const auto& ctxs = opts.ctx;
   const auto& batches = opts.batch;
   const auto& prefills = opts.prefill;
@@ -273,7 +275,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
            << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
-           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"graph\":true}\n";
+           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
       }
       for (auto& t : ts) t.release(m->allocator());
     }

@@ -21,6 +21,7 @@ struct E2eBenchOptions {
   // One layer's weight GEMMs (fused QKV, O, fused gate/up, down) per batch size; rows to gemm_out.
   std::vector<int64_t> gemm_batch = {1, 4, 8, 32};
   std::string gemm_out = "bench/results/weight_gemm.jsonl";
+  bool pdl = true;       // the decode chain's kernels as programmatic dependents (pdl_launch.h; recorded)
   int gemv_max_tok = 1;  // CudaModelOptions::gemv_max_tok of the models timed (recorded in the rows)
 };
 

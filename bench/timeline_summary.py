@@ -18,7 +18,7 @@ from collections import defaultdict
 
 
 def short(name):
-    for pre in ("void ", "dhs::cuda::", "(anonymous namespace)::"):
+    for pre in ("void ", "dhs::cuda::", "(anonymous namespace)::", "<unnamed>::", "unnamed>::"):
         name = name.replace(pre, "")
     return name.split("(")[0].split("<")[0][:48]
 

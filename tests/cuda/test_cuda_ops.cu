@@ -32,6 +32,8 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_page_table.h"
+#include "device_vectors.h"
 #include "backend/cuda/ops.h"
 #include "core/fp16.h"
 #include "gtest_shim.h"
@@ -547,6 +549,82 @@ TEST(CudaOps, SwiGlu) {
             << "n " << n << " n_tok " << n_tok << " variant " << variant;
       }
     }
+}
+
+// ---- dense page lists -----------------------------------------------------------------------
+
+// launch_dense_lists against its definition: for each (request, KV head) in batch order, every
+// page of `layer` (ceil(seq_len / 16) of them) as (slot from the table, position i), CSR offsets
+// the running sum. Batches of 1 and 17 requests in scattered table rows, lengths 1 token .. the
+// table's max (a last page 1/16 .. full), rows longer than one block's 1,024 pages, every layer.
+TEST(CudaOps, DenseLists) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(11);
+  const int n_layers = 3, hkv = 5, max_req = 24, page = 16;
+  for (const int64_t max_pages : {int64_t{7}, int64_t{1030}, int64_t{2500}}) {
+    std::vector<int32_t> table(static_cast<size_t>(max_req * n_layers * hkv * max_pages));
+    for (auto& v : table) v = static_cast<int32_t>(rng() % 1000000);
+    int32_t* table_d = dhs::test::to_device(table);
+    for (const int n_req : {1, 17}) {
+      std::vector<int32_t> slot(static_cast<size_t>(max_req));
+      std::iota(slot.begin(), slot.end(), 0);
+      std::shuffle(slot.begin(), slot.end(), rng);
+      slot.resize(static_cast<size_t>(n_req));
+      std::vector<int32_t> seq(static_cast<size_t>(n_req));
+      for (int r = 0; r < n_req; ++r) {
+        const int64_t max_tok = max_pages * page;
+        seq[static_cast<size_t>(r)] = static_cast<int32_t>(r == 0 ? max_tok : r == 1 ? 1 : 1 + rng() % max_tok);
+      }
+      int32_t* slot_d = dhs::test::to_device(slot);
+      int32_t* seq_d = dhs::test::to_device(seq);
+      int64_t nnz = 0;
+      for (int32_t n : seq) nnz += hkv * ((n + page - 1) / page);
+      int32_t *indptr_d, *slots_d, *pos_d;
+      DHS_CUDA_CHECK(cudaMalloc(&indptr_d, static_cast<size_t>(n_req * hkv + 1) * 4));
+      DHS_CUDA_CHECK(cudaMalloc(&slots_d, static_cast<size_t>(nnz) * 4));
+      DHS_CUDA_CHECK(cudaMalloc(&pos_d, static_cast<size_t>(nnz) * 4));
+      for (int layer = 0; layer < n_layers; ++layer) {
+        DHS_CUDA_CHECK(cudaMemset(slots_d, 0xff, static_cast<size_t>(nnz) * 4));
+        DHS_CUDA_CHECK(cudaMemset(pos_d, 0xff, static_cast<size_t>(nnz) * 4));
+        dc::DenseListsParams p;
+        p.table = table_d;
+        p.req_slot = slot_d;
+        p.seq_len = seq_d;
+        p.indptr = indptr_d;
+        p.slots = slots_d;
+        p.page_pos = pos_d;
+        p.n_requests = n_req;
+        p.n_layers = n_layers;
+        p.n_heads_kv = hkv;
+        p.max_pages = max_pages;
+        p.layer = layer;
+        p.page_size = page;
+        dc::launch_dense_lists(p, nullptr);
+        DHS_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto indptr = dhs::test::to_host(indptr_d, static_cast<size_t>(n_req * hkv + 1));
+        const auto slots = dhs::test::to_host(slots_d, static_cast<size_t>(nnz));
+        const auto pos = dhs::test::to_host(pos_d, static_cast<size_t>(nnz));
+        int64_t at = 0, bad = 0;
+        for (int r = 0; r < n_req; ++r)
+          for (int h = 0; h < hkv; ++h) {
+            const int row = r * hkv + h;
+            bad += indptr[static_cast<size_t>(row)] != at;
+            const int64_t n = (seq[static_cast<size_t>(r)] + page - 1) / page;
+            const int32_t* src = table.data() + ((static_cast<int64_t>(slot[static_cast<size_t>(r)]) * n_layers + layer) * hkv + h) * max_pages;
+            for (int64_t i = 0; i < n; ++i, ++at)
+              bad += slots[static_cast<size_t>(at)] != src[i] || pos[static_cast<size_t>(at)] != i;
+          }
+        bad += indptr.back() != at;
+        EXPECT_EQ(bad, 0) << "max_pages " << max_pages << " batch " << n_req << " layer " << layer;
+      }
+      cudaFree(indptr_d);
+      cudaFree(slots_d);
+      cudaFree(pos_d);
+      cudaFree(slot_d);
+      cudaFree(seq_d);
+    }
+    cudaFree(table_d);
+  }
 }
 
 TEST(CudaOps, RejectsBadParams) {

@@ -1,5 +1,9 @@
 #include "backend/cuda/cuda_check.h"
 
+#include <atomic>
+
+#include "backend/cuda/pdl_launch.h"
+
 #include "core/error.h"
 
 namespace dhs::cuda {
@@ -17,5 +21,12 @@ int device_count() {
   }
   return n;
 }
+
+namespace {
+std::atomic<bool> g_pdl_chain{true};
+}  // namespace
+
+void set_pdl_chain(bool on) { g_pdl_chain.store(on); }
+bool pdl_chain() { return g_pdl_chain.load(); }
 
 }  // namespace dhs::cuda

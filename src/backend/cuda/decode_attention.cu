@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
@@ -170,8 +171,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kDTiles = HEAD_DIM / 8;  // n-tiles of O
   extern __shared__ __align__(128) uint8_t smem[];
 
-  // Let the merge kernel get scheduled as soon as SM room frees up; it waits on
-  // griddepcontrol.wait for this grid's completion before reading anything we write.
+  // Launched as a programmatic dependent of the step's previous kernel (pdl_launch.h): q and the
+  // lists are its (or earlier kernels') output. Then the merge kernel may get scheduled as soon as
+  // SM room frees up; it waits on griddepcontrol.wait for this grid's completion before reading
+  // anything we write.
+  ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -468,6 +472,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 
   // Everything below reads what the split-KV kernel wrote (or writes what it must not).
   ptx::griddep_wait();
+  ptx::griddep_launch_dependents();  // the next kernel (the O projection) may stream its weights
 
   if (hi == lo) {  // empty list: nothing attended
     if (threadIdx.x < HEAD_DIM) p.out[orow * HEAD_DIM + threadIdx.x] = __float2bfloat16_rn(0.0f);
@@ -555,8 +560,8 @@ template <int HEAD_DIM, int M_TILES, int STAGES>
 void launch_split_kv(const DecodeAttentionParams& p, cudaStream_t stream) {
   using Shape = SplitKvShape<HEAD_DIM, M_TILES, STAGES>;
   configure_split_kv<HEAD_DIM, M_TILES, STAGES>();  // no-op after the first call on this device
-  decode_attention_kernel<HEAD_DIM, M_TILES, STAGES>
-      <<<p.n_workers / kWarps, kWarps * 32, Shape::kBlockSmem, stream>>>(p);
+  launch_pdl(decode_attention_kernel<HEAD_DIM, M_TILES, STAGES>, dim3(p.n_workers / kWarps), dim3(kWarps * 32),
+             Shape::kBlockSmem, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 

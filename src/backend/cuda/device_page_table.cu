@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_page_table.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
 
 #include <algorithm>
 
@@ -55,34 +57,60 @@ void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
 
 namespace {
 
-__global__ void dense_lists_kernel(const __grid_constant__ DenseListsParams p) {
+constexpr int kDenseListThreads = 256;
+constexpr int kDenseListPerThread = 4;
+constexpr int kDenseListChunk = kDenseListThreads * kDenseListPerThread;  // pages per block
+
+// grid (n_requests * n_heads_kv, ceil(max_pages / kDenseListChunk)): block (row, c) copies pages
+// [c * chunk, (c + 1) * chunk) of its row. (v1 had one block per row: a row of 8,192 pages took
+// 13.8 us on the H200, one load-store round trip per 256 pages; docs/kernels/ops_NOTES.md.)
+__global__ void __launch_bounds__(kDenseListThreads) dense_lists_kernel(const __grid_constant__ DenseListsParams p) {
+  // The lists are read by earlier kernels of the step (the previous layer's attention), so the
+  // writes wait (pdl_launch.h).
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   const int row = blockIdx.x;  // req * n_heads_kv + head
   const int req = row / p.n_heads_kv, head = row % p.n_heads_kv;
-  __shared__ int s_start, s_n;
+  const int n = (__ldg(p.seq_len + req) + p.page_size - 1) / p.page_size;
+  const int first = static_cast<int>(blockIdx.y) * kDenseListChunk;
+  if (blockIdx.y > 0 && first >= n) return;
+  __shared__ int s_start;
   if (threadIdx.x == 0) {
     // Offset of this row = pages of all earlier requests (every head) + earlier heads of this one.
     int start = 0;
-    for (int r = 0; r < req; ++r) start += p.n_heads_kv * ((p.seq_len[r] + p.page_size - 1) / p.page_size);
-    const int n = (p.seq_len[req] + p.page_size - 1) / p.page_size;
+    for (int r = 0; r < req; ++r) start += p.n_heads_kv * ((__ldg(p.seq_len + r) + p.page_size - 1) / p.page_size);
     start += head * n;
     s_start = start;
-    s_n = n;
-    p.indptr[row] = start;
-    if (row == p.n_requests * p.n_heads_kv - 1) p.indptr[row + 1] = start + n;
+    if (blockIdx.y == 0) {
+      p.indptr[row] = start;
+      if (row == p.n_requests * p.n_heads_kv - 1) p.indptr[row + 1] = start + n;
+    }
   }
   __syncthreads();
-  const int32_t* src = p.table + ((static_cast<int64_t>(p.req_slot[req]) * p.n_layers + p.layer) * p.n_heads_kv + head) * p.max_pages;
-  for (int i = threadIdx.x; i < s_n; i += blockDim.x) {
-    p.slots[s_start + i] = src[i];
-    p.page_pos[s_start + i] = i;
-  }
+  const int32_t* __restrict__ src =
+      p.table + ((static_cast<int64_t>(__ldg(p.req_slot + req)) * p.n_layers + p.layer) * p.n_heads_kv + head) * p.max_pages;
+  int32_t* __restrict__ slots = p.slots + s_start;
+  int32_t* __restrict__ page_pos = p.page_pos + s_start;
+  const int i0 = first + static_cast<int>(threadIdx.x) * kDenseListPerThread;
+  // All of a thread's loads before its stores.
+  int32_t v[kDenseListPerThread];
+#pragma unroll
+  for (int k = 0; k < kDenseListPerThread; ++k) v[k] = i0 + k < n ? __ldg(src + i0 + k) : 0;
+#pragma unroll
+  for (int k = 0; k < kDenseListPerThread; ++k)
+    if (i0 + k < n) {
+      slots[i0 + k] = v[k];
+      page_pos[i0 + k] = i0 + k;
+    }
 }
 
 }  // namespace
 
 void launch_dense_lists(const DenseListsParams& p, cudaStream_t stream) {
   if (p.n_requests == 0) return;
-  dense_lists_kernel<<<p.n_requests * p.n_heads_kv, 256, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.n_requests * p.n_heads_kv),
+                  static_cast<unsigned>(std::max<int64_t>(1, (p.max_pages + kDenseListChunk - 1) / kDenseListChunk)));
+  launch_pdl(dense_lists_kernel, grid, dim3(kDenseListThreads), 0, stream, p);
 }
 
 }  // namespace dhs::cuda

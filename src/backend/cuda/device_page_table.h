@@ -57,7 +57,7 @@ struct DenseListsParams {
 };
 
 // The dense policy on the device: every page of `layer` for each (request, KV head).
-// One block per CSR row; each derives its offset from the lengths (no host plan).
+// Blocks of 1,024 pages of a CSR row; each derives its row's offset from the lengths (no host plan).
 void launch_dense_lists(const DenseListsParams& p, cudaStream_t stream);
 
 }  // namespace dhs::cuda

@@ -3,6 +3,8 @@
 #include <cassert>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -46,13 +48,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
   for (int r = 0; r < ROWS; ++r)  // rows past `out` re-read the last row; their sums are dropped
     w[r] = reinterpret_cast<const uint4*>(p.w) + min(row0 + r, p.out - 1) * n_words;
   float acc[ROWS][NT] = {};
-  for (int64_t k0 = lane; k0 < n_words; k0 += 32 * kUnroll) {
-    uint4 wv[kUnroll][ROWS];
+  uint4 wv[kUnroll][ROWS];
+  const auto load_w = [&](int64_t k0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
         wv[u][r] = k0 + u * 32 < n_words ? ld_stream(w[r] + k0 + u * 32) : make_uint4(0, 0, 0, 0);
+  };
+  // The first weights are in flight before the wait for x, the previous kernel's output
+  // (pdl_launch.h): they stream while that kernel drains.
+  load_w(lane);
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  for (int64_t k0 = lane; k0 < n_words; k0 += 32 * kUnroll) {
+    if (k0 != lane) load_w(k0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * 32;
@@ -98,7 +108,7 @@ void launch_nt(const GemvParams& p, cudaStream_t stream) {
   constexpr int ROWS = NT <= 2 ? 2 : 4;  // more rows per warp amortize the activation loads
   const int64_t rows_per_block = int64_t{kWarps} * ROWS;
   const unsigned grid = static_cast<unsigned>((p.out + rows_per_block - 1) / rows_per_block);
-  gemv_kernel<NT, ROWS><<<grid, kWarps * 32, 0, stream>>>(p);
+  launch_pdl(gemv_kernel<NT, ROWS>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -90,6 +92,8 @@ __global__ void embedding_kernel(const __grid_constant__ EmbeddingParams p) {
 template <typename TDelta>
 __global__ void add_rms_norm_kernel(const __grid_constant__ AddRmsNormParams p) {
   __shared__ float s_part[32];
+  ptx::griddep_wait();  // x is the previous kernel's output (pdl_launch.h)
+  ptx::griddep_launch_dependents();
   const int64_t r = blockIdx.x;
   float* x = p.x + r * p.n;
   const TDelta* d = p.delta ? static_cast<const TDelta*>(p.delta) + r * p.n : nullptr;
@@ -145,6 +149,10 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_append_kernel(const __gr
     s_cos[i] = static_cast<float>(c);
     s_sin[i] = static_cast<float>(s);
   }
+  // The angles above read only the step's inputs; q, k, v are the previous kernel's output
+  // (pdl_launch.h).
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
   __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -230,6 +238,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_append_kernel(const __gr
 
 template <typename TIn>
 __global__ void swiglu_kernel(const __grid_constant__ SwiGluParams p) {
+  ptx::griddep_wait();  // gate / up are the previous kernel's output (pdl_launch.h)
+  ptx::griddep_launch_dependents();
   const TIn* gate = static_cast<const TIn*>(p.gate);
   const TIn* up = static_cast<const TIn*>(p.up);
   for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y) {
@@ -277,8 +287,9 @@ void embedding(const EmbeddingParams& p, cudaStream_t stream) {
 void launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.n_rows == 0) return;
   const int threads = norm_threads(p.n);
-  if (p.delta_dtype == DType::F32) add_rms_norm_kernel<float><<<static_cast<unsigned>(p.n_rows), threads, 0, stream>>>(p);
-  else add_rms_norm_kernel<__nv_bfloat16><<<static_cast<unsigned>(p.n_rows), threads, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.n_rows));
+  if (p.delta_dtype == DType::F32) launch_pdl(add_rms_norm_kernel<float>, grid, dim3(threads), 0, stream, p);
+  else launch_pdl(add_rms_norm_kernel<__nv_bfloat16>, grid, dim3(threads), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -321,8 +332,8 @@ void launch_rope_append(const RopeAppendParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n_tok), static_cast<unsigned>((n_items + kRopeWarps - 1) / kRopeWarps));
   const int threads = kRopeWarps * 32;
   DHS_DISPATCH_HEAD_DIM(p.head_dim, {
-    if (p.in_dtype == DType::F32) rope_append_kernel<HEAD_DIM, float><<<grid, threads, 0, stream>>>(p);
-    else rope_append_kernel<HEAD_DIM, __nv_bfloat16><<<grid, threads, 0, stream>>>(p);
+    if (p.in_dtype == DType::F32) launch_pdl(rope_append_kernel<HEAD_DIM, float>, grid, dim3(threads), 0, stream, p);
+    else launch_pdl(rope_append_kernel<HEAD_DIM, __nv_bfloat16>, grid, dim3(threads), 0, stream, p);
   });
   DHS_CUDA_CHECK(cudaGetLastError());
 }
@@ -346,8 +357,8 @@ void launch_swiglu(const SwiGluParams& p, cudaStream_t stream) {
   if (p.n_tok == 0) return;
   const int threads = 256;
   const dim3 grid(static_cast<unsigned>((p.n + threads - 1) / threads), grid_y(p.n_tok));
-  if (p.in_dtype == DType::F32) swiglu_kernel<float><<<grid, threads, 0, stream>>>(p);
-  else swiglu_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p);
+  if (p.in_dtype == DType::F32) launch_pdl(swiglu_kernel<float>, grid, dim3(threads), 0, stream, p);
+  else launch_pdl(swiglu_kernel<__nv_bfloat16>, grid, dim3(threads), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,44 @@
+// Programmatic dependent launch of the decode step's chain of kernels (sm_90; DESIGN.md §1.2:
+// the step runs as one CUDA graph). A kernel launched with launch_pdl may be scheduled while the
+// stream's previous kernel is still running, once every block of that one has called
+// griddep_launch_dependents (ptx.cuh) or exited; in a captured graph the edge is recorded as a
+// programmatic one. So the kernel's blocks are resident and past their prologue when the
+// previous kernel drains (the GEMV kernel streams its first weights then), instead of being
+// launched after it.
+//
+// The contract for a kernel launched this way: it calls griddep_wait() before it reads anything
+// an earlier kernel of the stream wrote and before it writes anything an earlier kernel reads
+// (only immutable data — weights, parameters — before the wait), and it calls
+// griddep_launch_dependents() only after its own wait, so that a dependent's prologue never runs
+// ahead of more than one kernel. Every kernel of the chain waits, so completion is transitive:
+// when kernel k has completed, so have all kernels before it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace dhs::cuda {
+
+// Process-wide switch (default on): off, launch_pdl launches plainly (the benchmarks' A/B).
+// Graphs keep what was in force when they were captured.
+void set_pdl_chain(bool on);
+bool pdl_chain();
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_chain() ? 1 : 0;
+  DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace dhs::cuda
