@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -29,6 +31,8 @@ namespace {
 // memory, its absmax, then one lane per packed 32-bit word.
 __global__ void __launch_bounds__(32) sketch_keys_kernel(const __grid_constant__ SketchKeysParams p) {
   __shared__ float s_row[256];
+  ptx::griddep_wait();  // the pool rows are the previous kernels' output (pdl_launch.h)
+  ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int lane = static_cast<int>(threadIdx.x);
@@ -114,7 +118,7 @@ void launch_sketch_keys(const SketchKeysParams& p, cudaStream_t stream) {
     check(cudaErrorInvalidValue, "sketch_keys: a key basis needs code_dims in {32, 64, ..., 256} and its mean", __FILE__,
           __LINE__);
   const dim3 grid(static_cast<unsigned>(p.n_tok), static_cast<unsigned>(p.n_heads_kv));
-  sketch_keys_kernel<<<grid, 32, 0, stream>>>(p);
+  launch_pdl(sketch_keys_kernel, grid, dim3(32), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -2,6 +2,8 @@
 #include "backend/cuda/device_page_summary.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -20,6 +22,8 @@ namespace {
 
 // One block per (token, KV head), one thread per dimension.
 __global__ void summarize_pages_kernel(const __grid_constant__ SummarizePagesParams p) {
+  ptx::griddep_wait();  // the pool rows are the previous kernels' output (pdl_launch.h)
+  ptx::griddep_launch_dependents();
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int d = static_cast<int>(threadIdx.x);
@@ -62,7 +66,7 @@ void launch_summarize_pages(const SummarizePagesParams& p, cudaStream_t stream) 
   if (p.n_tok <= 0) return;
   const dim3 grid(static_cast<unsigned>(p.n_tok), static_cast<unsigned>(p.n_heads_kv));
   const int threads = (p.head_dim + 31) / 32 * 32;
-  summarize_pages_kernel<<<grid, threads, 0, stream>>>(p);
+  launch_pdl(summarize_pages_kernel, grid, dim3(threads), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 

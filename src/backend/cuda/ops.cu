@@ -52,6 +52,7 @@ int norm_threads(int64_t n) {
 
 template <typename TOut, bool VEC>
 __global__ void embedding_kernel(const __grid_constant__ EmbeddingParams p) {
+  ptx::griddep_launch_dependents();  // (the step's first kernel: the first norm may be scheduled)
   TOut* out = static_cast<TOut*>(p.out);
   for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y) {
     const int32_t id = p.ids[t];

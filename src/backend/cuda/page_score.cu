@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/page_select.h"
+#include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
@@ -58,6 +59,8 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
   constexpr int JJ = 2 * D / 32;  // 16-byte chunks per row per lane
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  ptx::griddep_wait();  // the dense lists and q are earlier kernels' output (pdl_launch.h)
+  ptx::griddep_launch_dependents();
   const int n_lists = p.n_requests * p.n_heads_kv;
   const int64_t total = p.dense_indptr[n_lists];
   const int64_t n_tiles_all = (total + 15) / 16;
@@ -309,8 +312,10 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   constexpr int D = KS * 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-  // The select kernel may be scheduled now (one resident wave here: it takes SMs as these blocks
-  // leave, and waits for this kernel's end before it reads the scores).
+  // The dense lists and q are earlier kernels' output (pdl_launch.h). Then the select kernel may
+  // be scheduled (one resident wave here: it takes SMs as these blocks leave, and waits for this
+  // kernel's end before it reads the scores).
+  ptx::griddep_wait();
   ptx::griddep_launch_dependents();
   if (lane == 0) ptx::stamp_span(p.span_ns, 0);
   const int n_lists = p.n_requests * p.n_heads_kv;
@@ -554,7 +559,7 @@ void launch_resident(const PageSelectParams& p, cudaStream_t stream, int smem = 
   PageSelectParams q = p;
   const int blocks = std::min(per_gpu, std::max(1, p.n_score_warps * 32 / kScoreThreads));
   q.n_score_warps = blocks * (kScoreThreads / 32);
-  Kernel<<<blocks, kScoreThreads, static_cast<size_t>(smem), stream>>>(q);
+  launch_pdl(Kernel, dim3(blocks), dim3(kScoreThreads), static_cast<size_t>(smem), stream, q);
 }
 
 template <int KS>

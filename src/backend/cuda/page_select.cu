@@ -663,6 +663,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __
   __shared__ int s_red[kCompactThreads / 32];
   if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 4, 0);
   ptx::griddep_wait();  // the select kernel's counts and staged lists
+  ptx::griddep_launch_dependents();  // attention may be scheduled (it waits for this kernel's end)
   const int row = blockIdx.x;
   int s = 0;
   for (int r = threadIdx.x; r < row; r += blockDim.x) s += p.counts[r];
