@@ -365,6 +365,14 @@ int main() {
   Case lng5{"llama long 12000/3000/99 q5 sparse", 32, 8, 128, {12000, 3000, 99}, {5, 5, 5}, ListKind::Sparse};
   lng5.quick = false;
   cases.push_back(lng5);
+  // One request of 8 lists (~132 partials per list on an H200: the 32-warp merge) and two (~67:
+  // the 16-warp merge).
+  Case one{"llama long 30001 q1 dense, one request", 32, 8, 128, {30001}, {1}, ListKind::Dense};
+  one.quick = false;
+  cases.push_back(one);
+  Case two{"llama long 16000/9000 q1 sparse, two requests", 32, 8, 128, {16000, 9000}, {1, 1}, ListKind::Sparse};
+  two.quick = false;
+  cases.push_back(two);
   Case lng64{"gqa 9/3 d64 long 9001 q5 dense", 9, 3, 64, {9001, 17}, {5, 2}, ListKind::Dense};
   lng64.quick = false;
   cases.push_back(lng64);

@@ -14,6 +14,7 @@
 // K/V staged through a per-warp cp.async ring of STAGES pages.
 #include "backend/cuda/decode_attention.h"
 
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -26,8 +27,7 @@ namespace {
 
 constexpr int kWarps = kDecodeWarpsPerBlock;
 constexpr int kPage = kDecodePageSize;
-constexpr int kMergeWarps = 8;
-constexpr int kMergeUnroll = 8;
+constexpr int kMergeUnroll = 8;  // partials whose loads a merge warp issues together
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -452,7 +452,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // ---- merge kernel: one block per (list row, query vector) -------------------------
 
-template <int HEAD_DIM>
+// kMergeWarps: 8, or 16 / 32 when a list holds more than 64 / 128 partials (long lists at small
+// batch: 32k-128k x 1 has ~132 per list), so that one round of loads covers them.
+template <int HEAD_DIM, int kMergeWarps>
 __global__ void __launch_bounds__(kMergeWarps * 32)
     decode_attention_merge_kernel(const __grid_constant__ DecodeAttentionParams p) {
   constexpr int kVec = HEAD_DIM / 32;  // floats per lane
@@ -487,7 +489,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   float acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
-  // Each warp merges partials w_lo + warp, + 8, ...; the loads of kMergeUnroll of them are
+  // Each warp merges partials w_lo + warp, + kMergeWarps, ...; the loads of kMergeUnroll of them are
   // issued before the first merge, so a list of up to 64 chunks costs one memory round trip.
   for (int w0 = w_lo + warp; w0 <= w_hi; w0 += kMergeWarps * kMergeUnroll) {
     MergeState b[kMergeUnroll];
@@ -568,18 +570,29 @@ void launch_split_kv(const DecodeAttentionParams& p, cudaStream_t stream) {
 template <int HEAD_DIM>
 void launch_merge(const DecodeAttentionParams& p, cudaStream_t stream) {
   const int q_vecs = (p.n_heads_q / p.n_heads_kv) * p.max_q_len;
+  const dim3 grid(static_cast<unsigned>(p.n_requests * p.n_heads_kv), static_cast<unsigned>(q_vecs));
+  // The merge grid is scheduled while the split-KV grid drains and waits for it with
+  // griddepcontrol.wait (a programmatic edge in CUDA graphs: always, whatever set_pdl_chain says).
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.n_requests * p.n_heads_kv), static_cast<unsigned>(q_vecs));
-  cfg.blockDim = dim3(kMergeWarps * 32);
+  cfg.gridDim = grid;
   cfg.stream = stream;
-  // Programmatic dependent launch: the merge grid is scheduled while the split-KV grid
-  // drains and waits for it with griddepcontrol.wait (recorded as such in CUDA graphs).
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM>, p));
+  // Partials per list, about (the longest list of a sparse step may hold more: more rounds).
+  const int per_list = p.n_workers / std::max(1, p.n_requests * p.n_heads_kv) + 1;
+  if (per_list > 16 * kMergeUnroll) {
+    cfg.blockDim = dim3(32 * 32);
+    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 32>, p));
+  } else if (per_list > 8 * kMergeUnroll) {
+    cfg.blockDim = dim3(16 * 32);
+    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 16>, p));
+  } else {
+    cfg.blockDim = dim3(8 * 32);
+    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 8>, p));
+  }
 }
 
 }  // namespace
