@@ -22,6 +22,7 @@
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
+#   refresh decode attention (all shapes) with the SDPA anchor, e2e TPOT 8k-128k x 1/4/8, TTFT 32k
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
@@ -191,6 +192,18 @@ for stage in "$@"; do
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;
+    refresh)
+      # The tables of docs/benchmarks.md in one shorter call: every decode attention shape (dense,
+      # contiguous, sparse, traced budgets) with the SDPA/FA2 anchor, then e2e TPOT at 8k-128k x 1/4/8
+      # (dense and traced coverage budgets) and TTFT at 32k.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run attention_bench timeout 300 "$B/attention_bench" --out "$OUT/decode_attention.jsonl" --commit "$C" --trace "$TRACE"
+      run sdpa_anchor timeout 200 python3 bench/anchors/sdpa_anchor.py --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run e2e_bench timeout 300 "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4,8 --prefill 32768 \
+        --policies dense,trace:coverage-0.99@sketch4,trace:coverage-0.95@sketch4 --trace "$TRACE" --trace-len 7680 \
+        --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C"
+      grep -E "dhisparse-dense|cudnn|flash" "$OUT/attention_bench.log" "$OUT/sdpa_anchor.log" | tail -40
+      grep -E "^[0-9]|prefill" "$OUT/e2e_bench.log" ;;
     bench)
       TRACE=$(ls "$OUT"/budget_trace_eval_smollm2.json bench/results/budget_trace_smollm2_sketch4.json 2>/dev/null | head -1)
       echo "budget trace: ${TRACE:-none}"
