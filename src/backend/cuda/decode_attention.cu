@@ -489,14 +489,19 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   float acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
-  // Each warp merges partials w_lo + warp, + kMergeWarps, ...; the loads of kMergeUnroll of them are
-  // issued before the first merge, so a list of up to 64 chunks costs one memory round trip.
-  for (int w0 = w_lo + warp; w0 <= w_hi; w0 += kMergeWarps * kMergeUnroll) {
+  // The warps in use: enough for one round of kMergeUnroll loads each (the block is sized from the
+  // host's estimate of partials per list; a shorter step uses fewer, and the final merge below
+  // folds only theirs).
+  const int n_active = min(kMergeWarps, (w_hi - w_lo + kMergeUnroll) / kMergeUnroll);
+  // Each warp merges partials w_lo + warp, + n_active, ...; the loads of kMergeUnroll of them are
+  // issued before the first merge, so a list of up to kMergeUnroll * n_active chunks costs one
+  // memory round trip.
+  for (int w0 = w_lo + warp; warp < n_active && w0 <= w_hi; w0 += n_active * kMergeUnroll) {
     MergeState b[kMergeUnroll];
     float ob[kMergeUnroll][kVec];
 #pragma unroll
     for (int u = 0; u < kMergeUnroll; ++u) {
-      const int w = w0 + u * kMergeWarps;
+      const int w = w0 + u * n_active;
       if (w <= w_hi) {
         const size_t prow = static_cast<size_t>(w + row) * p.ws_q_vecs + v;
         b[u] = p.ws_state[prow];
@@ -527,7 +532,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 #pragma unroll
   for (int i = 0; i < kVec; ++i) out[i] = s_o[0][lane * kVec + i];
 #pragma unroll
-  for (int k = 1; k < kMergeWarps; ++k) merge(a, out, s_st[k], &s_o[k][lane * kVec], kVec);
+  for (int k = 1; k < n_active; ++k) merge(a, out, s_st[k], &s_o[k][lane * kVec], kVec);
   const float inv = a.d > 0.0f ? 1.0f / a.d : 0.0f;
 #pragma unroll
   for (int i = 0; i < kVec; i += 2)
