@@ -103,14 +103,15 @@ struct RowCtx {
 };
 
 // x_i as the CPU computes it: penalty (divide positive, multiply negative), then / T.
-__device__ __forceinline__ float load_x(const RowCtx& c, int i) {
-  float l = __ldg(c.logits + i);
+// The sampler's value of token i from its raw logit l.
+__device__ __forceinline__ float finish_x(const RowCtx& c, float l, int i) {
   if (c.pen_bits && ((c.pen_bits[i >> 5] >> (i & 31)) & 1u)) l = l > 0.0f ? l / c.penalty : l * c.penalty;
   float x = c.greedy ? l : l / c.temperature;
   if (x != x) x = -INFINITY;  // NaN never wins
   if (x == 0.0f) x = 0.0f;    // -0 == +0 for the CPU: same key, tie broken by id
   return x;
 }
+__device__ __forceinline__ float load_x(const RowCtx& c, int i) { return finish_x(c, __ldg(c.logits + i), i); }
 
 // ---- block primitives (fixed summation order: results do not vary run to run) -------
 
@@ -566,30 +567,27 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
   constexpr int kPassA = 8;
   u64 tmax = 0;
   float om = -INFINITY, os = 0.0f;
-  for (int i0 = tid; i0 < vocab; i0 += kThreads * kPassA) {
-    float xs[kPassA];
-#pragma unroll
-    for (int k = 0; k < kPassA; ++k) {
-      const int i = i0 + k * kThreads;
-      xs[k] = i < vocab ? load_x(c, i) : -INFINITY;
-    }
-#pragma unroll
-    for (int k = 0; k < kPassA; ++k) {
-      const int i = i0 + k * kThreads;
-      if (i >= vocab) break;
-      const float x = xs[k];
-      const u64 key = make_key(x, i);
-      tmax = key > tmax ? key : tmax;
-      if (need_zest && x > -INFINITY) {
-        if (x > om) {
-          os = os * expf(om - x) + 1.0f;
-          om = x;
-        } else {
-          os += expf(x - om);
-        }
+  const auto fold = [&](float x, int i) {
+    const u64 key = make_key(x, i);
+    tmax = key > tmax ? key : tmax;
+    if (need_zest && x > -INFINITY) {
+      if (x > om) {
+        os = os * expf(om - x) + 1.0f;
+        om = x;
+      } else {
+        os += expf(x - om);
       }
     }
+  };
+  int i0 = tid;
+  for (; i0 + (kPassA - 1) * kThreads < vocab; i0 += kThreads * kPassA) {  // whole groups: loads, then folds
+    float l[kPassA];
+#pragma unroll
+    for (int k = 0; k < kPassA; ++k) l[k] = __ldg(c.logits + i0 + k * kThreads);
+#pragma unroll
+    for (int k = 0; k < kPassA; ++k) fold(finish_x(c, l[k], i0 + k * kThreads), i0 + k * kThreads);
   }
+  for (; i0 < vocab; i0 += kThreads) fold(load_x(c, i0), i0);
   const u64 kmax = block_reduce(tmax, MaxOp{}, s.u);
   const float m = key_x(kmax);
   if (c.greedy || !(m > -INFINITY) || !(m < INFINITY)) {
