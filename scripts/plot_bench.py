@@ -53,7 +53,13 @@ ax.legend()
 fig.tight_layout()
 fig.savefig(img / "decode_attention.png", dpi=110)
 
-e2e = [r for r in load("decode_e2e.jsonl") if "tpot_ms" in r]
+# Dense rows only (sparse policies: scripts/plot_sparse.py), plain graph launches excluded when both
+# were timed (the last row of a shape wins).
+e2e = {}
+for r in load("decode_e2e.jsonl"):
+    if "tpot_ms" in r and r.get("policy", "dense") == "dense" and r.get("pdl", True):
+        e2e[(r["ctx"], r["batch"])] = r
+e2e = [e2e[k] for k in sorted(e2e)]
 print()
 print("| ctx × batch | TPOT ms | floor ms (weights + KV at device-copy rate) | TPOT / floor | tokens/s |")
 print("|---|---|---|---|---|")
