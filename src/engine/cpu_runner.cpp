@@ -29,7 +29,7 @@ class CpuRunner final : public StepRunner {
     policy_ = pc.name == "dense" ? nullptr : make_policy(pc);
     if (policy_ && summaries_ && make_estimator(pc.estimator)->needs_two_bit_codes())
       summaries_->enable_two_bit_codes(*pool_);  // (re-encodes the rows already appended)
-    model_->set_sparsity(policy_.get(), summaries_.get(), pc.reselect_every, pc.min_step_tokens);
+    model_->set_sparsity(policy_.get(), summaries_.get(), pc.reselect_every, pc.min_step_tokens, pc.dense_below);
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }

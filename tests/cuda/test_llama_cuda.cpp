@@ -173,10 +173,13 @@ int main() {
     pc.name = "sinkwindow";
     pc.budget = 4;  // 1 sink + a window of 3 pages
     pc.reselect_every = 3;
+    const auto& ids = prompts.back();  // the longest (1,186 tokens: 75 pages per list)
+    // The first 4 steps are below --dense-below: dense on both, and the schedule starts over after
+    // them (the CPU once kept its dense lists and reused them past the threshold; found in review).
+    pc.dense_below = static_cast<int64_t>(ids.size()) + 5;
     sg.set_sparsity(pc);
     const auto cpu_policy = make_policy(pc);
-    cpu.set_sparsity(cpu_policy.get(), nullptr, pc.reselect_every);
-    const auto& ids = prompts.back();  // the longest (1,186 tokens: 75 pages per list)
+    cpu.set_sparsity(cpu_policy.get(), nullptr, pc.reselect_every, pc.min_step_tokens, pc.dense_below);
     PagePool cpool(Tier::Host, c.n_layers * c.n_heads_kv * 200, 16, static_cast<int>(c.head_dim));
     PageTable ct(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
     PageTable gt(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), 16);
@@ -200,7 +203,7 @@ int main() {
       g_total += gs.total[i];
     }
     const auto& cs = cpu.sparsity_stats();
-    std::printf("sinkwindow, reselect every 3 (40 steps): pages read gpu %llu / %llu, cpu %lld / %lld; max |dlogit| %.3f\n",
+    std::printf("sinkwindow, reselect every 3, dense below +5 (40 steps): pages read gpu %llu / %llu, cpu %lld / %lld; max |dlogit| %.3f\n",
                 static_cast<unsigned long long>(g_read), static_cast<unsigned long long>(g_total),
                 static_cast<long long>(cs.pages_read), static_cast<long long>(cs.pages_total), md);
     CHECK_TRUE(static_cast<int64_t>(g_read) == cs.pages_read && static_cast<int64_t>(g_total) == cs.pages_total,
@@ -213,7 +216,7 @@ int main() {
   // --dense-below N (and --sparse-min-tokens N) under a scoring policy: while every request is
   // shorter than N (the batch holds fewer than N tokens) the step is the
   // dense one — logits bitwise equal to the dense policy's on the same tokens, every page counted
-  // as read, no selection kernels run (dense_below_steps) — and from N on the policy selects
+  // as read, no selection kernels run (threshold_dense_steps) — and from N on the policy selects
   // (fewer pages than the lists hold). Fails if the threshold were ignored, applied one token
   // off, or if a threshold step ran the selection.
   {
@@ -263,8 +266,8 @@ int main() {
             read_dense_phase += static_cast<int64_t>(st.read[i]);
             total_dense_phase += static_cast<int64_t>(st.total[i]);
           }
-          CHECK_TRUE(sg.dense_below_steps() == kDenseSteps, "dense-below: %lld threshold steps, expected %d",
-                     static_cast<long long>(sg.dense_below_steps()), kDenseSteps);
+          CHECK_TRUE(sg.threshold_dense_steps() == kDenseSteps, "dense-below: %lld threshold steps, expected %d",
+                     static_cast<long long>(sg.threshold_dense_steps()), kDenseSteps);
         }
       }
       gt.truncate(sg.allocator(), n0);
@@ -282,12 +285,12 @@ int main() {
       std::printf("%s %lld: %lld dense steps (pages %lld of %lld, expected %lld), then %d selecting steps "
                   "(pages %lld of %lld)\n",
                   mode == 1 ? "dense-below" : "sparse-min-tokens", static_cast<long long>(pc.dense_below),
-                  static_cast<long long>(sg.dense_below_steps()),
+                  static_cast<long long>(sg.threshold_dense_steps()),
                   static_cast<long long>(read_dense_phase), static_cast<long long>(total_dense_phase),
                   static_cast<long long>(expect), kSteps - kDenseSteps, static_cast<long long>(read - read_dense_phase),
                   static_cast<long long>(total - total_dense_phase));
       CHECK_TRUE(read_dense_phase == expect && total_dense_phase == expect, "dense-below: pages counted for dense steps");
-      CHECK_TRUE(sg.dense_below_steps() == kDenseSteps, "dense-below: the policy did not select past the threshold");
+      CHECK_TRUE(sg.threshold_dense_steps() == kDenseSteps, "dense-below: the policy did not select past the threshold");
       CHECK_TRUE(read - read_dense_phase < total - total_dense_phase, "dense-below: coverage 0.5 read every page");
     }
     gt.release(sg.allocator());

@@ -119,8 +119,9 @@ TEST(Reselect, GammaOneStaysDenseAndSinkWindowReadsWhatTheDefinitionCounts) {
   std::string text;
   for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
   const std::vector<int32_t> prompt = e->tokenize(text);  // ~120 tokens: 8 pages, then 40 steps
-  auto decode = [&](const std::string& policy, double gamma, int budget, int every, std::vector<std::vector<float>>* steps) {
-    e->set_sparse_policy(policy, gamma, budget, 0, "", every);
+  auto decode = [&](const std::string& policy, double gamma, int budget, int every, std::vector<std::vector<float>>* steps,
+                    int64_t dense_below = 0) {
+    e->set_sparse_policy(policy, gamma, budget, dense_below, "", every);
     auto s = e->open_session();
     std::vector<float> lg;
     s->append(prompt, &lg);
@@ -159,6 +160,35 @@ TEST(Reselect, GammaOneStaysDenseAndSinkWindowReadsWhatTheDefinitionCounts) {
   EXPECT_EQ(got.total, want_total);
   EXPECT_EQ(got.read, want_read);
   EXPECT_LT(got.read, got.total);
+
+  // With --dense-below: the steps below it read every page and the schedule starts over at the
+  // first step past it (every layer selects there), as on the CUDA backend.
+  const int64_t dense_below = n0 + 7;
+  std::vector<std::vector<float>> swd;
+  const PageCounts got_d = decode("sinkwindow", 0.99, budget, every, &swd, dense_below);
+  uint64_t want_read_d = 0, want_total_d = 0;
+  int k0 = -1;  // the first selecting step
+  for (int k = 0; k < 40; ++k) {
+    const int64_t seq = n0 + k + 1, n_pages = (seq + ps - 1) / ps;
+    want_total_d += static_cast<uint64_t>(L * hkv * n_pages);
+    if (seq < dense_below) {
+      want_read_d += static_cast<uint64_t>(L * hkv * n_pages);
+      continue;
+    }
+    if (k0 < 0) k0 = k;
+    for (int l = 0; l < L; ++l) {
+      int s = k - k0;  // steps since the schedule's full step
+      while (s > 0 && (l + s) % every != 0) --s;
+      const int64_t seq_s = n0 + k0 + s + 1, pages_s = (seq_s + ps - 1) / ps, first_new = seq_s / ps;
+      std::set<int64_t> pages;
+      for (int64_t p = 0; p < pages_s; ++p)
+        if ((p < n_sink || p >= pages_s - window) && p < first_new) pages.insert(p);
+      for (int64_t p = first_new; p < n_pages; ++p) pages.insert(p);
+      want_read_d += static_cast<uint64_t>(hkv) * pages.size();
+    }
+  }
+  EXPECT_EQ(got_d.total, want_total_d);
+  EXPECT_EQ(got_d.read, want_read_d) << "dense-below " << dense_below << " with reselect every " << every;
   EXPECT_EQ(e->kv_check(), "");
 }
 

@@ -469,6 +469,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   const int nq = group * (__ldg(p.q_indptr + req + 1) - q0);
   if (v >= nq) return;
   const size_t orow = static_cast<size_t>(q0 + v / group) * p.n_heads_q + kvh * group + v % group;
+  // (Read before the wait, an exception to pdl_launch.h's rule that holds here: this grid is released
+  // only once every split-KV block has passed its own wait, so the kernel that wrote the lists —
+  // dense lists, compact or reuse — has completed. Moving the split-KV kernel's wait would break it.)
   const int64_t total = __ldg(p.kv_indptr + n_kv_rows);
   const int64_t lo = __ldg(p.kv_indptr + row), hi = __ldg(p.kv_indptr + row + 1);
 

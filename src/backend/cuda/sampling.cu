@@ -515,6 +515,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
   unsigned* s_pen = reinterpret_cast<unsigned*>(smem + kRegionBytes);  // [vocab / 32]
   const int row = blockIdx.x, tid = threadIdx.x, vocab = p.vocab;
   const SamplingRow rp = p.rows[row];
+  // The logits and the history are earlier kernels' output, and so is the Philox counter (the
+  // previous call's): everything below waits (pdl_launch.h).
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   if (tid == 0) {
     // Only this thread touches the counter: read, advance, draw u in [0, 1) (53 bits).
@@ -524,11 +528,6 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
                                          make_uint2(static_cast<unsigned>(rp.seed), static_cast<unsigned>(rp.seed >> 32)));
     s.rng_u = (static_cast<double>(r.x >> 5) * 67108864.0 + static_cast<double>(r.y >> 6)) * (1.0 / 9007199254740992.0);
   }
-  // The draw above reads only the step's inputs; the logits (and the history) are earlier
-  // kernels' output (pdl_launch.h).
-  ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-
   RowCtx c;
   c.logits = p.logits + static_cast<size_t>(row) * vocab;
   c.pen_bits = nullptr;

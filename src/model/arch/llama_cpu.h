@@ -33,13 +33,16 @@ class LlamaCpu {
   // Sparse decode: page summaries kept up to date at every append (when a store is
   // given) and the policy choosing each layer's page lists (nullptr: dense), run by each
   // layer every `reselect_every` decode steps (sparse/reselect_schedule.h).
-  // min_step_tokens: a decode step whose requests hold fewer tokens in all reads every page and
-  // runs no selection (PolicyConfig::min_step_tokens).
+  // A decode step whose requests are all shorter than dense_below tokens, or hold fewer than
+  // min_step_tokens in all, reads every page and runs no selection (PolicyConfig::dense_below,
+  // min_step_tokens; as the CUDA backend, so that the reselect schedules agree: such a step
+  // invalidates the stored selections).
   void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries, int reselect_every = 1,
-                    int64_t min_step_tokens = 0) {
+                    int64_t min_step_tokens = 0, int64_t dense_below = 0) {
     policy_ = policy;
     summaries_ = summaries;
     min_step_tokens_ = min_step_tokens;
+    dense_below_ = dense_below;
     schedule_ = ReselectSchedule(reselect_every);
     selected_.assign(static_cast<size_t>(cfg_.n_layers), PageLists{});
   }
@@ -89,6 +92,7 @@ class LlamaCpu {
  private:
   SparsityStats stats_;
   int64_t min_step_tokens_ = 0;
+  int64_t dense_below_ = 0;
   PageSummaryStore* summaries_ = nullptr;
 };
 

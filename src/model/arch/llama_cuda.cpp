@@ -512,7 +512,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     }
     if (all_short || step_tokens < min_step_tokens_) {
       step_sparse_ = false;
-      ++dense_below_steps_;
+      ++threshold_dense_steps_;
       for (const Seq& s : batch)
         dense_step_pages_ += static_cast<uint64_t>((s.table->n_tokens() + s.n_new + opt_.page_size - 1) / opt_.page_size);
     }
@@ -666,7 +666,7 @@ CudaSparsityStats LlamaCuda::sparsity_stats() const {
 
 void LlamaCuda::reset_sparsity_stats() {
   dense_step_pages_ = 0;
-  dense_below_steps_ = 0;
+  threshold_dense_steps_ = 0;
   if (sparse_stats_d_)
     DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv * 2) * 8));
 }

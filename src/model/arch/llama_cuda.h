@@ -97,7 +97,7 @@ class LlamaCuda {
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
   // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
   // (no scoring or selection kernels ran).
-  int64_t dense_below_steps() const { return dense_below_steps_; }
+  int64_t threshold_dense_steps() const { return threshold_dense_steps_; }
   void reset_sparsity_stats();
 
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
@@ -147,7 +147,7 @@ class LlamaCuda {
   // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
   // (read, total) in sparsity_stats(): they read every page.
   uint64_t dense_step_pages_ = 0;
-  int64_t dense_below_steps_ = 0;
+  int64_t threshold_dense_steps_ = 0;
   cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer
   float* budget_frac_d_ = nullptr;              // [L, Hkv] or null
   unsigned long long* sparse_stats_d_ = nullptr;  // [L, Hkv, 2]
