@@ -91,23 +91,17 @@ __global__ void __launch_bounds__(kDenseListThreads) dense_lists_kernel(const __
       p.table + ((static_cast<int64_t>(__ldg(p.req_slot + req)) * p.n_layers + p.layer) * p.n_heads_kv + head) * p.max_pages;
   int32_t* __restrict__ slots = p.slots + s_start;
   int32_t* __restrict__ page_pos = p.page_pos + s_start;
-  // A thread's pages are first + tid + k * threads (each load and store instruction coalesced over
-  // the warp); all of its loads before its stores.
-  const int i0 = first + static_cast<int>(threadIdx.x);
+  const int i0 = first + static_cast<int>(threadIdx.x) * kDenseListPerThread;
+  // All of a thread's loads before its stores.
   int32_t v[kDenseListPerThread];
 #pragma unroll
-  for (int k = 0; k < kDenseListPerThread; ++k) {
-    const int i = i0 + k * kDenseListThreads;
-    v[k] = i < n ? __ldg(src + i) : 0;
-  }
+  for (int k = 0; k < kDenseListPerThread; ++k) v[k] = i0 + k < n ? __ldg(src + i0 + k) : 0;
 #pragma unroll
-  for (int k = 0; k < kDenseListPerThread; ++k) {
-    const int i = i0 + k * kDenseListThreads;
-    if (i < n) {
-      slots[i] = v[k];
-      page_pos[i] = i;
+  for (int k = 0; k < kDenseListPerThread; ++k)
+    if (i0 + k < n) {
+      slots[i0 + k] = v[k];
+      page_pos[i0 + k] = i0 + k;
     }
-  }
 }
 
 }  // namespace
