@@ -37,6 +37,12 @@ expect nonzero "bogus" -- generate -m "$model" -p hi --bogus
 expect nonzero "prompt.*required|--prompt" -- generate -m "$model"
 expect nonzero "weights" -- generate -m "$model" -p hi --weights int3
 expect nonzero "context" -- generate -m "$model" -p "$(printf 'word %.0s' $(seq 1 300))" -c 64
+expect nonzero "sparse-min-tokens" -- generate -m "$model" -p hi --sparse-min-tokens -5
+# A 382-token prompt: coverage 0.5 reads ~11% of the pages, but every step below --sparse-min-tokens
+# is dense (every page read).
+long="$(printf 'The quick brown fox jumps over the lazy dog %s. ' $(seq 1 30))"
+expect zero "KV pages read: [0-9]\\.|KV pages read: [1-8][0-9]\\." -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5
+expect zero "KV pages read: 100(\\.0)?%" -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5 --sparse-min-tokens 100000
 expect zero "usage|generate" -- --help
 expect zero "architecture +llama" -- info "$model"
 expect zero "Paris" -- generate -m "$model" --chat -p "What is the capital of France?" -n 16
