@@ -581,26 +581,14 @@ void launch_merge(const DecodeAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.n_requests * p.n_heads_kv), static_cast<unsigned>(q_vecs));
   // The merge grid is scheduled while the split-KV grid drains and waits for it with
   // griddepcontrol.wait (a programmatic edge in CUDA graphs: always, whatever set_pdl_chain says).
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   // Partials per list, about (the longest list of a sparse step may hold more: more rounds).
   const int per_list = p.n_workers / std::max(1, p.n_requests * p.n_heads_kv) + 1;
-  if (per_list > 16 * kMergeUnroll) {
-    cfg.blockDim = dim3(32 * 32);
-    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 32>, p));
-  } else if (per_list > 8 * kMergeUnroll) {
-    cfg.blockDim = dim3(16 * 32);
-    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 16>, p));
-  } else {
-    cfg.blockDim = dim3(8 * 32);
-    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_merge_kernel<HEAD_DIM, 8>, p));
-  }
+  if (per_list > 16 * kMergeUnroll)
+    launch_programmatic(true, decode_attention_merge_kernel<HEAD_DIM, 32>, grid, dim3(32 * 32), 0, stream, p);
+  else if (per_list > 8 * kMergeUnroll)
+    launch_programmatic(true, decode_attention_merge_kernel<HEAD_DIM, 16>, grid, dim3(16 * 32), 0, stream, p);
+  else
+    launch_programmatic(true, decode_attention_merge_kernel<HEAD_DIM, 8>, grid, dim3(8 * 32), 0, stream, p);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/block_sum.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
@@ -756,16 +757,9 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
     const SelectLaunch l(n_lists, select_cluster_size(n_lists, p.select_cluster, smem), smem, stream, p.select_pdl);
     DHS_CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, select_pages_kernel, p));
   } else {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1] = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(n_lists), kCompactSplit);
-    cfg.blockDim = dim3(kCompactThreads);
-    cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // (after select, as select after score)
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, compact_lists_kernel, p));
+    // (A programmatic dependent of select, as select of the score kernel.)
+    launch_programmatic(true, compact_lists_kernel, dim3(static_cast<unsigned>(n_lists), kCompactSplit),
+                        dim3(kCompactThreads), 0, stream, p);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
 }

@@ -26,8 +26,12 @@ namespace dhs::cuda {
 void set_pdl_chain(bool on);
 bool pdl_chain();
 
+// A programmatic dependent launch whatever set_pdl_chain says (a kernel that always follows its
+// own primary: the attention merge after the split-KV grid, compact after select), or a plain
+// one when `programmatic` is false.
 template <typename... KArgs, typename... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch_programmatic(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -37,8 +41,14 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_chain() ? 1 : 0;
+  cfg.numAttrs = programmatic ? 1 : 0;
   DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// A kernel of the step's chain: programmatic while set_pdl_chain is on.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  launch_programmatic(pdl_chain(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace dhs::cuda
