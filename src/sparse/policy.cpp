@@ -267,4 +267,14 @@ std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg) {
   return p;
 }
 
+bool step_runs_policy(const std::vector<int64_t>& seq_len, int64_t dense_below, int64_t min_step_tokens) {
+  bool all_short = dense_below > 0;
+  int64_t total = 0;
+  for (int64_t n : seq_len) {
+    total += n;
+    all_short = all_short && n < dense_below;
+  }
+  return !all_short && total >= min_step_tokens;
+}
+
 }  // namespace dhs

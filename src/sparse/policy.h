@@ -159,4 +159,10 @@ struct PolicyConfig {
 // Throws dhs::Error on an unknown name or an invalid combination.
 std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg);
 
+// Whether a decode step whose requests hold seq_len tokens (this step's included) runs the policy:
+// not when every request is shorter than dense_below (> 0), nor when they hold fewer than
+// min_step_tokens in all. Such a step reads every page and selects nothing; both backends ask
+// here, so their reselect schedules restart at the same steps.
+bool step_runs_policy(const std::vector<int64_t>& seq_len, int64_t dense_below, int64_t min_step_tokens);
+
 }  // namespace dhs

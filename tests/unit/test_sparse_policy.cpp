@@ -392,5 +392,18 @@ TEST(SparsePolicyEndToEnd, Gamma099OnPeakedAttention) {
   }
 }
 
+// The whole-step thresholds: dense when every request is below dense_below, or when the step holds
+// fewer than min_step_tokens in all; the boundaries themselves select.
+TEST(SparsePolicy, StepRunsPolicyThresholds) {
+  EXPECT_TRUE(step_runs_policy({100, 5000}, 0, 0));
+  EXPECT_FALSE(step_runs_policy({100, 4999}, 5000, 0));  // every request below
+  EXPECT_TRUE(step_runs_policy({100, 5000}, 5000, 0));   // one request at the threshold selects
+  EXPECT_FALSE(step_runs_policy({3000, 2999}, 0, 6000)); // 5,999 tokens in the step
+  EXPECT_TRUE(step_runs_policy({3000, 3000}, 0, 6000));
+  EXPECT_FALSE(step_runs_policy({8000, 8000}, 9000, 6000));  // either rule makes the step dense
+  EXPECT_FALSE(step_runs_policy({8000}, 0, 9000));
+  EXPECT_TRUE(step_runs_policy({}, 0, 0));  // (an empty batch: nothing to force)
+}
+
 }  // namespace
 }  // namespace dhs

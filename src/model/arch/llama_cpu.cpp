@@ -134,15 +134,10 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
   const bool decode_step = T == static_cast<int64_t>(batch.size());
-  int64_t step_tokens = 0;
-  bool all_short = dense_below_ > 0;
-  for (int32_t n : seq_len) {
-    step_tokens += n;
-    all_short = all_short && n < dense_below_;
-  }
-  // The policy runs on decode steps of at least min_step_tokens_ tokens of context with a request
-  // of at least dense_below_; the others read every page (counted as read when a policy is set).
-  const bool select_step = policy_ && decode_step && step_tokens >= min_step_tokens_ && !all_short;
+  // The policy runs on the decode steps step_runs_policy allows; the others read every page
+  // (counted as read when a policy is set).
+  const bool select_step = policy_ && decode_step &&
+                           step_runs_policy(std::vector<int64_t>(seq_len.begin(), seq_len.end()), dense_below_, min_step_tokens_);
   int phase = ReselectSchedule::kFull;
   if (select_step) {
     std::vector<const void*> ids(tables.begin(), tables.end());

@@ -504,17 +504,12 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   // kernel gives the short ones their dense lists.
   step_sparse_ = sparse_ && decode;
   if (step_sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
-    bool all_short = dense_below_ > 0;
-    int64_t step_tokens = 0;
-    for (const Seq& s : batch) {
-      all_short = all_short && s.table->n_tokens() + s.n_new < dense_below_;
-      step_tokens += s.table->n_tokens() + s.n_new;
-    }
-    if (all_short || step_tokens < min_step_tokens_) {
+    std::vector<int64_t> seq_len;
+    for (const Seq& s : batch) seq_len.push_back(s.table->n_tokens() + s.n_new);
+    if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
       step_sparse_ = false;
       ++threshold_dense_steps_;
-      for (const Seq& s : batch)
-        dense_step_pages_ += static_cast<uint64_t>((s.table->n_tokens() + s.n_new + opt_.page_size - 1) / opt_.page_size);
+      for (int64_t n : seq_len) dense_step_pages_ += static_cast<uint64_t>((n + opt_.page_size - 1) / opt_.page_size);
     }
   }
   if (step_sparse_) {
