@@ -19,6 +19,7 @@
 #   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
 #          racecheck on it, the GPU-vs-CPU model test (pages read equal), selection cost per step
 #          (attention_bench --quick with the SDPA anchor) and e2e TPOT at 128k x 1/4 for R = 1..8
+#   gemvtc the tensor-core GEMV of 2..8 rows: tests, sanitizers, one layer's GEMMs, e2e A/B
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
@@ -130,6 +131,28 @@ for stage in "$@"; do
         for flag in --no-pdl ""; do
           tag=pdl${flag:+_off}_$rep
           run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4 --prefill 0 $flag \
+            --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm \
+            --out "$OUT/decode_e2e.jsonl" --commit "$C"
+          grep -E "^[0-9]" "$OUT/e2e_$tag.log" | sed "s/^/$tag  /"
+        done
+      done ;;
+    gemvtc)
+      # Decode GEMMs of 2..8 rows on the tensor-core GEMV (gemv.cu) against cuBLASLt: the kernel's
+      # tests (both GEMV kernels) with memcheck and racecheck, one layer's GEMMs per batch, then e2e
+      # TPOT alternated twice (--gemv-max-tok 1: cuBLASLt above one row; 8: the kernel), dense and
+      # traced coverage budgets.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run test_gemv timeout 240 "$B/test_gemv"
+      grep -E "gemv-tc .*(4096|14336)|FAILED|PASSED" "$OUT/test_gemv.log" | head -12
+      run sanitizer_memcheck_test_gemv timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
+      run sanitizer_racecheck_test_gemv timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
+      run e2e_bench_gemm timeout 200 "$B/dhisparse" bench --ctx 8192 --batch 1 --prefill 0 --gemm-batch 1,2,4,8 \
+        --out "$OUT/decode_e2e.jsonl" --gemm-out "$OUT/weight_gemm.jsonl" --commit "$C"
+      grep -A9 "weight GEMMs" "$OUT/e2e_bench_gemm.log"
+      for rep in 1 2; do
+        for g in 1 8; do
+          tag=gemv${g}_$rep
+          run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 32768,131072 --batch 4,8 --prefill 0 --gemv-max-tok $g \
             --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm \
             --out "$OUT/decode_e2e.jsonl" --commit "$C"
           grep -E "^[0-9]" "$OUT/e2e_$tag.log" | sed "s/^/$tag  /"

@@ -185,7 +185,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
         gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
            << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
-           << ",\"copy_GBps\":" << copy_gbps << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
+           << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (cuda::gemv_tc_enabled() ? "true" : "false")
+           << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
       }
     DHS_CUDA_CHECK(cudaStreamDestroy(s));
   }

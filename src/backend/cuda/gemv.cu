@@ -1,5 +1,6 @@
 #include "backend/cuda/gemv.h"
 
+#include <atomic>
 #include <cassert>
 
 #include "backend/cuda/cuda_check.h"
@@ -103,6 +104,134 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
       }
 }
 
+// ---- 2 .. 8 rows of activations on tensor cores ------------------------------------------------
+// At 2-8 rows the CUDA-core kernel above spends more on its FMAs and bf16 unpacking than on the
+// bytes (1.3x / 1.9x cuBLASLt at 4 / 8 rows, ops_NOTES.md), and cuBLASLt streams the weights at
+// ~3.6 TB/s. Here a block owns 16 output rows and its 4 warps split `in` into contiguous ranges;
+// each warp streams its 16 row segments into a private shared-memory ring with cp.async, whole
+// 256-byte row pieces per copy (what HBM reads well; loading mma fragments straight from global
+// memory touches 8 rows x 64 B per instruction and ran at 2.3 TB/s, v2 in ops_NOTES.md), then
+// feeds mma.m16n8k16 with W as A (16 rows) and the activations as B (8 columns, the tokens).
+//
+// K is permuted inside each 32-element chunk so that every fragment is one 16-byte load: lane
+// (g, t) = (lane / 4, lane % 4) reads elements 8t .. 8t+7 of the chunk, of W rows g and g + 8 and of
+// activation row g; the first mma takes their elements 0-3 as the fragment's k = {2t, 2t+1,
+// 2t+8, 2t+9}, the second elements 4-7. The same permutation on both operands leaves the sums
+// unchanged. The ring's rows are 256 B apart; 16-byte unit u of row r sits at u ^ 4 (r & 1), so
+// the 8 lanes of a load phase (two rows, four units each) hit distinct banks.
+constexpr int kTcWarps = 4;
+constexpr int kTcStages = 4;                           // ring slots per warp
+constexpr int kTcStageUnits = 16;                      // 16-byte units per row per slot (128 bf16)
+constexpr int kTcSlotBytes = 16 * kTcStageUnits * 16;  // 16 rows x 256 B
+constexpr int kTcWarpBytes = kTcStages * kTcSlotBytes;
+constexpr int kTcSmemBytes = kTcWarps * kTcWarpBytes + kTcWarps * 16 * 8 * 4;  // ring + split-K sums
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t n_units = p.in / 8;  // 16-byte units per row
+  const int64_t n_slots = (n_units + kTcStageUnits - 1) / kTcStageUnits;
+  // This warp's slots [s_begin, s_end) of every row.
+  const int64_t s_begin = n_slots * warp / kTcWarps, s_end = n_slots * (warp + 1) / kTcWarps;
+  const uint32_t ring = ptx::smem_u32(smem) + warp * kTcWarpBytes;
+  const uint4* w = reinterpret_cast<const uint4*>(p.w);
+
+  // Slot s of the row range into ring slot s % kTcStages: 16 rows x 16 units, 8 copies per lane
+  // (lanes 0-15 one row, 16-31 the next); rows past `out` re-read the last row, units past the
+  // row's end are zero-filled.
+  const auto copy_slot = [&](int64_t s) {
+    if (s < s_end) {
+      const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kTcSlotBytes;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = 2 * i + (lane >> 4), u = lane & 15;
+        const int64_t unit = s * kTcStageUnits + u;
+        const int64_t row = min(row0 + r, p.out - 1);
+        const bool ok = unit < n_units;
+        ptx::cp_async_16(dst + r * (kTcStageUnits * 16) + ((u ^ ((r & 1) << 2)) * 16), ok ? w + row * n_units + unit : w,
+                    ok ? 16 : 0);
+      }
+    }
+    ptx::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+
+  // The weights do not depend on earlier kernels: the first slots are in flight before the wait.
+#pragma unroll
+  for (int i = 0; i < kTcStages - 1; ++i) copy_slot(s_begin + i);
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+
+  const uint4* x = reinterpret_cast<const uint4*>(p.x) + (g < NT ? g : 0) * n_units;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    copy_slot(s + kTcStages - 1);
+    // Activations of this slot: chunk j's unit 4j + t (L1/L2 resident), zero past the row or NT.
+    uint4 xv[kTcStageUnits / 4];
+#pragma unroll
+    for (int j = 0; j < kTcStageUnits / 4; ++j) {
+      const int64_t unit = s * kTcStageUnits + 4 * j + t;
+      xv[j] = g < NT && unit < n_units ? __ldg(x + unit) : make_uint4(0, 0, 0, 0);
+    }
+    ptx::cp_async_wait<kTcStages - 1>();
+    __syncwarp();
+    const uint32_t slot = ring + static_cast<uint32_t>(s % kTcStages) * kTcSlotBytes;
+#pragma unroll
+    for (int j = 0; j < kTcStageUnits / 4; ++j) {
+      const uint32_t off = static_cast<uint32_t>(((4 * j + t) ^ ((g & 1) << 2)) * 16);
+      const uint4 lo = lds128(slot + g * (kTcStageUnits * 16) + off);
+      const uint4 hi = lds128(slot + (g + 8) * (kTcStageUnits * 16) + off);
+      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+      ptx::mma_bf16_16816(acc, a0, xv[j].x, xv[j].y);
+      ptx::mma_bf16_16816(acc, a1, xv[j].z, xv[j].w);
+    }
+    __syncwarp();  // every lane is done with this slot before a later copy_slot refills it
+  }
+  ptx::cp_async_wait<0>();
+
+  // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
+  float* part = reinterpret_cast<float*>(smem + kTcWarps * kTcWarpBytes);
+  float* mine = part + warp * 128;
+  mine[g * 8 + 2 * t] = acc[0];
+  mine[g * 8 + 2 * t + 1] = acc[1];
+  mine[(g + 8) * 8 + 2 * t] = acc[2];
+  mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
+  __syncthreads();
+  const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;  // 128 threads: one (row, token) each
+  if (tok < NT && row0 + r < p.out) {
+    float v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kTcWarps; ++k) v += part[k * 128 + r * 8 + tok];
+    const int64_t at = tok * p.out + row0 + r;
+    if (p.y_f32) {
+      float* y = static_cast<float*>(p.y);
+      y[at] = p.accumulate ? y[at] + v : v;
+    } else {
+      static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
+    }
+  }
+}
+
+template <int NT>
+void launch_tc(const GemvParams& p, cudaStream_t stream) {
+  static const bool smem_set = [] {
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTcSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const unsigned grid = static_cast<unsigned>((p.out + 15) / 16);
+  launch_pdl(gemv_tc_kernel<NT>, dim3(grid), dim3(kTcWarps * 32), kTcSmemBytes, stream, p);
+}
+
 template <int NT>
 void launch_nt(const GemvParams& p, cudaStream_t stream) {
   constexpr int ROWS = NT <= 2 ? 2 : 4;  // more rows per warp amortize the activation loads
@@ -113,6 +242,13 @@ void launch_nt(const GemvParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_tc{true};
+}  // namespace
+
+void set_gemv_tc(bool on) { g_tc.store(on); }
+bool gemv_tc_enabled() { return g_tc.load(); }
+
 bool gemv_supported(const GemvParams& p) {
   const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   return p.n_tok >= 1 && p.n_tok <= kGemvMaxTok && p.in > 0 && p.in % 8 == 0 && p.out > 0 &&
@@ -122,6 +258,19 @@ bool gemv_supported(const GemvParams& p) {
 
 void launch_gemv(const GemvParams& p, cudaStream_t stream) {
   assert(gemv_supported(p));
+  if (p.n_tok >= 2 && gemv_tc_enabled()) {
+    switch (p.n_tok) {
+      case 2: launch_tc<2>(p, stream); break;
+      case 3: launch_tc<3>(p, stream); break;
+      case 4: launch_tc<4>(p, stream); break;
+      case 5: launch_tc<5>(p, stream); break;
+      case 6: launch_tc<6>(p, stream); break;
+      case 7: launch_tc<7>(p, stream); break;
+      default: launch_tc<8>(p, stream); break;
+    }
+    DHS_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   switch (p.n_tok) {
     case 1: launch_nt<1>(p, stream); break;
     case 2: launch_nt<2>(p, stream); break;

@@ -25,6 +25,11 @@ struct GemvParams {
 
 inline constexpr int kGemvMaxTok = 8;
 
+// Rows 2..8 go to a tensor-core kernel (gemv.cu) unless this process-wide switch is off (then
+// the CUDA-core kernel of 1 row takes them too; the benchmarks' A/B). Default on.
+void set_gemv_tc(bool on);
+bool gemv_tc_enabled();
+
 // Whether launch_gemv takes this shape (n_tok, in and the pointers' 16-byte alignment).
 bool gemv_supported(const GemvParams& p);
 // No checks beyond an assert of gemv_supported in debug builds; graph-capturable.
