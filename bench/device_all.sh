@@ -149,6 +149,13 @@ for stage in "$@"; do
       run e2e_bench_gemm timeout 200 "$B/dhisparse" bench --ctx 8192 --batch 1 --prefill 0 --gemm-batch 1,2,4,8 \
         --out "$OUT/decode_e2e.jsonl" --gemm-out "$OUT/weight_gemm.jsonl" --commit "$C"
       grep -A9 "weight GEMMs" "$OUT/e2e_bench_gemm.log"
+      if [ -n "${DHS_GEMV_NCU:-}" ]; then  # one launch of the kernel at 4 rows (gate/up: the 3rd of the layer)
+        run ncu_gemv_tc timeout 200 ncu --kernel-name regex:gemv_tc --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+          --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+          "$B/dhisparse" bench --ctx 8192 --batch 1 --prefill 0 --gemm-batch 4 --out /tmp/dhs/n.jsonl --gemm-out /tmp/dhs/g.jsonl
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|Dynamic Shared|Grid Size" "$OUT/ncu_gemv_tc.log" | head -40
+      fi
+      [ -n "${DHS_GEMV_ONLY:-}" ] && continue
       for rep in 1 2; do
         for g in 1 8; do
           tag=gemv${g}_$rep

@@ -117,14 +117,19 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // (g, t) = (lane / 4, lane % 4) reads elements 8t .. 8t+7 of the chunk, of W rows g and g + 8 and of
 // activation row g; the first mma takes their elements 0-3 as the fragment's k = {2t, 2t+1,
 // 2t+8, 2t+9}, the second elements 4-7. The same permutation on both operands leaves the sums
-// unchanged. The ring's rows are 256 B apart; 16-byte unit u of row r sits at u ^ 4 (r & 1), so
-// the 8 lanes of a load phase (two rows, four units each) hit distinct banks.
+// unchanged. The activations travel in the same ring (after the wait: they are the previous
+// kernel's output), so no load outside it sits between a slot's arrival and its MMAs. The
+// ring's rows are 256 B apart; 16-byte unit u of row r sits at u ^ 4 (r & 1), so the 8 lanes of a
+// load phase (two rows, four units each) hit distinct banks.
 constexpr int kTcWarps = 4;
-constexpr int kTcStages = 4;                           // ring slots per warp
-constexpr int kTcStageUnits = 16;                      // 16-byte units per row per slot (128 bf16)
-constexpr int kTcSlotBytes = 16 * kTcStageUnits * 16;  // 16 rows x 256 B
-constexpr int kTcWarpBytes = kTcStages * kTcSlotBytes;
-constexpr int kTcSmemBytes = kTcWarps * kTcWarpBytes + kTcWarps * 16 * 8 * 4;  // ring + split-K sums
+constexpr int kTcStages = 3;       // ring slots per warp
+constexpr int kTcStageUnits = 16;  // 16-byte units per row per slot (128 bf16)
+constexpr int kTcRowBytes = kTcStageUnits * 16;
+// A slot: 16 weight rows, then the NT activation rows of the same 128 elements.
+template <int NT>
+__host__ __device__ constexpr int tc_slot_bytes() { return (16 + NT) * kTcRowBytes; }
+template <int NT>
+constexpr int tc_smem_bytes() { return kTcWarps * kTcStages * tc_slot_bytes<NT>() + kTcWarps * 16 * 8 * 4; }
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -132,9 +137,15 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   return v;
 }
 
+// Byte offset of 16-byte unit u of ring row r (the bank swizzle above).
+__device__ __forceinline__ uint32_t tc_at(int r, int u) {
+  return static_cast<uint32_t>(r * kTcRowBytes + ((u ^ ((r & 1) << 2)) * 16));
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kSlot = tc_slot_bytes<NT>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
@@ -142,64 +153,76 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_con
   const int64_t n_slots = (n_units + kTcStageUnits - 1) / kTcStageUnits;
   // This warp's slots [s_begin, s_end) of every row.
   const int64_t s_begin = n_slots * warp / kTcWarps, s_end = n_slots * (warp + 1) / kTcWarps;
-  const uint32_t ring = ptx::smem_u32(smem) + warp * kTcWarpBytes;
+  const uint32_t ring = ptx::smem_u32(smem) + warp * (kTcStages * kSlot);
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
+  const uint4* x = reinterpret_cast<const uint4*>(p.x);
 
-  // Slot s of the row range into ring slot s % kTcStages: 16 rows x 16 units, 8 copies per lane
-  // (lanes 0-15 one row, 16-31 the next); rows past `out` re-read the last row, units past the
-  // row's end are zero-filled.
-  const auto copy_slot = [&](int64_t s) {
-    if (s < s_end) {
-      const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kTcSlotBytes;
+  // Slot s of the row range into ring slot s % kTcStages, 8 copies per lane (lanes 0-15 one row,
+  // 16-31 the next): rows past `out` re-read the last row, units past the row's end are zero-filled.
+  const auto copy_w = [&](int64_t s) {
+    if (s >= s_end) return;
+    const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kSlot;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 2 * i + (lane >> 4), u = lane & 15;
-        const int64_t unit = s * kTcStageUnits + u;
-        const int64_t row = min(row0 + r, p.out - 1);
-        const bool ok = unit < n_units;
-        ptx::cp_async_16(dst + r * (kTcStageUnits * 16) + ((u ^ ((r & 1) << 2)) * 16), ok ? w + row * n_units + unit : w,
-                    ok ? 16 : 0);
-      }
+    for (int i = 0; i < 8; ++i) {
+      const int r = 2 * i + (lane >> 4), u = lane & 15;
+      const int64_t unit = s * kTcStageUnits + u;
+      const int64_t row = min(row0 + r, p.out - 1);
+      const bool ok = unit < n_units;
+      ptx::cp_async_16(dst + tc_at(r, u), ok ? w + row * n_units + unit : w, ok ? 16 : 0);
     }
-    ptx::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+  // The activations of slot s (the previous kernel's output: only after the wait).
+  const auto copy_x = [&](int64_t s) {
+    if (s >= s_end) return;
+    const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kSlot + 16 * kTcRowBytes;
+#pragma unroll
+    for (int i = 0; i < (NT * kTcStageUnits + 31) / 32; ++i) {
+      const int r = 2 * i + (lane >> 4), u = lane & 15;
+      const int64_t unit = s * kTcStageUnits + u;
+      const bool ok = unit < n_units;
+      if (r < NT) ptx::cp_async_16(dst + tc_at(r, u), ok ? x + r * n_units + unit : x, ok ? 16 : 0);
+    }
   };
 
   // The weights do not depend on earlier kernels: the first slots are in flight before the wait.
 #pragma unroll
-  for (int i = 0; i < kTcStages - 1; ++i) copy_slot(s_begin + i);
+  for (int i = 0; i < kTcStages - 1; ++i) {
+    copy_w(s_begin + i);
+    ptx::cp_async_commit();
+  }
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kTcStages - 1; ++i) copy_x(s_begin + i);
+  ptx::cp_async_commit();
 
-  const uint4* x = reinterpret_cast<const uint4*>(p.x) + (g < NT ? g : 0) * n_units;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t s = s_begin; s < s_end; ++s) {
-    copy_slot(s + kTcStages - 1);
-    // Activations of this slot: chunk j's unit 4j + t (L1/L2 resident), zero past the row or NT.
-    uint4 xv[kTcStageUnits / 4];
+    // Slot s has landed: the first time every group so far (the prologue's weights and
+    // activations), then all but the newest kTcStages - 2 (one refill per later slot).
+    if (s == s_begin) ptx::cp_async_wait<0>();
+    else ptx::cp_async_wait<kTcStages - 2>();
+    __syncwarp();  // the lanes' copies are visible to the warp; and slot s - 1 is free again
+    copy_w(s + kTcStages - 1);
+    copy_x(s + kTcStages - 1);
+    ptx::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+    const uint32_t slot = ring + static_cast<uint32_t>(s % kTcStages) * kSlot;
 #pragma unroll
     for (int j = 0; j < kTcStageUnits / 4; ++j) {
-      const int64_t unit = s * kTcStageUnits + 4 * j + t;
-      xv[j] = g < NT && unit < n_units ? __ldg(x + unit) : make_uint4(0, 0, 0, 0);
-    }
-    ptx::cp_async_wait<kTcStages - 1>();
-    __syncwarp();
-    const uint32_t slot = ring + static_cast<uint32_t>(s % kTcStages) * kTcSlotBytes;
-#pragma unroll
-    for (int j = 0; j < kTcStageUnits / 4; ++j) {
-      const uint32_t off = static_cast<uint32_t>(((4 * j + t) ^ ((g & 1) << 2)) * 16);
-      const uint4 lo = lds128(slot + g * (kTcStageUnits * 16) + off);
-      const uint4 hi = lds128(slot + (g + 8) * (kTcStageUnits * 16) + off);
+      const uint4 lo = lds128(slot + tc_at(g, 4 * j + t));
+      const uint4 hi = lds128(slot + tc_at(g + 8, 4 * j + t));
+      const uint4 xv = g < NT ? lds128(slot + 16 * kTcRowBytes + tc_at(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
       const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
       const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-      ptx::mma_bf16_16816(acc, a0, xv[j].x, xv[j].y);
-      ptx::mma_bf16_16816(acc, a1, xv[j].z, xv[j].w);
+      ptx::mma_bf16_16816(acc, a0, xv.x, xv.y);
+      ptx::mma_bf16_16816(acc, a1, xv.z, xv.w);
     }
-    __syncwarp();  // every lane is done with this slot before a later copy_slot refills it
+    __syncwarp();  // every lane is done with slot s before the next iteration refills it
   }
   ptx::cp_async_wait<0>();
 
   // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
-  float* part = reinterpret_cast<float*>(smem + kTcWarps * kTcWarpBytes);
+  float* part = reinterpret_cast<float*>(smem + kTcWarps * kTcStages * kSlot);
   float* mine = part + warp * 128;
   mine[g * 8 + 2 * t] = acc[0];
   mine[g * 8 + 2 * t + 1] = acc[1];
@@ -223,13 +246,15 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_con
 
 template <int NT>
 void launch_tc(const GemvParams& p, cudaStream_t stream) {
-  static const bool smem_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTcSmemBytes));
+  static const bool attrs_set = [] {
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc_smem_bytes<NT>()));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
     return true;
   }();
-  (void)smem_set;
+  (void)attrs_set;
   const unsigned grid = static_cast<unsigned>((p.out + 15) / 16);
-  launch_pdl(gemv_tc_kernel<NT>, dim3(grid), dim3(kTcWarps * 32), kTcSmemBytes, stream, p);
+  launch_pdl(gemv_tc_kernel<NT>, dim3(grid), dim3(kTcWarps * 32), tc_smem_bytes<NT>(), stream, p);
 }
 
 template <int NT>
