@@ -19,7 +19,7 @@
 #   reselect --reselect-every: the reuse kernel's test against the CPU definition, memcheck and
 #          racecheck on it, the GPU-vs-CPU model test (pages read equal), selection cost per step
 #          (attention_bench --quick with the SDPA anchor) and e2e TPOT at 128k x 1/4 for R = 1..8
-#   gemvtc the tensor-core GEMV of 2..8 rows: tests, sanitizers, one layer's GEMMs, e2e A/B
+#   gemvtc the tensor-core GEMV: tests, sanitizers, one layer's GEMMs, e2e A/B against the kernels before
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
@@ -137,10 +137,10 @@ for stage in "$@"; do
         done
       done ;;
     gemvtc)
-      # Decode GEMMs of 2..8 rows on the tensor-core GEMV (gemv.cu) against cuBLASLt: the kernel's
-      # tests (both GEMV kernels) with memcheck and racecheck, one layer's GEMMs per batch, then e2e
-      # TPOT alternated twice (--gemv-max-tok 1: cuBLASLt above one row; 8: the kernel), dense and
-      # traced coverage budgets.
+      # Decode GEMMs on the tensor-core GEMV (gemv.cu): the kernel's tests (both GEMV kernels) with
+      # memcheck and racecheck, one layer's GEMMs per batch against cuBLASLt, then e2e TPOT
+      # alternated twice against what ran before (CUDA-core GEMV at one row, cuBLASLt above), dense
+      # and traced coverage budgets.
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       run test_gemv timeout 240 "$B/test_gemv"
       grep -E "gemv-tc .*(4096|14336)|FAILED|PASSED" "$OUT/test_gemv.log" | head -12
@@ -157,9 +157,9 @@ for stage in "$@"; do
       fi
       [ -n "${DHS_GEMV_ONLY:-}" ] && continue
       for rep in 1 2; do
-        for g in 1 8; do
-          tag=gemv${g}_$rep
-          run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 32768,131072 --batch 4,8 --prefill 0 --gemv-max-tok $g \
+        for g in "--gemv-max-tok 1 --no-gemv-tc" ""; do  # before (CUDA-core GEMV at 1 row, cuBLASLt above), now
+          tag=gemv${g:+_before}_$rep
+          run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4,8 --prefill 0 $g \
             --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm \
             --out "$OUT/decode_e2e.jsonl" --commit "$C"
           grep -E "^[0-9]" "$OUT/e2e_$tag.log" | sed "s/^/$tag  /"

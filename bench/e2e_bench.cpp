@@ -149,6 +149,7 @@ bool chosen_by_sketch(const std::string& spec) {
 
 int run_e2e_bench(const E2eBenchOptions& opts) {
   cuda::set_pdl_chain(opts.pdl);
+  cuda::set_gemv_tc(opts.gemv_tc);
   const auto& ctxs = opts.ctx;
   const auto& batches = opts.batch;
   const auto& prefills = opts.prefill;
@@ -177,10 +178,12 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
                                                    cfg.n_heads_q * cfg.head_dim + 3 * cfg.ffn_hidden);
     std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
     for (int64_t b : opts.gemm_batch)
-      for (const bool gemv : {false, true}) {  // cuBLASLt for every shape, then what the engine runs
-        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernel's limit)
+      for (const int path : {0, 1, 2}) {  // cuBLASLt for every shape, the CUDA-core GEMV, the tensor-core GEMV
+        const bool gemv = path != 0;
+        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernels' limit)
         gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
-        const char* impl = gemv ? "dhisparse-gemv" : "dhisparse-cublaslt";
+        cuda::set_gemv_tc(path == 2);
+        const char* impl = path == 0 ? "dhisparse-cublaslt" : path == 1 ? "dhisparse-gemv-cudacore" : "dhisparse-gemv";
         const double us = time_layer_gemms(cfg, b, gemm, s);
         std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
         gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
@@ -189,6 +192,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
            << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
       }
     DHS_CUDA_CHECK(cudaStreamDestroy(s));
+    cuda::set_gemv_tc(opts.gemv_tc);
   }
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
   for (int64_t ctx : ctxs)
@@ -276,7 +280,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
            << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
-           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
+           << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"gemv_tc\":" << (opts.gemv_tc ? "true" : "false") << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
       }
       for (auto& t : ts) t.release(m->allocator());
     }

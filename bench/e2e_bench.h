@@ -22,7 +22,8 @@ struct E2eBenchOptions {
   std::vector<int64_t> gemm_batch = {1, 4, 8, 32};
   std::string gemm_out = "bench/results/weight_gemm.jsonl";
   bool pdl = true;       // the decode chain's kernels as programmatic dependents (pdl_launch.h; recorded)
-  int gemv_max_tok = 1;  // CudaModelOptions::gemv_max_tok of the models timed (recorded in the rows)
+  int gemv_max_tok = 8;  // CudaModelOptions::gemv_max_tok of the models timed (recorded in the rows)
+  bool gemv_tc = true;   // cuda::set_gemv_tc (recorded in the rows)
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

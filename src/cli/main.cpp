@@ -118,13 +118,14 @@ int main(int argc, char** argv) {
   bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)");
   std::vector<int64_t> b_gemm_batch = {1, 4, 8, 32};
   std::string b_gemm_out = "bench/results/weight_gemm.jsonl";
-  bool b_no_gemm = false, b_no_pdl = false;
+  bool b_no_gemm = false, b_no_pdl = false, b_no_gemv_tc = false;
   bench->add_option("--gemm-batch", b_gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->capture_default_str();
   bench->add_option("--gemm-out", b_gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
   bench->add_flag("--no-gemm", b_no_gemm, "Skip the weight GEMM timing");
   bench->add_flag("--no-pdl", b_no_pdl, "Launch the decode step's kernels plainly, not as programmatic dependents");
-  int b_gemv_max_tok = 1;
-  bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernel (0: all on cuBLASLt)")->check(CLI::Range(0, 8))->capture_default_str();
+  int b_gemv_max_tok = 8;
+  bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(CLI::Range(0, 8))->capture_default_str();
+  bench->add_flag("--no-gemv-tc", b_no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
 
   dhs::EvalOptions ev;
   std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
       bo.gemm_out = b_gemm_out;
       bo.gemv_max_tok = b_gemv_max_tok;
       bo.pdl = !b_no_pdl;
+      bo.gemv_tc = !b_no_gemv_tc;
       return dhs::run_e2e_bench(bo);
 #else
       throw dhs::Error("bench: this build has no CUDA backend (nvcc was not found when it was configured)");

@@ -3,8 +3,8 @@
 // every element, on awkward shapes: n_tok 1, 2, 3, 5, 8 (and 9: cuBLASLt), rows 1 .. 6,144,
 // `in` 8 .. 14,336 including lengths that are not a multiple of the kernel's 256-element stride
 // and one that is not a multiple of 8 (cuBLASLt), outputs bf16, fp32 and fp32 accumulated into
-// a preset y (the residual stream). Rows 2..8 run on both the tensor-core kernel (the default)
-// and the CUDA-core one.
+// a preset y (the residual stream). Every shape runs on both GEMV kernels: the tensor-core one
+// (the default) and the CUDA-core one.
 //
 // Tolerances and why: both paths accumulate in fp32 in orders that differ from the reference's;
 // each of the `in` fp32 adds rounds by at most 2^-24 of the running sum's magnitude, bounded by
@@ -98,7 +98,7 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
   const Shape shapes[] = {{1, 8, 1},    {2, 64, 17},    {3, 136, 33},     {5, 264, 70},    {8, 4096, 97},
                           {1, 4096, 6144}, {4, 14336, 40}, {8, 14336, 129}, {7, 1000, 31},   {6, 520, 3}};
   for (const bool tc : {true, false}) {
-    dc::set_gemv_tc(tc);  // rows 2..8: the tensor-core kernel, then the CUDA-core one
+    dc::set_gemv_tc(tc);  // the tensor-core kernel, then the CUDA-core one
     for (const Shape& s : shapes)
       for (int mode = 0; mode < 3; ++mode) {
       dc::GemvParams g;
@@ -116,7 +116,7 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
 // The tensor-core kernel's own edges (gemv.cu): `in` shorter than one warp's slot of 128 elements
 // and than the 4 warps' split (some warps get no slot), tails of 1-3 units inside a 32-element
 // chunk and of a partial slot, rows not a multiple of its 16-row tile (1, 15, 17, 6,145), every
-// row count 2..8, and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
+// row count 1..8, and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
 TEST(Gemv, TensorCoreKernelEdges) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(7);
@@ -124,7 +124,7 @@ TEST(Gemv, TensorCoreKernelEdges) {
   gemm.set_gemv_max_tok(dc::kGemvMaxTok);
   dc::set_gemv_tc(true);
   struct Shape { int n_tok; int64_t in, out; };
-  const Shape shapes[] = {{2, 8, 1},     {3, 24, 15},     {4, 40, 17},     {5, 128, 16},   {6, 136, 31},
+  const Shape shapes[] = {{1, 8, 3},     {1, 4096, 6145}, {2, 8, 1},     {3, 24, 15},     {4, 40, 17},     {5, 128, 16},   {6, 136, 31},
                           {7, 392, 33},  {8, 520, 48},    {2, 576, 6145},  {4, 1000, 129}, {8, 1544, 64},
                           {4, 4096, 6144}, {4, 14336, 4096}, {8, 8960, 97}, {3, 4104, 200}};
   for (const Shape& s : shapes)

@@ -1,6 +1,6 @@
 // Weight GEMMs: y[n_tok, out] = x[n_tok, in] · W[out, in]^T, bf16 inputs, fp32
-// accumulation, bf16 or fp32 output. Shapes of n_tok <= gemv_max_tok (default 1: a batch-1
-// decode step) go to a bandwidth-bound kernel of our own (gemv.h), the rest to cuBLASLt. Plans (layouts + the
+// accumulation, bf16 or fp32 output. Shapes of n_tok <= gemv_max_tok (default 8: decode steps up
+// to batch 8) go to a bandwidth-bound kernel of our own (gemv.h), the rest to cuBLASLt. Plans (layouts + the
 // heuristic's algorithm) are cached per shape; the workspace is allocated once,
 // so calls are graph-capturable.
 #pragma once
@@ -43,7 +43,7 @@ class Gemm {
   void* workspace_d_ = nullptr;
   size_t workspace_bytes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
-  int gemv_max_tok_ = 1;
+  int gemv_max_tok_ = 8;
 };
 
 }  // namespace dhs::cuda

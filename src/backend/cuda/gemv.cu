@@ -283,8 +283,9 @@ bool gemv_supported(const GemvParams& p) {
 
 void launch_gemv(const GemvParams& p, cudaStream_t stream) {
   assert(gemv_supported(p));
-  if (p.n_tok >= 2 && gemv_tc_enabled()) {
+  if (gemv_tc_enabled()) {
     switch (p.n_tok) {
+      case 1: launch_tc<1>(p, stream); break;
       case 2: launch_tc<2>(p, stream); break;
       case 3: launch_tc<3>(p, stream); break;
       case 4: launch_tc<4>(p, stream); break;

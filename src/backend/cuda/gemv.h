@@ -25,8 +25,8 @@ struct GemvParams {
 
 inline constexpr int kGemvMaxTok = 8;
 
-// Rows 2..8 go to a tensor-core kernel (gemv.cu) unless this process-wide switch is off (then
-// the CUDA-core kernel of 1 row takes them too; the benchmarks' A/B). Default on.
+// Every shape goes to the tensor-core kernel (gemv.cu) unless this process-wide switch is off
+// (then to the CUDA-core kernel; the benchmarks' A/B and the tests). Default on.
 void set_gemv_tc(bool on);
 bool gemv_tc_enabled();
 

@@ -43,8 +43,9 @@ struct CudaModelOptions {
   // The per-token 4-bit key sketch (device_key_sketch.h; estimator sketch4): 1/8 of the KV's
   // HBM (d 128) and one small kernel per layer.
   bool key_sketch = false;
-  // Weight GEMMs of at most this many rows run on the GEMV kernel (gemm.h), the rest on cuBLASLt.
-  int gemv_max_tok = 1;
+  // Weight GEMMs of at most this many rows run on the GEMV kernel (gemm.h), the rest on cuBLASLt
+  // (8: every decode step up to batch 8; ops_NOTES.md has the measurements).
+  int gemv_max_tok = 8;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
