@@ -178,12 +178,19 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
                                                    cfg.n_heads_q * cfg.head_dim + 3 * cfg.ffn_hidden);
     std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
     for (int64_t b : opts.gemm_batch)
-      for (const int path : {0, 1, 2}) {  // cuBLASLt for every shape, the CUDA-core GEMV, the tensor-core GEMV
+      for (int path = 0; path < 2 + static_cast<int>(opts.gemv_tc_shapes.size()); ++path) {
+        // cuBLASLt for every shape, the CUDA-core GEMV, the tensor-core GEMV per ring shape
         const bool gemv = path != 0;
         if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernels' limit)
         gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
-        cuda::set_gemv_tc(path == 2);
-        const char* impl = path == 0 ? "dhisparse-cublaslt" : path == 1 ? "dhisparse-gemv-cudacore" : "dhisparse-gemv";
+        cuda::set_gemv_tc(path >= 2);
+        const int ring = path >= 2 ? opts.gemv_tc_shapes[static_cast<size_t>(path - 2)] : 0;
+        cuda::set_gemv_tc_shape(ring);
+        const std::string impl_s = path == 0   ? "dhisparse-cublaslt"
+                                   : path == 1 ? "dhisparse-gemv-cudacore"
+                                   : ring == 0 ? "dhisparse-gemv"
+                                               : "dhisparse-gemv-ring" + std::to_string(ring);
+        const char* impl = impl_s.c_str();
         const double us = time_layer_gemms(cfg, b, gemm, s);
         std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
         gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
@@ -193,6 +200,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       }
     DHS_CUDA_CHECK(cudaStreamDestroy(s));
     cuda::set_gemv_tc(opts.gemv_tc);
+    cuda::set_gemv_tc_shape(0);
   }
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
   for (int64_t ctx : ctxs)

@@ -116,7 +116,7 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
 // The tensor-core kernel's own edges (gemv.cu): `in` shorter than one warp's slot of 128 elements
 // and than the 4 warps' split (some warps get no slot), tails of 1-3 units inside a 32-element
 // chunk and of a partial slot, rows not a multiple of its 16-row tile (1, 15, 17, 6,145), every
-// row count 1..8, and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
+// row count 1..8, on every ring shape (set_gemv_tc_shape), and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
 TEST(Gemv, TensorCoreKernelEdges) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(7);
@@ -127,8 +127,13 @@ TEST(Gemv, TensorCoreKernelEdges) {
   const Shape shapes[] = {{1, 8, 3},     {1, 4096, 6145}, {2, 8, 1},     {3, 24, 15},     {4, 40, 17},     {5, 128, 16},   {6, 136, 31},
                           {7, 392, 33},  {8, 520, 48},    {2, 576, 6145},  {4, 1000, 129}, {8, 1544, 64},
                           {4, 4096, 6144}, {4, 14336, 4096}, {8, 8960, 97}, {3, 4104, 200}};
-  for (const Shape& s : shapes)
-    for (int mode = 0; mode < 3; ++mode) EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, "gemv-tc"), 0);
+  for (int ring = 0; ring < dc::kGemvTcShapes; ++ring) {  // every ring shape the benchmark can pick
+    dc::set_gemv_tc_shape(ring);
+    std::printf("ring shape %d\n", ring);
+    for (const Shape& s : shapes)
+      for (int mode = 0; mode < 3; ++mode) EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, "gemv-tc"), 0);
+  }
+  dc::set_gemv_tc_shape(0);
 }
 
 TEST(Gemv, OtherShapesAndTheCublasPathMatchTheReferenceToo) {

@@ -121,15 +121,20 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // kernel's output), so no load outside it sits between a slot's arrival and its MMAs. The
 // ring's rows are 256 B apart; 16-byte unit u of row r sits at u ^ 4 (r & 1), so the 8 lanes of a
 // load phase (two rows, four units each) hit distinct banks.
-constexpr int kTcWarps = 4;
-constexpr int kTcStages = 3;       // ring slots per warp
-constexpr int kTcStageUnits = 16;  // 16-byte units per row per slot (128 bf16)
-constexpr int kTcRowBytes = kTcStageUnits * 16;
-// A slot: 16 weight rows, then the NT activation rows of the same 128 elements.
-template <int NT>
-__host__ __device__ constexpr int tc_slot_bytes() { return (16 + NT) * kTcRowBytes; }
-template <int NT>
-constexpr int tc_smem_bytes() { return kTcWarps * kTcStages * tc_slot_bytes<NT>() + kTcWarps * 16 * 8 * 4; }
+// The ring's shape is a template (TcShape) so that shapes can be timed against each other
+// (set_gemv_tc_shape, the benchmark's sweep); the default is the one measured fastest.
+template <int WARPS, int STAGES, int UNITS>
+struct TcShape {
+  static constexpr int kWarps = WARPS;    // per block, splitting `in`
+  static constexpr int kStages = STAGES;  // ring slots per warp
+  static constexpr int kUnits = UNITS;    // 16-byte units per row per slot
+  static constexpr int kRowBytes = UNITS * 16;
+  // A slot: 16 weight rows, then the NT activation rows of the same elements.
+  template <int NT>
+  __host__ __device__ static constexpr int slot_bytes() { return (16 + NT) * kRowBytes; }
+  template <int NT>
+  static constexpr int smem_bytes() { return WARPS * STAGES * slot_bytes<NT>() + WARPS * 16 * 8 * 4; }
+};
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
@@ -138,80 +143,83 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 }
 
 // Byte offset of 16-byte unit u of ring row r (the bank swizzle above).
+template <int ROW_BYTES>
 __device__ __forceinline__ uint32_t tc_at(int r, int u) {
-  return static_cast<uint32_t>(r * kTcRowBytes + ((u ^ ((r & 1) << 2)) * 16));
+  return static_cast<uint32_t>(r * ROW_BYTES + ((u ^ ((r & 1) << 2)) * 16));
 }
 
-template <int NT>
-__global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
+template <int NT, class S>
+__global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kSlot = tc_slot_bytes<NT>();
+  constexpr int kSlot = S::template slot_bytes<NT>();
+  constexpr int kU = S::kUnits, kRow = S::kRowBytes, kSt = S::kStages, kW = S::kWarps;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
   const int64_t n_units = p.in / 8;  // 16-byte units per row
-  const int64_t n_slots = (n_units + kTcStageUnits - 1) / kTcStageUnits;
+  const int64_t n_slots = (n_units + kU - 1) / kU;
   // This warp's slots [s_begin, s_end) of every row.
-  const int64_t s_begin = n_slots * warp / kTcWarps, s_end = n_slots * (warp + 1) / kTcWarps;
-  const uint32_t ring = ptx::smem_u32(smem) + warp * (kTcStages * kSlot);
+  const int64_t s_begin = n_slots * warp / kW, s_end = n_slots * (warp + 1) / kW;
+  const uint32_t ring = ptx::smem_u32(smem) + warp * (kSt * kSlot);
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
 
-  // Slot s of the row range into ring slot s % kTcStages, 8 copies per lane (lanes 0-15 one row,
-  // 16-31 the next): rows past `out` re-read the last row, units past the row's end are zero-filled.
+  // Slot s of the row range into ring slot s % kSt, consecutive lanes along a row (32 / kU rows
+  // per copy instruction): rows past `out` re-read the last row, units past the row's end are
+  // zero-filled.
   const auto copy_w = [&](int64_t s) {
     if (s >= s_end) return;
-    const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kSlot;
+    const uint32_t dst = ring + static_cast<uint32_t>(s % kSt) * kSlot;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = 2 * i + (lane >> 4), u = lane & 15;
-      const int64_t unit = s * kTcStageUnits + u;
+    for (int i = 0; i < 16 * kU / 32; ++i) {
+      const int r = (i * 32 + lane) / kU, u = (i * 32 + lane) % kU;
+      const int64_t unit = s * kU + u;
       const int64_t row = min(row0 + r, p.out - 1);
       const bool ok = unit < n_units;
-      ptx::cp_async_16(dst + tc_at(r, u), ok ? w + row * n_units + unit : w, ok ? 16 : 0);
+      ptx::cp_async_16(dst + tc_at<kRow>(r, u), ok ? w + row * n_units + unit : w, ok ? 16 : 0);
     }
   };
   // The activations of slot s (the previous kernel's output: only after the wait).
   const auto copy_x = [&](int64_t s) {
     if (s >= s_end) return;
-    const uint32_t dst = ring + static_cast<uint32_t>(s % kTcStages) * kSlot + 16 * kTcRowBytes;
+    const uint32_t dst = ring + static_cast<uint32_t>(s % kSt) * kSlot + 16 * kRow;
 #pragma unroll
-    for (int i = 0; i < (NT * kTcStageUnits + 31) / 32; ++i) {
-      const int r = 2 * i + (lane >> 4), u = lane & 15;
-      const int64_t unit = s * kTcStageUnits + u;
+    for (int i = 0; i < (NT * kU + 31) / 32; ++i) {
+      const int r = (i * 32 + lane) / kU, u = (i * 32 + lane) % kU;
+      const int64_t unit = s * kU + u;
       const bool ok = unit < n_units;
-      if (r < NT) ptx::cp_async_16(dst + tc_at(r, u), ok ? x + r * n_units + unit : x, ok ? 16 : 0);
+      if (r < NT) ptx::cp_async_16(dst + tc_at<kRow>(r, u), ok ? x + r * n_units + unit : x, ok ? 16 : 0);
     }
   };
 
   // The weights do not depend on earlier kernels: the first slots are in flight before the wait.
 #pragma unroll
-  for (int i = 0; i < kTcStages - 1; ++i) {
+  for (int i = 0; i < kSt - 1; ++i) {
     copy_w(s_begin + i);
     ptx::cp_async_commit();
   }
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 #pragma unroll
-  for (int i = 0; i < kTcStages - 1; ++i) copy_x(s_begin + i);
+  for (int i = 0; i < kSt - 1; ++i) copy_x(s_begin + i);
   ptx::cp_async_commit();
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t s = s_begin; s < s_end; ++s) {
     // Slot s has landed: the first time every group so far (the prologue's weights and
-    // activations), then all but the newest kTcStages - 2 (one refill per later slot).
+    // activations), then all but the newest kSt - 2 (one refill per later slot).
     if (s == s_begin) ptx::cp_async_wait<0>();
-    else ptx::cp_async_wait<kTcStages - 2>();
+    else ptx::cp_async_wait<kSt - 2>();
     __syncwarp();  // the lanes' copies are visible to the warp; and slot s - 1 is free again
-    copy_w(s + kTcStages - 1);
-    copy_x(s + kTcStages - 1);
+    copy_w(s + kSt - 1);
+    copy_x(s + kSt - 1);
     ptx::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
-    const uint32_t slot = ring + static_cast<uint32_t>(s % kTcStages) * kSlot;
+    const uint32_t slot = ring + static_cast<uint32_t>(s % kSt) * kSlot;
 #pragma unroll
-    for (int j = 0; j < kTcStageUnits / 4; ++j) {
-      const uint4 lo = lds128(slot + tc_at(g, 4 * j + t));
-      const uint4 hi = lds128(slot + tc_at(g + 8, 4 * j + t));
-      const uint4 xv = g < NT ? lds128(slot + 16 * kTcRowBytes + tc_at(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kU / 4; ++j) {
+      const uint4 lo = lds128(slot + tc_at<kRow>(g, 4 * j + t));
+      const uint4 hi = lds128(slot + tc_at<kRow>(g + 8, 4 * j + t));
+      const uint4 xv = g < NT ? lds128(slot + 16 * kRow + tc_at<kRow>(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
       const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
       const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
       ptx::mma_bf16_16816(acc, a0, xv.x, xv.y);
@@ -222,39 +230,54 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const __grid_con
   ptx::cp_async_wait<0>();
 
   // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
-  float* part = reinterpret_cast<float*>(smem + kTcWarps * kTcStages * kSlot);
+  float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
   float* mine = part + warp * 128;
   mine[g * 8 + 2 * t] = acc[0];
   mine[g * 8 + 2 * t + 1] = acc[1];
   mine[(g + 8) * 8 + 2 * t] = acc[2];
   mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
   __syncthreads();
-  const int r = threadIdx.x >> 3, tok = threadIdx.x & 7;  // 128 threads: one (row, token) each
-  if (tok < NT && row0 + r < p.out) {
-    float v = 0.0f;
+  for (int e = threadIdx.x; e < 128; e += kW * 32) {  // one (row, token) per thread
+    const int r = e >> 3, tok = e & 7;
+    if (tok < NT && row0 + r < p.out) {
+      float v = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kTcWarps; ++k) v += part[k * 128 + r * 8 + tok];
-    const int64_t at = tok * p.out + row0 + r;
-    if (p.y_f32) {
-      float* y = static_cast<float*>(p.y);
-      y[at] = p.accumulate ? y[at] + v : v;
-    } else {
-      static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
+      for (int k = 0; k < kW; ++k) v += part[k * 128 + r * 8 + tok];
+      const int64_t at = tok * p.out + row0 + r;
+      if (p.y_f32) {
+        float* y = static_cast<float*>(p.y);
+        y[at] = p.accumulate ? y[at] + v : v;
+      } else {
+        static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
+      }
     }
   }
 }
 
-template <int NT>
-void launch_tc(const GemvParams& p, cudaStream_t stream) {
+template <int NT, class S>
+void launch_tc_shape(const GemvParams& p, cudaStream_t stream) {
   static const bool attrs_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc_smem_bytes<NT>()));
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        S::template smem_bytes<NT>()));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)attrs_set;
   const unsigned grid = static_cast<unsigned>((p.out + 15) / 16);
-  launch_pdl(gemv_tc_kernel<NT>, dim3(grid), dim3(kTcWarps * 32), tc_smem_bytes<NT>(), stream, p);
+  launch_pdl(gemv_tc_kernel<NT, S>, dim3(grid), dim3(S::kWarps * 32), S::template smem_bytes<NT>(), stream, p);
+}
+
+std::atomic<int> g_tc_shape{0};
+
+template <int NT>
+void launch_tc(const GemvParams& p, cudaStream_t stream) {
+  switch (g_tc_shape.load(std::memory_order_relaxed)) {
+    case 1: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
+    case 2: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
+    case 3: launch_tc_shape<NT, TcShape<8, 3, 16>>(p, stream); break;
+    default: launch_tc_shape<NT, TcShape<4, 3, 16>>(p, stream); break;
+  }
 }
 
 template <int NT>
@@ -272,6 +295,7 @@ std::atomic<bool> g_tc{true};
 }  // namespace
 
 void set_gemv_tc(bool on) { g_tc.store(on); }
+void set_gemv_tc_shape(int shape) { g_tc_shape.store(shape); }
 bool gemv_tc_enabled() { return g_tc.load(); }
 
 bool gemv_supported(const GemvParams& p) {

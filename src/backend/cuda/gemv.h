@@ -29,6 +29,11 @@ inline constexpr int kGemvMaxTok = 8;
 // (then to the CUDA-core kernel; the benchmarks' A/B and the tests). Default on.
 void set_gemv_tc(bool on);
 bool gemv_tc_enabled();
+// The tensor-core kernel's ring shape (warps per block, slots per warp, bytes per row piece):
+// 0 (default) 4 warps x 3 slots x 256 B, 1: 4 x 4 x 256 B, 2: 4 x 2 x 512 B, 3: 8 x 3 x 256 B. For
+// the benchmark's sweep (dhisparse bench --gemv-tc-shapes); every shape is tested.
+inline constexpr int kGemvTcShapes = 4;
+void set_gemv_tc_shape(int shape);
 
 // Whether launch_gemv takes this shape (n_tok, in and the pointers' 16-byte alignment).
 bool gemv_supported(const GemvParams& p);
