@@ -159,8 +159,10 @@ for stage in "$@"; do
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|Dynamic Shared|Grid Size" "$OUT/ncu_gemv_tc.log" | head -40
       fi
       [ -n "${DHS_GEMV_ONLY:-}" ] && continue
-      for rep in 1 2; do
-        for g in "--gemv-max-tok 1 --no-gemv-tc" ""; do  # before (CUDA-core GEMV at 1 row, cuBLASLt above), now
+      reps="1 2"; cmp=("--gemv-max-tok 1 --no-gemv-tc" "")
+      [ -n "${DHS_GEMV_NOW_ONLY:-}" ] && { reps=1; cmp=(""); }  # one run of the defaults only
+      for rep in $reps; do
+        for g in "${cmp[@]}"; do  # before (CUDA-core GEMV at 1 row, cuBLASLt above), now
           tag=gemv${g:+_before}_$rep
           run "e2e_$tag" timeout 280 "$B/dhisparse" bench --ctx 8192,32768,131072 --batch 1,4,8 --prefill 0 $g \
             --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --no-gemm \

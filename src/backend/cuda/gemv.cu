@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cassert>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl_launch.h"
@@ -272,11 +273,16 @@ std::atomic<int> g_tc_shape{0};
 
 template <int NT>
 void launch_tc(const GemvParams& p, cudaStream_t stream) {
+  // The default by rows of activations, from the sweep in ops_NOTES.md (v3): with 1-2 rows 8 warps
+  // of 3 slots fit twice per SM; from 3 rows on they fit once, and 4 warps of 4 slots (twice per
+  // SM) stream best.
+  using Default = std::conditional_t<NT <= 2, TcShape<8, 3, 16>, TcShape<4, 4, 16>>;
   switch (g_tc_shape.load(std::memory_order_relaxed)) {
-    case 1: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
-    case 2: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
-    case 3: launch_tc_shape<NT, TcShape<8, 3, 16>>(p, stream); break;
-    default: launch_tc_shape<NT, TcShape<4, 3, 16>>(p, stream); break;
+    case 1: launch_tc_shape<NT, TcShape<4, 3, 16>>(p, stream); break;
+    case 2: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
+    case 3: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
+    case 4: launch_tc_shape<NT, TcShape<8, 3, 16>>(p, stream); break;
+    default: launch_tc_shape<NT, Default>(p, stream); break;
   }
 }
 
