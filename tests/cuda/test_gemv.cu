@@ -1,7 +1,8 @@
 // Weight GEMMs (backend/cuda/gemm.h): the decode-step kernel (gemv.h, n_tok <= 8) and the
 // cuBLASLt path against a double-precision CPU reference computed from the same bf16 inputs,
 // every element, on awkward shapes: n_tok 1, 2, 3, 5, 8 (and 9: cuBLASLt), rows 1 .. 6,144,
-// `in` 8 .. 14,336 including lengths that are not a multiple of the kernel's 256-element stride
+// `in` 8 .. 14,336 including lengths that are not a multiple of the kernels' strides (256 elements
+// for the CUDA-core kernel, a 128-element slot for the tensor-core one)
 // and one that is not a multiple of 8 (cuBLASLt), outputs bf16, fp32 and fp32 accumulated into
 // a preset y (the residual stream). Every shape runs on both GEMV kernels: the tensor-core one
 // (the default) and the CUDA-core one.

@@ -105,10 +105,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
       }
 }
 
-// ---- 2 .. 8 rows of activations on tensor cores ------------------------------------------------
+// ---- 1 .. 8 rows of activations on tensor cores ------------------------------------------------
 // At 2-8 rows the CUDA-core kernel above spends more on its FMAs and bf16 unpacking than on the
 // bytes (1.3x / 1.9x cuBLASLt at 4 / 8 rows, ops_NOTES.md), and cuBLASLt streams the weights at
-// ~3.6 TB/s. Here a block owns 16 output rows and its 4 warps split `in` into contiguous ranges;
+// ~3.7 TB/s. Here a block owns 16 output rows and its 4 or 8 warps split `in` into contiguous ranges;
 // each warp streams its 16 row segments into a private shared-memory ring with cp.async, whole
 // 256-byte row pieces per copy (what HBM reads well; loading mma fragments straight from global
 // memory touches 8 rows x 64 B per instruction and ran at 2.3 TB/s, v2 in ops_NOTES.md), then
@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // 2t+8, 2t+9}, the second elements 4-7. The same permutation on both operands leaves the sums
 // unchanged. The activations travel in the same ring (after the wait: they are the previous
 // kernel's output), so no load outside it sits between a slot's arrival and its MMAs. The
-// ring's rows are 256 B apart; 16-byte unit u of row r sits at u ^ 4 (r & 1), so the 8 lanes of a
-// load phase (two rows, four units each) hit distinct banks.
+// ring's rows are 256 or 512 B apart (a multiple of the 128 B of all banks); 16-byte unit u of row
+// r sits at u ^ 4 (r & 1), so the 8 lanes of a load phase (two rows, four units each) hit
+// distinct banks.
 // The ring's shape is a template (TcShape) so that shapes can be timed against each other
 // (set_gemv_tc_shape, the benchmark's sweep); the default is the one measured fastest.
 template <int WARPS, int STAGES, int UNITS>
@@ -255,16 +256,23 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
   }
 }
 
+constexpr int kMaxDevices = 64;
+
 template <int NT, class S>
 void launch_tc_shape(const GemvParams& p, cudaStream_t stream) {
-  static const bool attrs_set = [] {
+  // The shared-memory attributes hold per device: set once on each (first use is not concurrent:
+  // graph capture and the engine's step run on one host thread per device).
+  static std::atomic<bool> attrs_set[kMaxDevices] = {};
+  int dev = 0;
+  DHS_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) check(cudaErrorInvalidDevice, "launch_gemv: device index out of range", __FILE__, __LINE__);
+  if (!attrs_set[dev].load(std::memory_order_acquire)) {
     DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         S::template smem_bytes<NT>()));
     DHS_CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<NT, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                         cudaSharedmemCarveoutMaxShared));
-    return true;
-  }();
-  (void)attrs_set;
+    attrs_set[dev].store(true, std::memory_order_release);
+  }
   const unsigned grid = static_cast<unsigned>((p.out + 15) / 16);
   launch_pdl(gemv_tc_kernel<NT, S>, dim3(grid), dim3(S::kWarps * 32), S::template smem_bytes<NT>(), stream, p);
 }
@@ -322,7 +330,8 @@ void launch_gemv(const GemvParams& p, cudaStream_t stream) {
       case 5: launch_tc<5>(p, stream); break;
       case 6: launch_tc<6>(p, stream); break;
       case 7: launch_tc<7>(p, stream); break;
-      default: launch_tc<8>(p, stream); break;
+      case 8: launch_tc<8>(p, stream); break;
+      default: check(cudaErrorInvalidValue, "launch_gemv: n_tok must be 1..8", __FILE__, __LINE__);
     }
     DHS_CUDA_CHECK(cudaGetLastError());
     return;
