@@ -144,6 +144,13 @@ bool chosen_by_sketch(const std::string& spec) {
   return spec.size() > kSketchSuffix.size() &&
          spec.compare(spec.size() - kSketchSuffix.size(), kSketchSuffix.size(), kSketchSuffix) == 0;
 }
+// A policy spec without its "/R" (reselect) suffix.
+std::string without_reselect(const std::string& spec) { return spec.substr(0, spec.rfind('/')); }
+// Policies whose pages MinMax page summaries choose (sparse, scored, not by the sketch).
+bool needs_minmax(const std::string& spec) {
+  const std::string s = without_reselect(spec);
+  return s != "dense" && !chosen_by_sketch(s);
+}
 
 }  // namespace
 
@@ -215,9 +222,10 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       o.max_batch = static_cast<int>(batch);
       o.max_step_tokens = 2048;
       o.max_context = ctx + 64;
-      const bool any_sparse = std::any_of(opts.policies.begin(), opts.policies.end(), [](const std::string& p) { return p != "dense"; });
-      if (any_sparse) o.summaries = "minmax";
-      o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(), chosen_by_sketch);
+      // Only what the timed policies read: the summary or sketch kernels run in every step that keeps them.
+      if (std::any_of(opts.policies.begin(), opts.policies.end(), needs_minmax)) o.summaries = "minmax";
+      o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
+                                 [](const std::string& p) { return chosen_by_sketch(without_reselect(p)); });
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost

@@ -39,6 +39,10 @@ struct EngineOptions {
   int sink_pages = 1;               // first pages every sparse list keeps
   int recent_pages = 1;             // last pages every sparse list keeps
   int reselect_every = 1;           // a layer selects every this many decode steps, reusing its lists between
+  // Keep every estimator's page data (both summary kinds and the key sketch) when loaded sparse, as
+  // eval does to compare estimators on one prefill; otherwise the CUDA backend keeps only what
+  // `estimator` reads (each costs HBM and a kernel per layer and step).
+  bool keep_all_estimators = false;
 };
 
 // KV pages read by sparse decode vs all pages, summed over decode steps.

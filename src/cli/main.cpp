@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
       ev.combine = eo.combine;
       ev.model_name = std::filesystem::path(eo.model_path).filename().string();
       eo.sparse_policy = "coverage";  // loads the page summaries every scoring policy needs
+      eo.keep_all_estimators = true;  // ... and every estimator's, compared on one prefill
       auto engine = dhs::Engine::load(eo);
       ev.progress = progress_bar;
       return dhs::run_eval(*engine, ev);

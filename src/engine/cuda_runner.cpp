@@ -13,13 +13,19 @@ class CudaRunner final : public StepRunner {
   CudaRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
     CudaModelOptions co;
-    // Summaries cost HBM and a kernel per layer: kept only when the engine is loaded sparse.
-    // Both kinds when loaded sparse, so that eval can compare estimators on one prefill
-    // (2 x 512 B per 4 KiB page at d 128; gaussian reads the meanspread summaries).
-    // The key sketch too (1/8 of the KV's HBM at d 128): eval compares all estimators on one prefill.
+    // Summaries (512 B per 4 KiB page at d 128) and the key sketch (1/8 of the KV's HBM) cost HBM
+    // and a kernel per layer and step: kept only when the engine is loaded sparse, and then only
+    // what the estimator reads, unless eval compares estimators on one prefill (all of them).
+    // gaussian reads the meanspread summaries.
     if (o.sparse_policy != "dense") {
-      co.summaries = "both";
-      co.key_sketch = true;
+      if (o.keep_all_estimators) {
+        co.summaries = "both";
+        co.key_sketch = true;
+      } else if (o.estimator == "sketch4") {
+        co.key_sketch = true;
+      } else {
+        co.summaries = o.estimator == "minmax" ? "minmax" : "meanspread";
+      }
     }
     co.max_batch = 1;
     co.max_step_tokens = 2048;
