@@ -180,7 +180,7 @@ for stage in "$@"; do
       for pol in dense trace:coverage-0.99@sketch4; do
         tag=${pol//[:@.]/_}
         run "ncu_nodes_$tag" timeout 400 ncu --graph-profiling node --metrics gpu__time_duration.sum --cache-control none \
-          --clock-control none --launch-count ${DHS_TL_LAUNCHES:-2400} --csv \
+          --clock-control none --launch-count ${DHS_TL_LAUNCHES:-3600} --csv \
           "$B/dhisparse" bench --ctx ${DHS_TL_CTX:-131072} --batch ${DHS_TL_BATCH:-1} --prefill 0 \
           --policies "$pol" --trace "$TRACE" --trace-len 7680 --no-gemm --out /tmp/dhs/tl.jsonl --commit "$C"
         run "timeline_$tag" python3 bench/timeline_summary.py "$OUT/ncu_nodes_$tag.log"
