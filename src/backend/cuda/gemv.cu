@@ -125,17 +125,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // distinct banks.
 // The ring's shape is a template (TcShape) so that shapes can be timed against each other
 // (set_gemv_tc_shape, the benchmark's sweep); the default is the one measured fastest.
-template <int WARPS, int STAGES, int UNITS>
+// TILES 16-row tiles per block share each B fragment (the activations are copied and loaded once
+// for 16 * TILES weight rows).
+template <int WARPS, int STAGES, int UNITS, int TILES = 1>
 struct TcShape {
   static constexpr int kWarps = WARPS;    // per block, splitting `in`
   static constexpr int kStages = STAGES;  // ring slots per warp
   static constexpr int kUnits = UNITS;    // 16-byte units per row per slot
+  static constexpr int kTiles = TILES;
+  static constexpr int kRows = 16 * TILES;  // output rows per block
   static constexpr int kRowBytes = UNITS * 16;
-  // A slot: 16 weight rows, then the NT activation rows of the same elements.
+  // A slot: kRows weight rows, then the NT activation rows of the same elements.
   template <int NT>
-  __host__ __device__ static constexpr int slot_bytes() { return (16 + NT) * kRowBytes; }
+  __host__ __device__ static constexpr int slot_bytes() { return (kRows + NT) * kRowBytes; }
   template <int NT>
-  static constexpr int smem_bytes() { return WARPS * STAGES * slot_bytes<NT>() + WARPS * 16 * 8 * 4; }
+  static constexpr int smem_bytes() { return WARPS * STAGES * slot_bytes<NT>() + WARPS * kRows * 8 * 4; }
 };
 
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
@@ -154,10 +158,11 @@ template <int NT, class S>
 __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kSlot = S::template slot_bytes<NT>();
-  constexpr int kU = S::kUnits, kRow = S::kRowBytes, kSt = S::kStages, kW = S::kWarps;
+  constexpr int kU = S::kUnits, kRow = S::kRowBytes, kSt = S::kStages, kW = S::kWarps, kT = S::kTiles;
+  constexpr int kRows = S::kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t n_units = p.in / 8;  // 16-byte units per row
   const int64_t n_slots = (n_units + kU - 1) / kU;
   // This warp's slots [s_begin, s_end) of every row.
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
     if (s >= s_end) return;
     const uint32_t dst = ring + static_cast<uint32_t>(s % kSt) * kSlot;
 #pragma unroll
-    for (int i = 0; i < 16 * kU / 32; ++i) {
+    for (int i = 0; i < kRows * kU / 32; ++i) {
       const int r = (i * 32 + lane) / kU, u = (i * 32 + lane) % kU;
       const int64_t unit = s * kU + u;
       const int64_t row = min(row0 + r, p.out - 1);
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
   // The activations of slot s (the previous kernel's output: only after the wait).
   const auto copy_x = [&](int64_t s) {
     if (s >= s_end) return;
-    const uint32_t dst = ring + static_cast<uint32_t>(s % kSt) * kSlot + 16 * kRow;
+    const uint32_t dst = ring + static_cast<uint32_t>(s % kSt) * kSlot + kRows * kRow;
 #pragma unroll
     for (int i = 0; i < (NT * kU + 31) / 32; ++i) {
       const int r = (i * 32 + lane) / kU, u = (i * 32 + lane) % kU;
@@ -206,7 +211,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
   for (int i = 0; i < kSt - 1; ++i) copy_x(s_begin + i);
   ptx::cp_async_commit();
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kT][4] = {};
   for (int64_t s = s_begin; s < s_end; ++s) {
     // Slot s has landed: the first time every group so far (the prologue's weights and
     // activations), then all but the newest kSt - 2 (one refill per later slot).
@@ -219,32 +224,38 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
     const uint32_t slot = ring + static_cast<uint32_t>(s % kSt) * kSlot;
 #pragma unroll
     for (int j = 0; j < kU / 4; ++j) {
-      const uint4 lo = lds128(slot + tc_at<kRow>(g, 4 * j + t));
-      const uint4 hi = lds128(slot + tc_at<kRow>(g + 8, 4 * j + t));
-      const uint4 xv = g < NT ? lds128(slot + 16 * kRow + tc_at<kRow>(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
-      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-      ptx::mma_bf16_16816(acc, a0, xv.x, xv.y);
-      ptx::mma_bf16_16816(acc, a1, xv.z, xv.w);
+      const uint4 xv = g < NT ? lds128(slot + kRows * kRow + tc_at<kRow>(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int tt = 0; tt < kT; ++tt) {
+        const uint4 lo = lds128(slot + tc_at<kRow>(16 * tt + g, 4 * j + t));
+        const uint4 hi = lds128(slot + tc_at<kRow>(16 * tt + g + 8, 4 * j + t));
+        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+        ptx::mma_bf16_16816(acc[tt], a0, xv.x, xv.y);
+        ptx::mma_bf16_16816(acc[tt], a1, xv.z, xv.w);
+      }
     }
     __syncwarp();  // every lane is done with slot s before the next iteration refills it
   }
   ptx::cp_async_wait<0>();
 
-  // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
+  // Split-K: the warps' [kRows rows][8 tokens] sums through shared memory, added in warp order.
   float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
-  float* mine = part + warp * 128;
-  mine[g * 8 + 2 * t] = acc[0];
-  mine[g * 8 + 2 * t + 1] = acc[1];
-  mine[(g + 8) * 8 + 2 * t] = acc[2];
-  mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
+  float* mine = part + warp * (kRows * 8);
+#pragma unroll
+  for (int tt = 0; tt < kT; ++tt) {
+    mine[(16 * tt + g) * 8 + 2 * t] = acc[tt][0];
+    mine[(16 * tt + g) * 8 + 2 * t + 1] = acc[tt][1];
+    mine[(16 * tt + g + 8) * 8 + 2 * t] = acc[tt][2];
+    mine[(16 * tt + g + 8) * 8 + 2 * t + 1] = acc[tt][3];
+  }
   __syncthreads();
-  for (int e = threadIdx.x; e < 128; e += kW * 32) {  // one (row, token) per thread
+  for (int e = threadIdx.x; e < kRows * 8; e += kW * 32) {  // one (row, token) per thread
     const int r = e >> 3, tok = e & 7;
     if (tok < NT && row0 + r < p.out) {
       float v = 0.0f;
 #pragma unroll
-      for (int k = 0; k < kW; ++k) v += part[k * 128 + r * 8 + tok];
+      for (int k = 0; k < kW; ++k) v += part[k * (kRows * 8) + r * 8 + tok];
       const int64_t at = tok * p.out + row0 + r;
       if (p.y_f32) {
         float* y = static_cast<float*>(p.y);
@@ -273,7 +284,7 @@ void launch_tc_shape(const GemvParams& p, cudaStream_t stream) {
                                         cudaSharedmemCarveoutMaxShared));
     attrs_set[dev].store(true, std::memory_order_release);
   }
-  const unsigned grid = static_cast<unsigned>((p.out + 15) / 16);
+  const unsigned grid = static_cast<unsigned>((p.out + S::kRows - 1) / S::kRows);
   launch_pdl(gemv_tc_kernel<NT, S>, dim3(grid), dim3(S::kWarps * 32), S::template smem_bytes<NT>(), stream, p);
 }
 
@@ -290,6 +301,9 @@ void launch_tc(const GemvParams& p, cudaStream_t stream) {
     case 2: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
     case 3: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
     case 4: launch_tc_shape<NT, TcShape<8, 3, 16>>(p, stream); break;
+    case 5: launch_tc_shape<NT, TcShape<8, 4, 16>>(p, stream); break;
+    case 6: launch_tc_shape<NT, TcShape<4, 3, 16, 2>>(p, stream); break;
+    case 7: launch_tc_shape<NT, TcShape<8, 2, 16, 2>>(p, stream); break;
     default: launch_tc_shape<NT, Default>(p, stream); break;
   }
 }
