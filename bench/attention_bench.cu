@@ -44,7 +44,8 @@ __global__ void empty_kernel() {}
 // 16-byte words at chunk indices idx[c] (in order or shuffled), two chunks in flight, and folds
 // them into a register (stored only if it hits an impossible value, so nothing is elided).
 // side != null: each chunk also reads side_int4 words at the same index of a second array (the
-// sketch's layout: a page's 1 KiB of codes and, apart, its 64 bytes of steps).
+// sketch's layout: a page's 1 KiB of codes and, apart, its 64 bytes of steps; the KV pool's: a
+// page's 4 KiB of K and, apart, its 4 KiB of V, against one 8 KiB chunk were they interleaved).
 __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* __restrict__ idx, int64_t n_chunks,
                                   int chunk_int4, int* sink, const int4* __restrict__ side = nullptr, int side_int4 = 0) {
   const int lane = threadIdx.x & 31;
@@ -60,10 +61,11 @@ __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* 
       const int4 x = __ldg(a + i), y = __ldg(b + i);
       acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
     }
-    if (side != nullptr && lane < side_int4) {
-      const int4 x = __ldg(side + ia * side_int4 + lane), y = __ldg(side + ib * side_int4 + lane);
-      acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
-    }
+    if (side != nullptr)
+      for (int i = lane; i < side_int4; i += 32) {
+        const int4 x = __ldg(side + ia * side_int4 + i), y = __ldg(side + ib * side_int4 + i);
+        acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
+      }
   }
   if (acc == 0x7e57ab1e) sink[0] = acc;
 }
@@ -366,7 +368,7 @@ int main(int argc, char** argv) {
       DHS_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
       DHS_CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
       DHS_CUDA_CHECK(cudaMalloc(&idx_d, (buf_bytes / 256) * sizeof(int32_t)));
-      for (int chunk : {256, 512, 1024, 1088, 4096})
+      for (int chunk : {256, 512, 1024, 1088, 4096, 8192, 16384})
         for (int shuffled = 0; shuffled < 2; ++shuffled) {
           const int64_t n_chunks = static_cast<int64_t>(buf_bytes / chunk);
           std::vector<int32_t> idx(static_cast<size_t>(n_chunks));
@@ -385,6 +387,19 @@ int main(int argc, char** argv) {
             }, opt.reps);
             const double bytes = static_cast<double>(n_chunks * 15 / 16) * (1024 + 64);
             std::printf("probe read 1024 + 64 apart  %-9s %8.1f us  %6.0f GB/s\n", shuffled ? "shuffled" : "in order", ts.median_us,
+                        bytes / ts.median_us / 1e3);
+          }
+          if (chunk == 4096) {  // the KV pool's layout: K's 4 KiB and V's 4 KiB at one slot of two arrays
+            std::vector<int32_t> half(static_cast<size_t>(n_chunks / 2));  // slots of the first half only
+            std::iota(half.begin(), half.end(), 0);
+            if (shuffled) std::shuffle(half.begin(), half.end(), rng);
+            DHS_CUDA_CHECK(cudaMemcpy(idx_d, half.data(), half.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+            const Timing ts = b.time_graph([&] {
+              chunk_read_kernel<<<b.n_sm * 4, 512, 0, b.stream>>>(buf, idx_d, n_chunks / 2, chunk / 16, reinterpret_cast<int*>(buf),
+                                                                  buf + (buf_bytes / 16) / 2, chunk / 16);
+            }, opt.reps);
+            const double bytes = static_cast<double>(n_chunks / 2) * 2.0 * chunk;
+            std::printf("probe read 4096 + 4096 apart %-9s %8.1f us  %6.0f GB/s\n", shuffled ? "shuffled" : "in order", ts.median_us,
                         bytes / ts.median_us / 1e3);
           }
         }
