@@ -13,20 +13,9 @@ class CudaRunner final : public StepRunner {
   CudaRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
     CudaModelOptions co;
-    // Summaries (512 B per 4 KiB page at d 128) and the key sketch (1/8 of the KV's HBM) cost HBM
-    // and a kernel per layer and step: kept only when the engine is loaded sparse, and then only
-    // what the estimator reads, unless eval compares estimators on one prefill (all of them).
-    // gaussian reads the meanspread summaries.
-    if (o.sparse_policy != "dense") {
-      if (o.keep_all_estimators) {
-        co.summaries = "both";
-        co.key_sketch = true;
-      } else if (o.estimator == "sketch4") {
-        co.key_sketch = true;
-      } else {
-        co.summaries = o.estimator == "minmax" ? "minmax" : "meanspread";
-      }
-    }
+    const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
+    co.summaries = pd.summaries;
+    co.key_sketch = pd.key_sketch;
     co.max_batch = 1;
     co.max_step_tokens = 2048;
     co.max_context = max_ctx;

@@ -21,4 +21,20 @@ PolicyConfig policy_config(const EngineOptions& o) {
   return pc;
 }
 
+GpuPageData gpu_page_data(const EngineOptions& o) {
+  GpuPageData d;
+  if (o.sparse_policy == "dense") return d;
+  if (o.keep_all_estimators) {
+    d.summaries = "both";
+    d.key_sketch = true;
+  } else if (o.estimator == "sketch4") {
+    d.key_sketch = true;
+  } else {
+    DHS_CHECK(o.estimator == "minmax" || o.estimator == "meanspread" || o.estimator == "gaussian",
+              "--estimator {}: the CUDA backend has minmax, meanspread, gaussian and sketch4", o.estimator);
+    d.summaries = o.estimator == "minmax" ? "minmax" : "meanspread";
+  }
+  return d;
+}
+
 }  // namespace dhs

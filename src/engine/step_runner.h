@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dhisparse/engine.h"
@@ -40,6 +41,17 @@ class StepRunner {
 
 // EngineOptions' sparse fields as the sparse/ factory reads them.
 PolicyConfig policy_config(const EngineOptions& o);
+
+// The page data the CUDA backend keeps for scoring (CudaModelOptions::summaries / key_sketch):
+// none when loaded dense; when sparse, what `estimator` reads (sketch4: the key sketch; minmax:
+// MinMax summaries; meanspread and gaussian: mean / variance summaries), or everything when
+// keep_all_estimators (eval compares estimators on one prefill). Each kind costs HBM and a kernel
+// per layer and step.
+struct GpuPageData {
+  std::string summaries = "none";  // none | minmax | meanspread | both
+  bool key_sketch = false;
+};
+GpuPageData gpu_page_data(const EngineOptions& o);
 
 std::unique_ptr<StepRunner> make_cpu_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx);
 // Throws dhs::Error when this build has no CUDA backend or no GPU is present.
