@@ -333,32 +333,26 @@ bool gemv_supported(const GemvParams& p) {
          (!p.accumulate || p.y_f32);
 }
 
+namespace {
+// NT rows of activations on the kernel the process-wide switch picks.
+template <int NT>
+void launch_rows(const GemvParams& p, cudaStream_t stream) {
+  if (gemv_tc_enabled()) launch_tc<NT>(p, stream);
+  else launch_nt<NT>(p, stream);
+}
+}  // namespace
+
 void launch_gemv(const GemvParams& p, cudaStream_t stream) {
   assert(gemv_supported(p));
-  if (gemv_tc_enabled()) {
-    switch (p.n_tok) {
-      case 1: launch_tc<1>(p, stream); break;
-      case 2: launch_tc<2>(p, stream); break;
-      case 3: launch_tc<3>(p, stream); break;
-      case 4: launch_tc<4>(p, stream); break;
-      case 5: launch_tc<5>(p, stream); break;
-      case 6: launch_tc<6>(p, stream); break;
-      case 7: launch_tc<7>(p, stream); break;
-      case 8: launch_tc<8>(p, stream); break;
-      default: check(cudaErrorInvalidValue, "launch_gemv: n_tok must be 1..8", __FILE__, __LINE__);
-    }
-    DHS_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   switch (p.n_tok) {
-    case 1: launch_nt<1>(p, stream); break;
-    case 2: launch_nt<2>(p, stream); break;
-    case 3: launch_nt<3>(p, stream); break;
-    case 4: launch_nt<4>(p, stream); break;
-    case 5: launch_nt<5>(p, stream); break;
-    case 6: launch_nt<6>(p, stream); break;
-    case 7: launch_nt<7>(p, stream); break;
-    case 8: launch_nt<8>(p, stream); break;
+    case 1: launch_rows<1>(p, stream); break;
+    case 2: launch_rows<2>(p, stream); break;
+    case 3: launch_rows<3>(p, stream); break;
+    case 4: launch_rows<4>(p, stream); break;
+    case 5: launch_rows<5>(p, stream); break;
+    case 6: launch_rows<6>(p, stream); break;
+    case 7: launch_rows<7>(p, stream); break;
+    case 8: launch_rows<8>(p, stream); break;
     default: check(cudaErrorInvalidValue, "launch_gemv: n_tok must be 1..8", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
