@@ -145,8 +145,10 @@ for stage in "$@"; do
       run test_gemv timeout 240 "$B/test_gemv"
       grep -E "gemv-tc .*(4096|14336)|FAILED|PASSED" "$OUT/test_gemv.log" | head -12
       if [ -z "${DHS_GEMV_NOSAN:-}" ]; then
-        run sanitizer_memcheck_test_gemv timeout 300 env DHS_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
-        run sanitizer_racecheck_test_gemv timeout 300 env DHS_TEST_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
+        # (the default ring shape, or the one DHS_GEMV_SAN_RING names)
+        san_env=(env DHS_TEST_QUICK=1 DHS_TEST_GEMV_RING=${DHS_GEMV_SAN_RING:-})
+        run sanitizer_memcheck_test_gemv timeout 300 "${san_env[@]}" compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
+        run sanitizer_racecheck_test_gemv timeout 300 "${san_env[@]}" compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_gemv" --gtest_filter='*TensorCore*'
       fi
       run e2e_bench_gemm timeout 200 "$B/dhisparse" bench --ctx 8192 --batch 1 --prefill 0 --gemm-batch 1,2,4,8 \
         --gemv-tc-shapes ${DHS_GEMV_SHAPES:-0} \

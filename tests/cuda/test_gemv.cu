@@ -130,10 +130,16 @@ TEST(Gemv, TensorCoreKernelEdges) {
                           {7, 392, 33},  {8, 520, 48},    {2, 576, 6145},  {4, 1000, 129}, {8, 1544, 64},
                           {4, 4096, 6144}, {4, 14336, 4096}, {8, 8960, 97}, {3, 4104, 200}};
   // Every ring shape the benchmark can pick; under DHS_TEST_QUICK=1 (the sanitizer runs) the
-  // default one only.
+  // default one only, or the one DHS_TEST_GEMV_RING names.
   const char* quick = std::getenv("DHS_TEST_QUICK");
-  const int n_rings = quick != nullptr && quick[0] == '1' ? 1 : dc::kGemvTcShapes;
-  for (int ring = 0; ring < n_rings; ++ring) {
+  const char* only = std::getenv("DHS_TEST_GEMV_RING");
+  int first = 0, n_rings = quick != nullptr && quick[0] == '1' ? 1 : dc::kGemvTcShapes;
+  if (only != nullptr && only[0] != '\0') {
+    first = std::atoi(only);
+    ASSERT_TRUE(first >= 0 && first < dc::kGemvTcShapes) << "DHS_TEST_GEMV_RING=" << only << " is not a ring shape";
+    n_rings = first + 1;
+  }
+  for (int ring = first; ring < n_rings; ++ring) {
     dc::set_gemv_tc_shape(ring);
     std::printf("ring shape %d\n", ring);
     for (const Shape& s : shapes)
