@@ -406,12 +406,6 @@ int main(int argc, char** argv) {
       cudaFree(buf);
       cudaFree(idx_d);
     }
-    // The same pages with each slot's K and V side by side (KvLayout::Interleaved: one 8 KiB run
-    // per page instead of two 4 KiB runs 17 GB apart), for the largest probe shape that fits.
-    const int64_t il_pages = std::min<int64_t>(max_pages, int64_t{8} * kHkv * (131072 / kPage));
-    dhs::cuda::DevicePagePool il_pool(il_pages, kPage, kD, dhs::cuda::KvLayout::Interleaved);
-    il_pool.fill_random(1, -1.0f, 1.0f, nullptr);
-    DHS_CUDA_CHECK(cudaDeviceSynchronize());
     for (int ctx : {8192, 32768, 131072})
       for (int batch : {1, 8}) {
         const int64_t n_pages = int64_t{batch} * kHkv * (ctx / kPage);
@@ -430,19 +424,6 @@ int main(int argc, char** argv) {
                       "K/V evict_normal %8.1f us (%6.0f GB/s)\n", ctx, batch, layout == 0 ? "shuffled" : "contig",
                       full.median_us, bytes / full.median_us / 1e3, split.median_us, full.median_us - split.median_us,
                       ef.median_us, bytes / ef.median_us / 1e3);
-          if (n_pages <= il_pages) {  // apart and interleaved alternated twice (drift between runs)
-            dhs::cuda::DevicePagePool* apart = b.pool;
-            double t_apart = 0, t_il = 0;
-            for (int rep = 0; rep < 2; ++rep) {
-              b.pool = &il_pool;
-              t_il += b.time_op(ws, batch, opt.min_pages, opt.reps).median_us / 2;
-              b.pool = apart;
-              t_apart += b.time_op(ws, batch, opt.min_pages, opt.reps).median_us / 2;
-            }
-            std::printf("probe %-7d %-3d %-9s K/V apart %8.1f us (%6.0f GB/s)  interleaved %8.1f us (%6.0f GB/s)  "
-                        "apart / interleaved %.3f\n", ctx, batch, layout == 0 ? "shuffled" : "contig", t_apart,
-                        bytes / t_apart / 1e3, t_il, bytes / t_il / 1e3, t_apart / t_il);
-          }
         }
       }
     return 0;

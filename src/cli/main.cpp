@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   int b_gemv_max_tok = 8;
   bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(CLI::Range(0, 8))->capture_default_str();
   std::vector<int> b_gemv_tc_shapes = {0};
-  bench->add_option("--gemv-tc-shapes", b_gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(CLI::Range(0, 7));
+  bench->add_option("--gemv-tc-shapes", b_gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(CLI::Range(0, 4));
   bench->add_flag("--no-gemv-tc", b_no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
 
   dhs::EvalOptions ev;

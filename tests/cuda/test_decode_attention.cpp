@@ -59,7 +59,6 @@ struct Case {
   int min_pages_per_worker = 8;
   float q_amp = 3.0f;  // q ~ U(-q_amp, q_amp): larger makes attention peakier
   bool quick = true;   // part of the DHS_TEST_QUICK set
-  dhs::cuda::KvLayout layout = dhs::cuda::KvLayout::Apart;  // the device pool's K/V layout
 };
 
 // Host side of one problem: pool (bf16-rounded fp32), page ids per (request, head), q.
@@ -270,7 +269,7 @@ int64_t run_case(const Case& c, std::mt19937& rng) {
   const PageLists dense = make_lists(pr, ListKind::Dense, rng);  // capacity: the most any list set needs
   const Reference ref = run_cpu(pr, lists);
 
-  dhs::cuda::DevicePagePool pool(pr.pool->n_pages(), kPage, c.head_dim, c.layout);
+  dhs::cuda::DevicePagePool pool(pr.pool->n_pages(), kPage, c.head_dim);
   pool.upload(*pr.pool);
   dhs::cuda::DevicePageLists dlists(pr.n_requests, c.n_heads_kv, std::max<int64_t>(dense.nnz(), 1));
   dlists.upload(lists);
@@ -355,14 +354,6 @@ int main() {
   cases.push_back({"gqa 9/3 d64 q5 sparse", 9, 3, 64, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse});
   cases.push_back({"gqa 9/3 d64 q1..5 sparse, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 17, 5), qmix,
                    ListKind::Sparse, 1});
-  // K and V of a slot side by side (one 2-page stride): the same kernel over the other layout.
-  Case il{"llama 32/8 d128 q1..5 shuffled, K/V interleaved", 32, 8, 128, awkward_lengths(rng, 17, 5), qmix,
-          ListKind::SparseShuffled, 2};
-  il.layout = dhs::cuda::KvLayout::Interleaved;
-  cases.push_back(il);
-  Case il64{"gqa 9/3 d64 q5 sparse, K/V interleaved", 9, 3, 64, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse};
-  il64.layout = dhs::cuda::KvLayout::Interleaved;
-  cases.push_back(il64);
   cases.push_back({"llama all lists empty", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Empty});
   Case peaky{"llama 32/8 d128 q1 dense, peaky scores", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Dense};
   peaky.q_amp = 24.0f;

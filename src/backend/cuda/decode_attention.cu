@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int slot = __shfl_sync(0xffffffffu, w_slot, j);
       const int n_valid = __shfl_sync(0xffffffffu, w_valid, j);
       // NOTE: size_t: slot * page elements exceeds 2^31 in a 128k x 32 pool.
-      const size_t base = static_cast<size_t>(slot) * static_cast<size_t>(p.kv_page_stride);
+      const size_t base = static_cast<size_t>(slot) * (kPage * HEAD_DIM);
       const __nv_bfloat16* k_src = p.k_pool + base;
       const __nv_bfloat16* v_src = p.v_pool + base;
       const uint32_t k_dst = s_stage + st * 2 * Shape::kTileBytes;
@@ -594,8 +594,6 @@ void launch_merge(const DecodeAttentionParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
-  if (p.kv_page_stride < static_cast<int64_t>(kPage) * p.head_dim)
-    check(cudaErrorInvalidValue, "decode_attention: kv_page_stride below one page (unset?)", __FILE__, __LINE__);
   const int q_vecs = (p.n_heads_q / p.n_heads_kv) * p.max_q_len;
   DHS_DISPATCH_HEAD_DIM(p.head_dim, HEAD_DIM, [&] {
     DHS_DISPATCH_M_TILES(q_vecs, M_TILES, [&] {
@@ -673,7 +671,6 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.seq_len = lists.seq_len_d();
   p.k_pool = pool.k_d();
   p.v_pool = pool.v_d();
-  p.kv_page_stride = static_cast<int64_t>(pool.page_stride());
   p.ws_o = ws.o_d();
   p.ws_state = ws.state_d();
   p.n_requests = lists.n_requests();

@@ -39,9 +39,8 @@ struct DecodeAttentionParams {
   const int32_t* kv_slots = nullptr;      // [nnz]
   const int32_t* kv_page_pos = nullptr;   // [nnz]
   const int32_t* seq_len = nullptr;       // [n_requests]
-  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim], slot s at k_pool + s * kv_page_stride
-  const __nv_bfloat16* v_pool = nullptr;  // [n_pages, page_size, head_dim], slot s at v_pool + s * kv_page_stride
-  int64_t kv_page_stride = 0;             // elements (DevicePagePool::page_stride)
+  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __nv_bfloat16* v_pool = nullptr;  // [n_pages, page_size, head_dim]
   float* ws_o = nullptr;                  // [n_workers + n_requests * n_heads_kv, ws_q_vecs, head_dim]
   MergeState* ws_state = nullptr;         // [n_workers + n_requests * n_heads_kv, ws_q_vecs]
   int n_requests = 0;

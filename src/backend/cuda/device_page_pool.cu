@@ -48,24 +48,19 @@ void fill_random_bf16(__nv_bfloat16* x_d, size_t n, uint64_t seed, float lo, flo
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
-DevicePagePool::DevicePagePool(int64_t n_pages, int page_size, int head_dim, KvLayout layout)
-    : n_pages_(n_pages), page_size_(page_size), head_dim_(head_dim), layout_(layout) {
+DevicePagePool::DevicePagePool(int64_t n_pages, int page_size, int head_dim)
+    : n_pages_(n_pages), page_size_(page_size), head_dim_(head_dim) {
   require(n_pages > 0 && n_pages < (int64_t{1} << 31), "DevicePagePool: bad page count");
   require(page_size > 0 && head_dim > 0 && head_dim % 8 == 0, "DevicePagePool: bad page shape");
   // NOTE: size_t: a 128k x 32 pool holds 2^33 elements.
   const size_t n = static_cast<size_t>(n_pages) * page_elems();
-  if (layout == KvLayout::Interleaved) {
-    k_d_ = device_alloc<__nv_bfloat16>(2 * n);
-    v_d_ = k_d_ + page_elems();
-  } else {
-    k_d_ = device_alloc<__nv_bfloat16>(n);
-    v_d_ = device_alloc<__nv_bfloat16>(n);
-  }
+  k_d_ = device_alloc<__nv_bfloat16>(n);
+  v_d_ = device_alloc<__nv_bfloat16>(n);
 }
 
 DevicePagePool::~DevicePagePool() {
   cudaFree(k_d_);
-  if (layout_ == KvLayout::Apart) cudaFree(v_d_);
+  cudaFree(v_d_);
 }
 
 void DevicePagePool::upload(const PagePool& host) {
@@ -77,19 +72,14 @@ void DevicePagePool::upload(const PagePool& host) {
   const float* k = host.k_page(PageRef{host.tier(), 0});
   const float* v = host.v_page(PageRef{host.tier(), 0});
   std::vector<uint16_t> buf(n);
-  const size_t page_bytes = page_elems() * 2, pitch = page_stride() * 2;
   for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(k[i]);
-  DHS_CUDA_CHECK(cudaMemcpy2D(k_d_, pitch, buf.data(), page_bytes, page_bytes, n_pages_, cudaMemcpyHostToDevice));
+  DHS_CUDA_CHECK(cudaMemcpy(k_d_, buf.data(), n * 2, cudaMemcpyHostToDevice));
   for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(v[i]);
-  DHS_CUDA_CHECK(cudaMemcpy2D(v_d_, pitch, buf.data(), page_bytes, page_bytes, n_pages_, cudaMemcpyHostToDevice));
+  DHS_CUDA_CHECK(cudaMemcpy(v_d_, buf.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
 void DevicePagePool::fill_random(uint64_t seed, float lo, float hi, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(n_pages_) * page_elems();
-  if (layout_ == KvLayout::Interleaved) {  // (K and V are one array here)
-    fill_random_bf16(k_d_, 2 * n, seed * 2 + 0, lo, hi, stream);
-    return;
-  }
   fill_random_bf16(k_d_, n, seed * 2 + 0, lo, hi, stream);
   fill_random_bf16(v_d_, n, seed * 2 + 1, lo, hi, stream);
 }

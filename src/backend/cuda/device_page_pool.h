@@ -3,10 +3,7 @@
 // page lists. Selection kernels will write lists in place; upload() is for
 // tests, benchmarks and the CPU-planned path.
 //
-//   k, v:     [n_pages, page_size, head_dim] bf16, slot s's page at k + s * page_stride()
-//             KvLayout::Apart: two arrays (page_stride = page_size * head_dim);
-//             KvLayout::Interleaved: one array of [n_pages, 2 (K, V), page_size, head_dim]
-//             (page_stride = 2 * page_size * head_dim; a page's K and V are one 8 KiB run)
+//   k, v:     [n_pages, page_size, head_dim] bf16
 //   indptr:   [n_requests * n_heads_kv + 1]   row = req * n_heads_kv + kv_head
 //   slots:    [nnz]  page slot in the pool
 //   page_pos: [nnz]  logical page index in the sequence (tokens page_pos*page_size ..)
@@ -22,11 +19,9 @@
 
 namespace dhs::cuda {
 
-enum class KvLayout { Apart, Interleaved };
-
 class DevicePagePool {
  public:
-  DevicePagePool(int64_t n_pages, int page_size, int head_dim, KvLayout layout = KvLayout::Apart);
+  DevicePagePool(int64_t n_pages, int page_size, int head_dim);
   ~DevicePagePool();
   DevicePagePool(const DevicePagePool&) = delete;
   DevicePagePool& operator=(const DevicePagePool&) = delete;
@@ -35,9 +30,6 @@ class DevicePagePool {
   int page_size() const { return page_size_; }
   int head_dim() const { return head_dim_; }
   size_t page_elems() const { return static_cast<size_t>(page_size_) * static_cast<size_t>(head_dim_); }
-  KvLayout layout() const { return layout_; }
-  // Elements from one slot's K (or V) page to the next slot's.
-  size_t page_stride() const { return layout_ == KvLayout::Interleaved ? 2 * page_elems() : page_elems(); }
 
   __nv_bfloat16* k_d() { return k_d_; }
   __nv_bfloat16* v_d() { return v_d_; }
@@ -54,7 +46,6 @@ class DevicePagePool {
  private:
   int64_t n_pages_;
   int page_size_, head_dim_;
-  KvLayout layout_;
   __nv_bfloat16* k_d_ = nullptr;
   __nv_bfloat16* v_d_ = nullptr;
 };

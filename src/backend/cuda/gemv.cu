@@ -125,15 +125,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // distinct banks.
 // The ring's shape is a template (TcShape) so that shapes can be timed against each other
 // (set_gemv_tc_shape, the benchmark's sweep); the default is the one measured fastest.
-// TILES 16-row tiles per block share each B fragment (the activations are copied and loaded once
-// for 16 * TILES weight rows).
-template <int WARPS, int STAGES, int UNITS, int TILES = 1>
+// (Blocks of two 16-row tiles sharing each B fragment were timed at 17d09a5 / a611638 and were
+// 3-8% slower at every row count: ops_NOTES.md, v3; removed.)
+template <int WARPS, int STAGES, int UNITS>
 struct TcShape {
   static constexpr int kWarps = WARPS;    // per block, splitting `in`
   static constexpr int kStages = STAGES;  // ring slots per warp
   static constexpr int kUnits = UNITS;    // 16-byte units per row per slot
-  static constexpr int kTiles = TILES;
-  static constexpr int kRows = 16 * TILES;  // output rows per block
+  static constexpr int kRows = 16;        // output rows per block
   static constexpr int kRowBytes = UNITS * 16;
   // A slot: kRows weight rows, then the NT activation rows of the same elements.
   template <int NT>
@@ -158,7 +157,7 @@ template <int NT, class S>
 __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kSlot = S::template slot_bytes<NT>();
-  constexpr int kU = S::kUnits, kRow = S::kRowBytes, kSt = S::kStages, kW = S::kWarps, kT = S::kTiles;
+  constexpr int kU = S::kUnits, kRow = S::kRowBytes, kSt = S::kStages, kW = S::kWarps;
   constexpr int kRows = S::kRows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
   for (int i = 0; i < kSt - 1; ++i) copy_x(s_begin + i);
   ptx::cp_async_commit();
 
-  float acc[kT][4] = {};
+  float acc[4] = {};
   for (int64_t s = s_begin; s < s_end; ++s) {
     // Slot s has landed: the first time every group so far (the prologue's weights and
     // activations), then all but the newest kSt - 2 (one refill per later slot).
@@ -225,15 +224,12 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
 #pragma unroll
     for (int j = 0; j < kU / 4; ++j) {
       const uint4 xv = g < NT ? lds128(slot + kRows * kRow + tc_at<kRow>(g, 4 * j + t)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int tt = 0; tt < kT; ++tt) {
-        const uint4 lo = lds128(slot + tc_at<kRow>(16 * tt + g, 4 * j + t));
-        const uint4 hi = lds128(slot + tc_at<kRow>(16 * tt + g + 8, 4 * j + t));
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        ptx::mma_bf16_16816(acc[tt], a0, xv.x, xv.y);
-        ptx::mma_bf16_16816(acc[tt], a1, xv.z, xv.w);
-      }
+      const uint4 lo = lds128(slot + tc_at<kRow>(g, 4 * j + t));
+      const uint4 hi = lds128(slot + tc_at<kRow>(g + 8, 4 * j + t));
+      const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+      ptx::mma_bf16_16816(acc, a0, xv.x, xv.y);
+      ptx::mma_bf16_16816(acc, a1, xv.z, xv.w);
     }
     __syncwarp();  // every lane is done with slot s before the next iteration refills it
   }
@@ -242,13 +238,10 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
   // Split-K: the warps' [kRows rows][8 tokens] sums through shared memory, added in warp order.
   float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
   float* mine = part + warp * (kRows * 8);
-#pragma unroll
-  for (int tt = 0; tt < kT; ++tt) {
-    mine[(16 * tt + g) * 8 + 2 * t] = acc[tt][0];
-    mine[(16 * tt + g) * 8 + 2 * t + 1] = acc[tt][1];
-    mine[(16 * tt + g + 8) * 8 + 2 * t] = acc[tt][2];
-    mine[(16 * tt + g + 8) * 8 + 2 * t + 1] = acc[tt][3];
-  }
+  mine[g * 8 + 2 * t] = acc[0];
+  mine[g * 8 + 2 * t + 1] = acc[1];
+  mine[(g + 8) * 8 + 2 * t] = acc[2];
+  mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
   __syncthreads();
   for (int e = threadIdx.x; e < kRows * 8; e += kW * 32) {  // one (row, token) per thread
     const int r = e >> 3, tok = e & 7;
@@ -301,9 +294,6 @@ void launch_tc(const GemvParams& p, cudaStream_t stream) {
     case 2: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
     case 3: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
     case 4: launch_tc_shape<NT, TcShape<8, 3, 16>>(p, stream); break;
-    case 5: launch_tc_shape<NT, TcShape<8, 4, 16>>(p, stream); break;
-    case 6: launch_tc_shape<NT, TcShape<4, 3, 16, 2>>(p, stream); break;
-    case 7: launch_tc_shape<NT, TcShape<8, 2, 16, 2>>(p, stream); break;
     default: launch_tc_shape<NT, Default>(p, stream); break;
   }
 }

@@ -31,10 +31,9 @@ void set_gemv_tc(bool on);
 bool gemv_tc_enabled();
 // The tensor-core kernel's ring shape (warps per block, slots per warp, bytes per row piece):
 // 0 (default) 8 x 3 x 256 B for 1-2 rows of activations and 4 x 4 x 256 B above; 1: 4 warps x 3
-// slots x 256 B, 2: 4 x 4 x 256 B, 3: 4 x 2 x 512 B, 4: 8 x 3 x 256 B, 5: 8 x 4 x 256 B; 32-row
-// blocks: 6: 4 x 3 x 256 B, 7: 8 x 2 x 256 B (16-row blocks otherwise). For the benchmark's sweep
-// (dhisparse bench --gemv-tc-shapes); every shape is tested.
-inline constexpr int kGemvTcShapes = 8;
+// slots x 256 B, 2: 4 x 4 x 256 B, 3: 4 x 2 x 512 B, 4: 8 x 3 x 256 B; 16-row blocks. For the
+// benchmark's sweep (dhisparse bench --gemv-tc-shapes); every shape is tested.
+inline constexpr int kGemvTcShapes = 5;
 void set_gemv_tc_shape(int shape);
 
 // Whether launch_gemv takes this shape (n_tok, in and the pointers' 16-byte alignment).

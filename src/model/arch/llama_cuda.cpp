@@ -407,7 +407,6 @@ void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
       p.seq_len = seq_len_d_;
       p.k_pool = pool_->k_d();
       p.v_pool = pool_->v_d();
-      p.kv_page_stride = static_cast<int64_t>(pool_->page_stride());
       p.ws_o = dws_->o_d();
       p.ws_state = dws_->state_d();
       p.n_requests = n_req;
