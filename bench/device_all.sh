@@ -21,6 +21,8 @@
 #          (attention_bench --quick with the SDPA anchor) and e2e TPOT at 128k x 1/4 for R = 1..8
 #   gemvtc the tensor-core GEMV: tests, sanitizers, one layer's GEMMs, e2e A/B against the kernels before
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
+#   prefill the prefill attention kernels: tests, sanitizers, one layer at 32k / 128k (wgmma and
+#          mma.sync in one call) with the cuDNN / FA2 anchor, TTFT at 32k
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   refresh decode attention (all shapes) with the SDPA anchor, e2e TPOT 8k-128k x 1/4/8, TTFT 32k
@@ -226,6 +228,21 @@ for stage in "$@"; do
         --gemm-out "$OUT/weight_gemm.jsonl" --commit "$C"
       run linear_anchor python3 bench/anchors/linear_anchor.py --out "$OUT/weight_gemm.jsonl" --commit "$C"
       grep -A5 "weight GEMMs" "$OUT/e2e_bench_gemm.log"; cat "$OUT/linear_anchor.log" ;;
+    prefill)
+      # Prefill attention: the warpgroup-MMA kernel (prefill_attention_sm90.cu) and the mma.sync one
+      # against the CPU reference, memcheck + racecheck on the small case of both, then one layer at
+      # 32k / 128k (both kernels, one call) with the cuDNN / FA2 anchor, and TTFT at 32k.
+      run test_prefill_attention timeout 200 "$B/test_prefill_attention"
+      grep -E "^  " "$OUT/test_prefill_attention.log" | head -20
+      if [ -z "${DHS_PREFILL_NOSAN:-}" ]; then
+        run sanitizer_memcheck_test_prefill timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_prefill_attention" --gtest_filter='*Small*'
+        run sanitizer_racecheck_test_prefill timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_prefill_attention" --gtest_filter='*Small*'
+      fi
+      run prefill_bench timeout 200 env DHS_COMMIT="$C" "$B/prefill_bench" --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
+      run sdpa_prefill_anchor timeout 200 python3 bench/anchors/sdpa_prefill_anchor.py --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
+      tail -8 "$OUT/prefill_bench.log"; grep -v "^#" "$OUT/sdpa_prefill_anchor.log" | tail -6
+      [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 200 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill 32768 \
+        --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -4 ;;
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;

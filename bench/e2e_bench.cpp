@@ -21,6 +21,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/pdl_launch.h"
 #include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
@@ -300,31 +301,38 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       }
       for (auto& t : ts) t.release(m->allocator());
     }
-  // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole.
+  // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole; with the
+  // mma.sync prefill attention kernel and the default (warpgroup MMA on sm_90) alternated twice: the A/B.
   for (int64_t n : prefills) {
     if (n <= 0) continue;  // --prefill 0: no TTFT run
-    CudaModelOptions o;
-    o.gemv_max_tok = opts.gemv_max_tok;
-    o.max_batch = 1;
-    o.max_step_tokens = 2048;
-    o.max_context = n + 16;
-    auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
-    PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
-    cudaDeviceSynchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t s = 0; s < n; s += 2048) {
-      const int64_t c = std::min<int64_t>(2048, n - s);
-      t.reserve(m->allocator(), c);
-      m->forward({LlamaCuda::Seq{&t, 0, ids.data() + s, c}}, nullptr);
+    for (const bool wgmma : {false, true, false, true}) {
+      cuda::set_prefill_wgmma(wgmma);
+      CudaModelOptions o;
+      o.gemv_max_tok = opts.gemv_max_tok;
+      o.max_batch = 1;
+      o.max_step_tokens = 2048;
+      o.max_context = n + 16;
+      auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+      PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
+      cudaDeviceSynchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t s = 0; s < n; s += 2048) {
+        const int64_t c = std::min<int64_t>(2048, n - s);
+        t.reserve(m->allocator(), c);
+        m->forward({LlamaCuda::Seq{&t, 0, ids.data() + s, c}}, nullptr);
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("prefill %lld tokens (attention on %s): TTFT %.2f s, %.0f tokens/s\n", static_cast<long long>(n),
+                  wgmma ? "wgmma where it applies" : "mma.sync", sec, n / sec);
+      jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n
+         << ",\"chunk\":2048,\"prefill_wgmma\":" << (wgmma ? "true" : "false") << ",\"ttft_s\":" << sec
+         << ",\"prefill_tok_s\":" << n / sec << "}\n";
+      t.release(m->allocator());
     }
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("prefill %lld tokens: TTFT %.2f s, %.0f tokens/s\n", static_cast<long long>(n), sec, n / sec);
-    jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n
-       << ",\"chunk\":2048,\"ttft_s\":" << sec << ",\"prefill_tok_s\":" << n / sec << "}\n";
-    t.release(m->allocator());
   }
+  cuda::set_prefill_wgmma(true);
   return 0;
 }
 

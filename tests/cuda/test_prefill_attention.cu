@@ -30,6 +30,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/prefill_attention_sm90.h"
 #include "core/fp16.h"
 #include "kv/page_lists.h"
 #include "kv/page_pool.h"
@@ -68,8 +69,9 @@ struct DeviceBuffer {
   }
 };
 
-// Returns "" when every element is within tolerance, else a description.
-std::string run_case(const Case& c) {
+// Returns "" when every element is within tolerance, else a description. wgmma: the
+// warpgroup-MMA kernel where it applies (head_dim 128 on sm_90), else the mma.sync one.
+std::string run_case_on(const Case& c, bool wgmma) {
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int n_req = static_cast<int>(c.q_len.size());
@@ -189,8 +191,10 @@ std::string run_case(const Case& c) {
   p.head_dim = d;
   p.page_size = kPageSize;
   p.scale = cp.scale;
+  dhs::cuda::set_prefill_wgmma(wgmma);
   dhs::cuda::launch_prefill_attention(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  dhs::cuda::set_prefill_wgmma(true);
 
   std::vector<uint16_t> out_dev(n_q);
   std::vector<float> lse_dev(lse_ref.size());
@@ -221,13 +225,17 @@ std::string run_case(const Case& c) {
     if (!ok && n_bad_lse++ == 0 && first_bad.empty())
       first_bad = "lse[" + std::to_string(i) + "] gpu " + std::to_string(g) + " ref " + std::to_string(r);
   }
-  std::printf("  %-28s rows %5d  max|err| %.2e  max|err|/(1+|ref|) %.2e  bad %zu/%zu  bad lse %zu\n",
-              c.name.c_str(), n_rows, max_abs, max_rel, n_bad, n_q, n_bad_lse);
+  const char* kernel = !wgmma || d != 128 || !dhs::cuda::prefill_sm90_available() ? "mma.sync" : "wgmma";
+  std::printf("  %-28s %-8s rows %5d  max|err| %.2e  max|err|/(1+|ref|) %.2e  bad %zu/%zu  bad lse %zu\n",
+              c.name.c_str(), kernel, n_rows, max_abs, max_rel, n_bad, n_q, n_bad_lse);
   if (n_bad || n_bad_lse)
-    return c.name + ": " + std::to_string(n_bad) + " outputs and " + std::to_string(n_bad_lse) +
+    return c.name + " (" + kernel + "): " + std::to_string(n_bad) + " outputs and " + std::to_string(n_bad_lse) +
            " lse out of tolerance; first: " + first_bad;
   return "";
 }
+
+// Both kernels on the same case (the wgmma one only where it applies).
+std::string run_case(const Case& c) { return run_case_on(c, true) + run_case_on(c, false); }
 
 // prefix 3 + 97 new; a 51-token request (last page 3/16 full); a chunk of 67
 // on top of a 1000-token prefix (last page 11/16); a one-row chunk.
@@ -241,6 +249,9 @@ Case gqa9x3_d64() { return {"gqa 9/3 d64", 9, 3, 64, kPrefix, kQLen, false, 22};
 Case sparse_d128() { return {"sparse 32/8 d128", 32, 8, 128, kPrefix, kQLen, true, 31}; }
 // Several query tiles per request, and a whole chunk of 600 after 1000 (MHA: 128 tokens per tile).
 Case long_chunk() { return {"chunk 600 on 1000, 4/4 d128", 4, 4, 128, {1000, 0}, {600, 333}, false, 41}; }
+// GQA 4 with many query tiles (32 tokens each) and K/V tiles per request, one sparse.
+Case long_gqa() { return {"chunk 700 on 300, 32/8 d128", 32, 8, 128, {300, 5}, {700, 259}, false, 51}; }
+Case long_gqa_sparse() { return {"sparse chunk 400 on 900, 32/8", 32, 8, 128, {900}, {400}, true, 52}; }
 
 bool have_gpu() { return dhs::cuda::device_count() > 0; }
 
@@ -278,7 +289,8 @@ int main(int argc, char** argv) {
   const bool small_only = argc > 1 && std::string(argv[1]) == "--small";
   std::vector<Case> cases = {small_case(), small_case_d64()};
   if (!small_only)
-    for (const Case& c : {gqa32x8_d128(), gqa9x3_d64(), sparse_d128(), long_chunk()}) cases.push_back(c);
+    for (const Case& c : {gqa32x8_d128(), gqa9x3_d64(), sparse_d128(), long_chunk(), long_gqa(), long_gqa_sparse()})
+      cases.push_back(c);
   int failed = 0;
   try {
     for (const Case& c : cases) {
@@ -327,6 +339,11 @@ TEST(PrefillAttention, SparseListsPerHead) {
 TEST(PrefillAttention, LongChunkOnPrefix) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(run_case(long_chunk()), "");
+}
+TEST(PrefillAttention, LongChunksGqa) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(run_case(long_gqa()), "");
+  EXPECT_EQ(run_case(long_gqa_sparse()), "");
 }
 TEST(PrefillAttention, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();

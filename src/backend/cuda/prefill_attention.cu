@@ -9,11 +9,13 @@
 // owning 32 rows (two m16 tiles); K/V tiles are kBlockN = 64 keys = 4 pages.
 #include "backend/cuda/prefill_attention.h"
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/prefill_attention_sm90.h"
 
 namespace dhs::cuda {
 
@@ -423,7 +425,12 @@ void require(bool ok, const std::string& what) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
+std::atomic<bool> g_wgmma{true};
+
 }  // namespace
+
+void set_prefill_wgmma(bool on) { g_wgmma.store(on, std::memory_order_relaxed); }
+bool prefill_wgmma_enabled() { return g_wgmma.load(std::memory_order_relaxed); }
 
 void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {
   require(p.page_size == kPageSize, "page_size " + std::to_string(p.page_size) + " (supported: 16)");
@@ -446,7 +453,10 @@ void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stre
   const dim3 grid(static_cast<unsigned>(p.n_heads_kv), static_cast<unsigned>(n_tiles_bound));
   switch (p.head_dim) {
     case 64: launch_for_head_dim<64>(p, grid, stream); break;
-    case 128: launch_for_head_dim<128>(p, grid, stream); break;
+    case 128:
+      if (prefill_wgmma_enabled() && prefill_sm90_available()) launch_prefill_attention_sm90(p, grid, stream);
+      else launch_for_head_dim<128>(p, grid, stream);
+      break;
     default: require(false, "head_dim " + std::to_string(p.head_dim) + " (supported: 64, 128)");
   }
 }

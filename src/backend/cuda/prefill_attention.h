@@ -46,4 +46,10 @@ struct PrefillAttentionParams {
 // A row that sees no key gets output 0 and lse -inf.
 void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream);
 
+// head_dim 128 on an sm_90 device runs the warpgroup-MMA kernel (prefill_attention_sm90.h) unless
+// this process-wide switch is off (then the mma.sync kernel: the benchmark's A/B and the tests).
+// Default on.
+void set_prefill_wgmma(bool on);
+bool prefill_wgmma_enabled();
+
 }  // namespace dhs::cuda

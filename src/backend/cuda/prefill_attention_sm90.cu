@@ -1,0 +1,394 @@
+// Causal prefill attention on Hopper's warpgroup MMA (wgmma), head_dim 128: the same contract,
+// tiles and results as the mma.sync kernel (prefill_attention.cu), with both GEMMs of a tile issued
+// as asynchronous warpgroup MMAs that read K and V straight from shared memory.
+//
+// One thread block = 128 query rows (token x GQA head, as in prefill_attention.cu) of one
+// (request, KV head), two warpgroups of 64 rows; K/V tiles of 64 keys (4 pages), gathered page by
+// page with cp.async into a double buffer, shared by both warpgroups. Per tile and warpgroup:
+//   S[64 x 64]   = Q K^T: 8 x wgmma.m64n64k16, A = Q and B = K from shared memory (K-major);
+//   mask, online softmax (base 2) on S in registers, P = bf16(S);
+//   O[64 x 128] += P V: 4 x wgmma.m64n128k16, A = P from registers, B = V from shared memory
+//   (MN-major: V's rows are keys, the reduction dimension; the transposed-B form).
+// Shared-memory tiles use the 128-byte swizzle the MMA descriptors describe: a tile of R rows x
+// 128 dims is two column blocks of R rows x 64 dims (128 B per row); 16-byte chunk c of row r sits
+// at chunk c ^ (r % 8) of its row, 8-row groups 1,024 B apart (every block 1,024-B aligned).
+// Written by hand: cuDNN's paged prefill wants one page table for all heads of a request, while
+// this engine pages each KV head separately; CUTLASS/FA3 are not Debian packages.
+#include "backend/cuda/prefill_attention_sm90.h"
+
+#include <climits>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace dhs::cuda {
+
+namespace {
+
+constexpr int kPageSize = 16;
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;  // query rows per block: two warpgroups of 64
+constexpr int kBlockN = 64;   // keys per K/V tile
+constexpr int kThreads = 256;
+constexpr int kPagesPerTile = kBlockN / kPageSize;
+constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+constexpr int kQBytes = kBlockM * kHeadDim * 2;     // 32 KiB
+constexpr int kKVBytes = kBlockN * kHeadDim * 2;    // 16 KiB per K (or V) tile
+constexpr int kSmemBytes = kQBytes + 4 * kKVBytes + 1024;  // + alignment slack
+constexpr int kNoKey = INT_MAX / 2;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Byte offset of chunk c of row r in a 128B-swizzled tile of `rows` rows (see the top).
+__device__ __forceinline__ uint32_t sw128(int rows, int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Makes this thread's shared-memory writes (cp.async included) visible to the MMA's async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of an accumulator across an MMA's issue or wait
+// (the asynchronous MMA writes it between the two).
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// The same for a register A operand: read by the MMA until its wait.
+__device__ __forceinline__ void pin(uint32_t (&r)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// d (+)= A B, m64 n64 k16, A and B from shared memory (both K-major). scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d += A B, m64 n128 k16, A from registers (the m16n8k16 A-fragment layout per warp), B from
+// shared memory MN-major (the transposed-B form).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle atoms must sit on 1,024-byte boundaries.
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)));
+  const uint32_t s_q = base;                   // [2 column blocks][128 rows][128 B]
+  const uint32_t s_k = base + kQBytes;         // [2 buffers][2 column blocks][64 rows][128 B]
+  const uint32_t s_v = s_k + 2 * kKVBytes;     // the same for V
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2;                       // warpgroup: rows 64 wg ..
+  const int wrow = 64 * wg + 16 * (warp & 3);     // first row of this warp's 16
+  const int g = lane >> 2, t = lane & 3;
+  const int kv_head = blockIdx.x;
+  const int group = p.n_heads_q / p.n_heads_kv;
+  const int tile_tokens = kBlockM / group;
+
+  // (request, query tile) of this block: as in prefill_attention.cu, heaviest tile first.
+  int req = -1, tile = 0;
+  {
+    int y = static_cast<int>(blockIdx.y);
+    for (int r = 0; r < p.n_requests; ++r) {
+      const int n_tiles = (p.q_indptr[r + 1] - p.q_indptr[r] + tile_tokens - 1) / tile_tokens;
+      if (y < n_tiles) {
+        req = r;
+        tile = n_tiles - 1 - y;
+        break;
+      }
+      y -= n_tiles;
+    }
+  }
+  if (req < 0) return;
+
+  const int q_begin = p.q_indptr[req];
+  const int q_len = p.q_indptr[req + 1] - q_begin;
+  const int seq_len = p.seq_len[req];
+  const int tok0 = tile * tile_tokens;
+  const int n_tok = min(tile_tokens, q_len - tok0);
+  const int n_valid_rows = n_tok * group;
+  const int q_min = seq_len - q_len + tok0;
+  const int q_max = q_min + n_tok - 1;
+
+  const int list_row = req * p.n_heads_kv + kv_head;
+  const int32_t* slots = p.slots + p.kv_indptr[list_row];
+  const int32_t* page_pos = p.page_pos + p.kv_indptr[list_row];
+  const int n_entries = p.kv_indptr[list_row + 1] - p.kv_indptr[list_row];
+  int n_vis;  // entries holding a key at a position <= q_max (page_pos increases)
+  {
+    int lo = 0, hi = n_entries;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (page_pos[mid] * kPageSize <= q_max) lo = mid + 1;
+      else hi = mid;
+    }
+    n_vis = lo;
+  }
+  const int n_kv_tiles = (n_vis + kPagesPerTile - 1) / kPagesPerTile;
+
+  // Q tile -> shared (padding rows zero-filled). NOTE: size_t: the pools reach 2^31 elements.
+  const size_t tok_stride = static_cast<size_t>(p.n_heads_q) * kHeadDim;
+  const __nv_bfloat16* q_tile =
+      p.q + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * kHeadDim;
+#pragma unroll
+  for (int i = 0; i < kBlockM * kChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads;
+    const int m = c / kChunks, ch = c % kChunks;
+    const bool valid = m < n_valid_rows;
+    const int tk = m / group, h = m - tk * group;
+    cp_async_16(s_q + sw128(kBlockM, m, ch), valid ? q_tile + tk * tok_stride + h * kHeadDim + ch * 8 : p.q, valid);
+  }
+
+  auto fetch_pages = [&](int kt, int (&slot)[kPagesPerTile], int (&kbase)[kPagesPerTile]) {
+#pragma unroll
+    for (int i = 0; i < kPagesPerTile; ++i) {
+      const int e = kt * kPagesPerTile + i;
+      const bool in = e < n_vis;
+      slot[i] = in ? __ldg(slots + e) : 0;
+      kbase[i] = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
+    }
+  };
+  // K/V tile -> buffer `buf`: one 16-byte chunk of each page per thread (16 rows x 16 chunks);
+  // rows past seq_len (a last page's unused rows may hold NaN) and past the list are zero-filled.
+  auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile]) {
+    const int pr = tid / kChunks, ch = tid % kChunks;
+#pragma unroll
+    for (int pg = 0; pg < kPagesPerTile; ++pg) {
+      const int r = pg * kPageSize + pr;
+      const bool valid = kbase[pg] + pr < seq_len;
+      const size_t off = (static_cast<size_t>(slot[pg]) * kPageSize + pr) * kHeadDim + ch * 8;
+      const uint32_t at = buf * kKVBytes + sw128(kBlockN, r, ch);
+      cp_async_16(s_k + at, valid ? p.k_pool + off : p.k_pool, valid);
+      cp_async_16(s_v + at, valid ? p.v_pool + off : p.v_pool, valid);
+    }
+  };
+
+  int cur_slot[kPagesPerTile], cur_kbase[kPagesPerTile];
+  if (n_kv_tiles > 0) {
+    fetch_pages(0, cur_slot, cur_kbase);
+    load_kv(0, cur_slot, cur_kbase);
+  }
+  cp_async_commit();
+
+  // o[4j + e]: dims 8j + 2t + (e & 1) of rows g (e < 2) and g + 8 of this warp's 16.
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+  // Query positions of this thread's two rows (-1: padding).
+  int row_pos[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int m = wrow + g + 8 * hh;
+    row_pos[hh] = m < n_valid_rows ? q_min + m / group : -1;
+  }
+
+  for (int kt = 0; kt < n_kv_tiles; ++kt) {
+    const int buf = kt & 1;
+    const bool has_next = kt + 1 < n_kv_tiles;
+    int nxt_slot[kPagesPerTile], nxt_kbase[kPagesPerTile];
+    if (has_next) fetch_pages(kt + 1, nxt_slot, nxt_kbase);
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // tile kt landed for all; both warpgroups are done with buffer buf ^ 1
+    if (has_next) load_kv(buf ^ 1, nxt_slot, nxt_kbase);
+    cp_async_commit();
+
+    // S = Q K^T (64 rows of this warpgroup x 64 keys).
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    pin(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t qa = s_q + (kk >> 2) * (kBlockM * 128) + wg * (64 * 128) + (kk & 3) * 32;
+      const uint32_t kb = s_k + buf * kKVBytes + (kk >> 2) * (kBlockN * 128) + (kk & 3) * 32;
+      wgmma_m64n64k16_ss(s, smem_desc(qa, 16, 1024), smem_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    pin(s);
+
+    // s[4i + e]: key 8i + 2t + (e & 1) of the tile, row g + 8 (e >> 1).
+    if (cur_kbase[kPagesPerTile - 1] + kPageSize - 1 > q_min) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kpos = cur_kbase[i >> 1] + (i & 1) * 8 + 2 * t + (e & 1);
+          if (kpos > row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
+        }
+    }
+    // Online softmax (base 2, scale folded in); m_use = 0 keeps a row with no key yet away from
+    // (-inf) - (-inf).
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = fast_exp2(row_max[hh] - m_use);
+      row_max[hh] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = fast_exp2(fmaf(s[4 * i + 2 * hh + e], scale_log2, -m_use));
+          s[4 * i + 2 * hh + e] = pe;
+          sum += pe;
+        }
+      row_sum[hh] = row_sum[hh] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o[4 * j + 2 * hh] *= alpha;
+        o[4 * j + 2 * hh + 1] *= alpha;
+      }
+    }
+
+    // O += P V: keys 16 kk .. 16 kk + 15 are S's n8 tiles 2kk and 2kk + 1, whose accumulator
+    // layout is the A fragment of one k16 step.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    pin(o);
+    pin(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // 16 keys = two 8-row groups (SBO 1,024 B); 128 dims = two 64-dim column blocks (LBO).
+      const uint32_t vb = s_v + buf * kKVBytes + kk * (16 * 128);
+      wgmma_m64n128k16_rs_tb(o, pa[kk], smem_desc(vb, kBlockN * 128, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    pin(o);
+    pin(pa);
+
+    if (has_next) {
+#pragma unroll
+      for (int i = 0; i < kPagesPerTile; ++i) cur_kbase[i] = nxt_kbase[i];
+    }
+  }
+
+  // Epilogue: both warpgroups are past their last MMA on Q (and an unused Q copy has landed)
+  // before the Q tile is reused to stage O.
+  cp_async_wait_all();
+  __syncthreads();
+  float inv_sum[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = row_sum[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_sum[hh] = l;
+    inv_sum[hh] = l > 0.0f ? 1.0f / l : 0.0f;
+  }
+  // Staging: row m's chunk c at sw128(kBlockM, m, c) (the Q tile's own layout).
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int m = wrow + g + 8 * hh;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t v = pack_bf16(o[4 * j + 2 * hh] * inv_sum[hh], o[4 * j + 2 * hh + 1] * inv_sum[hh]);
+      *reinterpret_cast<uint32_t*>(smem + (sw128(kBlockM, m, j) + 4 * t)) = v;
+    }
+  }
+  __syncthreads();
+  __nv_bfloat16* out_tile =
+      p.out + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * kHeadDim;
+#pragma unroll
+  for (int i = 0; i < kBlockM * kChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads;
+    const int m = c / kChunks, ch = c % kChunks;
+    if (m < n_valid_rows) {
+      const int tk = m / group, h = m - tk * group;
+      *reinterpret_cast<uint4*>(out_tile + tk * tok_stride + h * kHeadDim + ch * 8) =
+          *reinterpret_cast<const uint4*>(smem + sw128(kBlockM, m, ch));
+    }
+  }
+  if (p.lse != nullptr && t == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int m = wrow + g + 8 * hh;
+      if (m < n_valid_rows) {
+        const int tk = m / group, h = m - tk * group;
+        const float l = row_sum[hh];
+        p.lse[static_cast<size_t>(q_begin + tok0 + tk) * p.n_heads_q + kv_head * group + h] =
+            l > 0.0f ? (row_max[hh] + log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool prefill_sm90_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    // The kernel image exists only where the build targeted sm_90a.
+    cudaFuncAttributes attr{};
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel) == cudaSuccess;
+  }();
+  return ok;
+}
+
+void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  static const bool attr_set = [] {
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)attr_set;
+  prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dhs::cuda
