@@ -24,6 +24,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/prefill_attention_sm90.h"
 
 namespace {
 
@@ -196,8 +197,10 @@ int main(int argc, char** argv) {
     // Mode 2 first: the mma.sync kernel (set_prefill_wgmma(false)) in one call, for the A/B against
     // the default (wgmma on sm_90); then the default in one call and in chunks, whose outputs the
     // checks below read.
-    for (int mode : {2, 0, 1}) {
+    // Mode 3: the wgmma kernel with 128-key tiles (set_prefill_sm90_block_n).
+    for (int mode : {2, 3, 0, 1}) {
       dhs::cuda::set_prefill_wgmma(mode != 2);
+      dhs::cuda::set_prefill_sm90_block_n(mode == 3 ? 128 : 64);
       auto fn = [&] { mode == 1 ? run_chunked() : run_single(); };
       fn();  // warm-up (module load, smem attribute)
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -212,10 +215,15 @@ int main(int argc, char** argv) {
         samples.push_back(ms * 1e3);
       }
       const double us = median(samples);
-      results.push_back({mode == 0 ? "single" : mode == 2 ? "single-mmasync" : "chunked" + std::to_string(chunk), ctx, us,
+      results.push_back({mode == 0   ? "single"
+                         : mode == 2 ? "single-mmasync"
+                         : mode == 3 ? "single-wgmma128"
+                                     : "chunked" + std::to_string(chunk),
+                         ctx, us,
                          flops / us * 1e-6, samples});
     }
     dhs::cuda::set_prefill_wgmma(true);
+    dhs::cuda::set_prefill_sm90_block_n(64);
 
     // The chunked run must produce exactly the single run's output (same tiles, same key order).
     unsigned long long* n_diff_d = dev_alloc<unsigned long long>(1);
@@ -276,7 +284,8 @@ int main(int argc, char** argv) {
                    "{\"commit\":\"%s\",\"gpu\":\"%s\",\"impl\":\"dhisparse-prefill\",\"mode\":\"%s\",\"ctx\":%d,"
                    "\"batch\":1,\"wgmma\":%s,\"n_heads_q\":%d,\"n_heads_kv\":%d,\"head_dim\":%d,\"us\":%.1f,\"tflops\":%.1f,"
                    "\"checked\":%s,\"samples_us\":[%s]}\n",
-                   commit.c_str(), prop.name, r.mode.c_str(), r.mode == "single-mmasync" ? "false" : "true", r.ctx, kHeadsQ, kHeadsKv, kHeadDim, r.us, r.tflops,
+                   commit.c_str(), prop.name, r.mode.c_str(), r.ctx, r.mode == "single-mmasync" ? "false" : "true", kHeadsQ,
+                   kHeadsKv, kHeadDim, r.us, r.tflops,
                    ok ? "true" : "false", samples.c_str());
     }
     std::fflush(jf);

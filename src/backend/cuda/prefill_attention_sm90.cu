@@ -16,6 +16,7 @@
 // this engine pages each KV head separately; CUTLASS/FA3 are not Debian packages.
 #include "backend/cuda/prefill_attention_sm90.h"
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -28,13 +29,16 @@ namespace {
 constexpr int kPageSize = 16;
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;  // query rows per block: two warpgroups of 64
-constexpr int kBlockN = 64;   // keys per K/V tile
 constexpr int kThreads = 256;
-constexpr int kPagesPerTile = kBlockN / kPageSize;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-constexpr int kQBytes = kBlockM * kHeadDim * 2;     // 32 KiB
-constexpr int kKVBytes = kBlockN * kHeadDim * 2;    // 16 KiB per K (or V) tile
-constexpr int kSmemBytes = kQBytes + 4 * kKVBytes + 1024;  // + alignment slack
+constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB
+// Keys per K/V tile (64 or 128: the template argument BN below).
+template <int BN>
+struct Tile {
+  static constexpr int kPages = BN / kPageSize;
+  static constexpr int kKVBytes = BN * kHeadDim * 2;              // one K (or V) tile
+  static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes + 1024;  // Q, 2 x (K, V), alignment slack
+};
 constexpr int kNoKey = INT_MAX / 2;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -68,19 +72,28 @@ __device__ __forceinline__ void pin(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 // The same for a register A operand: read by the MMA until its wait.
-__device__ __forceinline__ void pin(uint32_t (&r)[4][4]) {
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N][4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
-// d (+)= A B, m64 n64 k16, A and B from shared memory (both K-major). scale_d 0: d = A B.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+// d (+)= A B, m64 n64 / n128 k16, A and B from shared memory (both K-major). scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -104,13 +117,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+template <int BN>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
+  constexpr int kBlockN = BN, kPagesPerTile = Tile<BN>::kPages, kKVBytes = Tile<BN>::kKVBytes;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)));
   const uint32_t s_q = base;                   // [2 column blocks][128 rows][128 B]
-  const uint32_t s_k = base + kQBytes;         // [2 buffers][2 column blocks][64 rows][128 B]
+  const uint32_t s_k = base + kQBytes;         // [2 buffers][2 column blocks][BN rows][128 B]
   const uint32_t s_v = s_k + 2 * kKVBytes;     // the same for V
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -232,16 +247,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     cp_async_commit();
 
     // S = Q K^T (64 rows of this warpgroup x 64 keys).
-    float s[32];
+    float s[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
     pin(s);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t qa = s_q + (kk >> 2) * (kBlockM * 128) + wg * (64 * 128) + (kk & 3) * 32;
       const uint32_t kb = s_k + buf * kKVBytes + (kk >> 2) * (kBlockN * 128) + (kk & 3) * 32;
-      wgmma_m64n64k16_ss(s, smem_desc(qa, 16, 1024), smem_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+      wgmma_ss(s, smem_desc(qa, 16, 1024), smem_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -250,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     // s[4i + e]: key 8i + 2t + (e & 1) of the tile, row g + 8 (e >> 1).
     if (cur_kbase[kPagesPerTile - 1] + kPageSize - 1 > q_min) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int kpos = cur_kbase[i >> 1] + (i & 1) * 8 + 2 * t + (e & 1);
@@ -263,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     for (int hh = 0; hh < 2; ++hh) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
+      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(row_max[hh], mx * scale_log2);
@@ -272,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       row_max[hh] = m_new;
       float sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float pe = fast_exp2(fmaf(s[4 * i + 2 * hh + e], scale_log2, -m_use));
@@ -289,9 +304,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 
     // O += P V: keys 16 kk .. 16 kk + 15 are S's n8 tiles 2kk and 2kk + 1, whose accumulator
     // layout is the A fragment of one k16 step.
-    uint32_t pa[4][4];
+    uint32_t pa[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < BN / 16; ++kk) {
       pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
       pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
       pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
@@ -301,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     pin(pa);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < BN / 16; ++kk) {
       // 16 keys = two 8-row groups (SBO 1,024 B); 128 dims = two 64-dim column blocks (LBO).
       const uint32_t vb = s_v + buf * kKVBytes + kk * (16 * 128);
       wgmma_m64n128k16_rs_tb(o, pa[kk], smem_desc(vb, kBlockN * 128, 1024));
@@ -367,7 +382,27 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   }
 }
 
+std::atomic<int> g_block_n{64};
+
+template <int BN>
+void launch_bn(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  static const bool attr_set = [] {
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Tile<BN>::kSmemBytes));
+    return true;
+  }();
+  (void)attr_set;
+  prefill_attention_sm90_kernel<BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(p);
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+void set_prefill_sm90_block_n(int keys) {
+  if (keys != 64 && keys != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_block_n: 64 or 128 keys", __FILE__, __LINE__);
+  g_block_n.store(keys, std::memory_order_relaxed);
+}
+int prefill_sm90_block_n() { return g_block_n.load(std::memory_order_relaxed); }
 
 bool prefill_sm90_available() {
   static const bool ok = [] {
@@ -376,19 +411,14 @@ bool prefill_sm90_available() {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     // The kernel image exists only where the build targeted sm_90a.
     cudaFuncAttributes attr{};
-    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel) == cudaSuccess;
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<64>) == cudaSuccess;
   }();
   return ok;
 }
 
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  static const bool attr_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)attr_set;
-  prefill_attention_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  DHS_CUDA_CHECK(cudaGetLastError());
+  if (prefill_sm90_block_n() == 128) launch_bn<128>(p, grid, stream);
+  else launch_bn<64>(p, grid, stream);
 }
 
 }  // namespace dhs::cuda
