@@ -32,12 +32,14 @@ constexpr int kBlockM = 128;  // query rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB
-// Keys per K/V tile (64 or 128: the template argument BN below).
-template <int BN>
+// Keys per K/V tile (64 or 128: the template argument BN below) and the buffers of the K/V ring
+// (2, or 3 when the P V of one tile overlaps the next tile's softmax: PIPE).
+template <int BN, bool PIPE>
 struct Tile {
   static constexpr int kPages = BN / kPageSize;
-  static constexpr int kKVBytes = BN * kHeadDim * 2;              // one K (or V) tile
-  static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes + 1024;  // Q, 2 x (K, V), alignment slack
+  static constexpr int kStages = PIPE ? 3 : 2;
+  static constexpr int kKVBytes = BN * kHeadDim * 2;  // one K (or V) tile
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;  // Q, K/V ring, alignment slack
 };
 constexpr int kNoKey = INT_MAX / 2;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -63,7 +65,9 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most N committed groups of this warpgroup's MMAs are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // Keeps the compiler from moving reads or writes of an accumulator across an MMA's issue or wait
 // (the asynchronous MMA writes it between the two).
 template <int N>
@@ -117,16 +121,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int BN>
+template <int BN, bool PIPE>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
-  constexpr int kBlockN = BN, kPagesPerTile = Tile<BN>::kPages, kKVBytes = Tile<BN>::kKVBytes;
+  using T = Tile<BN, PIPE>;
+  constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   unsigned char* const smem = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)));
   const uint32_t s_q = base;                   // [2 column blocks][128 rows][128 B]
-  const uint32_t s_k = base + kQBytes;         // [2 buffers][2 column blocks][BN rows][128 B]
-  const uint32_t s_v = s_k + 2 * kKVBytes;     // the same for V
+  const uint32_t s_k = base + kQBytes;           // [kStages buffers][2 column blocks][BN rows][128 B]
+  const uint32_t s_v = s_k + kStages * kKVBytes;  // the same for V
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;                       // warpgroup: rows 64 wg ..
@@ -214,13 +219,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
   };
 
-  int cur_slot[kPagesPerTile], cur_kbase[kPagesPerTile];
-  if (n_kv_tiles > 0) {
-    fetch_pages(0, cur_slot, cur_kbase);
-    load_kv(0, cur_slot, cur_kbase);
-  }
-  cp_async_commit();
-
   // o[4j + e]: dims 8j + 2t + (e & 1) of rows g (e < 2) and g + 8 of this warp's 16.
   float o[64];
 #pragma unroll
@@ -235,19 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     row_pos[hh] = m < n_valid_rows ? q_min + m / group : -1;
   }
 
-  for (int kt = 0; kt < n_kv_tiles; ++kt) {
-    const int buf = kt & 1;
-    const bool has_next = kt + 1 < n_kv_tiles;
-    int nxt_slot[kPagesPerTile], nxt_kbase[kPagesPerTile];
-    if (has_next) fetch_pages(kt + 1, nxt_slot, nxt_kbase);
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // tile kt landed for all; both warpgroups are done with buffer buf ^ 1
-    if (has_next) load_kv(buf ^ 1, nxt_slot, nxt_kbase);
-    cp_async_commit();
-
-    // S = Q K^T (64 rows of this warpgroup x 64 keys).
-    float s[BN / 2];
+  // S = Q K^T of the tile in buffer `buf` (64 rows of this warpgroup x BN keys), issued.
+  auto issue_s = [&](int buf, float (&s)[BN / 2]) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
     pin(s);
@@ -259,59 +246,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       wgmma_ss(s, smem_desc(qa, 16, 1024), smem_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
-    pin(s);
-
-    // s[4i + e]: key 8i + 2t + (e & 1) of the tile, row g + 8 (e >> 1).
-    if (cur_kbase[kPagesPerTile - 1] + kPageSize - 1 > q_min) {
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kpos = cur_kbase[i >> 1] + (i & 1) * 8 + 2 * t + (e & 1);
-          if (kpos > row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
-        }
-    }
-    // Online softmax (base 2, scale folded in); m_use = 0 keeps a row with no key yet away from
-    // (-inf) - (-inf).
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[hh], mx * scale_log2);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = fast_exp2(row_max[hh] - m_use);
-      row_max[hh] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[4 * i + 2 * hh + e], scale_log2, -m_use));
-          s[4 * i + 2 * hh + e] = pe;
-          sum += pe;
-        }
-      row_sum[hh] = row_sum[hh] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j + 2 * hh] *= alpha;
-        o[4 * j + 2 * hh + 1] *= alpha;
-      }
-    }
-
-    // O += P V: keys 16 kk .. 16 kk + 15 are S's n8 tiles 2kk and 2kk + 1, whose accumulator
-    // layout is the A fragment of one k16 step.
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+  };
+  // O += P V of the tile in buffer `buf`, issued: keys 16 kk .. 16 kk + 15 are S's n8 tiles 2kk
+  // and 2kk + 1, whose accumulator layout is the A fragment of one k16 step.
+  auto issue_pv = [&](int buf, uint32_t (&pa)[BN / 16][4]) {
     pin(o);
     pin(pa);
     wgmma_fence();
@@ -322,13 +260,120 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       wgmma_m64n128k16_rs_tb(o, pa[kk], smem_desc(vb, kBlockN * 128, 1024));
     }
     wgmma_commit();
-    wgmma_wait_all();
-    pin(o);
-    pin(pa);
+  };
+  // Mask (tile keys at kbase), online softmax (base 2, scale folded in) and P = bf16(exp2(..)):
+  // s[4i + e] is key 8i + 2t + (e & 1) of the tile, row g + 8 (e >> 1). Returns in alpha the
+  // factor O must be scaled by before this tile's P V is added. m_use = 0 keeps a row with no
+  // key yet away from (-inf) - (-inf).
+  auto softmax = [&](float (&s)[BN / 2], const int (&kbase)[kPagesPerTile], uint32_t (&pa)[BN / 16][4], float (&alpha)[2]) {
+    if (kbase[kPagesPerTile - 1] + kPageSize - 1 > q_min) {
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kpos = kbase[i >> 1] + (i & 1) * 8 + 2 * t + (e & 1);
+          if (kpos > row_pos[e >> 1]) s[4 * i + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hh], s[4 * i + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[hh] = fast_exp2(row_max[hh] - m_use);
+      row_max[hh] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = fast_exp2(fmaf(s[4 * i + 2 * hh + e], scale_log2, -m_use));
+          s[4 * i + 2 * hh + e] = pe;
+          sum += pe;
+        }
+      row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  auto rescale = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  };
 
+  // Tile kt lives in buffer kt % kStages; the next tile's copy is issued once every warp is past
+  // the tile that used its buffer (the __syncthreads after each tile's arrival).
+  int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
+  if (n_kv_tiles > 0) {
+    fetch_pages(0, slot_n, kbase_c);
+    load_kv(0, slot_n, kbase_c);
+  }
+  cp_async_commit();
+  float s[BN / 2], alpha[2];
+  uint32_t pa[BN / 16][4];
+  for (int kt = 0; kt < n_kv_tiles; ++kt) {
+    const int buf = kt % kStages;
+    const bool has_next = kt + 1 < n_kv_tiles;
+    if (has_next) fetch_pages(kt + 1, slot_n, kbase_n);
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
+    if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
+    cp_async_commit();
+    if constexpr (PIPE) {
+      // Tile kt's S on the tensor cores while tile kt - 1's P V (issued behind it) still runs;
+      // the softmax of tile kt overlaps that P V, and O is rescaled only after it.
+      issue_s(buf, s);
+      if (kt > 0) issue_pv((kt - 1) % kStages, pa);
+      if (kt > 0) wgmma_wait<1>();
+      else wgmma_wait<0>();
+      pin(s);
+      uint32_t pn[BN / 16][4];
+      softmax(s, kbase_c, pn, alpha);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pa);
+      rescale(alpha);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+    } else {
+      issue_s(buf, s);
+      wgmma_wait<0>();
+      pin(s);
+      softmax(s, kbase_c, pa, alpha);
+      rescale(alpha);
+      issue_pv(buf, pa);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pa);
+    }
     if (has_next) {
 #pragma unroll
-      for (int i = 0; i < kPagesPerTile; ++i) cur_kbase[i] = nxt_kbase[i];
+      for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
+    }
+  }
+  if constexpr (PIPE) {  // the last tile's P V
+    if (n_kv_tiles > 0) {
+      issue_pv((n_kv_tiles - 1) % kStages, pa);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pa);
     }
   }
 
@@ -383,26 +428,27 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 }
 
 std::atomic<int> g_block_n{64};
+std::atomic<bool> g_pipelined{true};
 
-template <int BN>
-void launch_bn(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
+template <int BN, bool PIPE>
+void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
   static const bool attr_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Tile<BN>::kSmemBytes));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Tile<BN, PIPE>::kSmemBytes));
     return true;
   }();
   (void)attr_set;
-  prefill_attention_sm90_kernel<BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(p);
+  prefill_attention_sm90_kernel<BN, PIPE><<<grid, kThreads, Tile<BN, PIPE>::kSmemBytes, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void set_prefill_sm90_block_n(int keys) {
-  if (keys != 64 && keys != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_block_n: 64 or 128 keys", __FILE__, __LINE__);
-  g_block_n.store(keys, std::memory_order_relaxed);
+void set_prefill_sm90_shape(int block_n, bool pipelined) {
+  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_shape: 64 or 128 keys", __FILE__, __LINE__);
+  g_block_n.store(block_n, std::memory_order_relaxed);
+  g_pipelined.store(pipelined, std::memory_order_relaxed);
 }
-int prefill_sm90_block_n() { return g_block_n.load(std::memory_order_relaxed); }
 
 bool prefill_sm90_available() {
   static const bool ok = [] {
@@ -411,14 +457,15 @@ bool prefill_sm90_available() {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     // The kernel image exists only where the build targeted sm_90a.
     cudaFuncAttributes attr{};
-    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<64>) == cudaSuccess;
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<64, true>) == cudaSuccess;
   }();
   return ok;
 }
 
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  if (prefill_sm90_block_n() == 128) launch_bn<128>(p, grid, stream);
-  else launch_bn<64>(p, grid, stream);
+  const bool pipe = g_pipelined.load(std::memory_order_relaxed);
+  if (g_block_n.load(std::memory_order_relaxed) == 128) pipe ? launch_shape<128, true>(p, grid, stream) : launch_shape<128, false>(p, grid, stream);
+  else pipe ? launch_shape<64, true>(p, grid, stream) : launch_shape<64, false>(p, grid, stream);
 }
 
 }  // namespace dhs::cuda

@@ -11,10 +11,10 @@ namespace dhs::cuda {
 
 // Whether this device runs the sm_90a kernel (compute capability 9.x and an sm_90a image).
 bool prefill_sm90_available();
-// Keys per K/V tile of the kernel, 64 (default) or 128: process-wide, for the benchmark's sweep
-// and the tests (both are tested).
-void set_prefill_sm90_block_n(int keys);
-int prefill_sm90_block_n();
+// The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
+// tested): keys per K/V tile, 64 (default) or 128; pipelined (default): the P V of one tile runs
+// on the tensor cores while the next tile's softmax runs (a third K/V buffer), else one after the other.
+void set_prefill_sm90_shape(int block_n, bool pipelined);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
 
