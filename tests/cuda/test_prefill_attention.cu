@@ -196,7 +196,7 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = 64, bool pipeli
   dhs::cuda::launch_prefill_attention(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   dhs::cuda::set_prefill_wgmma(true);
-  dhs::cuda::set_prefill_sm90_shape(64, true);
+  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90Pipelined);
 
   std::vector<uint16_t> out_dev(n_q);
   std::vector<float> lse_dev(lse_ref.size());

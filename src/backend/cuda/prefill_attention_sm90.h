@@ -12,8 +12,11 @@ namespace dhs::cuda {
 // Whether this device runs the sm_90a kernel (compute capability 9.x and an sm_90a image).
 bool prefill_sm90_available();
 // The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
-// tested): keys per K/V tile, 64 (default) or 128; pipelined (default): the P V of one tile runs
-// on the tensor cores while the next tile's softmax runs (a third K/V buffer), else one after the other.
+// tested): keys per K/V tile, 64 or 128; pipelined: the P V of one tile runs on the tensor cores
+// while the next tile's softmax runs (a third K/V buffer), else one after the other. The default is
+// the fastest shape measured correct (docs/kernels/prefill_attention_NOTES.md, v2).
+inline constexpr int kPrefillSm90BlockN = 128;
+inline constexpr bool kPrefillSm90Pipelined = false;
 void set_prefill_sm90_shape(int block_n, bool pipelined);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
