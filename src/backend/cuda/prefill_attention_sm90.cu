@@ -32,12 +32,11 @@ constexpr int kBlockM = 128;  // query rows per block: two warpgroups of 64
 constexpr int kThreads = 256;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB
-// Keys per K/V tile (64 or 128: the template argument BN below) and the buffers of the K/V ring
-// (2, or 3 when the P V of one tile overlaps the next tile's softmax: PIPE).
-template <int BN, bool PIPE>
+// Keys per K/V tile (64 or 128: the template argument BN below); K/V double-buffered.
+template <int BN>
 struct Tile {
   static constexpr int kPages = BN / kPageSize;
-  static constexpr int kStages = PIPE ? 3 : 2;
+  static constexpr int kStages = 2;
   static constexpr int kKVBytes = BN * kHeadDim * 2;  // one K (or V) tile
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;  // Q, K/V ring, alignment slack
 };
@@ -124,9 +123,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int BN, bool PIPE>
+template <int BN>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
-  using T = Tile<BN, PIPE>;
+  using T = Tile<BN>;
   constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
@@ -318,8 +317,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     }
   };
 
-  // Tile kt lives in buffer kt % kStages; the next tile's copy is issued once every warp is past
-  // the tile that used its buffer (the __syncthreads after each tile's arrival).
+  // Tile kt lives in buffer kt % 2; the next tile's copy is issued once every warp is past the
+  // tile that used its buffer (the __syncthreads after each tile's arrival).
   int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
   if (n_kv_tiles > 0) {
     fetch_pages(0, slot_n, kbase_c);
@@ -337,49 +336,20 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
     __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
     if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
     cp_async_commit();
-    if constexpr (PIPE) {
-      // Tile kt's S on the tensor cores while tile kt - 1's P V (issued behind it) still runs;
-      // the softmax of tile kt overlaps that P V, and O is rescaled only after it.
-      issue_s(buf, s);
-      if (kt > 0) issue_pv((kt - 1) % kStages, pa);
-      if (kt > 0) wgmma_wait<1>();
-      else wgmma_wait<0>();
-      pin(s);
-      uint32_t pn[BN / 16][4];
-      softmax(s, kbase_c, pn, alpha);
-      wgmma_wait<0>();
-      pin(o);
-      pin(pa);
-      rescale(alpha);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-    } else {
-      issue_s(buf, s);
-      wgmma_wait<0>();
-      pin(s);
-      softmax(s, kbase_c, pa, alpha);
-      rescale(alpha);
-      issue_pv(buf, pa);
-      wgmma_wait<0>();
-      pin(o);
-      pin(pa);
-    }
+    issue_s(buf, s);
+    wgmma_wait<0>();
+    pin(s);
+    softmax(s, kbase_c, pa, alpha);
+    rescale(alpha);
+    issue_pv(buf, pa);
+    wgmma_wait<0>();
+    pin(o);
+    pin(pa);
     if (has_next) {
 #pragma unroll
       for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
     }
   }
-  if constexpr (PIPE) {  // the last tile's P V
-    if (n_kv_tiles > 0) {
-      issue_pv((n_kv_tiles - 1) % kStages, pa);
-      wgmma_wait<0>();
-      pin(o);
-      pin(pa);
-    }
-  }
-
   // Epilogue: both warpgroups are past their last MMA on Q (and an unused Q copy has landed)
   // before the Q tile is reused to stage O.
   cp_async_wait_all();
@@ -431,26 +401,24 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 }
 
 std::atomic<int> g_block_n{kPrefillSm90BlockN};
-std::atomic<bool> g_pipelined{kPrefillSm90Pipelined};
 
-template <int BN, bool PIPE>
+template <int BN>
 void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
   static const bool attr_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Tile<BN, PIPE>::kSmemBytes));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Tile<BN>::kSmemBytes));
     return true;
   }();
   (void)attr_set;
-  prefill_attention_sm90_kernel<BN, PIPE><<<grid, kThreads, Tile<BN, PIPE>::kSmemBytes, stream>>>(p);
+  prefill_attention_sm90_kernel<BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void set_prefill_sm90_shape(int block_n, bool pipelined) {
-  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_shape: 64 or 128 keys", __FILE__, __LINE__);
+void set_prefill_sm90_block_n(int block_n) {
+  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_block_n: 64 or 128 keys", __FILE__, __LINE__);
   g_block_n.store(block_n, std::memory_order_relaxed);
-  g_pipelined.store(pipelined, std::memory_order_relaxed);
 }
 
 bool prefill_sm90_available() {
@@ -460,15 +428,14 @@ bool prefill_sm90_available() {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     // The kernel image exists only where the build targeted sm_90a.
     cudaFuncAttributes attr{};
-    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<64, true>) == cudaSuccess;
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<kPrefillSm90BlockN>) == cudaSuccess;
   }();
   return ok;
 }
 
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  const bool pipe = g_pipelined.load(std::memory_order_relaxed);
-  if (g_block_n.load(std::memory_order_relaxed) == 128) pipe ? launch_shape<128, true>(p, grid, stream) : launch_shape<128, false>(p, grid, stream);
-  else pipe ? launch_shape<64, true>(p, grid, stream) : launch_shape<64, false>(p, grid, stream);
+  if (g_block_n.load(std::memory_order_relaxed) == 128) launch_shape<128>(p, grid, stream);
+  else launch_shape<64>(p, grid, stream);
 }
 
 }  // namespace dhs::cuda

@@ -11,13 +11,10 @@ namespace dhs::cuda {
 
 // Whether this device runs the sm_90a kernel (compute capability 9.x and an sm_90a image).
 bool prefill_sm90_available();
-// The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
-// tested): keys per K/V tile, 64 or 128; pipelined: the P V of one tile runs on the tensor cores
-// while the next tile's softmax runs (a third K/V buffer), else one after the other. The default is
-// the fastest shape measured correct (docs/kernels/prefill_attention_NOTES.md, v2).
+// Keys per K/V tile, 64 or 128, process-wide, for the benchmark's sweep and the tests (both are
+// tested). The default is the faster (docs/kernels/prefill_attention_NOTES.md, v2).
 inline constexpr int kPrefillSm90BlockN = 128;
-inline constexpr bool kPrefillSm90Pipelined = false;
-void set_prefill_sm90_shape(int block_n, bool pipelined);
+void set_prefill_sm90_block_n(int block_n);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
 
