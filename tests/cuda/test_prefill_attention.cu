@@ -71,7 +71,7 @@ struct DeviceBuffer {
 
 // Returns "" when every element is within tolerance, else a description. wgmma: the
 // warpgroup-MMA kernel where it applies (head_dim 128 on sm_90), else the mma.sync one.
-std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPrefillSm90BlockN) {
+std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPrefillSm90BlockN, bool ws = false) {
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int n_req = static_cast<int>(c.q_len.size());
@@ -192,11 +192,11 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
   p.page_size = kPageSize;
   p.scale = cp.scale;
   dhs::cuda::set_prefill_wgmma(wgmma);
-  dhs::cuda::set_prefill_sm90_block_n(block_n);
+  dhs::cuda::set_prefill_sm90_shape(block_n, ws);
   dhs::cuda::launch_prefill_attention(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   dhs::cuda::set_prefill_wgmma(true);
-  dhs::cuda::set_prefill_sm90_block_n(dhs::cuda::kPrefillSm90BlockN);
+  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90WarpSpecialized);
 
   std::vector<uint16_t> out_dev(n_q);
   std::vector<float> lse_dev(lse_ref.size());
@@ -229,7 +229,7 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
   }
   const bool sm90 = wgmma && d == 128 && dhs::cuda::prefill_sm90_available();
   const std::string kernel =
-      !sm90 ? std::string("mma.sync") : "wgmma" + std::to_string(block_n);
+      !sm90 ? std::string("mma.sync") : "wgmma" + std::to_string(block_n) + (ws ? "ws" : "");
   std::printf("  %-28s %-8s rows %5d  max|err| %.2e  max|err|/(1+|ref|) %.2e  bad %zu/%zu  bad lse %zu\n",
               c.name.c_str(), kernel.c_str(), n_rows, max_abs, max_rel, n_bad, n_q, n_bad_lse);
   if (n_bad || n_bad_lse)
@@ -239,8 +239,13 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
 }
 
 // Both kernels on the same case (the wgmma one only where it applies).
-// (the wgmma kernel with 64- and 128-key tiles).
-std::string run_case(const Case& c) { return run_case_on(c, true, 128) + run_case_on(c, true, 64) + run_case_on(c, false); }
+// (the wgmma kernel with 64- and 128-key tiles, warp-specialized or not).
+std::string run_case(const Case& c) {
+  std::string err;
+  for (const int bn : {128, 64})
+    for (const bool ws : {false, true}) err += run_case_on(c, true, bn, ws);
+  return err + run_case_on(c, false);
+}
 
 // prefix 3 + 97 new; a 51-token request (last page 3/16 full); a chunk of 67
 // on top of a 1000-token prefix (last page 11/16); a one-row chunk.

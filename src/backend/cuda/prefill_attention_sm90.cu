@@ -29,7 +29,10 @@ namespace {
 constexpr int kPageSize = 16;
 constexpr int kHeadDim = 128;
 constexpr int kBlockM = 128;  // query rows per block: two warpgroups of 64
-constexpr int kThreads = 256;
+// Threads of a block: two consumer warpgroups; with WS (warp-specialized) a third, first, that only
+// gathers K/V tiles (cp.async into an mbarrier ring) while the two consumers each run on their own.
+template <bool WS>
+inline constexpr int kThreadsOf = WS ? 384 : 256;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB
 // Keys per K/V tile (64 or 128: the template argument BN below); K/V double-buffered.
@@ -118,14 +121,40 @@ __device__ __forceinline__ float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// mbarrier helpers (the warp-specialized form's K/V ring).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Barrier `id` (1..15) among `n` threads (one warpgroup: 128).
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int BN>
-__global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
+template <int BN, bool WS>
+__global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
   using T = Tile<BN>;
+  constexpr int kThreads = kThreadsOf<WS>;
+  __shared__ __align__(8) uint64_t s_bars[4];  // WS: full[2] (tile landed), empty[2] (tile consumed)
   constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
@@ -136,8 +165,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const uint32_t s_v = s_k + kStages * kKVBytes;  // the same for V
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2;                       // warpgroup: rows 64 wg ..
-  const int wrow = 64 * wg + 16 * (warp & 3);     // first row of this warp's 16
+  const int wg = WS ? (warp >> 2) - 1 : warp >> 2;  // consumer warpgroup: rows 64 wg ..; -1: the producer
+  const int wrow = 64 * wg + 16 * (warp & 3);       // first row of this warp's 16
   const int g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.x;
   const int group = p.n_heads_q / p.n_heads_kv;
@@ -188,13 +217,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
   const size_t tok_stride = static_cast<size_t>(p.n_heads_q) * kHeadDim;
   const __nv_bfloat16* q_tile =
       p.q + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * kHeadDim;
+  // (WS: each consumer warpgroup copies its own 64 rows; the producer none.)
+  if (wg >= 0) {
+    constexpr int kQThreads = WS ? 128 : kThreads, kRow0 = 0;
+    const int qt = WS ? tid & 127 : tid, row0 = WS ? 64 * wg : kRow0;
 #pragma unroll
-  for (int i = 0; i < kBlockM * kChunks / kThreads; ++i) {
-    const int c = tid + i * kThreads;
-    const int m = c / kChunks, ch = c % kChunks;
-    const bool valid = m < n_valid_rows;
-    const int tk = m / group, h = m - tk * group;
-    cp_async_16(s_q + sw128(kBlockM, m, ch), valid ? q_tile + tk * tok_stride + h * kHeadDim + ch * 8 : p.q, valid);
+    for (int i = 0; i < (WS ? 64 : kBlockM) * kChunks / kQThreads; ++i) {
+      const int c = qt + i * kQThreads;
+      const int m = row0 + c / kChunks, ch = c % kChunks;
+      const bool valid = m < n_valid_rows;
+      const int tk = m / group, h = m - tk * group;
+      cp_async_16(s_q + sw128(kBlockM, m, ch), valid ? q_tile + tk * tok_stride + h * kHeadDim + ch * 8 : p.q, valid);
+    }
   }
 
   auto fetch_pages = [&](int kt, int (&slot)[kPagesPerTile], int (&kbase)[kPagesPerTile]) {
@@ -206,19 +240,21 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       kbase[i] = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
     }
   };
-  // K/V tile -> buffer `buf`: one 16-byte chunk of each page per thread (16 rows x 16 chunks);
-  // rows past seq_len (a last page's unused rows may hold NaN) and past the list are zero-filled.
-  auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile]) {
-    const int pr = tid / kChunks, ch = tid % kChunks;
+  // K/V tile -> buffer `buf` by `n_loaders` threads (lt: this one's index), 16-byte chunks of 16
+  // rows x 16 chunks per page; rows past seq_len (a last page's unused rows may hold NaN) and past
+  // the list are zero-filled.
+  auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile], int lt, int n_loaders) {
+    const int ch = lt % kChunks;
 #pragma unroll
-    for (int pg = 0; pg < kPagesPerTile; ++pg) {
-      const int r = pg * kPageSize + pr;
-      const bool valid = kbase[pg] + pr < seq_len;
-      const size_t off = (static_cast<size_t>(slot[pg]) * kPageSize + pr) * kHeadDim + ch * 8;
-      const uint32_t at = buf * kKVBytes + sw128(kBlockN, r, ch);
-      cp_async_16(s_k + at, valid ? p.k_pool + off : p.k_pool, valid);
-      cp_async_16(s_v + at, valid ? p.v_pool + off : p.v_pool, valid);
-    }
+    for (int pg = 0; pg < kPagesPerTile; ++pg)
+      for (int pr = lt / kChunks; pr < kPageSize; pr += n_loaders / kChunks) {
+        const int r = pg * kPageSize + pr;
+        const bool valid = kbase[pg] + pr < seq_len;
+        const size_t off = (static_cast<size_t>(slot[pg]) * kPageSize + pr) * kHeadDim + ch * 8;
+        const uint32_t at = buf * kKVBytes + sw128(kBlockN, r, ch);
+        cp_async_16(s_k + at, valid ? p.k_pool + off : p.k_pool, valid);
+        cp_async_16(s_v + at, valid ? p.v_pool + off : p.v_pool, valid);
+      }
   };
 
   // o[4j + e]: dims 8j + 2t + (e & 1) of rows g (e < 2) and g + 8 of this warp's 16.
@@ -319,41 +355,97 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 
   // Tile kt lives in buffer kt % 2; the next tile's copy is issued once every warp is past the
   // tile that used its buffer (the __syncthreads after each tile's arrival).
-  int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
-  if (n_kv_tiles > 0) {
-    fetch_pages(0, slot_n, kbase_c);
-    load_kv(0, slot_n, kbase_c);
-  }
-  cp_async_commit();
-  float s[BN / 2], alpha[2];
-  uint32_t pa[BN / 16][4];
-  for (int kt = 0; kt < n_kv_tiles; ++kt) {
-    const int buf = kt % kStages;
-    const bool has_next = kt + 1 < n_kv_tiles;
-    if (has_next) fetch_pages(kt + 1, slot_n, kbase_n);
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
-    if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
-    cp_async_commit();
-    issue_s(buf, s);
-    wgmma_wait<0>();
-    pin(s);
-    softmax(s, kbase_c, pa, alpha);
-    rescale(alpha);
-    issue_pv(buf, pa);
-    wgmma_wait<0>();
-    pin(o);
-    pin(pa);
-    if (has_next) {
-#pragma unroll
-      for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
+  if constexpr (WS) {
+    // full[b]: the producer's 128 threads arrive as their copies of a tile into buffer b land;
+    // empty[b]: the consumers' 256 threads arrive when done with it. Tile kt uses buffer kt % 2,
+    // phase kt / 2 of both.
+    const uint32_t full0 = smem_u32(&s_bars[0]), empty0 = smem_u32(&s_bars[2]);
+    if (tid == 0) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(full0 + 8 * b, 128);
+        mbar_init(empty0 + 8 * b, 256);
+      }
     }
+    __syncthreads();
+    if (wg < 0) {  // the producer
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");  // 128 x 56 + 256 x 224 <= 64 Ki
+      int slot[kPagesPerTile], kbase[kPagesPerTile];
+      for (int kt = 0; kt < n_kv_tiles; ++kt) {
+        const int b = kt & 1;
+        if (kt >= 2) mbar_wait(empty0 + 8 * b, ((kt >> 1) - 1) & 1);
+        fetch_pages(kt, slot, kbase);
+        load_kv(b, slot, kbase, tid, 128);
+        cp_async_mbar_arrive(full0 + 8 * b);
+      }
+      cp_async_commit();
+      cp_async_wait_all();
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    cp_async_commit();
+    cp_async_wait_all();  // this warpgroup's Q rows
+    fence_proxy_async();
+    named_sync(1 + wg, 128);
+    float s[BN / 2], alpha[2];
+    uint32_t pa[BN / 16][4];
+    int slot_c[kPagesPerTile], kbase_c[kPagesPerTile];
+    for (int kt = 0; kt < n_kv_tiles; ++kt) {
+      const int b = kt & 1;
+      fetch_pages(kt, slot_c, kbase_c);  // (the positions, for the mask)
+      mbar_wait(full0 + 8 * b, (kt >> 1) & 1);
+      fence_proxy_async();
+      issue_s(b, s);
+      wgmma_wait<0>();
+      pin(s);
+      softmax(s, kbase_c, pa, alpha);
+      rescale(alpha);
+      issue_pv(b, pa);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pa);
+      mbar_arrive(empty0 + 8 * b);
+    }
+  } else {
+      int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
+      if (n_kv_tiles > 0) {
+        fetch_pages(0, slot_n, kbase_c);
+        load_kv(0, slot_n, kbase_c, tid, kThreads);
+      }
+      cp_async_commit();
+      float s[BN / 2], alpha[2];
+      uint32_t pa[BN / 16][4];
+      for (int kt = 0; kt < n_kv_tiles; ++kt) {
+        const int buf = kt % kStages;
+        const bool has_next = kt + 1 < n_kv_tiles;
+        if (has_next) fetch_pages(kt + 1, slot_n, kbase_n);
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
+        if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n, tid, kThreads);
+        cp_async_commit();
+        issue_s(buf, s);
+        wgmma_wait<0>();
+        pin(s);
+        softmax(s, kbase_c, pa, alpha);
+        rescale(alpha);
+        issue_pv(buf, pa);
+        wgmma_wait<0>();
+        pin(o);
+        pin(pa);
+        if (has_next) {
+    #pragma unroll
+          for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
+        }
+      }
   }
+
   // Epilogue: both warpgroups are past their last MMA on Q (and an unused Q copy has landed)
-  // before the Q tile is reused to stage O.
-  cp_async_wait_all();
-  __syncthreads();
+  // before the Q tile is reused to stage O (WS: each consumer stages and writes its own rows,
+  // which only its own MMAs read).
+  if constexpr (!WS) {
+    cp_async_wait_all();
+    __syncthreads();
+  }
   float inv_sum[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -373,13 +465,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
       *reinterpret_cast<uint32_t*>(smem + (sw128(kBlockM, m, j) + 4 * t)) = v;
     }
   }
-  __syncthreads();
+  if constexpr (WS) named_sync(1 + wg, 128);
+  else __syncthreads();
   __nv_bfloat16* out_tile =
       p.out + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * kHeadDim;
+  constexpr int kOutThreads = WS ? 128 : kThreads;
+  const int ot = WS ? tid & 127 : tid, orow0 = WS ? 64 * wg : 0;
 #pragma unroll
-  for (int i = 0; i < kBlockM * kChunks / kThreads; ++i) {
-    const int c = tid + i * kThreads;
-    const int m = c / kChunks, ch = c % kChunks;
+  for (int i = 0; i < (WS ? 64 : kBlockM) * kChunks / kOutThreads; ++i) {
+    const int c = ot + i * kOutThreads;
+    const int m = orow0 + c / kChunks, ch = c % kChunks;
     if (m < n_valid_rows) {
       const int tk = m / group, h = m - tk * group;
       *reinterpret_cast<uint4*>(out_tile + tk * tok_stride + h * kHeadDim + ch * 8) =
@@ -401,24 +496,26 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_sm90_kernel(con
 }
 
 std::atomic<int> g_block_n{kPrefillSm90BlockN};
+std::atomic<bool> g_ws{kPrefillSm90WarpSpecialized};
 
-template <int BN>
+template <int BN, bool WS>
 void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
   static const bool attr_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         Tile<BN>::kSmemBytes));
     return true;
   }();
   (void)attr_set;
-  prefill_attention_sm90_kernel<BN><<<grid, kThreads, Tile<BN>::kSmemBytes, stream>>>(p);
+  prefill_attention_sm90_kernel<BN, WS><<<grid, kThreadsOf<WS>, Tile<BN>::kSmemBytes, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void set_prefill_sm90_block_n(int block_n) {
-  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_block_n: 64 or 128 keys", __FILE__, __LINE__);
+void set_prefill_sm90_shape(int block_n, bool warp_specialized) {
+  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_shape: 64 or 128 keys", __FILE__, __LINE__);
   g_block_n.store(block_n, std::memory_order_relaxed);
+  g_ws.store(warp_specialized, std::memory_order_relaxed);
 }
 
 bool prefill_sm90_available() {
@@ -428,14 +525,15 @@ bool prefill_sm90_available() {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     // The kernel image exists only where the build targeted sm_90a.
     cudaFuncAttributes attr{};
-    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<kPrefillSm90BlockN>) == cudaSuccess;
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<kPrefillSm90BlockN, false>) == cudaSuccess;
   }();
   return ok;
 }
 
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  if (g_block_n.load(std::memory_order_relaxed) == 128) launch_shape<128>(p, grid, stream);
-  else launch_shape<64>(p, grid, stream);
+  const bool ws = g_ws.load(std::memory_order_relaxed);
+  if (g_block_n.load(std::memory_order_relaxed) == 128) ws ? launch_shape<128, true>(p, grid, stream) : launch_shape<128, false>(p, grid, stream);
+  else ws ? launch_shape<64, true>(p, grid, stream) : launch_shape<64, false>(p, grid, stream);
 }
 
 }  // namespace dhs::cuda

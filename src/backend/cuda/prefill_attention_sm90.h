@@ -11,10 +11,14 @@ namespace dhs::cuda {
 
 // Whether this device runs the sm_90a kernel (compute capability 9.x and an sm_90a image).
 bool prefill_sm90_available();
-// Keys per K/V tile, 64 or 128, process-wide, for the benchmark's sweep and the tests (both are
-// tested). The default is the faster (docs/kernels/prefill_attention_NOTES.md, v2).
+// The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
+// tested): keys per K/V tile, 64 or 128; warp-specialized: a third warpgroup gathers the K/V tiles
+// into an mbarrier ring and the two consumer warpgroups never wait for each other, else all
+// threads gather and meet once per tile. The default is the fastest measured
+// (docs/kernels/prefill_attention_NOTES.md).
 inline constexpr int kPrefillSm90BlockN = 128;
-void set_prefill_sm90_block_n(int block_n);
+inline constexpr bool kPrefillSm90WarpSpecialized = false;
+void set_prefill_sm90_shape(int block_n, bool warp_specialized);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
 
