@@ -240,14 +240,20 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       kbase[i] = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
     }
   };
-  // K/V tile -> buffer `buf` by `n_loaders` threads (lt: this one's index), 16-byte chunks of 16
+  // K/V tile -> buffer `buf` by kLoaders threads, 16-byte chunks of 16
   // rows x 16 chunks per page; rows past seq_len (a last page's unused rows may hold NaN) and past
   // the list are zero-filled.
-  auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile], int lt, int n_loaders) {
-    const int ch = lt % kChunks;
+  // (The loaders: every thread, or with WS the producer's 128 (threads 0-127); a compile-time
+  // count, so that every copy's offset is static.)
+  constexpr int kLoaders = WS ? 128 : kThreads;
+  auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile]) {
+    constexpr int kRowsPerPass = kLoaders / kChunks;
+    const int lt = tid, ch = lt % kChunks;
 #pragma unroll
     for (int pg = 0; pg < kPagesPerTile; ++pg)
-      for (int pr = lt / kChunks; pr < kPageSize; pr += n_loaders / kChunks) {
+#pragma unroll
+      for (int pass = 0; pass < kPageSize / kRowsPerPass; ++pass) {
+        const int pr = pass * kRowsPerPass + lt / kChunks;
         const int r = pg * kPageSize + pr;
         const bool valid = kbase[pg] + pr < seq_len;
         const size_t off = (static_cast<size_t>(slot[pg]) * kPageSize + pr) * kHeadDim + ch * 8;
@@ -374,7 +380,7 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
         const int b = kt & 1;
         if (kt >= 2) mbar_wait(empty0 + 8 * b, ((kt >> 1) - 1) & 1);
         fetch_pages(kt, slot, kbase);
-        load_kv(b, slot, kbase, tid, 128);
+        load_kv(b, slot, kbase);
         cp_async_mbar_arrive(full0 + 8 * b);
       }
       cp_async_commit();
@@ -409,7 +415,7 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
       if (n_kv_tiles > 0) {
         fetch_pages(0, slot_n, kbase_c);
-        load_kv(0, slot_n, kbase_c, tid, kThreads);
+        load_kv(0, slot_n, kbase_c);
       }
       cp_async_commit();
       float s[BN / 2], alpha[2];
@@ -421,7 +427,7 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
-        if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n, tid, kThreads);
+        if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
         cp_async_commit();
         issue_s(buf, s);
         wgmma_wait<0>();
