@@ -242,7 +242,8 @@ for stage in "$@"; do
       run sdpa_prefill_anchor timeout 200 python3 bench/anchors/sdpa_prefill_anchor.py --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
       tail -8 "$OUT/prefill_bench.log"; grep -v "^#" "$OUT/sdpa_prefill_anchor.log" | tail -6
       [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 200 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill 32768 \
-        --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -4 ;;
+        --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -6
+      [ -n "${DHS_PREFILL_GEMV:-}" ] && run test_gemv timeout 90 "$B/test_gemv" ;;
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;

@@ -22,6 +22,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/prefill_attention_sm90.h"
 #include "backend/cuda/pdl_launch.h"
 #include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
@@ -301,12 +302,15 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       }
       for (auto& t : ts) t.release(m->allocator());
     }
-  // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole; with the
-  // mma.sync prefill attention kernel and the default (warpgroup MMA on sm_90) alternated twice: the A/B.
+  // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole; the prefill
+  // attention on mma.sync (variant 0), on warpgroup MMAs (1) and warp-specialized (2; sm_90, head_dim
+  // 128), alternated twice: the A/B.
   for (int64_t n : prefills) {
     if (n <= 0) continue;  // --prefill 0: no TTFT run
-    for (const bool wgmma : {false, true, false, true}) {
+    for (const int variant : {0, 1, 2, 0, 1, 2}) {
+      const bool wgmma = variant > 0;
       cuda::set_prefill_wgmma(wgmma);
+      cuda::set_prefill_sm90_shape(cuda::kPrefillSm90BlockN, variant == 2);
       CudaModelOptions o;
       o.gemv_max_tok = opts.gemv_max_tok;
       o.max_batch = 1;
@@ -324,15 +328,17 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         m->forward({LlamaCuda::Seq{&t, 0, ids.data() + s, c}}, nullptr);
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("prefill %lld tokens (attention on %s): TTFT %.2f s, %.0f tokens/s\n", static_cast<long long>(n),
-                  wgmma ? "wgmma where it applies" : "mma.sync", sec, n / sec);
+      const char* kernel = variant == 0 ? "mma.sync" : variant == 1 ? "wgmma" : "wgmma-ws";
+      std::printf("prefill %lld tokens (attention on %s where it applies): TTFT %.2f s, %.0f tokens/s\n",
+                  static_cast<long long>(n), kernel, sec, n / sec);
       jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n
-         << ",\"chunk\":2048,\"prefill_wgmma\":" << (wgmma ? "true" : "false") << ",\"ttft_s\":" << sec
+         << ",\"chunk\":2048,\"prefill_attention\":\"" << kernel << "\",\"ttft_s\":" << sec
          << ",\"prefill_tok_s\":" << n / sec << "}\n";
       t.release(m->allocator());
     }
   }
   cuda::set_prefill_wgmma(true);
+  cuda::set_prefill_sm90_shape(cuda::kPrefillSm90BlockN, cuda::kPrefillSm90WarpSpecialized);
   return 0;
 }
 
