@@ -197,11 +197,12 @@ int main(int argc, char** argv) {
     // Mode 2 first: the mma.sync kernel (set_prefill_wgmma(false)) in one call, for the A/B against
     // the default (wgmma on sm_90); then the default in one call and in chunks, whose outputs the
     // checks below read.
-    // Modes 3-5: the wgmma kernel's other shapes (set_prefill_sm90_shape): 64-key tiles, and 128 /
-    // 64 warp-specialized (modes 0 and 1: the default).
+    // Modes 3-5: the wgmma kernel's other shapes (set_prefill_sm90_shape): 64 and 128 keys per tile
+    // with every thread gathering, 64 warp-specialized (modes 0 and 1: the default, 128 keys
+    // warp-specialized).
     for (int mode : {2, 3, 4, 5, 0, 1}) {
       dhs::cuda::set_prefill_wgmma(mode != 2);
-      if (mode >= 3) dhs::cuda::set_prefill_sm90_shape(mode == 4 ? 128 : 64, mode >= 4);
+      if (mode >= 3) dhs::cuda::set_prefill_sm90_shape(mode == 4 ? 128 : 64, mode == 5);
       else dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90WarpSpecialized);
       auto fn = [&] { mode == 1 ? run_chunked() : run_single(); };
       fn();  // warm-up (module load, smem attribute)
@@ -220,7 +221,7 @@ int main(int argc, char** argv) {
       results.push_back({mode == 0   ? "single"
                          : mode == 2 ? "single-mmasync"
                          : mode == 3 ? "single-wgmma64"
-                         : mode == 4 ? "single-wgmma128ws"
+                         : mode == 4 ? "single-wgmma128"
                          : mode == 5 ? "single-wgmma64ws"
                                      : "chunked" + std::to_string(chunk),
                          ctx, us,

@@ -17,7 +17,7 @@ bool prefill_sm90_available();
 // threads gather and meet once per tile. The default is the fastest measured
 // (docs/kernels/prefill_attention_NOTES.md).
 inline constexpr int kPrefillSm90BlockN = 128;
-inline constexpr bool kPrefillSm90WarpSpecialized = false;
+inline constexpr bool kPrefillSm90WarpSpecialized = true;
 void set_prefill_sm90_shape(int block_n, bool warp_specialized);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
