@@ -366,8 +366,9 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   // tile that used its buffer (the __syncthreads after each tile's arrival).
   if constexpr (WS) {
     // full[b]: the producer's 128 threads arrive as their copies of a tile into buffer b land;
-    // empty[b]: the consumers' 256 threads arrive when done with it. Tile kt uses buffer kt % 2,
-    // phase kt / 2 of both.
+    // empty[b]: the consumers' 256 threads arrive when done with it. Tile kt uses buffer
+    // kt % kStages (2), phase kt / kStages of both. (A consumer must arrive on every tile, even one
+    // whose rows are all padding, or the producer waits forever.)
     const uint32_t full0 = smem_u32(&s_bars[0]), empty0 = smem_u32(&s_bars[2]);
     if (tid == 0) {
       for (int b = 0; b < 2; ++b) {
@@ -377,11 +378,14 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     }
     __syncthreads();
     if (wg < 0) {  // the producer
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");  // 128 x 56 + 256 x 224 <= 64 Ki
+      // The register split must add up to what the block was launched with (384 x 168), or the
+      // consumers' setmaxnreg.inc waits forever.
+      static_assert(128 * 56 + 256 * 224 <= kThreadsOf<true> * 168 && kThreadsOf<true> == 384, "setmaxnreg split");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
       int slot[kPagesPerTile], kbase[kPagesPerTile];
       for (int kt = 0; kt < n_kv_tiles; ++kt) {
-        const int b = kt & 1;
-        if (kt >= 2) mbar_wait(empty0 + 8 * b, ((kt >> 1) - 1) & 1);
+        const int b = kt % kStages;
+        if (kt >= kStages) mbar_wait(empty0 + 8 * b, ((kt / kStages) - 1) & 1);
         fetch_pages(kt, slot, kbase);
         load_kv(b, slot, kbase);
         cp_async_mbar_arrive(full0 + 8 * b);
@@ -399,9 +403,9 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     uint32_t pa[BN / 16][4];
     int slot_c[kPagesPerTile], kbase_c[kPagesPerTile];
     for (int kt = 0; kt < n_kv_tiles; ++kt) {
-      const int b = kt & 1;
+      const int b = kt % kStages;
       fetch_pages(kt, slot_c, kbase_c);  // (the positions, for the mask)
-      mbar_wait(full0 + 8 * b, (kt >> 1) & 1);
+      mbar_wait(full0 + 8 * b, (kt / kStages) & 1);
       fence_proxy_async();
       issue_s(b, s);
       wgmma_wait<0>();
