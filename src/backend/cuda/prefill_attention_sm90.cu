@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/prefill_tile.cuh"
 
 namespace dhs::cuda {
 
@@ -173,47 +174,13 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   const int g = lane >> 2, t = lane & 3;
   const int kv_head = blockIdx.x;
   const int group = p.n_heads_q / p.n_heads_kv;
-  const int tile_tokens = kBlockM / group;
-
-  // (request, query tile) of this block: as in prefill_attention.cu, heaviest tile first.
-  int req = -1, tile = 0;
-  {
-    int y = static_cast<int>(blockIdx.y);
-    for (int r = 0; r < p.n_requests; ++r) {
-      const int n_tiles = (p.q_indptr[r + 1] - p.q_indptr[r] + tile_tokens - 1) / tile_tokens;
-      if (y < n_tiles) {
-        req = r;
-        tile = n_tiles - 1 - y;
-        break;
-      }
-      y -= n_tiles;
-    }
-  }
-  if (req < 0) return;
-
-  const int q_begin = p.q_indptr[req];
-  const int q_len = p.q_indptr[req + 1] - q_begin;
-  const int seq_len = p.seq_len[req];
-  const int tok0 = tile * tile_tokens;
-  const int n_tok = min(tile_tokens, q_len - tok0);
-  const int n_valid_rows = n_tok * group;
-  const int q_min = seq_len - q_len + tok0;
-  const int q_max = q_min + n_tok - 1;
-
-  const int list_row = req * p.n_heads_kv + kv_head;
-  const int32_t* slots = p.slots + p.kv_indptr[list_row];
-  const int32_t* page_pos = p.page_pos + p.kv_indptr[list_row];
-  const int n_entries = p.kv_indptr[list_row + 1] - p.kv_indptr[list_row];
-  int n_vis;  // entries holding a key at a position <= q_max (page_pos increases)
-  {
-    int lo = 0, hi = n_entries;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (page_pos[mid] * kPageSize <= q_max) lo = mid + 1;
-      else hi = mid;
-    }
-    n_vis = lo;
-  }
+  // (request, query tile) of this block and the list entries it can see (prefill_tile.cuh).
+  const PrefillTile w = plan_prefill_tile(p, kv_head, kBlockM, kPageSize);
+  if (w.req < 0) return;
+  const int q_begin = w.q_begin, seq_len = w.seq_len, tok0 = w.tok0;
+  const int n_valid_rows = w.n_valid_rows, q_min = w.q_min, n_vis = w.n_vis;
+  const int32_t* const slots = w.slots;
+  const int32_t* const page_pos = w.page_pos;
   const int n_kv_tiles = (n_vis + kPagesPerTile - 1) / kPagesPerTile;
 
   // Q tile -> shared (padding rows zero-filled). NOTE: size_t: the pools reach 2^31 elements.
