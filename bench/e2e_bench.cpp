@@ -307,19 +307,19 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
   // 128), alternated twice: the A/B.
   for (int64_t n : prefills) {
     if (n <= 0) continue;  // --prefill 0: no TTFT run
-    for (const int variant : {0, 1, 2, 0, 1, 2}) {
+    CudaModelOptions o;
+    o.gemv_max_tok = opts.gemv_max_tok;
+    o.max_batch = 1;
+    o.max_step_tokens = 2048;
+    o.max_context = n + 16;
+    auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
+    for (const int variant : {0, 1, 2, 0, 1, 2}) {  // one model; a new request each time
       const bool wgmma = variant > 0;
       cuda::set_prefill_wgmma(wgmma);
       cuda::set_prefill_sm90_shape(cuda::kPrefillSm90BlockN, variant == 2);
-      CudaModelOptions o;
-      o.gemv_max_tok = opts.gemv_max_tok;
-      o.max_batch = 1;
-      o.max_step_tokens = 2048;
-      o.max_context = n + 16;
-      auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
       PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
-      std::vector<int32_t> ids(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
       cudaDeviceSynchronize();
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t s = 0; s < n; s += 2048) {

@@ -189,8 +189,8 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       p.q + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * kHeadDim;
   // (WS: each consumer warpgroup copies its own 64 rows; the producer none.)
   if (wg >= 0) {
-    constexpr int kQThreads = WS ? 128 : kThreads, kRow0 = 0;
-    const int qt = WS ? tid & 127 : tid, row0 = WS ? 64 * wg : kRow0;
+    constexpr int kQThreads = WS ? 128 : kThreads;
+    const int qt = WS ? tid & 127 : tid, row0 = WS ? 64 * wg : 0;
 #pragma unroll
     for (int i = 0; i < (WS ? 64 : kBlockM) * kChunks / kQThreads; ++i) {
       const int c = qt + i * kQThreads;
