@@ -27,6 +27,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/reuse_lists.h"
 #include "eval/budget_trace.h"
 #include "core/fp16.h"
@@ -66,6 +67,44 @@ __global__ void chunk_read_kernel(const int4* __restrict__ base, const int32_t* 
         const int4 x = __ldg(side + ia * side_int4 + i), y = __ldg(side + ib * side_int4 + i);
         acc ^= x.x ^ x.y ^ x.z ^ x.w ^ y.x ^ y.y ^ y.z ^ y.w;
       }
+  }
+  if (acc == 0x7e57ab1e) sink[0] = acc;
+}
+
+// The same reads through the bulk-copy (TMA) unit (--probe): one thread per block issues
+// cp.async.bulk of whole chunks into a ring of kStages shared-memory buffers, each completed on
+// its own mbarrier, and re-arms a buffer as soon as its copy landed. Chunks are taken
+// block-strided, as the __ldg probe takes them warp-strided. Is the HBM read rate through the
+// copy engine above the per-thread loads' (4.3-4.4 TB/s for 4 KiB chunks, cuDNN's decode ~4.5)?
+template <int kStages>
+__global__ void bulk_read_kernel(const char* __restrict__ base, const int32_t* __restrict__ idx, int64_t n_chunks,
+                                 int chunk_bytes, int* sink) {
+  extern __shared__ __align__(128) char ring[];  // [kStages][chunk_bytes]
+  __shared__ __align__(8) uint64_t bar[kStages];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < kStages; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(dhs::cuda::ptx::smem_u32(&bar[s])) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  const int64_t grid = gridDim.x;
+  auto issue = [&](int s, int64_t c) {
+    const uint32_t b = dhs::cuda::ptx::smem_u32(&bar[s]), dst = dhs::cuda::ptx::smem_u32(ring + static_cast<size_t>(s) * chunk_bytes);
+    const char* src = base + static_cast<int64_t>(__ldg(idx + c)) * chunk_bytes;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(chunk_bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(chunk_bytes), "r"(b) : "memory");
+  };
+  for (int s = 0; s < kStages; ++s)
+    if (blockIdx.x + s * grid < n_chunks) issue(s, blockIdx.x + s * grid);
+  int acc = 0;
+  int64_t k = 0;
+  for (int64_t c = blockIdx.x; c < n_chunks; c += grid, ++k) {
+    const int s = static_cast<int>(k % kStages);
+    const uint32_t b = dhs::cuda::ptx::smem_u32(&bar[s]), parity = static_cast<uint32_t>((k / kStages) & 1);
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}\n"
+                 ::"r"(b), "r"(parity) : "memory");
+    acc ^= *reinterpret_cast<const int*>(ring + static_cast<size_t>(s) * chunk_bytes);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if (c + kStages * grid < n_chunks) issue(s, c + kStages * grid);
   }
   if (acc == 0x7e57ab1e) sink[0] = acc;
 }
@@ -380,6 +419,22 @@ int main(int argc, char** argv) {
           }, opt.reps);
           std::printf("probe read %4d-byte chunks %-9s %8.1f us  %6.0f GB/s\n", chunk, shuffled ? "shuffled" : "in order",
                       t.median_us, static_cast<double>(n_chunks * chunk) / t.median_us / 1e3);
+          if (chunk >= 1024) {  // the same chunks through the bulk-copy unit, by ring depth and blocks per SM
+            struct Cfg { int stages, per_sm; };
+            for (const Cfg cfg : {Cfg{2, 16}, Cfg{4, 8}, Cfg{4, 12}, Cfg{8, 4}, Cfg{8, 6}}) {
+              const int smem = cfg.stages * chunk;
+              if (static_cast<int64_t>(smem) * cfg.per_sm > 200 * 1024) continue;
+              auto kfn = cfg.stages == 2 ? bulk_read_kernel<2> : cfg.stages == 4 ? bulk_read_kernel<4> : bulk_read_kernel<8>;
+              DHS_CUDA_CHECK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+              const Timing tb = b.time_graph([&] {
+                kfn<<<b.n_sm * cfg.per_sm, 32, smem, b.stream>>>(reinterpret_cast<const char*>(buf), idx_d, n_chunks, chunk,
+                                                                  reinterpret_cast<int*>(buf));
+              }, opt.reps);
+              std::printf("probe bulk %5d-byte chunks %-9s %d stages x %2d blocks/SM %8.1f us  %6.0f GB/s\n", chunk,
+                          shuffled ? "shuffled" : "in order", cfg.stages, cfg.per_sm, tb.median_us,
+                          static_cast<double>(n_chunks * chunk) / tb.median_us / 1e3);
+            }
+          }
           if (chunk == 1024) {  // the sketch's layout: 1 KiB chunks, and 64 bytes at the same index elsewhere
             const Timing ts = b.time_graph([&] {
               chunk_read_kernel<<<b.n_sm * 4, 512, 0, b.stream>>>(buf, idx_d, n_chunks * 15 / 16, chunk / 16, reinterpret_cast<int*>(buf),

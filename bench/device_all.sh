@@ -22,7 +22,7 @@
 #   gemvtc the tensor-core GEMV: tests, sanitizers, one layer's GEMMs, e2e A/B against the kernels before
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   prefill the prefill attention kernels: tests, sanitizers, one layer at 32k / 128k (wgmma and
-#          mma.sync in one call) with the cuDNN / FA2 anchor, TTFT at 32k
+#          mma.sync in one call) with the cuDNN / FA2 anchor, TTFT at 32k (DHS_TTFT_LEN=32768,131072: also 128k)
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   refresh decode attention (all shapes) with the SDPA anchor, e2e TPOT 8k-128k x 1/4/8, TTFT 32k
@@ -241,7 +241,7 @@ for stage in "$@"; do
       run prefill_bench timeout 200 env DHS_COMMIT="$C" "$B/prefill_bench" --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
       run sdpa_prefill_anchor timeout 200 python3 bench/anchors/sdpa_prefill_anchor.py --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
       tail -8 "$OUT/prefill_bench.log"; grep -v "^#" "$OUT/sdpa_prefill_anchor.log" | tail -6
-      [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 200 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill 32768 \
+      [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 300 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill ${DHS_TTFT_LEN:-32768} \
         --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -6
       [ -n "${DHS_PREFILL_GEMV:-}" ] && run test_gemv timeout 90 "$B/test_gemv" ;;
     probe)
