@@ -240,7 +240,7 @@ for stage in "$@"; do
       fi
       run prefill_bench timeout 200 env DHS_COMMIT="$C" "$B/prefill_bench" --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
       run sdpa_prefill_anchor timeout 200 python3 bench/anchors/sdpa_prefill_anchor.py --ctx ${DHS_PREFILL_CTX:-32768,131072} --out "$OUT/prefill_attention.jsonl"
-      tail -8 "$OUT/prefill_bench.log"; grep -v "^#" "$OUT/sdpa_prefill_anchor.log" | tail -6
+      tail -12 "$OUT/prefill_bench.log"; grep -v "^#" "$OUT/sdpa_prefill_anchor.log" | tail -6
       [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 300 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill ${DHS_TTFT_LEN:-32768} \
         --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -6
       [ -n "${DHS_PREFILL_GEMV:-}" ] && run test_gemv timeout 90 "$B/test_gemv" ;;

@@ -197,13 +197,18 @@ int main(int argc, char** argv) {
     // Mode 2 first: the mma.sync kernel (set_prefill_wgmma(false)) in one call, for the A/B against
     // the default (wgmma on sm_90); then the default in one call and in chunks, whose outputs the
     // checks below read.
-    // Modes 3-5: the wgmma kernel's other shapes (set_prefill_sm90_shape): 64 and 128 keys per tile
-    // with every thread gathering, 64 warp-specialized (modes 0 and 1: the default, 128 keys
-    // warp-specialized).
-    for (int mode : {2, 3, 4, 5, 0, 1}) {
+    // Modes 3-8: the wgmma kernel's other shapes (set_prefill_sm90_shape): 64 and 128 keys per tile
+    // with every thread gathering, 64 warp-specialized, and at 128 keys ping-pong consumers, a 3-tile
+    // ring and both (modes 0 and 1: the default, in one call and in chunks).
+    using Shape = dhs::cuda::PrefillSm90Shape;
+    const Shape shapes[] = {dhs::cuda::kPrefillSm90Default, dhs::cuda::kPrefillSm90Default, Shape{},
+                            Shape{64, false, false, 2}, Shape{128, false, false, 2}, Shape{64, true, false, 2},
+                            Shape{128, true, true, 2}, Shape{128, true, false, 3}, Shape{128, true, true, 3}};
+    const char* names[] = {"single", "chunked", "single-mmasync", "single-wgmma64", "single-wgmma128", "single-wgmma64ws",
+                           "single-wgmma128ws-pp", "single-wgmma128ws-s3", "single-wgmma128ws-pp-s3"};
+    for (int mode : {2, 3, 4, 5, 6, 7, 8, 0, 1}) {
       dhs::cuda::set_prefill_wgmma(mode != 2);
-      if (mode >= 3) dhs::cuda::set_prefill_sm90_shape(mode == 4 ? 128 : 64, mode == 5);
-      else dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90WarpSpecialized);
+      dhs::cuda::set_prefill_sm90_shape(shapes[mode]);
       auto fn = [&] { mode == 1 ? run_chunked() : run_single(); };
       fn();  // warm-up (module load, smem attribute)
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -218,17 +223,12 @@ int main(int argc, char** argv) {
         samples.push_back(ms * 1e3);
       }
       const double us = median(samples);
-      results.push_back({mode == 0   ? "single"
-                         : mode == 2 ? "single-mmasync"
-                         : mode == 3 ? "single-wgmma64"
-                         : mode == 4 ? "single-wgmma128"
-                         : mode == 5 ? "single-wgmma64ws"
-                                     : "chunked" + std::to_string(chunk),
+      results.push_back({mode == 1 ? "chunked" + std::to_string(chunk) : std::string(names[mode]),
                          ctx, us,
                          flops / us * 1e-6, samples});
     }
     dhs::cuda::set_prefill_wgmma(true);
-    dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90WarpSpecialized);
+    dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
 
     // The chunked run must produce exactly the single run's output (same tiles, same key order).
     unsigned long long* n_diff_d = dev_alloc<unsigned long long>(1);

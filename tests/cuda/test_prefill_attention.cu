@@ -71,7 +71,7 @@ struct DeviceBuffer {
 
 // Returns "" when every element is within tolerance, else a description. wgmma: the
 // warpgroup-MMA kernel where it applies (head_dim 128 on sm_90), else the mma.sync one.
-std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPrefillSm90BlockN, bool ws = false) {
+std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape shape = {}) {
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int n_req = static_cast<int>(c.q_len.size());
@@ -192,11 +192,11 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
   p.page_size = kPageSize;
   p.scale = cp.scale;
   dhs::cuda::set_prefill_wgmma(wgmma);
-  dhs::cuda::set_prefill_sm90_shape(block_n, ws);
+  dhs::cuda::set_prefill_sm90_shape(shape);
   dhs::cuda::launch_prefill_attention(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   dhs::cuda::set_prefill_wgmma(true);
-  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90BlockN, dhs::cuda::kPrefillSm90WarpSpecialized);
+  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
 
   std::vector<uint16_t> out_dev(n_q);
   std::vector<float> lse_dev(lse_ref.size());
@@ -229,7 +229,9 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
   }
   const bool sm90 = wgmma && d == 128 && dhs::cuda::prefill_sm90_available();
   const std::string kernel =
-      !sm90 ? std::string("mma.sync") : "wgmma" + std::to_string(block_n) + (ws ? "ws" : "");
+      !sm90 ? std::string("mma.sync")
+            : "wgmma" + std::to_string(shape.block_n) + (shape.warp_specialized ? "ws" : "") + (shape.ping_pong ? "pp" : "") +
+                  (shape.stages != 2 ? "s" + std::to_string(shape.stages) : "");
   std::printf("  %-28s %-8s rows %5d  max|err| %.2e  max|err|/(1+|ref|) %.2e  bad %zu/%zu  bad lse %zu\n",
               c.name.c_str(), kernel.c_str(), n_rows, max_abs, max_rel, n_bad, n_q, n_bad_lse);
   if (n_bad || n_bad_lse)
@@ -238,12 +240,16 @@ std::string run_case_on(const Case& c, bool wgmma, int block_n = dhs::cuda::kPre
   return "";
 }
 
-// Both kernels on the same case (the wgmma one only where it applies).
-// (the wgmma kernel with 64- and 128-key tiles, warp-specialized or not).
+// Both kernels on the same case (the wgmma one only where it applies): the wgmma kernel with 64-
+// and 128-key tiles, warp-specialized or not, the warp-specialized one also with ping-pong
+// consumers and with a 3-tile ring.
 std::string run_case(const Case& c) {
   std::string err;
-  for (const int bn : {128, 64})
-    for (const bool ws : {false, true}) err += run_case_on(c, true, bn, ws);
+  for (const int bn : {128, 64}) {
+    err += run_case_on(c, true, {bn, false, false, 2});
+    for (const bool pp : {false, true})
+      for (const int st : {2, 3}) err += run_case_on(c, true, {bn, true, pp, st});
+  }
   return err + run_case_on(c, false);
 }
 

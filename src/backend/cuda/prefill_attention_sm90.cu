@@ -39,11 +39,12 @@ template <bool WS>
 inline constexpr int kThreadsOf = WS ? 384 : 256;
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
 constexpr int kQBytes = kBlockM * kHeadDim * 2;  // 32 KiB
-// Keys per K/V tile (64 or 128: the template argument BN below); K/V double-buffered.
-template <int BN>
+// Keys per K/V tile (64 or 128: the template argument BN below); K/V in a ring of ST buffers (2,
+// or 3 in the warp-specialized form: 32 + 3 x 64 KiB + slack at 128 keys, under the 227 KiB).
+template <int BN, int ST = 2>
 struct Tile {
   static constexpr int kPages = BN / kPageSize;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = ST;
   static constexpr int kKVBytes = BN * kHeadDim * 2;  // one K (or V) tile
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + 1024;  // Q, K/V ring, alignment slack
 };
@@ -154,11 +155,19 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-template <int BN, bool WS>
+template <int BN, bool WS, bool PP, int ST>
 __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
-  using T = Tile<BN>;
+  static_assert(WS || (!PP && ST == 2), "ping-pong and a deeper ring are forms of the warp-specialized kernel");
+  static_assert(Tile<BN, ST>::kSmemBytes <= 227 * 1024, "shared memory");
+  using T = Tile<BN, ST>;
   constexpr int kThreads = kThreadsOf<WS>;
-  __shared__ __align__(8) uint64_t s_bars[4];  // WS: full[2] (tile landed), empty[2] (tile consumed)
+  __shared__ __align__(8) uint64_t s_bars[2 * ST];  // WS: full[ST] (tile landed), empty[ST] (tile consumed)
+  // WS: registers per thread of the producer and of the consumers (setmaxnreg; 128 P + 256 C within
+  // the 384 x 168 launched). The split with no spill in ptxas -v, per form: 56 / 224 (2 tiles), 72 /
+  // 216 (3 tiles), 88 / 208 (ping-pong, 3 tiles); ping-pong with 2 tiles spills 8 B at 56 / 224,
+  // more at 40 / 232 and 72 / 216.
+  constexpr int kProducerRegs = ST == 3 ? (PP ? 88 : 72) : 56;
+  constexpr int kConsumerRegs = (504 - kProducerRegs) / 2 / 8 * 8;
   constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
@@ -336,9 +345,9 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     // empty[b]: the consumers' 256 threads arrive when done with it. Tile kt uses buffer
     // kt % kStages (2), phase kt / kStages of both. (A consumer must arrive on every tile, even one
     // whose rows are all padding, or the producer waits forever.)
-    const uint32_t full0 = smem_u32(&s_bars[0]), empty0 = smem_u32(&s_bars[2]);
+    const uint32_t full0 = smem_u32(&s_bars[0]), empty0 = smem_u32(&s_bars[kStages]);
     if (tid == 0) {
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < kStages; ++b) {
         mbar_init(full0 + 8 * b, 128);
         mbar_init(empty0 + 8 * b, 256);
       }
@@ -347,8 +356,9 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     if (wg < 0) {  // the producer
       // The register split must add up to what the block was launched with (384 x 168), or the
       // consumers' setmaxnreg.inc waits forever.
-      static_assert(128 * 56 + 256 * 224 <= kThreadsOf<true> * 168 && kThreadsOf<true> == 384, "setmaxnreg split");
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+      static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreadsOf<true> * 168 && kThreadsOf<true> == 384,
+                    "setmaxnreg split");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       int slot[kPagesPerTile], kbase[kPagesPerTile];
       for (int kt = 0; kt < n_kv_tiles; ++kt) {
         const int b = kt % kStages;
@@ -361,7 +371,7 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       cp_async_wait_all();
       return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     cp_async_commit();
     cp_async_wait_all();  // this warpgroup's Q rows
     fence_proxy_async();
@@ -369,6 +379,53 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     float s[BN / 2], alpha[2];
     uint32_t pa[BN / 16][4];
     int slot_c[kPagesPerTile], kbase_c[kPagesPerTile];
+    if constexpr (PP) {
+      // Ping-pong (FA3's inter-warpgroup schedule): each consumer's tensor-core work of a step,
+      // P V of tile kt and S of tile kt + 1 issued together, runs while the other consumer does
+      // its softmax. Named barrier 3 + w is consumer w's turn to issue: it syncs there (its 128
+      // threads) and the other consumer arrives there (128) once it has issued its own. Consumer
+      // 0 goes first (consumer 1 arrives once up front); both run n_kv_tiles + 1 steps (the
+      // first issues S of tile 0 only), and consumer 1 does not arrive after its last, so every
+      // arrival is matched. Same MMAs, softmax and key order as the loop below: the same bits.
+      if (n_kv_tiles > 0) {  // (block-uniform)
+        const int mine = 3 + wg, other = 4 - wg;
+        auto turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(mine) : "memory"); };
+        auto pass = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(other) : "memory"); };
+        if (wg == 1) pass();
+        fetch_pages(0, slot_c, kbase_c);
+        mbar_wait(full0, 0);
+        fence_proxy_async();
+        turn();
+        issue_s(0, s);
+        pass();
+        wgmma_wait<0>();
+        pin(s);
+        softmax(s, kbase_c, pa, alpha);
+        rescale(alpha);
+        for (int kt = 0; kt < n_kv_tiles; ++kt) {
+          const int b = kt % kStages, bn = (kt + 1) % kStages;
+          const bool has_next = kt + 1 < n_kv_tiles;
+          if (has_next) {
+            fetch_pages(kt + 1, slot_c, kbase_c);
+            mbar_wait(full0 + 8 * bn, ((kt + 1) / kStages) & 1);
+            fence_proxy_async();
+          }
+          turn();
+          issue_pv(b, pa);
+          if (has_next) issue_s(bn, s);
+          if (has_next || wg == 0) pass();
+          wgmma_wait<0>();
+          pin(o);
+          pin(pa);
+          pin(s);
+          mbar_arrive(empty0 + 8 * b);
+          if (has_next) {
+            softmax(s, kbase_c, pa, alpha);
+            rescale(alpha);
+          }
+        }
+      }
+    } else
     for (int kt = 0; kt < n_kv_tiles; ++kt) {
       const int b = kt % kStages;
       fetch_pages(kt, slot_c, kbase_c);  // (the positions, for the mask)
@@ -475,27 +532,42 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   }
 }
 
-std::atomic<int> g_block_n{kPrefillSm90BlockN};
-std::atomic<bool> g_ws{kPrefillSm90WarpSpecialized};
+std::atomic<int> g_block_n{kPrefillSm90Default.block_n}, g_stages{kPrefillSm90Default.stages};
+std::atomic<bool> g_ws{kPrefillSm90Default.warp_specialized}, g_pp{kPrefillSm90Default.ping_pong};
 
-template <int BN, bool WS>
+template <int BN, bool WS, bool PP, int ST>
 void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
   static const bool attr_set = [] {
-    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Tile<BN>::kSmemBytes));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_sm90_kernel<BN, WS, PP, ST>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, Tile<BN, ST>::kSmemBytes));
     return true;
   }();
   (void)attr_set;
-  prefill_attention_sm90_kernel<BN, WS><<<grid, kThreadsOf<WS>, Tile<BN>::kSmemBytes, stream>>>(p);
+  prefill_attention_sm90_kernel<BN, WS, PP, ST><<<grid, kThreadsOf<WS>, Tile<BN, ST>::kSmemBytes, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int BN>
+void launch_block_n(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  const bool three = g_stages.load(std::memory_order_relaxed) == 3;
+  if (!g_ws.load(std::memory_order_relaxed)) launch_shape<BN, false, false, 2>(p, grid, stream);
+  else if (g_pp.load(std::memory_order_relaxed))
+    three ? launch_shape<BN, true, true, 3>(p, grid, stream) : launch_shape<BN, true, true, 2>(p, grid, stream);
+  else three ? launch_shape<BN, true, false, 3>(p, grid, stream) : launch_shape<BN, true, false, 2>(p, grid, stream);
 }
 
 }  // namespace
 
-void set_prefill_sm90_shape(int block_n, bool warp_specialized) {
-  if (block_n != 64 && block_n != 128) check(cudaErrorInvalidValue, "set_prefill_sm90_shape: 64 or 128 keys", __FILE__, __LINE__);
-  g_block_n.store(block_n, std::memory_order_relaxed);
-  g_ws.store(warp_specialized, std::memory_order_relaxed);
+void set_prefill_sm90_shape(const PrefillSm90Shape& shape) {
+  auto fail = [](const char* what) { check(cudaErrorInvalidValue, what, __FILE__, __LINE__); };
+  if (shape.block_n != 64 && shape.block_n != 128) fail("set_prefill_sm90_shape: 64 or 128 keys");
+  if (shape.stages != 2 && shape.stages != 3) fail("set_prefill_sm90_shape: a ring of 2 or 3 K/V tiles");
+  if (!shape.warp_specialized && (shape.ping_pong || shape.stages != 2))
+    fail("set_prefill_sm90_shape: ping-pong and a 3-tile ring need the warp-specialized form");
+  g_block_n.store(shape.block_n, std::memory_order_relaxed);
+  g_stages.store(shape.stages, std::memory_order_relaxed);
+  g_ws.store(shape.warp_specialized, std::memory_order_relaxed);
+  g_pp.store(shape.ping_pong, std::memory_order_relaxed);
 }
 
 bool prefill_sm90_available() {
@@ -505,15 +577,14 @@ bool prefill_sm90_available() {
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
     // The kernel image exists only where the build targeted sm_90a.
     cudaFuncAttributes attr{};
-    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<kPrefillSm90BlockN, false>) == cudaSuccess;
+    return major == 9 && cudaFuncGetAttributes(&attr, prefill_attention_sm90_kernel<128, false, false, 2>) == cudaSuccess;
   }();
   return ok;
 }
 
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  const bool ws = g_ws.load(std::memory_order_relaxed);
-  if (g_block_n.load(std::memory_order_relaxed) == 128) ws ? launch_shape<128, true>(p, grid, stream) : launch_shape<128, false>(p, grid, stream);
-  else ws ? launch_shape<64, true>(p, grid, stream) : launch_shape<64, false>(p, grid, stream);
+  if (g_block_n.load(std::memory_order_relaxed) == 128) launch_block_n<128>(p, grid, stream);
+  else launch_block_n<64>(p, grid, stream);
 }
 
 }  // namespace dhs::cuda

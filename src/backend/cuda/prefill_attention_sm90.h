@@ -14,11 +14,18 @@ bool prefill_sm90_available();
 // The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
 // tested): keys per K/V tile, 64 or 128; warp-specialized: a third warpgroup gathers the K/V tiles
 // into an mbarrier ring and the two consumer warpgroups never wait for each other, else all
-// threads gather and meet once per tile. The default is the fastest measured
+// threads gather and meet once per tile; ping-pong (warp-specialized only): the two consumers
+// take turns at the tensor cores, one's softmax under the other's MMAs; stages: K/V tiles in the
+// ring, 2 or 3 (3: warp-specialized only). The default is the fastest measured
 // (docs/kernels/prefill_attention_NOTES.md).
-inline constexpr int kPrefillSm90BlockN = 128;
-inline constexpr bool kPrefillSm90WarpSpecialized = true;
-void set_prefill_sm90_shape(int block_n, bool warp_specialized);
+struct PrefillSm90Shape {
+  int block_n = 128;
+  bool warp_specialized = true;
+  bool ping_pong = false;
+  int stages = 2;
+};
+inline constexpr PrefillSm90Shape kPrefillSm90Default{};
+void set_prefill_sm90_shape(const PrefillSm90Shape& shape);
 // Launches on `grid` (as launch_prefill_attention computes it); no checks.
 void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream);
 
