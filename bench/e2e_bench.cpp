@@ -304,7 +304,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     }
   // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole; the prefill
   // attention on mma.sync (variant 0), on warpgroup MMAs (1), warp-specialized (2) and with ping-pong
-  // consumers (3; sm_90, head_dim 128), alternated twice: the A/B.
+  // consumers and a 3-tile ring (3, the default; sm_90, head_dim 128), alternated twice: the A/B.
   for (int64_t n : prefills) {
     if (n <= 0) continue;  // --prefill 0: no TTFT run
     CudaModelOptions o;
@@ -321,7 +321,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     for (const int variant : variants) {  // one model; a new request each time
       const bool wgmma = variant > 0;
       cuda::set_prefill_wgmma(wgmma);
-      cuda::set_prefill_sm90_shape({cuda::kPrefillSm90Default.block_n, variant >= 2, variant == 3, 2});
+      cuda::set_prefill_sm90_shape({128, variant >= 2, variant == 3, variant == 3 ? 3 : 2});
       PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
       cudaDeviceSynchronize();
       const auto t0 = std::chrono::steady_clock::now();
@@ -331,7 +331,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         m->forward({LlamaCuda::Seq{&t, 0, ids.data() + s, c}}, nullptr);
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const char* kernel = variant == 0 ? "mma.sync" : variant == 1 ? "wgmma" : variant == 2 ? "wgmma-ws" : "wgmma-ws-pp";
+      const char* kernel = variant == 0 ? "mma.sync" : variant == 1 ? "wgmma" : variant == 2 ? "wgmma-ws" : "wgmma-ws-pp-s3";
       std::printf("prefill %lld tokens (attention on %s where it applies): TTFT %.2f s, %.0f tokens/s\n",
                   static_cast<long long>(n), kernel, sec, n / sec);
       jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n

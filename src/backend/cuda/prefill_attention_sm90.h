@@ -21,8 +21,8 @@ bool prefill_sm90_available();
 struct PrefillSm90Shape {
   int block_n = 128;
   bool warp_specialized = true;
-  bool ping_pong = false;
-  int stages = 2;
+  bool ping_pong = true;
+  int stages = 3;
 };
 inline constexpr PrefillSm90Shape kPrefillSm90Default{};
 void set_prefill_sm90_shape(const PrefillSm90Shape& shape);
