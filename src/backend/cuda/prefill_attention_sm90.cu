@@ -163,10 +163,9 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   constexpr int kThreads = kThreadsOf<WS>;
   __shared__ __align__(8) uint64_t s_bars[2 * ST];  // WS: full[ST] (tile landed), empty[ST] (tile consumed)
   // WS: registers per thread of the producer and of the consumers (setmaxnreg; 128 P + 256 C within
-  // the 384 x 168 launched). The producer gathers page by page (two pages' list entries in flight),
-  // so 32 are enough; 32 / 232 is the split where ptxas -v reports no spill in any form (48 / 224
-  // spills in ping-pong with 3 tiles, 24 / 240 in most forms).
-  constexpr int kProducerRegs = 32;
+  // the 384 x 168 launched). The producer's lanes hold the tile's list entries (one page each) and
+  // the copies take them by shuffle, so 40 are enough for it.
+  constexpr int kProducerRegs = 40;
   constexpr int kConsumerRegs = 232;
   constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -359,16 +358,27 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreadsOf<true> * 168 && kThreadsOf<true> == 384,
                     "setmaxnreg split");
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-      // Page by page, two pages' list entries in flight (not all eight: registers go to the consumers).
-      const int ch = tid % kChunks;
+      // Lane j of each producer warp holds page j's list entry (slot, first key position) of the
+      // tile, loaded one tile ahead; the copies take them by shuffle, two pages at a time, so the
+      // producer needs few registers and its list loads never stand in front of a copy.
+      const int ch = tid % kChunks, lane_pg = lane & (kPagesPerTile - 1);
+      auto entry = [&](int kt, int& sl, int& kb) {
+        const int e = kt * kPagesPerTile + lane_pg;
+        const bool in = e < n_vis;
+        sl = in ? __ldg(slots + e) : 0;
+        kb = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
+      };
+      int c_sl, c_kb;
+      entry(0, c_sl, c_kb);
       for (int kt = 0, b = 0; kt < n_kv_tiles; ++kt, b = b + 1 == kStages ? 0 : b + 1) {
+        int n_sl = 0, n_kb = kNoKey;
+        if (kt + 1 < n_kv_tiles) entry(kt + 1, n_sl, n_kb);
         if (kt >= kStages) mbar_wait(empty0 + 8 * b, ((kt / kStages) - 1) & 1);
+        __syncwarp();
 #pragma unroll 2
         for (int pg = 0; pg < kPagesPerTile; ++pg) {
-          const int e = kt * kPagesPerTile + pg;
-          const bool in = e < n_vis;
-          const int slot = in ? __ldg(slots + e) : 0;
-          const int kb = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
+          const int slot = __shfl_sync(0xffffffffu, c_sl, pg);
+          const int kb = __shfl_sync(0xffffffffu, c_kb, pg);
 #pragma unroll
           for (int pass = 0; pass < kPageSize / 8; ++pass) {  // 128 loaders: 8 rows x 16 chunks a pass
             const int pr = pass * 8 + tid / kChunks;
@@ -379,6 +389,8 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
             cp_async_16(s_v + at, valid ? p.v_pool + off : p.v_pool, valid);
           }
         }
+        c_sl = n_sl;
+        c_kb = n_kb;
         cp_async_mbar_arrive(full0 + 8 * b);
       }
       cp_async_commit();
