@@ -163,10 +163,11 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   constexpr int kThreads = kThreadsOf<WS>;
   __shared__ __align__(8) uint64_t s_bars[2 * ST];  // WS: full[ST] (tile landed), empty[ST] (tile consumed)
   // WS: registers per thread of the producer and of the consumers (setmaxnreg; 128 P + 256 C within
-  // the 384 x 168 launched). The producer's lanes hold the tile's list entries (one page each) and
-  // the copies take them by shuffle, so 40 are enough for it.
-  constexpr int kProducerRegs = 40;
-  constexpr int kConsumerRegs = 232;
+  // the 384 x 168 launched). The split with no spill in ptxas -v, per form: 56 / 224 (2 tiles), 72 /
+  // 216 (3 tiles), 88 / 208 (ping-pong, 3 tiles); ping-pong with 2 tiles spills 8 B at 56 / 224,
+  // more at 40 / 232 and 72 / 216.
+  constexpr int kProducerRegs = ST == 3 ? (PP ? 88 : 72) : 56;
+  constexpr int kConsumerRegs = (504 - kProducerRegs) / 2 / 8 * 8;
   constexpr int kBlockN = BN, kPagesPerTile = T::kPages, kKVBytes = T::kKVBytes, kStages = T::kStages;
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must sit on 1,024-byte boundaries.
@@ -221,8 +222,8 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   // K/V tile -> buffer `buf` by kLoaders threads, 16-byte chunks of 16
   // rows x 16 chunks per page; rows past seq_len (a last page's unused rows may hold NaN) and past
   // the list are zero-filled.
-  // (The loaders: every thread, a compile-time count, so that every copy's offset is static. The
-  // warp-specialized producer gathers with the same copies page by page, below.)
+  // (The loaders: every thread, or with WS the producer's 128 (threads 0-127); a compile-time
+  // count, so that every copy's offset is static.)
   constexpr int kLoaders = WS ? 128 : kThreads;
   auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile]) {
     constexpr int kRowsPerPass = kLoaders / kChunks;
@@ -358,39 +359,12 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
       static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreadsOf<true> * 168 && kThreadsOf<true> == 384,
                     "setmaxnreg split");
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-      // Lane j of each producer warp holds page j's list entry (slot, first key position) of the
-      // tile, loaded one tile ahead; the copies take them by shuffle, two pages at a time, so the
-      // producer needs few registers and its list loads never stand in front of a copy.
-      const int ch = tid % kChunks, lane_pg = lane & (kPagesPerTile - 1);
-      auto entry = [&](int kt, int& sl, int& kb) {
-        const int e = kt * kPagesPerTile + lane_pg;
-        const bool in = e < n_vis;
-        sl = in ? __ldg(slots + e) : 0;
-        kb = in ? __ldg(page_pos + e) * kPageSize : kNoKey;
-      };
-      int c_sl, c_kb;
-      entry(0, c_sl, c_kb);
-      for (int kt = 0, b = 0; kt < n_kv_tiles; ++kt, b = b + 1 == kStages ? 0 : b + 1) {
-        int n_sl = 0, n_kb = kNoKey;
-        if (kt + 1 < n_kv_tiles) entry(kt + 1, n_sl, n_kb);
+      int slot[kPagesPerTile], kbase[kPagesPerTile];
+      for (int kt = 0; kt < n_kv_tiles; ++kt) {
+        const int b = kt % kStages;
         if (kt >= kStages) mbar_wait(empty0 + 8 * b, ((kt / kStages) - 1) & 1);
-        __syncwarp();
-#pragma unroll 2
-        for (int pg = 0; pg < kPagesPerTile; ++pg) {
-          const int slot = __shfl_sync(0xffffffffu, c_sl, pg);
-          const int kb = __shfl_sync(0xffffffffu, c_kb, pg);
-#pragma unroll
-          for (int pass = 0; pass < kPageSize / 8; ++pass) {  // 128 loaders: 8 rows x 16 chunks a pass
-            const int pr = pass * 8 + tid / kChunks;
-            const bool valid = kb + pr < seq_len;
-            const size_t off = (static_cast<size_t>(slot) * kPageSize + pr) * kHeadDim + ch * 8;
-            const uint32_t at = b * kKVBytes + sw128(kBlockN, pg * kPageSize + pr, ch);
-            cp_async_16(s_k + at, valid ? p.k_pool + off : p.k_pool, valid);
-            cp_async_16(s_v + at, valid ? p.v_pool + off : p.v_pool, valid);
-          }
-        }
-        c_sl = n_sl;
-        c_kb = n_kb;
+        fetch_pages(kt, slot, kbase);
+        load_kv(b, slot, kbase);
         cp_async_mbar_arrive(full0 + 8 * b);
       }
       cp_async_commit();
