@@ -29,7 +29,7 @@
 #   bench  decode attention (dense, traced budgets, Quest, selection cost) with the PyTorch
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
-# Model parts travel one per call into ~/dhs (.devcarry/smol.part.a?, .devcarry/qwen/part.??)
+# Model parts travel one per call into ~/dhs (.devcarry/smol.part.a[a-c], .devcarry/qwen/part.??)
 # and are joined and hash-checked here. JSON lines and logs go to $OUT; a table is printed last.
 #   DHS_COMMIT=abc1234 bash bench/device_all.sh tests model eval bench
 # DHS_EVAL_SECONDS: time budget of an eval stage (samples per task are sized from a calibration
@@ -39,7 +39,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/dhs_out}
 mkdir -p "$OUT" /tmp/dhs ~/dhs
-for f in .devcarry/smol.part.aa .devcarry/smol.part.ab .devcarry/qwen/part.*; do [ -f "$f" ] && cp "$f" ~/dhs/"$(basename "$f" | sed 's/^part\./qwen.part./')"; done
+for f in .devcarry/smol.part.* .devcarry/qwen/part.*; do [ -f "$f" ] && cp "$f" ~/dhs/"$(basename "$f" | sed 's/^part\./qwen.part./')"; done
 [ -f .devcarry/bin.tar.xz ] && tar -C /tmp/dhs -xJf .devcarry/bin.tar.xz
 B=/tmp/dhs/bin
 export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-} DHS_TEST_DATA=$PWD/tests/data DHS_MODELS_DIR=$PWD/models
@@ -51,8 +51,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | 
 
 SMOL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 QWEN=/tmp/dhs/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
-if [ -f ~/dhs/smol.part.aa ] && [ -f ~/dhs/smol.part.ab ]; then
-  mkdir -p models && cat ~/dhs/smol.part.aa ~/dhs/smol.part.ab > $SMOL
+if [ ! -f $SMOL ] && [ -f ~/dhs/smol.part.aa ]; then  # (all parts there, or the hash check fails)
+  mkdir -p models && cat ~/dhs/smol.part.* > $SMOL
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $SMOL" | sha256sum -c || rm -f $SMOL
 fi
 if [ "$(ls ~/dhs/qwen.part.* 2>/dev/null | wc -l)" = 10 ]; then

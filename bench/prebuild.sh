@@ -13,7 +13,10 @@ cp build-cu/dhisparse build-cu/bench/{attention_bench,prefill_bench} \
    build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists,test_gemv} \
    /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
 tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin
-# The default model in two parts (64 MiB per device call): bench/device_all.sh joins them.
-[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ ! -f .devcarry/smol.part.ab ] &&
-  split -b 48M models/SmolLM2-135M-Instruct.Q4_1.gguf .devcarry/smol.part.
+# The default model in three parts of 32 MiB (64 MiB per device call, tracked files included: one
+# part and the binaries fit together): bench/device_all.sh joins them and checks the hash.
+if [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ ! -f .devcarry/smol.part.ac ]; then
+  rm -f .devcarry/smol.part.*
+  split -b 32M models/SmolLM2-135M-Instruct.Q4_1.gguf .devcarry/smol.part.
+fi
 ls -la .devcarry
