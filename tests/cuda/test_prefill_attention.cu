@@ -292,6 +292,32 @@ std::string check_rejects() {
   return "";
 }
 
+// Kernel shapes the setter must refuse (it only records a valid one; no GPU needed): "" or what
+// it wrongly accepted.
+std::string check_shape_setter() {
+  using Shape = dhs::cuda::PrefillSm90Shape;
+  const Shape bad[] = {{96, true, true, 3}, {128, true, true, 4}, {128, false, true, 2}, {128, false, false, 3},
+                       {64, true, false, 1}};
+  std::string err;
+  for (const Shape& s : bad) {
+    try {
+      dhs::cuda::set_prefill_sm90_shape(s);
+      err += "accepted {" + std::to_string(s.block_n) + ", " + std::to_string(s.warp_specialized) + ", " +
+             std::to_string(s.ping_pong) + ", " + std::to_string(s.stages) + "}; ";
+    } catch (const std::exception&) {
+    }
+  }
+  for (const Shape& s : {Shape{64, false, false, 2}, Shape{128, true, true, 2}, Shape{64, true, false, 3}}) {
+    try {
+      dhs::cuda::set_prefill_sm90_shape(s);
+    } catch (const std::exception& e) {
+      err += std::string("refused a valid shape: ") + e.what() + "; ";
+    }
+  }
+  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
+  return err;
+}
+
 }  // namespace
 
 #ifdef DHS_PLAIN_TEST
@@ -316,7 +342,7 @@ int main(int argc, char** argv) {
         ++failed;
       }
     }
-    const std::string err = check_rejects();
+    const std::string err = check_rejects() + check_shape_setter();
     if (!err.empty()) {
       std::printf("FAIL %s\n", err.c_str());
       ++failed;
@@ -365,4 +391,6 @@ TEST(PrefillAttention, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(check_rejects(), "");
 }
+// Runs without a GPU too: the setter validates before it records.
+TEST(PrefillAttention, ShapeSetterRejectsInvalidShapes) { EXPECT_EQ(check_shape_setter(), ""); }
 #endif
