@@ -23,6 +23,8 @@
 #   gemm   one layer's weight GEMMs per batch size (dhisparse bench) and PyTorch F.linear beside them
 #   prefill the prefill attention kernels: tests, sanitizers, one layer at 32k / 128k (wgmma and
 #          mma.sync in one call) with the cuDNN / FA2 anchor, TTFT at 32k (DHS_TTFT_LEN=32768,131072: also 128k)
+#   prefillprof Nsight Compute on the prefill kernel at 32k (default and v3 forms) and the default's
+#          SASS with stall samples
 #   probe  attention_bench --probe: the timing floor, the dense kernel without its merge, HBM read
 #          rate by chunk size (256 B - 4 KiB, in order / shuffled)
 #   refresh decode attention (all shapes) with the SDPA anchor, e2e TPOT 8k-128k x 1/4/8, TTFT 32k
@@ -244,6 +246,22 @@ for stage in "$@"; do
       [ -z "${DHS_PREFILL_NOTTFT:-}" ] && run e2e_ttft timeout 300 "$B/dhisparse" bench --ctx 32768 --batch 1 --prefill ${DHS_TTFT_LEN:-32768} \
         --policies dense --no-gemm --out "$OUT/decode_e2e.jsonl" --commit "$C" && grep -iE "ttft|prefill" "$OUT/e2e_ttft.log" | tail -6
       [ -n "${DHS_PREFILL_GEMV:-}" ] && run test_gemv timeout 90 "$B/test_gemv" ;;
+    prefillprof)
+      # Nsight Compute on the prefill kernel at 32k: the default form (ping-pong, 3 tiles) and v3
+      # (warp-specialized, 2 tiles), by their mangled template arguments; and the default's SASS
+      # with stall samples per instruction (source page, CSV).
+      for form in ILi128ELb1ELb1ELi3E ILi128ELb1ELb0ELi2E; do
+        run "ncu_prefill_$form" timeout 240 ncu --kernel-name-base mangled --kernel-name "regex:prefill_attention_sm90_kernel$form" \
+          --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
+          --section Occupancy --section InstructionStats --section ComputeWorkloadAnalysis "$B/prefill_bench" --ctx 32768 --out /dev/null
+        grep -E "Duration|Registers|Achieved Occupancy|Warp Cycles Per Issued|Issued Warp|Stall|Compute \(SM\)|Memory Throughput|Issue Slots|Pipe" \
+          "$OUT/ncu_prefill_$form.log" | head -40
+      done
+      ncu -o /tmp/dhs/prefill_rep -f --kernel-name-base mangled --kernel-name "regex:prefill_attention_sm90_kernelILi128ELb1ELb1ELi3E" \
+        --launch-count 1 --section SourceCounters --section WarpStateStats "$B/prefill_bench" --ctx 32768 --out /dev/null \
+        > "$OUT/ncu_prefill_sass_run.log" 2>&1
+      ncu -i /tmp/dhs/prefill_rep.ncu-rep --page source --csv --print-source sass > "$OUT/sass_prefill_pp_s3.csv" 2>&1
+      wc -l "$OUT/sass_prefill_pp_s3.csv" ;;
     probe)
       run attention_bench_probe timeout 240 "$B/attention_bench" --probe
       grep probe "$OUT/attention_bench_probe.log" ;;
