@@ -5,7 +5,8 @@ against cuDNN and FA2 SDPA timed in the same device call (bench/results/prefill_
 same call (bench/results/decode_e2e.jsonl, rows with `prefill_attention`; 32k, and 128k where
 timed). Writes docs/img/prefill.png.
 
-    python3 scripts/plot_prefill.py [COMMIT]   (default: 285de1c)
+    python3 scripts/plot_prefill.py [COMMIT [TTFT_COMMIT]]   (default: 56d1525 285de1c; the TTFT
+    rows of the second commit's call when the first did not time TTFT)
 """
 import json
 import sys
@@ -18,7 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 root = Path(__file__).resolve().parent.parent
-commit = sys.argv[1] if len(sys.argv) > 1 else "285de1c"
+commit = sys.argv[1] if len(sys.argv) > 1 else "56d1525"
+ttft_commit = sys.argv[2] if len(sys.argv) > 2 else (commit if len(sys.argv) > 1 else "285de1c")
 
 
 def rows(name):
@@ -50,7 +52,7 @@ if not tflops:
 
 ttft = defaultdict(list)  # (prompt tokens, kernel) -> seconds (each alternation)
 for r in rows("decode_e2e.jsonl"):
-    if r.get("commit") == commit and "prefill_attention" in r:
+    if r.get("commit") == ttft_commit and "prefill_attention" in r:
         ttft[(r["prefill_tokens"], r["prefill_attention"])].append(r["ttft_s"])
 
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [3, 2]})
@@ -78,7 +80,7 @@ for i, k in enumerate(keys):
                 fontsize=6)
 bx.set_xticks(range(len(keys)), [f"{n // 1024}k\n{short.get(k, k)}" for n, k in keys], fontsize=8)
 bx.set_ylabel("prefill tokens/s (thousands), 8B shape")
-bx.set_title("Chunked prefill (TTFT above the bars), one call", fontsize=10)
+bx.set_title(f"Chunked prefill (TTFT above the bars), one call ({ttft_commit})", fontsize=10)
 
 fig.tight_layout()
 out = root / "docs/img/prefill.png"
