@@ -5,8 +5,8 @@ against cuDNN and FA2 SDPA timed in the same device call (bench/results/prefill_
 same call (bench/results/decode_e2e.jsonl, rows with `prefill_attention`; 32k, and 128k where
 timed). Writes docs/img/prefill.png.
 
-    python3 scripts/plot_prefill.py [COMMIT [TTFT_COMMIT]]   (default: 56d1525 285de1c; the TTFT
-    rows of the second commit's call when the first did not time TTFT)
+    python3 scripts/plot_prefill.py [COMMIT [TTFT_COMMIT]]   (default: 56d1525; TTFT_COMMIT: the
+    call whose TTFT rows to show, when COMMIT's call did not time TTFT)
 """
 import json
 import sys
@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 
 root = Path(__file__).resolve().parent.parent
 commit = sys.argv[1] if len(sys.argv) > 1 else "56d1525"
-ttft_commit = sys.argv[2] if len(sys.argv) > 2 else (commit if len(sys.argv) > 1 else "285de1c")
+ttft_commit = sys.argv[2] if len(sys.argv) > 2 else commit
 
 
 def rows(name):
