@@ -4,14 +4,16 @@
 //
 // One thread block = 128 query rows (token x GQA head, as in prefill_attention.cu) of one
 // (request, KV head): two consumer warpgroups of 64 rows; K/V tiles of BN = 128 (or 64) keys,
-// gathered page by page with cp.async into a double buffer shared by both. Per tile and consumer:
+// gathered page by page with cp.async into a ring of 2 or 3 buffers shared by both. Per tile and
+// consumer:
 //   S[64 x BN]   = Q K^T: 8 x wgmma.m64nBNk16, A = Q and B = K from shared memory (K-major);
 //   mask, online softmax (base 2) on S in registers, P = bf16(S);
 //   O[64 x 128] += P V: BN/16 x wgmma.m64n128k16, A = P from registers, B = V from shared memory
 //   (MN-major: V's rows are keys, the reduction dimension; the transposed-B form).
-// Two forms (docs/kernels/prefill_attention_NOTES.md, v2 and v3): every thread gathers and the
-// block meets at a __syncthreads per tile; or (WS, the default) a third warpgroup gathers into an
-// mbarrier ring (full / empty per buffer) and the consumers never wait for each other.
+// Forms (docs/kernels/prefill_attention_NOTES.md, v2-v4): every thread gathers and the block meets
+// at a __syncthreads per tile (v2); or (WS) a third warpgroup gathers into an mbarrier ring (full /
+// empty per buffer) and the consumers never wait for each other (v3), or take turns at the tensor
+// cores (PP, ping-pong) with a 3-buffer ring (v4, the default).
 // Shared-memory tiles use the 128-byte swizzle the MMA descriptors describe: a tile of R rows x
 // 128 dims is two column blocks of R rows x 64 dims (128 B per row); 16-byte chunk c of row r sits
 // at chunk c ^ (r % 8) of its row, 8-row groups 1,024 B apart (every block 1,024-B aligned).
