@@ -160,7 +160,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 template <int BN, bool WS, bool PP, int ST>
 __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kernel(const __grid_constant__ PrefillAttentionParams p) {
   static_assert(WS || (!PP && ST == 2), "ping-pong and a deeper ring are forms of the warp-specialized kernel");
-  static_assert(Tile<BN, ST>::kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(Tile<BN, ST>::kSmemBytes + 2 * ST * 8 <= 227 * 1024, "shared memory (dynamic + the barriers)");
   using T = Tile<BN, ST>;
   constexpr int kThreads = kThreadsOf<WS>;
   __shared__ __align__(8) uint64_t s_bars[2 * ST];  // WS: full[ST] (tile landed), empty[ST] (tile consumed)
@@ -344,12 +344,13 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
     }
   };
 
-  // Tile kt lives in buffer kt % 2; the next tile's copy is issued once every warp is past the
-  // tile that used its buffer (the __syncthreads after each tile's arrival).
+  // Tile kt lives in buffer kt % kStages. Without WS (2 buffers) the next tile's copy is issued
+  // once every warp is past the tile that used its buffer (the __syncthreads after each tile's
+  // arrival).
   if constexpr (WS) {
     // full[b]: the producer's 128 threads arrive as their copies of a tile into buffer b land;
     // empty[b]: the consumers' 256 threads arrive when done with it. Tile kt uses buffer
-    // kt % kStages (2), phase kt / kStages of both. (A consumer must arrive on every tile, even one
+    // kt % kStages (2 or 3), phase kt / kStages of both. (A consumer must arrive on every tile, even one
     // whose rows are all padding, or the producer waits forever.)
     const uint32_t full0 = smem_u32(&s_bars[0]), empty0 = smem_u32(&s_bars[kStages]);
     if (tid == 0) {
@@ -431,55 +432,56 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
           }
         }
       }
-    } else
-    for (int kt = 0; kt < n_kv_tiles; ++kt) {
-      const int b = kt % kStages;
-      fetch_pages(kt, slot_c, kbase_c);  // (the positions, for the mask)
-      mbar_wait(full0 + 8 * b, (kt / kStages) & 1);
-      fence_proxy_async();
-      issue_s(b, s);
-      wgmma_wait<0>();
-      pin(s);
-      softmax(s, kbase_c, pa, alpha);
-      rescale(alpha);
-      issue_pv(b, pa);
-      wgmma_wait<0>();
-      pin(o);
-      pin(pa);
-      mbar_arrive(empty0 + 8 * b);
-    }
-  } else {
-      int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
-      if (n_kv_tiles > 0) {
-        fetch_pages(0, slot_n, kbase_c);
-        load_kv(0, slot_n, kbase_c);
-      }
-      cp_async_commit();
-      float s[BN / 2], alpha[2];
-      uint32_t pa[BN / 16][4];
+    } else {
       for (int kt = 0; kt < n_kv_tiles; ++kt) {
-        const int buf = kt % kStages;
-        const bool has_next = kt + 1 < n_kv_tiles;
-        if (has_next) fetch_pages(kt + 1, slot_n, kbase_n);
-        cp_async_wait_all();
+        const int b = kt % kStages;
+        fetch_pages(kt, slot_c, kbase_c);  // (the positions, for the mask)
+        mbar_wait(full0 + 8 * b, (kt / kStages) & 1);
         fence_proxy_async();
-        __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
-        if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
-        cp_async_commit();
-        issue_s(buf, s);
+        issue_s(b, s);
         wgmma_wait<0>();
         pin(s);
         softmax(s, kbase_c, pa, alpha);
         rescale(alpha);
-        issue_pv(buf, pa);
+        issue_pv(b, pa);
         wgmma_wait<0>();
         pin(o);
         pin(pa);
-        if (has_next) {
-    #pragma unroll
-          for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
-        }
+        mbar_arrive(empty0 + 8 * b);
       }
+    }
+  } else {
+    int slot_n[kPagesPerTile], kbase_n[kPagesPerTile], kbase_c[kPagesPerTile];
+    if (n_kv_tiles > 0) {
+      fetch_pages(0, slot_n, kbase_c);
+      load_kv(0, slot_n, kbase_c);
+    }
+    cp_async_commit();
+    float s[BN / 2], alpha[2];
+    uint32_t pa[BN / 16][4];
+    for (int kt = 0; kt < n_kv_tiles; ++kt) {
+      const int buf = kt % kStages;
+      const bool has_next = kt + 1 < n_kv_tiles;
+      if (has_next) fetch_pages(kt + 1, slot_n, kbase_n);
+      cp_async_wait_all();
+      fence_proxy_async();
+      __syncthreads();  // tile kt landed for all; every warp is done with the buffer refilled next
+      if (has_next) load_kv((kt + 1) % kStages, slot_n, kbase_n);
+      cp_async_commit();
+      issue_s(buf, s);
+      wgmma_wait<0>();
+      pin(s);
+      softmax(s, kbase_c, pa, alpha);
+      rescale(alpha);
+      issue_pv(buf, pa);
+      wgmma_wait<0>();
+      pin(o);
+      pin(pa);
+      if (has_next) {
+#pragma unroll
+        for (int i = 0; i < kPagesPerTile; ++i) kbase_c[i] = kbase_n[i];
+      }
+    }
   }
 
   // Epilogue: both warpgroups are past their last MMA on Q (and an unused Q copy has landed)

@@ -13,9 +13,9 @@ namespace dhs::cuda {
 bool prefill_sm90_available();
 // The kernel's shape, process-wide, for the benchmark's sweep and the tests (every shape is
 // tested): keys per K/V tile, 64 or 128; warp-specialized: a third warpgroup gathers the K/V tiles
-// into an mbarrier ring and the two consumer warpgroups never wait for each other, else all
+// into an mbarrier ring and the two consumer warpgroups run each at its own pace, else all
 // threads gather and meet once per tile; ping-pong (warp-specialized only): the two consumers
-// take turns at the tensor cores, one's softmax under the other's MMAs; stages: K/V tiles in the
+// instead take turns at the tensor cores, one's softmax under the other's MMAs; stages: K/V tiles in the
 // ring, 2 or 3 (3: warp-specialized only). The default is the fastest measured
 // (docs/kernels/prefill_attention_NOTES.md).
 struct PrefillSm90Shape {
