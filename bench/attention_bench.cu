@@ -83,7 +83,7 @@ __global__ void bulk_read_kernel(const char* __restrict__ base, const int32_t* _
   __shared__ __align__(8) uint64_t bar[kStages];
   if (threadIdx.x != 0) return;
   for (int s = 0; s < kStages; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(dhs::cuda::ptx::smem_u32(&bar[s])) : "memory");
+    dhs::cuda::ptx::mbar_init(dhs::cuda::ptx::smem_u32(&bar[s]), 1);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   const int64_t grid = gridDim.x;
   auto issue = [&](int s, int64_t c) {
@@ -100,8 +100,7 @@ __global__ void bulk_read_kernel(const char* __restrict__ base, const int32_t* _
   for (int64_t c = blockIdx.x; c < n_chunks; c += grid, ++k) {
     const int s = static_cast<int>(k % kStages);
     const uint32_t b = dhs::cuda::ptx::smem_u32(&bar[s]), parity = static_cast<uint32_t>((k / kStages) & 1);
-    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}\n"
-                 ::"r"(b), "r"(parity) : "memory");
+    dhs::cuda::ptx::mbar_wait(b, parity);
     acc ^= *reinterpret_cast<const int*>(ring + static_cast<size_t>(s) * chunk_bytes);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     if (c + kStages * grid < n_chunks) issue(s, c + kStages * grid);

@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/prefill_tile.cuh"
+#include "backend/cuda/ptx.cuh"
 
 namespace dhs::cuda {
 
@@ -130,21 +131,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
-// mbarrier helpers (the warp-specialized form's K/V ring).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
+// mbarrier helpers (the warp-specialized form's K/V ring): backend/cuda/ptx.cuh.
+using ptx::mbar_arrive;
+using ptx::mbar_init;
+using ptx::mbar_wait;
 // Arrives on `bar` once every cp.async this thread issued before has landed.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
