@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything GPU, in as few device calls as the 64 MiB-per-call limit allows (after
 # bench/prebuild.sh here). Stages, in the order given:
-#   tests  the cuda tests, compute-sanitizer memcheck + racecheck on the attention, append,
+#   tests  the cuda tests (DHS_TESTS: which), compute-sanitizer memcheck + racecheck (DHS_SANITIZE: on which) on the attention, append,
 #          selection and sampling kernels
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
@@ -86,15 +86,17 @@ eval_stage() {
 for stage in "$@"; do
   case $stage in
     tests)
-      T="test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv"
+      T="${DHS_TESTS-test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv}"
       for t in $T; do run "$t" timeout 120 "$B/$t"; done
       # Sanitizers: DHS_SANITIZE lists the tests (default: the selection kernels, new here; the
       # others ran clean at 186d1a7 and are unchanged). Racecheck is slow: the small shapes only.
       for t in ${DHS_SANITIZE:-test_page_select}; do
-        DHS_TEST_QUICK=1 run "sanitizer_memcheck_$t" timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/$t"
-        # (test_page_select: its small shapes only; the others whole)
-        filter=(); [ "$t" = test_page_select ] && filter=(--gtest_filter='*Smol*:*Summ*')
-        DHS_TEST_QUICK=1 run "sanitizer_racecheck_$t" timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/$t" "${filter[@]}"
+        # (test_prefill_attention: its small and edge-list cases under both tools, all 11 kernel forms)
+        mfilter=(); [ "$t" = test_prefill_attention ] && mfilter=(--gtest_filter='*Small*:*EmptyAndOnePage*')
+        DHS_TEST_QUICK=1 run "sanitizer_memcheck_$t" timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/$t" "${mfilter[@]}"
+        # (racecheck, test_page_select: its small shapes only; the others whole)
+        filter=("${mfilter[@]}"); [ "$t" = test_page_select ] && filter=(--gtest_filter='*Smol*:*Summ*')
+        DHS_TEST_QUICK=1 run "sanitizer_racecheck_$t" timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/$t" "${filter[@]}"
       done ;;
     model)
       [ -f $SMOL ] || { echo "model: default model missing"; continue; }

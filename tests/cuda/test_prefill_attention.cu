@@ -50,6 +50,15 @@ struct Case {
   std::vector<int> q_len;   // [n_requests] new tokens (rows of this chunk)
   bool sparse = false;      // drop ~30% of each list's pages, differently per KV head
   uint64_t seed = 1;
+  // Lists at the edges, by (request + KV head) % 3: 0 empty (every row sees no key: output 0,
+  // lse -inf), 1 only the last page (the chunk's rows before that page see no key), 2 whole.
+  bool edge_lists = false;
+};
+
+// A run's raw results, for the bitwise comparison of kernel forms.
+struct Bits {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
 };
 
 float bf16_round(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
@@ -71,7 +80,7 @@ struct DeviceBuffer {
 
 // Returns "" when every element is within tolerance, else a description. wgmma: the
 // warpgroup-MMA kernel where it applies (head_dim 128 on sm_90), else the mma.sync one.
-std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape shape = {}) {
+std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape shape = {}, Bits* bits = nullptr) {
   std::mt19937_64 rng(c.seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int n_req = static_cast<int>(c.q_len.size());
@@ -122,6 +131,7 @@ std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape s
           }
         // Sparse lists keep the last page (it holds the newest keys) and drop others at random.
         if (c.sparse && i + 1 < n_pages && drop(rng)) continue;
+        if (c.edge_lists && ((r + h) % 3 == 0 || ((r + h) % 3 == 1 && i + 1 < n_pages))) continue;
         lists.slots.push_back(pg.slot);
         lists.page_pos.push_back(i);
       }
@@ -232,6 +242,7 @@ std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape s
       !sm90 ? std::string("mma.sync")
             : "wgmma" + std::to_string(shape.block_n) + (shape.warp_specialized ? "ws" : "") + (shape.ping_pong ? "pp" : "") +
                   (shape.stages != 2 ? "s" + std::to_string(shape.stages) : "");
+  if (bits != nullptr) *bits = {out_dev, lse_dev};
   std::printf("  %-28s %-8s rows %5d  max|err| %.2e  max|err|/(1+|ref|) %.2e  bad %zu/%zu  bad lse %zu\n",
               c.name.c_str(), kernel.c_str(), n_rows, max_abs, max_rel, n_bad, n_q, n_bad_lse);
   if (n_bad || n_bad_lse)
@@ -240,15 +251,34 @@ std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape s
   return "";
 }
 
+// "" when a and b hold the same bits, else where they first differ.
+std::string same_bits(const Bits& a, const Bits& b, const std::string& what) {
+  for (size_t i = 0; i < a.out.size() && i < b.out.size(); ++i)
+    if (a.out[i] != b.out[i]) return what + ": out[" + std::to_string(i) + "] differs bitwise; ";
+  for (size_t i = 0; i < a.lse.size() && i < b.lse.size(); ++i)
+    if (std::memcmp(&a.lse[i], &b.lse[i], sizeof(float)) != 0)
+      return what + ": lse[" + std::to_string(i) + "] differs bitwise; ";
+  return a.out.size() == b.out.size() && a.lse.size() == b.lse.size() ? "" : what + ": sizes differ; ";
+}
+
 // Both kernels on the same case (the wgmma one only where it applies): the wgmma kernel with 64-
 // and 128-key tiles, warp-specialized or not, the warp-specialized one also with ping-pong
-// consumers and with a 3-tile ring.
+// consumers and with a 3-tile ring. At one tile width every form runs the same MMAs and the same
+// softmax on every row, in the same order (the forms differ only in who copies and when), so their
+// outputs must be equal bit for bit: a race on a ring buffer or a barrier out of step shows here
+// even where it stays inside the tolerance.
 std::string run_case(const Case& c) {
   std::string err;
   for (const int bn : {128, 64}) {
-    err += run_case_on(c, true, {bn, false, false, 2});
+    Bits ref;
+    err += run_case_on(c, true, {bn, false, false, 2}, &ref);
     for (const bool pp : {false, true})
-      for (const int st : {2, 3}) err += run_case_on(c, true, {bn, true, pp, st});
+      for (const int st : {2, 3}) {
+        Bits b;
+        err += run_case_on(c, true, {bn, true, pp, st}, &b);
+        err += same_bits(ref, b, c.name + " wgmma" + std::to_string(bn) + "ws" + (pp ? "pp" : "") + "s" +
+                                     std::to_string(st) + " vs wgmma" + std::to_string(bn));
+      }
   }
   return err + run_case_on(c, false);
 }
@@ -268,6 +298,13 @@ Case long_chunk() { return {"chunk 600 on 1000, 4/4 d128", 4, 4, 128, {1000, 0},
 // GQA 4 with many query tiles (32 tokens each) and K/V tiles per request, one sparse.
 Case long_gqa() { return {"chunk 700 on 300, 32/8 d128", 32, 8, 128, {300, 5}, {700, 259}, false, 51}; }
 Case long_gqa_sparse() { return {"sparse chunk 400 on 900, 32/8", 32, 8, 128, {900}, {400}, true, 52}; }
+// Empty lists and lists of one page (whole query tiles, and rows of a tile, that see no key: the
+// n_kv_tiles = 0 path and the rows whose max stays -inf), on requests of 1 to 3 query tiles.
+Case edge_lists_case() {
+  Case c{"edge lists 32/8 d128", 32, 8, 128, {0, 40, 300}, {90, 7, 33}, false, 61};
+  c.edge_lists = true;
+  return c;
+}
 
 bool have_gpu() { return dhs::cuda::device_count() > 0; }
 
@@ -331,7 +368,8 @@ int main(int argc, char** argv) {
   const bool small_only = argc > 1 && std::string(argv[1]) == "--small";
   std::vector<Case> cases = {small_case(), small_case_d64()};
   if (!small_only)
-    for (const Case& c : {gqa32x8_d128(), gqa9x3_d64(), sparse_d128(), long_chunk(), long_gqa(), long_gqa_sparse()})
+    for (const Case& c : {gqa32x8_d128(), gqa9x3_d64(), sparse_d128(), long_chunk(), long_gqa(), long_gqa_sparse(),
+                          edge_lists_case()})
       cases.push_back(c);
   int failed = 0;
   try {
@@ -386,6 +424,10 @@ TEST(PrefillAttention, LongChunksGqa) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(run_case(long_gqa()), "");
   EXPECT_EQ(run_case(long_gqa_sparse()), "");
+}
+TEST(PrefillAttention, EmptyAndOnePageLists) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_EQ(run_case(edge_lists_case()), "");
 }
 TEST(PrefillAttention, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
