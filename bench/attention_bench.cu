@@ -141,6 +141,19 @@ struct Timing {
   std::vector<double> samples_us;
 };
 
+// Pool slots in runs of `run` consecutive slots, the runs in a shuffled order: run 1 is a pool
+// after churn (every page anywhere), run 128 what the engine's allocator gives after 2,048-token
+// prefill chunks on a fresh pool (each chunk takes a run of 128 slots per list), run n contiguous.
+std::vector<int32_t> slot_runs(int64_t n, int64_t run, std::mt19937& rng) {
+  std::vector<int32_t> order(static_cast<size_t>((n + run - 1) / run)), slots;
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  slots.reserve(static_cast<size_t>(n));
+  for (const int32_t r : order)
+    for (int64_t j = 0; j < run && r * run + j < n; ++j) slots.push_back(static_cast<int32_t>(r * run + j));
+  return slots;
+}
+
 // Lists for batch x kHkv rows of n_pg pages each; keep_frac < 1 keeps the first and last page
 // plus each other page with that probability (sorted, as a policy emits them).
 dhs::PageLists make_lists(int batch, int ctx, double keep_frac, const std::vector<int32_t>& perm, std::mt19937& rng) {
@@ -283,8 +296,9 @@ struct Bench {
                  "by reading 256 MiB before each sample, median\",\"samples\":[",
                  opt.commit.c_str(), opt.run_id.c_str(), gpu.c_str(), impl, ctx, batch, kHq, kHkv, kD, kPage,
                  t.median_us, bytes / t.median_us / 1e3, bytes, frac, ws.n_workers(), ws.stages(), min_pages,
-                 std::strstr(impl, "contig") ? "each head's pages contiguous in the pool"
-                                             : "pages shuffled over the pool");
+                 std::strstr(impl, "contig")    ? "each head's pages contiguous in the pool"
+                 : std::strstr(impl, "runs128") ? "runs of 128 slots per list, the runs shuffled over the pool"
+                                                : "pages shuffled over the pool");
     for (size_t i = 0; i < t.samples_us.size(); ++i)
       std::fprintf(f, "%s%.2f", i ? "," : "", t.samples_us[i]);
     std::fprintf(f, "]}\n");
@@ -443,6 +457,28 @@ int main(int argc, char** argv) {
             std::printf("probe read 1024 + 64 apart  %-9s %8.1f us  %6.0f GB/s\n", shuffled ? "shuffled" : "in order", ts.median_us,
                         bytes / ts.median_us / 1e3);
           }
+          if (chunk == 4096 && !shuffled) {
+            // Does the number of concurrent sequential streams matter? The decode kernel's grid (2 blocks
+            // of 4 warps per SM, two chunks in flight per warp), each warp reading its own contiguous
+            // region (as the split-KV kernel on a contiguous pool), 4 or 8 warps per region taking
+            // its chunks in turn (fewer, wider streams), and the whole buffer in global order.
+            const int64_t nw = static_cast<int64_t>(b.n_sm) * 2 * 4, per = n_chunks / nw, used = per * nw;
+            for (const int share : {0, 1, 4, 8}) {  // 0: global order
+              std::vector<int32_t> order(static_cast<size_t>(used));
+              for (int64_t w = 0; w < nw; ++w)
+                for (int64_t k = 0; k < per; ++k)
+                  order[static_cast<size_t>(w + k * nw)] =
+                      static_cast<int32_t>(share == 0 ? w + k * nw : (w / share) * share * per + k * share + w % share);
+              DHS_CUDA_CHECK(cudaMemcpy(idx_d, order.data(), order.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+              const Timing ts = b.time_graph([&] {
+                chunk_read_kernel<<<b.n_sm * 2, 128, 0, b.stream>>>(buf, idx_d, used, chunk / 16, reinterpret_cast<int*>(buf));
+              }, opt.reps);
+              std::printf("probe read 4096-byte chunks, %lld warps, %-26s %8.1f us  %6.0f GB/s\n", static_cast<long long>(nw),
+                          share == 0 ? "global order" : (std::to_string(share) + " warp(s) per stream").c_str(), ts.median_us,
+                          static_cast<double>(used) * chunk / ts.median_us / 1e3);
+            }
+            DHS_CUDA_CHECK(cudaMemcpy(idx_d, idx.data(), idx.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+          }
           if (chunk == 4096) {  // the KV pool's layout: K's 4 KiB and V's 4 KiB at one slot of two arrays
             std::vector<int32_t> half(static_cast<size_t>(n_chunks / 2));  // slots of the first half only
             std::iota(half.begin(), half.end(), 0);
@@ -497,16 +533,22 @@ int main(int argc, char** argv) {
       std::shuffle(perm.begin(), perm.end(), rng);
       std::vector<int32_t> identity(static_cast<size_t>(n_pages));
       std::iota(identity.begin(), identity.end(), 0);
+      const std::vector<int32_t> runs = slot_runs(n_pages, 128, rng);
       // 0: dense, pages scattered over the pool (a pool after churn); 1: sparse30, scattered;
-      // 2: dense, each head's pages contiguous in the pool (SDPA's layout: like for like).
-      for (int variant = 0; variant < 3; ++variant) {
+      // 2: dense, each head's pages contiguous in the pool (SDPA's layout: like for like);
+      // 3: dense, runs of 128 slots (the engine's allocator after chunked prefill, slot_runs).
+      for (int variant = 0; variant < 4; ++variant) {
         const bool sparse = variant == 1;
-        const dhs::PageLists L = make_lists(batch, ctx, sparse ? 0.3 : 1.0, variant == 2 ? identity : perm, rng);
+        const dhs::PageLists L =
+            make_lists(batch, ctx, sparse ? 0.3 : 1.0, variant == 2 ? identity : variant == 3 ? runs : perm, rng);
         lists.upload(L);
         const double frac = static_cast<double>(L.nnz()) / static_cast<double>(n_pages);
         const double bytes = static_cast<double>(L.nnz()) * page_bytes;
         const Timing t = b.time_op(ws, batch, opt.min_pages, opt.reps);
-        const char* impl = variant == 0 ? "dhisparse-dense" : variant == 1 ? "dhisparse-sparse30" : "dhisparse-dense-contig";
+        const char* impl = variant == 0   ? "dhisparse-dense"
+                           : variant == 1 ? "dhisparse-sparse30"
+                           : variant == 2 ? "dhisparse-dense-contig"
+                                          : "dhisparse-dense-runs128";
         std::printf("%-7d %-6d %-18s %10.1f %9.1f %8.3f%s\n", ctx, batch, impl, t.median_us,
                     bytes / t.median_us / 1e3, frac, b.output_finite(batch) ? "" : "  NON-FINITE OUTPUT");
         b.emit(b.out, impl, ctx, batch, t, bytes, frac, ws, opt.min_pages);
@@ -666,13 +708,7 @@ int main(int argc, char** argv) {
           if (rule == 2) {  // the same score stage on two other layouts of the lists' pages in the pool
             // Runs of 128 consecutive slots in a shuffled order (the engine's allocator after 2,048-token
             // prefill chunks: each chunk takes a run per list), and every list contiguous.
-            std::vector<int32_t> runs(static_cast<size_t>(n_pages)), identity(static_cast<size_t>(n_pages));
-            std::iota(identity.begin(), identity.end(), 0);
-            std::vector<int32_t> order(static_cast<size_t>(n_pages / 128));
-            std::iota(order.begin(), order.end(), 0);
-            std::shuffle(order.begin(), order.end(), rng);
-            for (size_t r = 0; r < order.size(); ++r)
-              for (int j = 0; j < 128; ++j) runs[r * 128 + static_cast<size_t>(j)] = order[r] * 128 + j;
+            const std::vector<int32_t> runs = slot_runs(n_pages, 128, rng), identity = slot_runs(n_pages, n_pages, rng);
             double us[2];
             for (int lay = 0; lay < 2; ++lay) {
               dense_lists.upload(make_lists(batch, ctx, 1.0, lay == 0 ? runs : identity, rng));
