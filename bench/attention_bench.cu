@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
       DHS_CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
       DHS_CUDA_CHECK(cudaMemset(buf, 0x5a, buf_bytes));
       DHS_CUDA_CHECK(cudaMalloc(&idx_d, (buf_bytes / 256) * sizeof(int32_t)));
-      for (int chunk : {256, 512, 1024, 1088, 4096, 8192, 16384})
+      for (int chunk : {256, 512, 1024, 1088, 4096, 8192, 16384, 32768})
         for (int shuffled = 0; shuffled < 2; ++shuffled) {
           const int64_t n_chunks = static_cast<int64_t>(buf_bytes / chunk);
           std::vector<int32_t> idx(static_cast<size_t>(n_chunks));
@@ -434,10 +434,17 @@ int main(int argc, char** argv) {
                       t.median_us, static_cast<double>(n_chunks * chunk) / t.median_us / 1e3);
           if (chunk >= 1024) {  // the same chunks through the bulk-copy unit, by ring depth and blocks per SM
             struct Cfg { int stages, per_sm; };
-            for (const Cfg cfg : {Cfg{2, 16}, Cfg{4, 8}, Cfg{4, 12}, Cfg{8, 4}, Cfg{8, 6}}) {
+            // (the last six only fit chunks of 8 KiB and more: are larger copies read faster in order?)
+            for (const Cfg cfg : {Cfg{2, 16}, Cfg{4, 8}, Cfg{4, 12}, Cfg{8, 4}, Cfg{8, 6}, Cfg{2, 6}, Cfg{3, 4}, Cfg{4, 3},
+                                  Cfg{2, 3}, Cfg{3, 2}, Cfg{4, 6}}) {
               const int smem = cfg.stages * chunk;
               if (static_cast<int64_t>(smem) * cfg.per_sm > 200 * 1024) continue;
-              auto kfn = cfg.stages == 2 ? bulk_read_kernel<2> : cfg.stages == 4 ? bulk_read_kernel<4> : bulk_read_kernel<8>;
+              if (chunk < 8192 && (cfg.per_sm < 4 || (cfg.stages == 2 && cfg.per_sm == 6) || (cfg.stages == 4 && cfg.per_sm == 6)))
+                continue;
+              auto kfn = cfg.stages == 2   ? bulk_read_kernel<2>
+                         : cfg.stages == 3 ? bulk_read_kernel<3>
+                         : cfg.stages == 4 ? bulk_read_kernel<4>
+                                           : bulk_read_kernel<8>;
               DHS_CUDA_CHECK(cudaFuncSetAttribute(kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
               const Timing tb = b.time_graph([&] {
                 kfn<<<b.n_sm * cfg.per_sm, 32, smem, b.stream>>>(reinterpret_cast<const char*>(buf), idx_d, n_chunks, chunk,
