@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarise bench/results/*.jsonl for one commit: markdown tables on stdout and
-plots in docs/img/. Usage: python3 scripts/plot_bench.py COMMIT"""
+plots in docs/img/. Usage: python3 scripts/plot_bench.py COMMIT [RUN_ID_PREFIX]
+(RUN_ID_PREFIX: only rows whose run_id starts with it, for a commit timed in several calls)"""
 import json
 import sys
 from pathlib import Path
@@ -12,13 +13,15 @@ import matplotlib.pyplot as plt
 
 root = Path(__file__).resolve().parent.parent
 commit = sys.argv[1]
+run_prefix = sys.argv[2] if len(sys.argv) > 2 else ""
 img = root / "docs" / "img"
 img.mkdir(parents=True, exist_ok=True)
 
 
 def load(name):
     p = root / "bench" / "results" / name
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip() and json.loads(l).get("commit") == commit]
+    rows = [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    return [r for r in rows if r.get("commit") == commit and str(r.get("run_id", "")).startswith(run_prefix)]
 
 
 att = [r for r in load("decode_attention.jsonl") if "ctx" in r and "us" in r]
