@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything GPU, in as few device calls as the 64 MiB-per-call limit allows (after
 # bench/prebuild.sh here). Stages, in the order given:
-#   tests  the cuda tests (DHS_TESTS: which), compute-sanitizer memcheck + racecheck (DHS_SANITIZE: on which) on the attention, append,
-#          selection and sampling kernels
+#   tests  the cuda tests (DHS_TESTS: which), compute-sanitizer memcheck + racecheck on the
+#          attention, append, selection and sampling kernels (DHS_SANITIZE: which tests)
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
 #   eval   `dhisparse eval` on the default model (SmolLM2-135M, 8k native context) at 4k and
@@ -88,8 +88,9 @@ for stage in "$@"; do
     tests)
       T="${DHS_TESTS-test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv}"
       for t in $T; do run "$t" timeout 120 "$B/$t"; done
-      # Sanitizers: DHS_SANITIZE lists the tests (default: the selection kernels, new here; the
-      # others ran clean at 186d1a7 and are unchanged). Racecheck is slow: the small shapes only.
+      # Sanitizers: DHS_SANITIZE lists the tests (default: the selection kernels; all of the
+      # attention, ops and sampling tests last ran clean at 1f99105 / 897a6b3, kernels as d3157ed).
+      # Racecheck is slow: the small shapes only.
       for t in ${DHS_SANITIZE:-test_page_select}; do
         # (test_prefill_attention: its small and edge-list cases under both tools, all 11 kernel forms)
         mfilter=(); [ "$t" = test_prefill_attention ] && mfilter=(--gtest_filter='*Small*:*EmptyAndOnePage*')
