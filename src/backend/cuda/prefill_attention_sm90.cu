@@ -124,17 +124,13 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], uint32_t 
       : "l"(desc_b), "r"(1));
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-// mbarrier helpers (the warp-specialized form's K/V ring): backend/cuda/ptx.cuh.
+// 2^x on the SFU, shared-memory addresses, and the mbarrier helpers of the warp-specialized
+// form's K/V ring: backend/cuda/ptx.cuh.
 using ptx::mbar_arrive;
 using ptx::mbar_init;
 using ptx::mbar_wait;
+using ptx::smem_u32;
+__device__ __forceinline__ float fast_exp2(float x) { return ptx::ex2_approx(x); }
 // Arrives on `bar` once every cp.async this thread issued before has landed.
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
