@@ -96,6 +96,12 @@ class Engine {
   virtual std::vector<int32_t> tokenize(const std::string& text) const = 0;
   // Renders the chat template (the model's own, or the override).
   virtual std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const = 0;
+  // Renders the chat template and tokenizes it, reading every message string as plain text:
+  // a "<|im_end|>" a user types stays text, special tokens come only from the template's own
+  // markup (as vLLM and llama.cpp's server do). BOS as tokenize() adds it, unless the
+  // template wrote it. What front ends use for chat.
+  virtual std::vector<int32_t> tokenize_chat(const std::vector<ChatMessage>& messages,
+                                             bool add_generation_prompt) const = 0;
 
   // Generates from prompt ids. on_text receives printable text as it is produced
   // (never half a UTF-8 character, never part of a stop string); returning false stops.

@@ -204,14 +204,17 @@ int main(int argc, char** argv) {
     }
     if (!quiet) eo.progress = progress_bar;
     auto engine = dhs::Engine::load(eo);
-    std::string text = prompt;
+    // A raw prompt is the operator's own text, special tokens and all (as llama.cpp reads -p);
+    // chat messages are user text: their special-token spellings stay text.
+    std::vector<int32_t> ids;
     if (chat) {
       std::vector<dhs::ChatMessage> msgs;
       if (!system_prompt.empty()) msgs.push_back({"system", system_prompt});
       msgs.push_back({"user", prompt});
-      text = engine->render_chat(msgs, true);
+      ids = engine->tokenize_chat(msgs, true);
+    } else {
+      ids = engine->tokenize(prompt);
     }
-    const auto ids = engine->tokenize(text);
     if (!chat) std::cout << prompt;
     std::cout.flush();
     auto res = engine->generate(ids, go, [](const std::string& piece) {

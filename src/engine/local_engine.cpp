@@ -2,6 +2,7 @@
 // the CPU or the CUDA backend (a StepRunner). Prefill runs in chunks; decode
 // appends one token per step. Continuous batching comes with the server.
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -57,8 +58,23 @@ class LocalEngine final : public Engine {
     DHS_CHECK(o.page_size >= 1 && o.page_size <= 256, "page size must be in [1, 256], got {}", o.page_size);
     src_ = open_weights(o.model_path);
     tok_ = load_tokenizer(*src_);
-    const std::string tmpl = o.chat_template.empty() ? tok_->chat_template() : load_template_override(o.chat_template);
-    if (!tmpl.empty()) chat_ = std::make_unique<ChatTemplate>(tmpl);
+    if (!o.chat_template.empty()) {
+      chat_ = std::make_unique<ChatTemplate>(load_template_override(o.chat_template));  // asked for: fail loudly
+    } else if (!tok_->chat_template().empty()) {
+      // The model file's own template: one that does not parse must not keep the model from
+      // running raw prompts; --chat then says why it cannot.
+      try {
+        chat_ = std::make_unique<ChatTemplate>(tok_->chat_template());
+      } catch (const Error& e) {
+        chat_error_ = e.what();
+        std::fprintf(stderr, "warning: the model's chat template is unusable, chat is off (%s)\n", e.what());
+      }
+    }
+    // Ids past the tokenizer's vocabulary are padding of the embedding (Qwen2.5 pads to a
+    // multiple of 128): never sampled. Ids the model cannot embed are a broken file.
+    DHS_CHECK(tok_->vocab_size() <= src_->config().vocab_size,
+              "the tokenizer has {} tokens but the model's embedding only {} rows", tok_->vocab_size(),
+              src_->config().vocab_size);
     const ModelConfig& c = src_->config();
     // The CPU keeps a whole-context pool in host memory: cap it; the GPU takes the model's context.
     const int64_t dflt = o.device == "cpu" ? std::min<int64_t>(c.max_context, kCpuContextCap) : c.max_context;
@@ -82,10 +98,26 @@ class LocalEngine final : public Engine {
   }
 
   std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const override {
-    DHS_CHECK(chat_ != nullptr, "this model has no chat template; pass --chat-template");
+    DHS_CHECK(chat_ != nullptr, "{}", chat_error_.empty() ? "this model has no chat template; pass --chat-template"
+                                                          : "the model's chat template is unusable (" + chat_error_ +
+                                                                "); pass --chat-template");
     const std::string bos = tok_->bos_id() >= 0 ? tok_->token_text(tok_->bos_id()) : "";
     const std::string eos = tok_->eos_id() >= 0 ? tok_->token_text(tok_->eos_id()) : "";
     return chat_->render(messages, add_generation_prompt, bos, eos);
+  }
+
+  std::vector<int32_t> tokenize_chat(const std::vector<ChatMessage>& messages,
+                                     bool add_generation_prompt) const override {
+    std::vector<ChatMessage> guarded;
+    guarded.reserve(messages.size());
+    for (const ChatMessage& m : messages) guarded.push_back({tok_->guard_text(m.role), tok_->guard_text(m.content)});
+    const std::vector<int32_t> body = tok_->encode_guarded(render_chat(guarded, add_generation_prompt));
+    std::vector<int32_t> ids;
+    // Templates that write bos_token themselves (Llama 3) get no second one.
+    if (tok_->add_bos() && tok_->bos_id() >= 0 && (body.empty() || body.front() != tok_->bos_id()))
+      ids.push_back(tok_->bos_id());
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
   }
 
   std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) override {
@@ -124,12 +156,12 @@ class LocalEngine final : public Engine {
 
     StreamDecoder dec(*tok_, /*skip_special=*/true);
     StopMatcher stops(opts.stop);
-    const int64_t vocab = runner_->config().vocab_size;
+    const int64_t n_sampled = tok_->vocab_size();  // logits past it: embedding padding, masked
     const auto& stop_ids = tok_->stop_ids();
     auto t_decode = Clock::now();
     res.finish_reason = "length";
     for (int64_t i = 0; i < opts.max_tokens; ++i) {
-      const int32_t id = sampler.sample(logits.data(), vocab, history);
+      const int32_t id = sampler.sample(logits.data(), n_sampled, history);
       if (i == 0) t_decode = Clock::now();
       if (!opts.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
         res.finish_reason = "stop";
@@ -225,6 +257,7 @@ class LocalEngine final : public Engine {
   std::unique_ptr<WeightSource> src_;
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<ChatTemplate> chat_;
+  std::string chat_error_;  // why the model's own template could not be used ("" if it could)
   std::unique_ptr<StepRunner> runner_;
   int64_t max_ctx_ = 0;
   int page_size_ = 16;

@@ -54,4 +54,49 @@ std::vector<Fragment> AddedTokenMatcher::split(std::string_view text, bool parse
   return out;
 }
 
+std::string AddedTokenMatcher::guard(std::string_view text) const {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    if (text.substr(pos).starts_with(kGuard)) {
+      out += kGuard;
+      out += kGuard;
+      pos += kGuard.size();
+      continue;
+    }
+    bool special_here = false;
+    for (uint32_t idx : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
+      const AddedToken& t = tokens_[idx];
+      if (t.special && text.substr(pos).starts_with(t.content)) {
+        special_here = true;
+        break;
+      }
+    }
+    // One whole UTF-8 character (a guard inside one would corrupt it), then the guard.
+    size_t n = 1;
+    while (pos + n < text.size() && (static_cast<unsigned char>(text[pos + n]) & 0xC0) == 0x80) ++n;
+    out.append(text.substr(pos, n));
+    if (special_here) out += kGuard;
+    pos += n;
+  }
+  return out;
+}
+
+std::string AddedTokenMatcher::unguard(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    if (!text.substr(pos).starts_with(kGuard)) {
+      out += text[pos++];
+      continue;
+    }
+    pos += kGuard.size();
+    if (text.substr(pos).starts_with(kGuard)) {  // a doubled guard: the user's own U+E000
+      out += kGuard;
+      pos += kGuard.size();
+    }
+  }
+  return out;
+}
+
 }  // namespace dhs

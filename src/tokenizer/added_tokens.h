@@ -35,6 +35,15 @@ class AddedTokenMatcher {
   std::vector<Fragment> split(std::string_view text, bool parse_special) const;
   const std::vector<AddedToken>& tokens() const { return tokens_; }
 
+  // User text made safe to render into a template: a guard (kGuard) goes after the first
+  // character of every occurrence of a special token, so split() cannot match it; a literal
+  // kGuard is doubled. unguard() undoes both on any piece of the rendered text.
+  // Left open: a special token that only a template's literal text completes around user
+  // text (no real template writes a special token's tail right after a message).
+  std::string guard(std::string_view user_text) const;
+  static std::string unguard(std::string_view text);
+  static constexpr std::string_view kGuard = "\xEE\x80\x80";  // U+E000, a private-use character
+
  private:
   std::vector<AddedToken> tokens_;                        // longest first
   std::array<std::vector<uint32_t>, 256> by_first_byte_;  // indices into tokens_

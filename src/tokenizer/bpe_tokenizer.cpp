@@ -57,21 +57,12 @@ void ByteLevelBpeTokenizer::encode_word(std::string_view word, std::vector<int32
   cache_.emplace(word, std::move(ids));
 }
 
-std::vector<int32_t> ByteLevelBpeTokenizer::encode(std::string_view text,
-                                                   bool parse_special) const {
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 1);
+void ByteLevelBpeTokenizer::encode_text(std::string_view text, size_t /*offset*/,
+                                        std::vector<int32_t>& out) const {
   std::vector<std::string_view> words;
   std::deque<std::string> arena;
-  for (const Fragment& f : added_.split(text, parse_special)) {
-    if (f.id >= 0) {
-      out.push_back(f.id);
-      continue;
-    }
-    pre_.split(f.text, words, arena);
-    for (std::string_view w : words) encode_word(w, out);
-  }
-  return out;
+  pre_.split(text, words, arena);
+  for (std::string_view w : words) encode_word(w, out);
 }
 
 }  // namespace dhs

@@ -28,11 +28,11 @@ class ByteLevelBpeTokenizer final : public TokenizerBase {
  public:
   explicit ByteLevelBpeTokenizer(ByteLevelBpeSpec spec);
 
-  std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const override;
   TokenizerKind kind() const override { return TokenizerKind::ByteLevelBpe; }
   std::string kind_name() const override { return "byte-level BPE (" + pre_name_ + ")"; }
 
  private:
+  void encode_text(std::string_view text, size_t offset, std::vector<int32_t>& out) const override;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
   BpeMerges merges_;

@@ -108,43 +108,32 @@ void SentencePieceTokenizer::encode_word(std::string_view word, std::vector<int3
   out.insert(out.end(), syms.begin(), syms.end());
 }
 
-std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text,
-                                                    bool parse_special) const {
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 1);
+void SentencePieceTokenizer::encode_text(std::string_view text, size_t offset,
+                                         std::vector<int32_t>& out) const {
+  bool prefix = prefix_ == SpacePrefix::Always || (prefix_ == SpacePrefix::First && offset == 0);
+  if (!prefix_before_space_ && text.starts_with(' ')) prefix = false;
   std::string norm;
-  for (const Fragment& f : added_.split(text, parse_special)) {
-    if (f.id >= 0) {
-      out.push_back(f.id);
-      continue;
+  norm.reserve(text.size() + 8);
+  if (prefix) norm += kSpace;
+  for (char c : text) {
+    if (c == ' ') {
+      norm += kSpace;
+    } else {
+      norm += c;
     }
-    bool prefix =
-        prefix_ == SpacePrefix::Always || (prefix_ == SpacePrefix::First && f.offset == 0);
-    if (!prefix_before_space_ && f.text.starts_with(' ')) prefix = false;
-    norm.clear();
-    if (prefix) norm += kSpace;
-    for (char c : f.text) {
-      if (c == ' ') {
-        norm += kSpace;
-      } else {
-        norm += c;
-      }
-    }
-    if (!split_words_) {
-      encode_word(norm, out);
-      continue;
-    }
-    // Metaspace split: words begin at each "▁" (the "▁" stays with the word after it).
-    const std::string_view s = norm;
-    size_t begin = 0;
-    for (size_t pos = s.find(kSpace, 1); pos != std::string_view::npos;
-         pos = s.find(kSpace, pos + 1)) {
-      if (pos > begin) encode_word(s.substr(begin, pos - begin), out);
-      begin = pos;
-    }
-    encode_word(s.substr(begin), out);
   }
-  return out;
+  if (!split_words_) {
+    encode_word(norm, out);
+    return;
+  }
+  // Metaspace split: words begin at each "▁" (the "▁" stays with the word after it).
+  const std::string_view s = norm;
+  size_t begin = 0;
+  for (size_t pos = s.find(kSpace, 1); pos != std::string_view::npos; pos = s.find(kSpace, pos + 1)) {
+    if (pos > begin) encode_word(s.substr(begin, pos - begin), out);
+    begin = pos;
+  }
+  encode_word(s.substr(begin), out);
 }
 
 }  // namespace dhs

@@ -40,11 +40,11 @@ class SentencePieceTokenizer final : public TokenizerBase {
  public:
   explicit SentencePieceTokenizer(SentencePieceSpec spec);
 
-  std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const override;
   TokenizerKind kind() const override { return TokenizerKind::SentencePieceBpe; }
   std::string kind_name() const override { return "SentencePiece BPE"; }
 
  private:
+  void encode_text(std::string_view text, size_t offset, std::vector<int32_t>& out) const override;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
   BpeMerges merges_;

@@ -28,6 +28,15 @@ class Tokenizer {
   // ("<|im_start|>") become their ids; otherwise they are encoded as plain text.
   // Never adds BOS: callers add bos_id() when add_bos() says so.
   virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
+  // User text that will be rendered into a template (chat message content, roles): every
+  // spelling of a special token in it is broken by an invisible guard, so encode_guarded()
+  // reads it as plain text. Text without such spellings comes back unchanged (a literal
+  // U+E000, the guard's character, comes back doubled).
+  virtual std::string guard_text(std::string_view user_text) const = 0;
+  // Encodes a rendered template into which user strings went through guard_text():
+  // special tokens are parsed only where the template itself wrote them; the guards vanish.
+  // Without guards this equals encode(text, /*parse_special=*/true).
+  virtual std::vector<int32_t> encode_guarded(std::string_view text) const = 0;
   // Concatenated bytes of the tokens (special tokens rendered as their text
   // unless skip_special). May end inside a UTF-8 character.
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;

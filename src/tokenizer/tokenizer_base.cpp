@@ -7,6 +7,34 @@
 
 namespace dhs {
 
+std::vector<int32_t> TokenizerBase::encode(std::string_view text, bool parse_special) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  for (const Fragment& f : added_.split(text, parse_special)) {
+    if (f.id >= 0) {
+      out.push_back(f.id);
+    } else {
+      encode_text(f.text, f.offset, out);
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> TokenizerBase::encode_guarded(std::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  // Guards break every special spelling that came from user text, so the split finds only
+  // the template's own; the text between loses its guards before BPE.
+  for (const Fragment& f : added_.split(text, /*parse_special=*/true)) {
+    if (f.id >= 0) {
+      out.push_back(f.id);
+    } else {
+      encode_text(AddedTokenMatcher::unguard(f.text), f.offset, out);
+    }
+  }
+  return out;
+}
+
 std::string TokenizerBase::decode_token(int32_t id, bool skip_special, bool at_start) const {
   DHS_CHECK(vocab_.valid(id), "tokenizer: token id {} outside the vocabulary (size {})", id,
             vocab_.size());

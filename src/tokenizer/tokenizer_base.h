@@ -20,6 +20,9 @@ struct TokenizerMeta {
 
 class TokenizerBase : public Tokenizer {
  public:
+  std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const final;
+  std::string guard_text(std::string_view user_text) const final { return added_.guard(user_text); }
+  std::vector<int32_t> encode_guarded(std::string_view text) const final;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const override;
   std::string decode_token(int32_t id, bool skip_special, bool at_start) const override;
   int32_t vocab_size() const override { return vocab_.size(); }
@@ -32,6 +35,10 @@ class TokenizerBase : public Tokenizer {
   void set_meta(const TokenizerMeta& meta);
 
  protected:
+  // Encodes text that holds no added token; `offset`: where it starts in the whole input
+  // (SentencePiece prefixes a space to the first piece only).
+  virtual void encode_text(std::string_view text, size_t offset, std::vector<int32_t>& out) const = 0;
+
   // `bytes` holds what each token decodes to (set by the derived constructor);
   // `strip_leading_space_`: the first token not skipped loses one leading space.
   TokenizerBase(Vocab vocab, std::vector<AddedToken> added)

@@ -5,5 +5,6 @@
 dhs_test(test_tokenizer LABEL unit
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer_parts.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_tokenizer_reference.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_user_text_guard.cpp
   LIBS dhs_tokenizer)
 target_include_directories(test_tokenizer PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
