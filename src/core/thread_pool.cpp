@@ -26,7 +26,7 @@ void chunk_of(int64_t n, int64_t grain, int idx, int n_threads, int64_t* b, int6
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (n_threads <= 0) n_threads = hardware_threads();
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
@@ -106,9 +106,13 @@ ThreadPool& ThreadPool::global() {
   return *p;
 }
 
-void ThreadPool::set_global_threads(int n_threads) {
-  g_requested_threads = n_threads;
+int ThreadPool::hardware_threads() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+int ThreadPool::set_global_threads(int n_threads) {
+  const int n = n_threads <= 0 ? hardware_threads() : std::min(n_threads, hardware_threads());
+  g_requested_threads = n;
   global_slot().reset();
+  return n;
 }
 
 }  // namespace dhs

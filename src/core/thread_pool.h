@@ -29,8 +29,13 @@ class ThreadPool {
 
   // Process-wide pool used by the CPU backend.
   static ThreadPool& global();
-  // Resize the global pool (call before first use; e.g. from --threads).
-  static void set_global_threads(int n_threads);
+  // Resize the global pool (call before first use; e.g. from --threads). At most one thread
+  // per hardware thread: more only time-slice the same cores, and the spin-waits of
+  // parallel_for then make a decode step several times slower (-t 8 on 2 cores: ~7x).
+  // Returns the pool size it will use (n_threads <= 0: all hardware threads).
+  static int set_global_threads(int n_threads);
+  // std::thread::hardware_concurrency(), or 1 when unknown.
+  static int hardware_threads();
 
  private:
   void worker(int idx);
