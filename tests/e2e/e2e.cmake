@@ -5,3 +5,6 @@ set_tests_properties(test_cli PROPERTIES LABELS e2e SKIP_RETURN_CODE 77)
 dhs_test(test_hf_vs_gguf LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_hf_vs_gguf.cpp LIBS dhs_engine nlohmann_json::nlohmann_json)
 include(${CMAKE_CURRENT_LIST_DIR}/tiny.cmake)
 dhs_test(test_eval LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_eval.cpp LIBS dhs_engine nlohmann_json::nlohmann_json)
+# The CLI's parts (src/cli), unit-tested here because the CLI has no unit/*.cmake of its own.
+dhs_test(test_escapes LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/../unit/test_escapes.cpp LIBS dhs_cli)
+dhs_test(test_cli_options LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/../unit/test_cli_options.cpp LIBS dhs_cli)
