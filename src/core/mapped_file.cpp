@@ -14,7 +14,12 @@
 namespace dhs {
 
 MappedFile MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // A FIFO's open() blocks until a writer comes: refuse anything but a regular file before
+  // opening, and open without blocking in case the path changed in between (fstat below).
+  struct stat pre {};
+  DHS_CHECK(::stat(path.c_str(), &pre) == 0, "cannot open '{}': {}", path, std::strerror(errno));
+  DHS_CHECK(S_ISREG(pre.st_mode), "'{}' is not a regular file", path);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   DHS_CHECK(fd >= 0, "cannot open '{}': {}", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

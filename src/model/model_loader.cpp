@@ -12,8 +12,12 @@ namespace dhs {
 std::unique_ptr<WeightSource> open_weights(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  DHS_CHECK(fs::exists(path, ec), "model path '{}' does not exist", path);
-  if (fs::is_directory(path, ec)) return HfDirSource::open(path);
+  // stat() before any open: opening a FIFO blocks until a writer comes, and a device
+  // (/dev/zero) reads forever; neither is a model.
+  const fs::file_status st = fs::status(path, ec);
+  DHS_CHECK(fs::exists(st), "model path '{}' does not exist", path);
+  if (fs::is_directory(st)) return HfDirSource::open(path);
+  DHS_CHECK(fs::is_regular_file(st), "model path '{}' is neither a regular file nor a directory", path);
   char magic[4] = {0, 0, 0, 0};
   std::ifstream f(path, std::ios::binary);
   DHS_CHECK(f.good(), "cannot read model file '{}'", path);
