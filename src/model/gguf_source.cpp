@@ -38,6 +38,13 @@ GgufSource::GgufSource(const std::string& path) : file_(gguf::GgufFile::open(pat
             cfg_.head_dim);
   cfg_.rms_eps = static_cast<float>(file_.get_f64(key("attention.layer_norm_rms_epsilon"), 1e-5));
   cfg_.rope_theta = static_cast<float>(file_.get_f64(key("rope.freq_base"), 10000.0));
+  // RoPE rotates rope.dimension_count dimensions of each head (absent: all of them). Llama,
+  // Qwen2 and Qwen3 rotate all; fewer (partial rotary, as Phi or StableLM) the backends do not do.
+  const auto rope_dims = static_cast<int64_t>(file_.get_u64(key("rope.dimension_count"), static_cast<uint64_t>(cfg_.head_dim)));
+  DHS_CHECK(rope_dims >= cfg_.head_dim, "{}: partial rotary embedding (rope.dimension_count {} < head_dim {}) is not supported",
+            path, rope_dims, cfg_.head_dim);
+  DHS_CHECK(rope_dims == cfg_.head_dim, "{}: rope.dimension_count {} is larger than head_dim {}", path, rope_dims,
+            cfg_.head_dim);
   const std::string scaling = file_.get_string(key("rope.scaling.type"), std::string("none"));
   if (scaling == "linear") {
     cfg_.rope_scaling.kind = RopeScaling::Kind::Linear;
