@@ -49,4 +49,14 @@ struct ModelConfig {
 
 const char* arch_name(Arch a);
 
+// A tensor every model of a config holds, under its canonical name (model/weight_source.h),
+// with its row-major shape.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// The tensors loading reads (model/arch/llama_cpu.cpp and llama_cuda.cpp load this list), in
+// loading order: what `dhisparse info` checks so that it fails on the files loading fails on.
+std::vector<TensorSpec> required_tensors(const ModelConfig& c);
+
 }  // namespace dhs
