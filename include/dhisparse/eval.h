@@ -41,7 +41,11 @@ struct EvalOptions {
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
   std::string estimator = "sketch4", combine = "sum";  // recorded in the rows (the engine's settings)
-  std::function<void(int64_t done, int64_t total)> progress;
+  std::function<void(int64_t done, int64_t total)> progress;  // samples done, for a bar on a terminal
+  // Progress lines for a log, where a bar cannot go (stderr piped): the plan up front (tasks x
+  // lengths x samples, policies), an estimate of the total time after the first sample, and
+  // one line per (task, length) finished with the time so far and an ETA.
+  std::function<void(const std::string& line)> log;
 };
 
 // Runs the study on `engine` (loaded with a sparse policy, so page summaries are kept),

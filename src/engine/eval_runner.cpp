@@ -1,6 +1,7 @@
 // `dhisparse eval` (include/dhisparse/eval.h): every policy decodes from the same
 // dense prefill of each synthetic sample; the dense continuation is the reference.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -129,6 +130,15 @@ struct Agg {  // one (task, length, policy)
   }
 };
 
+std::string format_seconds(double s) {
+  const auto t = static_cast<int64_t>(s + 0.5);
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m {:02}s", t / 60, t % 60);
+  return fmt::format("{}h {:02}m", t / 3600, t % 3600 / 60);
+}
+
+std::string plural(int64_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); }
+
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -145,6 +155,17 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   std::vector<EvalPolicy> policies{EvalPolicy{}};
   for (const EvalPolicy& p : o.policies)
     if (p.name != "dense") policies.push_back(p);
+  if (o.log) {
+    std::vector<std::string> labels;
+    for (size_t i = 1; i < policies.size(); ++i) labels.push_back(policies[i].label());
+    o.log(fmt::format("eval: {} x {} ({}) x {} = {}, each decoded dense{}{}",
+                      plural(static_cast<int64_t>(tasks.size()), "task", "tasks"),
+                      plural(static_cast<int64_t>(o.lengths.size()), "length", "lengths"), fmt::join(o.lengths, ", "),
+                      plural(o.samples, "sample", "samples"),
+                      plural(static_cast<int64_t>(tasks.size() * o.lengths.size()) * o.samples, "sample", "samples"),
+                      labels.empty() ? "" : fmt::format(" and under {}: ", plural(static_cast<int64_t>(labels.size()), "policy", "policies")),
+                      fmt::join(labels, ", ")));
+  }
   const auto& stop_ids = engine.tokenizer().stop_ids();
   auto is_stop = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
   auto count_tokens = [&](const std::string& s) { return static_cast<int64_t>(engine.tokenize(s).size()); };
@@ -182,6 +203,14 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   std::map<std::tuple<int, int64_t, int>, Agg> agg;  // (task, length, policy index)
   const int64_t n_total = static_cast<int64_t>(tasks.size() * o.lengths.size()) * o.samples;
   int64_t done = 0;
+  // A sample's time grows with its length (prefill, and every decode step reads the whole
+  // context): the estimates weigh each sample by its length, which the first one calibrates.
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t_start).count(); };
+  double work_total = 0, work_done = 0;
+  for (const int64_t len : o.lengths) work_total += static_cast<double>(len) * static_cast<double>(tasks.size()) * o.samples;
+  auto eta = [&] { return work_done > 0 ? elapsed() * (work_total - work_done) / work_done : 0.0; };
   std::ofstream out;
   if (!o.out.empty()) {
     out.open(o.out, std::ios::app);
@@ -267,7 +296,14 @@ int run_eval(Engine& engine, const EvalOptions& o) {
           a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
         }
         ++done;
+        work_done += static_cast<double>(len);
         if (o.progress) o.progress(done, n_total);
+        if (o.log && done == 1 && n_total > 1)
+          o.log(fmt::format("eval: the first sample took {}; estimated total {}", format_seconds(elapsed()),
+                            format_seconds(elapsed() + eta())));
+        if (o.log && s + 1 == o.samples)
+          o.log(fmt::format("eval: {} at {} tokens done ({}/{} samples), {} elapsed, ETA {}", eval::task_name(task), len,
+                            done, n_total, format_seconds(elapsed()), format_seconds(eta())));
       }
 
   // Rows, trace and table of this length (written as each length completes).
