@@ -78,6 +78,10 @@ class LocalEngine final : public Engine {
     const ModelConfig& c = src_->config();
     // The CPU keeps a whole-context pool in host memory: cap it; the GPU takes the model's context.
     const int64_t dflt = o.device == "cpu" ? std::min<int64_t>(c.max_context, kCpuContextCap) : c.max_context;
+    // Past the trained context RoPE positions were never seen, and a huge -c would only fail
+    // as an allocation of the KV pool: say it here, with both numbers.
+    DHS_CHECK(o.max_context <= c.max_context, "context size (--ctx-size) {} is larger than the model's trained context of {} tokens",
+              o.max_context, c.max_context);
     max_ctx_ = o.max_context > 0 ? o.max_context : dflt;
     DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
     runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
@@ -180,7 +184,9 @@ class LocalEngine final : public Engine {
         break;
       }
       if (i + 1 == opts.max_tokens) break;
-      DHS_CHECK(table.n_tokens() + 1 <= max_ctx_, "context full ({} tokens)", max_ctx_);
+      // The context holds the prompt and every generated token (vLLM's max_model_len): when the
+      // token just sampled fills it, generation ends as at max_tokens, with finish "length".
+      if (table.n_tokens() + 1 >= max_ctx_) break;
       step(table, &id, 1, &logits);
     }
     if (res.finish_reason != "stop" || !stops.stopped()) {
