@@ -1,14 +1,29 @@
 // `dhisparse`: the command-line front end. Uses only the public API.
-//   dhisparse generate [-m MODEL] -p PROMPT [--chat] [-n N] [sampling flags]
+//   dhisparse generate [-m MODEL] (-p PROMPT | -p @FILE | -p - | -f FILE) [--chat] [-n N] [sampling flags]
 //   dhisparse info [MODEL]
+//   dhisparse eval [...] | bench [...] | --version
+// Every flag value is checked while parsing (cli/option_checks.h), before a model loads, so a
+// typo costs no load and its message never lands in the generated text.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
+#include <new>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
 
+#include "cli/escapes.h"
+#include "cli/option_checks.h"
+#include "cli/prompt_input.h"
+#include "cli/stdout_writer.h"
+#include "cli/version.h"
 #include "dhisparse/engine.h"
 #include "dhisparse/eval.h"
 #ifdef DHS_HAVE_CUDA
@@ -16,6 +31,14 @@
 #endif
 
 namespace {
+
+using dhs::cli::End;
+using dhs::cli::int_in;
+using dhs::cli::real_in;
+
+constexpr std::array<std::string_view, 4> kCommands = {"generate", "info", "eval", "bench"};
+constexpr int64_t kMaxTokens = int64_t{1} << 24;  // the engine's largest context (local_engine.cpp)
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 
 // Where the default model lives: $DHS_MODELS_DIR, else models/ beside the binary's
 // source tree, else ./models.
@@ -29,24 +52,46 @@ std::string default_model_path() {
   return "models/" + name;
 }
 
-void progress_bar(int64_t done, int64_t total) {
+// A bar on a terminal; elsewhere (a log, a pipe) nothing but the final state, since "\r"
+// redraws would fill the log. eval's progress lines (EvalOptions::log) are what a log gets.
+void progress_bar(const char* what, int64_t done, int64_t total) {
   if (!isatty(STDERR_FILENO) && done != total) return;
   const int width = 30;
   const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\rloading [%s%s] %3d%%", std::string(static_cast<size_t>(filled), '#').c_str(),
+  std::fprintf(stderr, "\r%s [%s%s] %3d%%", what, std::string(static_cast<size_t>(filled), '#').c_str(),
                std::string(static_cast<size_t>(width - filled), '.').c_str(),
                total > 0 ? static_cast<int>(100 * done / total) : 100);
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
 }
 
-std::string resolve_model(const std::string& m) {
-  if (!m.empty()) return m;
-  const std::string p = default_model_path();
-  if (!std::filesystem::exists(p))
+// A model path the loader may open: a regular file or a directory. A FIFO would block the
+// open, a device (/dev/zero) would map or read forever; stat() answers without opening.
+// (model_loader.cpp checks the same for library callers.)
+std::string resolve_model(const std::string& m, bool given) {
+  if (given && m.empty()) throw dhs::Error("-m/--model: empty path (leave -m out for the default model)");
+  const std::string p = m.empty() ? default_model_path() : m;
+  std::error_code ec;
+  const auto st = std::filesystem::status(p, ec);
+  if (m.empty() && !std::filesystem::exists(st))
     throw dhs::Error("the default model is not here (" + p +
                      "); fetch it with `bash scripts/fetch_model.sh`, or pass -m MODEL");
+  if (!std::filesystem::exists(st)) throw dhs::Error("model path '" + p + "' does not exist");
+  if (!std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st))
+    throw dhs::Error("model path '" + p + "' is neither a regular file nor a directory");
   return p;
+}
+
+// `dhisparse foo`: CLI11 would say "A subcommand is required"; name the commands instead.
+std::string command_error(int argc, char** argv) {
+  std::string list;
+  for (const auto c : kCommands) list += (list.empty() ? "" : ", ") + std::string(c);
+  if (argc < 2) return "a command is required; commands: " + list + " (dhisparse --help)";
+  const std::string first = argv[1];
+  if (first.empty() || first[0] != '-')
+    if (std::find(kCommands.begin(), kCommands.end(), first) == kCommands.end())
+      return "unknown command '" + first + "'; commands: " + list + " (dhisparse --help)";
+  return "";
 }
 
 }  // namespace
@@ -56,58 +101,73 @@ int main(int argc, char** argv) {
                "Examples:\n"
                "  dhisparse generate -p \"What is the capital of France?\" --chat\n"
                "  dhisparse generate -m model.gguf -p \"Once upon a time\" -n 64 --temperature 0.8\n"
+               "  dhisparse generate -f prompt.txt -q > answer.txt\n"
                "  dhisparse info models/SmolLM2-135M-Instruct.Q4_1.gguf"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", dhs::cli::version_text());
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "error: " + std::string(e.what()) + "\nRun with --help for more information.\n";
+  });
+  if (const std::string err = command_error(argc, argv); !err.empty()) {
+    std::fprintf(stderr, "error: %s\n", err.c_str());
+    return 2;
+  }
 
   dhs::EngineOptions eo;
   dhs::GenerateOptions go;
-  std::string model, prompt, system_prompt;
-  bool chat = false, quiet = false;
+  std::string model, prompt_arg, prompt_file, system_prompt, seed_text = "0";
+  std::vector<std::string> stops;
+  bool chat = false, quiet = false, no_escape = false;
 
   auto* gen = app.add_subcommand("generate", "Generate text from a prompt, streaming it to stdout");
   gen->add_option("-m,--model", model, "GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)");
-  gen->add_option("-p,--prompt", prompt, "Prompt text")->required();
+  auto* p_opt = gen->add_option("-p,--prompt", prompt_arg,
+                                "Prompt text, with C-style escapes (\\n, \\t, \\\\, \\xHH, \\uXXXX) unless --no-escape; "
+                                "@FILE reads FILE, @@TEXT is TEXT with one leading @, - reads stdin");
+  gen->add_option("-f,--file", prompt_file, "Read the prompt from FILE (taken as is: no escapes; one trailing newline dropped)")
+      ->excludes(p_opt);
+  gen->add_flag("--no-escape", no_escape, "Take -p, --system and --stop text as typed (no \\n, \\t, ... processing)");
   gen->add_flag("--chat", chat, "Wrap the prompt as a user message in the model's chat template");
-  gen->add_option("--system", system_prompt, "System message (with --chat)");
-  gen->add_option("--chat-template", eo.chat_template, "Override the chat template (file path or template text)");
-  gen->add_option("-n,--max-tokens", go.max_tokens, "Maximum tokens to generate")->check(CLI::Range(0, 1 << 24))->capture_default_str();
-  gen->add_option("--temperature", go.sampling.temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0))->capture_default_str();
-  gen->add_option("--top-k", go.sampling.top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::NonNegativeNumber)->capture_default_str();
-  gen->add_option("--top-p", go.sampling.top_p, "Nucleus sampling mass; 1 = off")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  gen->add_option("--min-p", go.sampling.min_p, "Drop tokens below min_p x the top probability; 0 = off")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  gen->add_option("--repeat-penalty", go.sampling.repetition_penalty, "Repetition penalty; 1 = off")->check(CLI::Range(0.01, 100.0))->capture_default_str();
-  gen->add_option("--repeat-last-n", go.sampling.repetition_window, "Tokens the repetition penalty looks back over; 0 = all")->check(CLI::NonNegativeNumber)->capture_default_str();
-  gen->add_option("--seed", go.sampling.seed, "RNG seed")->capture_default_str();
-  gen->add_option("--stop", go.stop, "Stop string (repeatable)");
+  gen->add_option("--system", system_prompt, "System message (implies --chat)");
+  gen->add_option("--chat-template", eo.chat_template, "Override the chat template (file path or template text; implies --chat)");
+  gen->add_option("-n,--max-tokens", go.max_tokens, "Maximum tokens to generate")->check(int_in(0, kMaxTokens))->capture_default_str();
+  gen->add_option("--temperature", go.sampling.temperature, "Sampling temperature; 0 = greedy")->check(real_in(0.0, End::Closed, 100.0, End::Closed))->capture_default_str();
+  gen->add_option("--top-k", go.sampling.top_k, "Keep the k most likely tokens; 0 = off")->check(int_in(0, kMaxTokens))->capture_default_str();
+  gen->add_option("--top-p", go.sampling.top_p, "Nucleus sampling mass; 1 = off")->check(real_in(0.0, End::Open, 1.0, End::Closed))->capture_default_str();
+  gen->add_option("--min-p", go.sampling.min_p, "Drop tokens below min_p x the top probability; 0 = off")->check(real_in(0.0, End::Closed, 1.0, End::Closed))->capture_default_str();
+  gen->add_option("--repeat-penalty", go.sampling.repetition_penalty, "Repetition penalty; 1 = off")->check(real_in(0.0, End::Open, 100.0, End::Closed))->capture_default_str();
+  gen->add_option("--repeat-last-n", go.sampling.repetition_window, "Tokens the repetition penalty looks back over; 0 = all")->check(int_in(0, kMaxTokens))->capture_default_str();
+  gen->add_option("--seed", seed_text, "RNG seed; -1 = a random one (printed in the stats line)")->check(dhs::cli::seed_value())->type_name("INT")->capture_default_str();
+  gen->add_option("--stop", stops, "Stop string (repeatable; escapes as in -p)");
   gen->add_flag("--ignore-eos", go.ignore_eos, "Keep generating after end-of-sequence tokens");
   gen->add_option("--sparse-policy", eo.sparse_policy, "KV pages each head reads: dense, coverage (gamma), topk (budget), sinkwindow, solohead")
       ->check(CLI::IsMember({"dense", "coverage", "topk", "sinkwindow", "solohead"}))->capture_default_str();
-  gen->add_option("--gamma", eo.gamma, "coverage: attention mass to keep per layer, KV head and step")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(CLI::NonNegativeNumber);
-  gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
+  gen->add_option("--gamma", eo.gamma, "coverage / solohead: attention mass to keep per layer, KV head and step")->check(real_in(0.0, End::Open, 1.0, End::Closed))->capture_default_str();
+  gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(int_in(0, kMaxTokens));
+  gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
   gen->add_option("--sparse-min-tokens", eo.sparse_min_tokens,
                   "decode steps whose batch holds fewer context tokens in all read every page, no selection "
                   "(H200, 8B shape: selection pays from ~96k; docs/benchmarks.md)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, kNoLimit));
   gen->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian", "sketch4"}))->capture_default_str();
   gen->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
-  gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  gen->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  gen->add_option("--reselect-every", eo.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(CLI::Range(1, 64))->capture_default_str();
+  gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  gen->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  gen->add_option("--reselect-every", eo.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(int_in(1, 64))->capture_default_str();
   gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all")->check(CLI::NonNegativeNumber);
-  gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's (capped at 8192 on CPU)")->check(CLI::NonNegativeNumber);
-  gen->add_option("--block-size", eo.page_size, "Tokens per KV head-page")->check(CLI::Range(1, 256))->capture_default_str();
+  gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all (more than the machine's hardware threads are not started)")->check(int_in(0, 4096));
+  gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens, at most the model's trained context; 0 = the model's (capped at 8192 on CPU)")->check(int_in(0, kMaxTokens));
+  gen->add_option("--block-size", eo.page_size, "Tokens per KV head-page")->check(int_in(1, 256))->capture_default_str();
   gen->add_option("--weights", eo.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
-  gen->add_flag("-q,--quiet", quiet, "Print only the generated text");
+  gen->add_flag("-q,--quiet", quiet, "Print only the generated text: no prompt echo, no progress, no stats line");
 
   std::vector<int64_t> b_ctx = {8192, 32768, 131072}, b_batch = {1, 4, 8, 32}, b_prefill = {32768};
   std::string b_out = "bench/results/decode_e2e.jsonl", b_commit = "unknown";
   auto* bench = app.add_subcommand("bench", "GPU: time per output token and prefill of a Llama-3.1-8B-shaped model "
                                             "(random bf16 weights) at each context x batch that fits in HBM");
-  bench->add_option("--ctx", b_ctx, "Context lengths")->delimiter(',')->capture_default_str();
-  bench->add_option("--batch", b_batch, "Batch sizes")->delimiter(',')->capture_default_str();
-  bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs")->delimiter(',')->capture_default_str();
+  bench->add_option("--ctx", b_ctx, "Context lengths")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
+  bench->add_option("--batch", b_batch, "Batch sizes")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
+  bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
   bench->add_option("--out", b_out, "JSON lines are appended here")->capture_default_str();
   bench->add_option("--commit", b_commit, "Commit recorded in each row");
   std::vector<std::string> b_policies = {"dense"};
@@ -115,20 +175,24 @@ int main(int argc, char** argv) {
   int64_t b_trace_len = 0;
   bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS; each optionally @sketch4 (chosen by the key sketch), then /R (select every R steps)")->delimiter(',')->capture_default_str();
   bench->add_option("--trace", b_trace, "Budget trace of a real model (dhisparse eval --trace-out)");
-  bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)");
+  bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)")->check(int_in(0, kMaxTokens));
   std::vector<int64_t> b_gemm_batch = {1, 4, 8, 32};
   std::string b_gemm_out = "bench/results/weight_gemm.jsonl";
   bool b_no_gemm = false, b_no_pdl = false, b_no_gemv_tc = false;
-  bench->add_option("--gemm-batch", b_gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->capture_default_str();
+  bench->add_option("--gemm-batch", b_gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
   bench->add_option("--gemm-out", b_gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
   bench->add_flag("--no-gemm", b_no_gemm, "Skip the weight GEMM timing");
   bench->add_flag("--no-pdl", b_no_pdl, "Launch the decode step's kernels plainly, not as programmatic dependents");
   int b_gemv_max_tok = 8;
-  bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(CLI::Range(0, 8))->capture_default_str();
+  bench->add_option("--gemv-max-tok", b_gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(int_in(0, 8))->capture_default_str();
   std::vector<int> b_gemv_tc_shapes = {0};
-  bench->add_option("--gemv-tc-shapes", b_gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(CLI::Range(0, 4));
+  bench->add_option("--gemv-tc-shapes", b_gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(int_in(0, 4));
   bench->add_flag("--no-gemv-tc", b_no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
 
+  // A CPU study at the CUDA defaults (7 tasks x 100 samples x 4k tokens) takes hours; on the
+  // CPU, unless asked, a smaller one that still gives every task a few samples.
+  constexpr int kCpuEvalSamples = 5;
+  constexpr int64_t kCpuEvalLength = 1024;
   dhs::EvalOptions ev;
   std::vector<std::string> ev_policies = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
   bool ev_no_chat = false;
@@ -137,30 +201,60 @@ int main(int argc, char** argv) {
   evc->add_option("-m,--model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
   evc->add_option("--device", eo.device, "Backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   evc->add_option("--tasks", ev.tasks, "niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, qa (default: all)")->delimiter(',');
-  evc->add_option("--lengths", ev.lengths, "Prompt lengths in tokens")->delimiter(',')->capture_default_str();
-  evc->add_option("--samples", ev.samples, "Samples per task and length")->check(CLI::Range(1, 1000000))->capture_default_str();
+  evc->add_option("--lengths", ev.lengths, "Prompt lengths in tokens (default: 4096 on cuda, 1024 on cpu)")->delimiter(',')->check(int_in(1, kMaxTokens));
+  evc->add_option("--samples", ev.samples, "Samples per task and length (default: 100 on cuda, 5 on cpu)")->check(int_in(1, 1000000));
   evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K, each optionally /R (select every R steps) and @ESTIMATOR")->delimiter(',')->capture_default_str();
-  evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(CLI::NonNegativeNumber);
-  evc->add_option("--seed", ev.seed, "Sample seed")->capture_default_str();
+  evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
+  evc->add_option("--seed", ev.seed, "Sample seed")->check(int_in(0, kNoLimit))->capture_default_str();
   evc->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, sketch2, psketch4:R[:KEEP] and qsketch4:R[:KEEP] on a key basis fitted on a calibration sample)")->capture_default_str();
   evc->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
-  evc->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  evc->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  evc->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  evc->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
   evc->add_flag("--no-chat", ev_no_chat, "Raw prompts, without the model's chat template");
-  evc->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens; 0 = model's")->check(CLI::NonNegativeNumber);
+  evc->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens, at most the model's trained context; 0 = model's")->check(int_in(0, kMaxTokens));
   evc->add_option("--out", ev.out, "JSON lines are appended here");
   evc->add_option("--trace-out", ev.trace_out, "Per-(layer, KV head) pages-read fractions per policy and length (JSON)");
   evc->add_option("--commit", ev.commit, "Commit recorded in each row");
 
-  auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer");
+  auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer, "
+                                          "after the checks loading makes (without loading the weights)");
   info->add_option("model", model, "GGUF file or Hugging Face directory (default: the bundled model)");
 
   try {
     app.parse(argc, argv);
+    if (gen->parsed()) {
+      // Checks across flags, still before any model loads.
+      if (gen->count("--prompt") == 0 && gen->count("--file") == 0)
+        throw CLI::RequiredError("a prompt (-p/--prompt TEXT, -p @FILE, -p - for stdin, or -f/--file FILE)");
+      for (const std::string& s : stops)
+        if (s.empty()) throw CLI::ValidationError("--stop", "an empty stop string would match nothing");
+      const std::string& pol = eo.sparse_policy;
+      if (gen->count("--gamma") > 0 && pol != "coverage" && pol != "solohead")
+        throw CLI::ValidationError("--gamma", "applies to --sparse-policy coverage or solohead, not " + pol);
+      if (gen->count("--budget") > 0 && pol != "topk" && pol != "sinkwindow" && pol != "solohead")
+        throw CLI::ValidationError("--budget", "applies to --sparse-policy topk, sinkwindow or solohead, not " + pol);
+      if (pol == "topk" && eo.budget == 0)
+        throw CLI::ValidationError("--budget", "--sparse-policy topk needs --budget N (N >= 1 pages per list)");
+      if (pol == "sinkwindow" && eo.budget > 0 && eo.budget < eo.sink_pages)
+        throw CLI::ValidationError("--budget", "--budget " + std::to_string(eo.budget) + " is smaller than the " +
+                                                   std::to_string(eo.sink_pages) + " sink pages (--sink-pages)");
+    }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
 
+  dhs::cli::StdoutWriter out;
+  std::string oom_while = "loading the model";  // what an std::bad_alloc interrupted, for its message
+  // The exit status once what went to stdout through printf / std::cout (info, eval) is out:
+  // a write error throws, a reader gone gives the SIGPIPE status (stdout_writer.h).
+  auto stdout_status = [](int rc) {
+    bool gone = false;
+    if (const std::string err = dhs::cli::flush_stdout(&gone); !err.empty()) {
+      if (gone) return dhs::cli::kExitReaderGone;
+      throw dhs::Error(err);
+    }
+    return rc;
+  };
   try {
     if (bench->parsed()) {
 #ifdef DHS_HAVE_CUDA
@@ -185,12 +279,24 @@ int main(int argc, char** argv) {
 #endif
     }
     if (info->parsed()) {
-      std::cout << dhs::describe_model(resolve_model(model));
-      return 0;
+      std::cout << dhs::describe_model(resolve_model(model, info->count("model") > 0));
+      return stdout_status(0);
     }
-    eo.model_path = resolve_model(model);
+    eo.model_path = resolve_model(model, (evc->parsed() ? evc : gen)->count("--model") > 0);
+    oom_while = eo.max_context > 0 ? "loading the model with a KV cache of " + std::to_string(eo.max_context) + " tokens"
+                                    : "loading the model and its KV cache";
+    if (eo.n_threads > 0) {
+      // ThreadPool::set_global_threads caps the pool the same way; say so rather than be slow quietly.
+      const int hw = static_cast<int>(std::thread::hardware_concurrency());
+      if (hw > 0 && eo.n_threads > hw)
+        std::fprintf(stderr, "note: -t %d is more than the %d hardware threads; using %d\n", eo.n_threads, hw, hw);
+    }
     if (evc->parsed()) {
       for (const std::string& p : ev_policies) ev.policies.push_back(dhs::parse_eval_policy(p));
+      if (eo.device == "cpu") {
+        if (evc->count("--samples") == 0) ev.samples = kCpuEvalSamples;
+        if (evc->count("--lengths") == 0) ev.lengths = {kCpuEvalLength};
+      }
       ev.chat = !ev_no_chat;
       ev.device = eo.device;
       ev.estimator = eo.estimator;
@@ -198,11 +304,25 @@ int main(int argc, char** argv) {
       ev.model_name = std::filesystem::path(eo.model_path).filename().string();
       eo.sparse_policy = "coverage";  // loads the page summaries every scoring policy needs
       eo.keep_all_estimators = true;  // ... and every estimator's, compared on one prefill
+      eo.progress = [](int64_t done, int64_t total) { progress_bar("loading", done, total); };
       auto engine = dhs::Engine::load(eo);
-      ev.progress = progress_bar;
-      return dhs::run_eval(*engine, ev);
+      oom_while = "evaluating";
+      ev.progress = [](int64_t done, int64_t total) { progress_bar("eval", done, total); };
+      const bool tty = isatty(STDERR_FILENO);
+      ev.log = [tty](const std::string& line) {
+        std::fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", line.c_str());  // over the bar, on a terminal
+        std::fflush(stderr);
+      };
+      return stdout_status(dhs::run_eval(*engine, ev));
     }
-    if (!quiet) eo.progress = progress_bar;
+    // The prompt is read (file, stdin) before the model loads: a bad path costs no load.
+    if (gen->count("--system") > 0 || gen->count("--chat-template") > 0) chat = true;
+    const std::string prompt = gen->count("--file") > 0 ? dhs::cli::read_prompt_file(prompt_file)
+                                                        : dhs::cli::prompt_from_arg(prompt_arg, !no_escape, std::cin);
+    if (!no_escape) system_prompt = dhs::cli::process_escapes(system_prompt);
+    for (const std::string& s : stops) go.stop.push_back(no_escape ? s : dhs::cli::process_escapes(s));
+    go.sampling.seed = dhs::cli::resolve_seed(seed_text);
+    if (!quiet) eo.progress = [](int64_t done, int64_t total) { progress_bar("loading", done, total); };
     auto engine = dhs::Engine::load(eo);
     // A raw prompt is the operator's own text, special tokens and all (as llama.cpp reads -p);
     // chat messages are user text: their special-token spellings stay text.
@@ -215,27 +335,35 @@ int main(int argc, char** argv) {
     } else {
       ids = engine->tokenize(prompt);
     }
-    if (!chat) std::cout << prompt;
-    std::cout.flush();
-    auto res = engine->generate(ids, go, [](const std::string& piece) {
-      std::cout << piece;
-      std::cout.flush();
-      return true;
+    oom_while = "generating";
+    // The prompt is echoed with the first generated text, once the prefill has passed: a prompt
+    // the engine rejects (too long for -c) gives the error alone, not the prompt and then it.
+    bool echo = !chat && !quiet;
+    auto res = engine->generate(ids, go, [&](const std::string& piece) {
+      if (std::exchange(echo, false)) out.write(prompt);
+      return out.write(piece);
     });
-    std::cout << "\n";
+    if (echo) out.write(prompt);
+    out.end_line();
+    if (out.failed()) {
+      if (out.reader_gone()) return dhs::cli::kExitReaderGone;  // `| head`: quiet, as cat (stdout_writer.h)
+      throw dhs::Error(out.error());
+    }
     if (!quiet) {
       const double pp = res.prompt_seconds > 0 ? res.n_prompt / res.prompt_seconds : 0.0;
       const double tg = res.decode_seconds > 0 ? (res.tokens.size() - 1) / res.decode_seconds : 0.0;
       std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s",
                    static_cast<long long>(res.n_prompt), pp, res.tokens.size(), tg, res.finish_reason.c_str());
       if (eo.sparse_policy != "dense") std::fprintf(stderr, " | KV pages read: %.1f%%", 100.0 * res.pages_read_frac);
-      std::fprintf(stderr, "\n");
+      std::fprintf(stderr, " | seed: %llu\n", static_cast<unsigned long long>(go.sampling.seed));
     }
     return 0;
-  } catch (const dhs::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    out.end_line();
+    std::fprintf(stderr, "error: out of memory %s; lower --ctx-size (-c), or use a smaller model\n", oom_while.c_str());
     return 1;
   } catch (const std::exception& e) {
+    out.end_line();  // the message starts a line of its own, after any echoed prompt
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
