@@ -5,10 +5,6 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gather_rows.h"
-#include "backend/cuda/ops.h"
-#include "backend/cuda/prefill_attention.h"
-#include "backend/cuda/reuse_lists.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -43,20 +39,10 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread" || o.summaries == "both",
             "page summaries must be none, minmax, meanspread or both, got '{}'", o.summaries);
   if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_pages, o.page_size, static_cast<int>(D));
-  if (o.summaries != "none" || o.key_sketch) {
-    if (o.summaries != "meanspread" && o.summaries != "none")
-      sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
-    if (o.summaries != "minmax" && o.summaries != "none")
-      sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
-    sel_ws_ = std::make_unique<cuda::PageSelectWorkspace>(static_cast<int>(B * Hkv), B * Hkv * pages_per_seq,
-                                                          static_cast<int>(Hq / Hkv));
-    sp_indptr_d_ = ints(B * Hkv + 1);
-    sp_slots_d_ = ints(B * Hkv * pages_per_seq);
-    sp_page_pos_d_ = ints(B * Hkv * pages_per_seq);
-    budget_frac_d_ = static_cast<float*>(dalloc(static_cast<size_t>(L * Hkv) * 4));
-    sparse_stats_d_ = static_cast<unsigned long long*>(dalloc(static_cast<size_t>(L * Hkv * 2) * 8));
-    DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(L * Hkv * 2) * 8));
-  }
+  if (o.summaries != "meanspread" && o.summaries != "none")
+    sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
+  if (o.summaries != "minmax" && o.summaries != "none")
+    sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   ids_d_ = ints(T);
   pos_d_ = ints(T);
   dst_slot_d_ = ints(L * T * Hkv);
@@ -90,6 +76,11 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   std::vector<float> inv(static_cast<size_t>(D / 2));
   cpu::rope_inv_freq(cfg_, inv.data());
   DHS_CUDA_CHECK(cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
+                                            o.page_size, static_cast<int>(B), pages_per_seq};
+  selector_ = std::make_unique<cuda::PageSelector>(
+      sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
+                                            cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_});
 }
 
 LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(src.config()) {
@@ -138,6 +129,7 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
       L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
+  build_params();
 }
 
 LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptions& o) : cfg_(cfg) {
@@ -170,6 +162,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     L.w_gu = rnd(2 * F, H);
     L.w_down = rnd(H, F);
   }
+  build_params();
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -182,7 +175,7 @@ LlamaCuda::~LlamaCuda() {
 
 // Host side of a step: the small per-step inputs, packed into one pinned buffer
 // and copied with one cudaMemcpyAsync per array (all before the kernels).
-void LlamaCuda::upload_step(const std::vector<Seq>& batch, bool decode) {
+void LlamaCuda::upload_step(const std::vector<Seq>& batch) {
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   const int n_req = static_cast<int>(batch.size());
   DHS_CHECK(n_req >= 1 && n_req <= opt_.max_batch, "CUDA step: batch of {} (max {})", n_req, opt_.max_batch);
@@ -230,330 +223,196 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, bool decode) {
   cp(seq_len_d_, seq_len, n_req);
   cp(req_slot_d_, req_slot, n_req);
   cp(last_row_d_, last_row, n_req);
-  (void)decode;
 }
 
-void LlamaCuda::run_layers(int n_tok, int n_req, bool decode, int phase) {
+void LlamaCuda::build_params() {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size, QKV = (Hq + 2 * Hkv) * D;
-  const int64_t T = n_tok;
+  const int hq = static_cast<int>(Hq), hkv = static_cast<int>(Hkv), d = static_cast<int>(D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  embed_ = {.table = tok_embd_, .ids = ids_d_, .out = x_d_, .out_dtype = DType::F32, .vocab = V, .hidden = H};
+  // h = rmsnorm(x) (the previous GEMM added its output into x).
+  norm_ = {.x = x_d_, .y = h_d_, .n = H, .eps = cfg_.rms_eps};
+  // q, k, v are views of the fused QKV GEMM's output.
+  rope_ = {.q = qkv_d_, .k = qkv_d_ + Hq * D, .v = qkv_d_ + (Hq + Hkv) * D, .in_dtype = DType::BF16,
+           .q_ld = QKV, .k_ld = QKV, .v_ld = QKV, .norm_eps = cfg_.rms_eps, .q_out = q_d_, .q_out_ld = Hq * D,
+           .pos = pos_d_, .inv_freq = inv_freq_, .style = cfg_.rope_style, .k_pool = pool_->k_d(), .v_pool = pool_->v_d(),
+           .n_pages = pool_->n_pages(), .page_size = opt_.page_size, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d};
+  for (cuda::DevicePageSummaries* store : {sum_minmax_.get(), sum_meanvar_.get()})
+    if (store)
+      summarize_.push_back({.k_pool = pool_->k_d(), .summaries = store->data_d(), .pos = pos_d_, .kind = store->kind(),
+                            .n_pages = pool_->n_pages(), .page_size = opt_.page_size, .n_heads_kv = hkv, .head_dim = d});
+  if (sketch_)
+    sketch_keys_.push_back({.k_pool = pool_->k_d(), .codes = sketch_->codes_d(), .steps = sketch_->steps_d(), .pos = pos_d_,
+                            .n_pages = pool_->n_pages(), .page_size = opt_.page_size, .n_heads_kv = hkv, .head_dim = d});
+  dense_lists_ = {.table = table_->table_d(), .req_slot = req_slot_d_, .seq_len = seq_len_d_, .indptr = indptr_d_,
+                  .slots = slots_d_, .page_pos = page_pos_d_, .n_layers = static_cast<int>(cfg_.n_layers),
+                  .n_heads_kv = hkv, .max_pages = table_->max_pages(), .page_size = opt_.page_size};
+  decode_attn_ = {.q = q_d_, .out = att_d_, .q_indptr = q_indptr_d_, .seq_len = seq_len_d_, .k_pool = pool_->k_d(),
+                  .v_pool = pool_->v_d(), .ws_o = dws_->o_d(), .ws_state = dws_->state_d(), .n_heads_q = hq,
+                  .n_heads_kv = hkv, .head_dim = d, .max_q_len = 1, .ws_q_vecs = dws_->q_vecs(),
+                  .n_workers = dws_->n_workers(), .stages = dws_->stages(), .scale = scale};
+  prefill_attn_ = {.q = q_d_, .out = att_d_, .k_pool = pool_->k_d(), .v_pool = pool_->v_d(), .q_indptr = q_indptr_d_,
+                   .kv_indptr = indptr_d_, .slots = slots_d_, .page_pos = page_pos_d_, .seq_len = seq_len_d_,
+                   .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .page_size = opt_.page_size, .scale = scale};
+  // The fused gate/up GEMM's output: [gate | up] per token.
+  swiglu_ = {.gate = gu_d_, .up = gu_d_ + F, .in_dtype = DType::BF16, .in_ld = 2 * F, .out = act_d_, .out_ld = F, .n = F};
+  last_rows_ = {.src = x_d_, .rows = last_row_d_, .dst = last_x_d_, .n = H};
+  final_norm_ = {.x = last_x_d_, .weight = output_norm_, .y = hlast_d_, .n = H, .eps = cfg_.rms_eps};
+  sample_ = {.logits = logits_d_, .rows = samp_rows_d_, .rng_offset = rng_d_, .out = out_ids_d_, .vocab = static_cast<int>(V)};
+}
 
-  cuda::EmbeddingParams ep;
-  ep.table = tok_embd_;
-  ep.ids = ids_d_;
-  ep.out = x_d_;
-  ep.out_dtype = DType::F32;
-  ep.n_tok = T;
-  ep.vocab = V;
-  ep.hidden = H;
-  cuda::launch_embedding(ep, stream_);
-
+// The model, as one step runs it on the stream (and as the decode graph captures it).
+void LlamaCuda::run_layers(const Step& s) {
+  const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, HqD = cfg_.n_heads_q * cfg_.head_dim;
+  const int64_t QKV = (cfg_.n_heads_q + 2 * cfg_.n_heads_kv) * cfg_.head_dim;
+  const int64_t T = s.n_tok;
+  embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-    const Layer& Ly = layers_[static_cast<size_t>(l)];
-    // h = rmsnorm(x) (the previous layer's down projection was added into x by its GEMM).
-    cuda::AddRmsNormParams an;
-    an.x = x_d_;
-    an.weight = Ly.attn_norm;
-    an.y = h_d_;
-    an.n_rows = T;
-    an.n = H;
-    an.eps = cfg_.rms_eps;
-    cuda::launch_add_rms_norm(an, stream_);
-    gemm_->run(Ly.w_qkv, h_d_, qkv_d_, T, H, QKV, cuda::GemmOut::BF16, stream_);
-
-    cuda::RopeAppendParams ra;
-    ra.q = qkv_d_;
-    ra.k = qkv_d_ + Hq * D;
-    ra.v = qkv_d_ + (Hq + Hkv) * D;
-    ra.in_dtype = DType::BF16;
-    ra.q_ld = ra.k_ld = ra.v_ld = QKV;
-    ra.q_bias = Ly.bq;
-    ra.k_bias = Ly.bk;
-    ra.v_bias = Ly.bv;
-    ra.q_norm = Ly.q_norm;
-    ra.k_norm = Ly.k_norm;
-    ra.norm_eps = cfg_.rms_eps;
-    ra.q_out = q_d_;
-    ra.q_out_ld = Hq * D;
-    ra.pos = pos_d_;
-    ra.inv_freq = inv_freq_;
-    ra.style = cfg_.rope_style;
-    ra.dst_slot = dst_slot_d_ + static_cast<int64_t>(l) * T * Hkv;
-    ra.k_pool = pool_->k_d();
-    ra.v_pool = pool_->v_d();
-    ra.n_pages = pool_->n_pages();
-    ra.page_size = opt_.page_size;
-    ra.n_tok = T;
-    ra.n_heads_q = static_cast<int>(Hq);
-    ra.n_heads_kv = static_cast<int>(Hkv);
-    ra.head_dim = static_cast<int>(D);
-    cuda::launch_rope_append(ra, stream_);
-    for (cuda::DevicePageSummaries* store : {sum_minmax_.get(), sum_meanvar_.get()}) {
-      if (!store) continue;
-      // Every step keeps the summaries of the pages it wrote (prefill too: decode scores them).
-      cuda::SummarizePagesParams sm;
-      sm.k_pool = pool_->k_d();
-      sm.summaries = store->data_d();
-      sm.pos = pos_d_;
-      sm.dst_slot = ra.dst_slot;
-      sm.kind = store->kind();
-      sm.n_pages = pool_->n_pages();
-      sm.page_size = opt_.page_size;
-      sm.n_tok = T;
-      sm.n_heads_kv = static_cast<int>(Hkv);
-      sm.head_dim = static_cast<int>(D);
-      cuda::launch_summarize_pages(sm, stream_);
-    }
-    if (sketch_) {
-      cuda::SketchKeysParams sk;
-      sk.k_pool = pool_->k_d();
-      sk.codes = sketch_->codes_d();
-      sk.steps = sketch_->steps_d();
-      sk.pos = pos_d_;
-      sk.dst_slot = ra.dst_slot;
-      sk.n_pages = pool_->n_pages();
-      sk.page_size = opt_.page_size;
-      sk.n_tok = T;
-      sk.n_heads_kv = static_cast<int>(Hkv);
-      sk.head_dim = static_cast<int>(D);
-      cuda::launch_sketch_keys(sk, stream_);
-    }
-
-    // The dense policy, on the device: this layer's page lists from the device page table.
-    cuda::DenseListsParams dl;
-    dl.table = table_->table_d();
-    dl.req_slot = req_slot_d_;
-    dl.seq_len = seq_len_d_;
-    dl.indptr = indptr_d_;
-    dl.slots = slots_d_;
-    dl.page_pos = page_pos_d_;
-    dl.n_requests = n_req;
-    dl.n_layers = static_cast<int>(cfg_.n_layers);
-    dl.n_heads_kv = static_cast<int>(Hkv);
-    dl.max_pages = table_->max_pages();
-    dl.layer = l;
-    dl.page_size = opt_.page_size;
-    cuda::launch_dense_lists(dl, stream_);
-
-    if (decode) {
-      const int32_t *kv_indptr = indptr_d_, *kv_slots = slots_d_, *kv_page_pos = page_pos_d_;
-      const bool reuse = step_sparse_ && schedule_.every() > 1;
-      // This layer's stored selection (reuse only): written where it selects, read where it does not.
-      int32_t *st_indptr = nullptr, *st_slots = nullptr, *st_page_pos = nullptr, *st_seq_len = nullptr;
-      if (reuse) {
-        const int64_t B = opt_.max_batch, nnz_max = sel_ws_->max_nnz();
-        st_indptr = st_indptr_d_ + l * (B * Hkv + 1);
-        st_slots = st_slots_d_ + l * nnz_max;
-        st_page_pos = st_page_pos_d_ + l * nnz_max;
-        st_seq_len = st_seq_len_d_ + l * B;
-      }
-      if (reuse && !schedule_.selects(l, phase)) {
-        // The layer's last selection, grown by the pages written since (reuse_lists.h).
-        cuda::ReuseListsParams rp;
-        rp.dense_indptr = indptr_d_;
-        rp.dense_slots = slots_d_;
-        rp.seq_len = seq_len_d_;
-        rp.sel_indptr = st_indptr;
-        rp.sel_slots = st_slots;
-        rp.sel_page_pos = st_page_pos;
-        rp.sel_seq_len = st_seq_len;
-        rp.indptr = sp_indptr_d_;
-        rp.slots = sp_slots_d_;
-        rp.page_pos = sp_page_pos_d_;
-        rp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
-        rp.n_requests = n_req;
-        rp.n_heads_kv = static_cast<int>(Hkv);
-        rp.page_size = opt_.page_size;
-        cuda::launch_reuse_lists(rp, stream_);
-        kv_indptr = sp_indptr_d_;
-        kv_slots = sp_slots_d_;
-        kv_page_pos = sp_page_pos_d_;
-      } else if (step_sparse_) {
-        // Score and select on the device; attention reads the selected lists in place.
-        cuda::PageSelectParams sp = sel_;
-        sp.dense_indptr = indptr_d_;
-        sp.dense_slots = slots_d_;
-        sp.dense_page_pos = page_pos_d_;
-        sp.seq_len = seq_len_d_;
-        sp.q = q_d_;
-        sp.q_indptr = q_indptr_d_;
-        if (!sp.sketch_codes) sp.summaries = (sp.kind == cuda::SummaryKind::MinMax ? sum_minmax_ : sum_meanvar_)->data_d();
-        if (sp.budget_frac) sp.budget_frac = budget_frac_d_ + static_cast<int64_t>(l) * Hkv;
-        sp.indptr = reuse ? st_indptr : sp_indptr_d_;
-        sp.slots = reuse ? st_slots : sp_slots_d_;
-        sp.page_pos = reuse ? st_page_pos : sp_page_pos_d_;
-        sp.sel_seq_len = st_seq_len;  // (null without reuse) kept for the steps that reuse these lists
-        sp.stats = sparse_stats_d_ + static_cast<int64_t>(l) * Hkv * 2;
-        sp.n_requests = n_req;
-        sp.n_heads_q = static_cast<int>(Hq);
-        sp.n_heads_kv = static_cast<int>(Hkv);
-        sp.head_dim = static_cast<int>(D);
-        sp.page_size = opt_.page_size;
-        sp.scale = scale;
-        sel_ws_->bind(&sp);
-        cuda::launch_page_select(sp, stream_);
-        kv_indptr = sp.indptr;
-        kv_slots = sp.slots;
-        kv_page_pos = sp.page_pos;
-      }
-      cuda::DecodeAttentionParams p;
-      p.q = q_d_;
-      p.out = att_d_;
-      p.q_indptr = q_indptr_d_;
-      p.kv_indptr = kv_indptr;
-      p.kv_slots = kv_slots;
-      p.kv_page_pos = kv_page_pos;
-      p.seq_len = seq_len_d_;
-      p.k_pool = pool_->k_d();
-      p.v_pool = pool_->v_d();
-      p.ws_o = dws_->o_d();
-      p.ws_state = dws_->state_d();
-      p.n_requests = n_req;
-      p.n_heads_q = static_cast<int>(Hq);
-      p.n_heads_kv = static_cast<int>(Hkv);
-      p.head_dim = static_cast<int>(D);
-      p.max_q_len = 1;
-      p.ws_q_vecs = dws_->q_vecs();
-      p.n_workers = dws_->n_workers();
-      p.stages = dws_->stages();
-      p.scale = scale;
-      cuda::launch_decode_attention(p, stream_);
-    } else {
-      cuda::PrefillAttentionParams p;
-      p.q = q_d_;
-      p.out = att_d_;
-      p.k_pool = pool_->k_d();
-      p.v_pool = pool_->v_d();
-      p.q_indptr = q_indptr_d_;
-      p.kv_indptr = indptr_d_;
-      p.slots = slots_d_;
-      p.page_pos = page_pos_d_;
-      p.seq_len = seq_len_d_;
-      p.n_requests = n_req;
-      p.n_rows = static_cast<int>(T);
-      p.n_heads_q = static_cast<int>(Hq);
-      p.n_heads_kv = static_cast<int>(Hkv);
-      p.head_dim = static_cast<int>(D);
-      p.page_size = opt_.page_size;
-      p.scale = scale;
-      cuda::launch_prefill_attention(p, stream_);
-    }
-    // x += att W_o^T, accumulated by the GEMM into the fp32 residual stream.
-    gemm_->run(Ly.w_o, att_d_, x_d_, T, Hq * D, H, cuda::GemmOut::F32, stream_, 1.0f);
-    an.weight = Ly.ffn_norm;
-    cuda::launch_add_rms_norm(an, stream_);
-    gemm_->run(Ly.w_gu, h_d_, gu_d_, T, H, 2 * F, cuda::GemmOut::BF16, stream_);
-    cuda::SwiGluParams sg;
-    sg.gate = gu_d_;
-    sg.up = gu_d_ + F;
-    sg.in_dtype = DType::BF16;
-    sg.in_ld = 2 * F;
-    sg.out = act_d_;
-    sg.out_ld = F;
-    sg.n_tok = T;
-    sg.n = F;
-    cuda::launch_swiglu(sg, stream_);
-    gemm_->run(Ly.w_down, act_d_, x_d_, T, F, H, cuda::GemmOut::F32, stream_, 1.0f);
+    const Layer& w = layers_[static_cast<size_t>(l)];
+    rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
+    gemm_->run(w.w_qkv, h_d_, qkv_d_, T, H, QKV, cuda::GemmOut::BF16, stream_);  // [q k v] = h W_qkv^T
+    rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
+    dense_lists(l, s.n_req);                                                 // every page of this layer
+    if (s.decode)
+      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req);  // the pages the policy keeps
+    else
+      attention_prefill(s.n_tok, s.n_req);
+    gemm_->run(w.w_o, att_d_, x_d_, T, HqD, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
+    rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
+    gemm_->run(w.w_gu, h_d_, gu_d_, T, H, 2 * F, cuda::GemmOut::BF16, stream_);  // [gate up] = h W_gu^T
+    swiglu(s.n_tok);                                                         // act = silu(gate) up
+    gemm_->run(w.w_down, act_d_, x_d_, T, F, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
-  // Last row of each request -> final norm -> logits -> greedy ids.
-  cuda::GatherRowsParams gr;
-  gr.src = x_d_;
-  gr.rows = last_row_d_;
-  gr.dst = last_x_d_;
-  gr.n_out = n_req;
-  gr.n = H;
-  cuda::launch_gather_rows(gr, stream_);
-  cuda::AddRmsNormParams fn;
-  fn.x = last_x_d_;
-  fn.weight = output_norm_;
-  fn.y = hlast_d_;
-  fn.n_rows = n_req;
-  fn.n = H;
-  fn.eps = cfg_.rms_eps;
-  cuda::launch_add_rms_norm(fn, stream_);
-  gemm_->run(output_, hlast_d_, logits_d_, n_req, H, V, cuda::GemmOut::F32, stream_);
-  cuda::SampleParams sp;
-  sp.logits = logits_d_;
-  sp.rows = samp_rows_d_;
-  sp.rng_offset = rng_d_;
-  sp.out = out_ids_d_;
+  logits_and_sample(s.n_req);                                                // last rows -> ids
+}
+
+void LlamaCuda::embed(int n_tok) {
+  cuda::EmbeddingParams p = embed_;
+  p.n_tok = n_tok;
+  cuda::launch_embedding(p, stream_);
+}
+
+void LlamaCuda::rms_norm(const float* weight, int n_tok) {
+  cuda::AddRmsNormParams p = norm_;
+  p.weight = weight;
+  p.n_rows = n_tok;
+  cuda::launch_add_rms_norm(p, stream_);
+}
+
+void LlamaCuda::rope_append(int layer, int n_tok) {
+  const Layer& w = layers_[static_cast<size_t>(layer)];
+  cuda::RopeAppendParams p = rope_;
+  p.q_bias = w.bq;
+  p.k_bias = w.bk;
+  p.v_bias = w.bv;
+  p.q_norm = w.q_norm;
+  p.k_norm = w.k_norm;
+  // dst_slot_d_ is laid out [L, T, Hkv] with this step's T (upload_step).
+  p.dst_slot = dst_slot_d_ + static_cast<int64_t>(layer) * n_tok * cfg_.n_heads_kv;
+  p.n_tok = n_tok;
+  cuda::launch_rope_append(p, stream_);
+  // Every step keeps the summaries (and sketch) of the pages it wrote (prefill too: decode scores them).
+  for (cuda::SummarizePagesParams sm : summarize_) {
+    sm.dst_slot = p.dst_slot;
+    sm.n_tok = n_tok;
+    cuda::launch_summarize_pages(sm, stream_);
+  }
+  for (cuda::SketchKeysParams sk : sketch_keys_) {
+    sk.dst_slot = p.dst_slot;
+    sk.n_tok = n_tok;
+    cuda::launch_sketch_keys(sk, stream_);
+  }
+}
+
+// The dense policy, on the device: this layer's page lists from the device page table.
+void LlamaCuda::dense_lists(int layer, int n_req) {
+  cuda::DenseListsParams p = dense_lists_;
+  p.n_requests = n_req;
+  p.layer = layer;
+  cuda::launch_dense_lists(p, stream_);
+}
+
+void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req) {
+  cuda::DecodeAttentionParams p = decode_attn_;
+  p.kv_indptr = lists.indptr;
+  p.kv_slots = lists.slots;
+  p.kv_page_pos = lists.page_pos;
+  p.n_requests = n_req;
+  cuda::launch_decode_attention(p, stream_);
+}
+
+// Prefill reads the dense lists: policies apply to decode steps only.
+void LlamaCuda::attention_prefill(int n_tok, int n_req) {
+  cuda::PrefillAttentionParams p = prefill_attn_;
+  p.n_requests = n_req;
+  p.n_rows = n_tok;
+  cuda::launch_prefill_attention(p, stream_);
+}
+
+void LlamaCuda::swiglu(int n_tok) {
+  cuda::SwiGluParams p = swiglu_;
+  p.n_tok = n_tok;
+  cuda::launch_swiglu(p, stream_);
+}
+
+// Last row of each request -> final norm -> logits -> greedy ids.
+void LlamaCuda::logits_and_sample(int n_req) {
+  cuda::GatherRowsParams g = last_rows_;
+  g.n_out = n_req;
+  cuda::launch_gather_rows(g, stream_);
+  cuda::AddRmsNormParams n = final_norm_;
+  n.n_rows = n_req;
+  cuda::launch_add_rms_norm(n, stream_);
+  gemm_->run(output_, hlast_d_, logits_d_, n_req, cfg_.hidden, cfg_.vocab_size, cuda::GemmOut::F32, stream_);
+  cuda::SampleParams sp = sample_;
   sp.n_rows = n_req;
-  sp.vocab = static_cast<int>(V);
   cuda::launch_sample(sp, stream_);
 }
 
 void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph) {
-  bool decode = true;
+  Step step;
+  step.decode = true;
   int64_t T = 0;
   for (const Seq& s : batch) {
-    decode = decode && s.n_new == 1;
+    step.decode = step.decode && s.n_new == 1;
     T += s.n_new;
   }
-  const int n_req = static_cast<int>(batch.size());
-  upload_step(batch, decode);
-  // Which layers run the policy this step (sparse/reselect_schedule.h): the stored selections
-  // serve only the same requests in the same rows, continued by one token.
-  int phase = ReselectSchedule::kFull;
-  std::vector<int> req_slots;
-  for (const Seq& s : batch) req_slots.push_back(s.req_slot);
-  // --dense-below N: a step whose requests are all shorter than N tokens (this step's token
-  // included) runs the dense step, and so does one whose requests hold fewer than
-  // --sparse-min-tokens in all: the selection would cost more than it saves there
-  // (docs/benchmarks.md). A batch that mixes short and long requests selects, and the select
-  // kernel gives the short ones their dense lists.
-  step_sparse_ = sparse_ && decode;
-  if (step_sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
-    std::vector<int64_t> seq_len;
-    for (const Seq& s : batch) seq_len.push_back(s.table->n_tokens() + s.n_new);
-    if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
-      step_sparse_ = false;
-      ++threshold_dense_steps_;
-      for (int64_t n : seq_len) dense_step_pages_ += static_cast<uint64_t>((n + opt_.page_size - 1) / opt_.page_size);
-    }
-  }
-  if (step_sparse_) {
-    std::vector<const void*> ids;
-    std::vector<int64_t> n_before;
-    for (const Seq& s : batch) {
-      ids.push_back(s.table);
-      n_before.push_back(s.table->n_tokens());
-    }
-    if (req_slots != last_req_slots_) schedule_.invalidate();
-    phase = schedule_.begin_step(ids, n_before);
+  step.n_tok = static_cast<int>(T);
+  step.n_req = static_cast<int>(batch.size());
+  upload_step(batch);
+  std::vector<cuda::PageSelector::Request> reqs;
+  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens()});
+  step.plan = selector_->begin_step(reqs, step.decode);
+  last_step_ = step;
+  if (step.decode && use_graph) {
+    DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(step), stream_));
   } else {
-    schedule_.invalidate();
-  }
-  last_req_slots_ = std::move(req_slots);
-  if (decode && use_graph) {
-    DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(static_cast<int>(T), n_req, phase), stream_));
-  } else {
-    run_layers(static_cast<int>(T), n_req, decode, phase);
+    run_layers(step);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
-  last_n_req_ = n_req;
+  last_n_req_ = step.n_req;
   if (logits) {
-    logits->resize(static_cast<size_t>(n_req * cfg_.vocab_size));
+    logits->resize(static_cast<size_t>(step.n_req * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-cudaGraphExec_t LlamaCuda::decode_graph(int n_tok, int n_req, int phase) {
-  const std::string base = step_sparse_ || !sparse_ ? policy_key_ : std::string("dense-step");
-  const std::string key = phase == ReselectSchedule::kFull ? base : fmt::format("{}#{}", base, phase);
-  auto it = graphs_.find({key, n_req});
+cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
+  const std::string key = selector_->graph_key(step.plan);
+  auto it = graphs_.find({key, step.n_req});
   if (it == graphs_.end()) {
-    // Capture once per batch size (and phase); replays read the same step-input buffers.
+    // Capture once per batch size (and plan); replays read the same step-input buffers.
     cudaGraph_t g;
     DHS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    run_layers(n_tok, n_req, true, phase);
+    run_layers(step);
     DHS_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
     cudaGraphExec_t exec;
     DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     DHS_CUDA_CHECK(cudaGraphDestroy(g));
-    it = graphs_.emplace(std::make_pair(key, n_req), exec).first;
+    it = graphs_.emplace(std::make_pair(key, step.n_req), exec).first;
   }
   return it->second;
 }
@@ -564,123 +423,18 @@ std::vector<int32_t> LlamaCuda::greedy_ids() {
   return ids;
 }
 
-double CudaSparsityStats::read_frac() const {
-  uint64_t r = 0, t = 0;
-  for (size_t i = 0; i < read.size(); ++i) {
-    r += read[i];
-    t += total[i];
-  }
-  return t > 0 ? static_cast<double>(r) / static_cast<double>(t) : 1.0;
-}
-
-void LlamaCuda::set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
-  {
-    PolicyConfig check = pc;  // the CPU factory's validation: one set of rules for both backends
-    if (!budget_frac.empty() && check.budget == 0) check.budget = 1;  // per-head budgets stand in for --budget
-    (void)make_policy(check);
-  }
-  const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
-  // Everything a captured step bakes in (the select kernels' parameters) is in the key.
-  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
-                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1,
-                            pc.reselect_every);
-  sparse_ = pc.name != "dense";
-  dense_below_ = pc.dense_below;
-  min_step_tokens_ = pc.min_step_tokens;
-  schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
-  if (!sparse_) return;
-  DHS_CHECK(sel_ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
-  if (pc.reselect_every > 1 && st_indptr_d_ == nullptr) {
-    // Once per model: every layer's selection kept for the steps that reuse it.
-    const int64_t B = opt_.max_batch, L = cfg_.n_layers, n_lists = B * cfg_.n_heads_kv, nnz = sel_ws_->max_nnz();
-    st_indptr_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * (n_lists + 1)) * 4));
-    st_slots_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * nnz) * 4));
-    st_page_pos_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * nnz) * 4));
-    st_seq_len_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(L * B) * 4));
-  }
-  const bool scoring = pc.name != "sinkwindow";
-  const bool sketch = pc.estimator == "sketch4";
-  DHS_CHECK(!scoring || sketch || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
-            "--estimator {}: the CUDA backend has minmax, meanspread, gaussian and sketch4", pc.estimator);
-  // gaussian reads the same mean / variance summaries as meanspread.
-  const auto kind = pc.estimator == "minmax" ? cuda::SummaryKind::MinMax : cuda::SummaryKind::MeanSpread;
-  DHS_CHECK(!scoring || (sketch ? sketch_ != nullptr
-                                : kind == cuda::SummaryKind::MinMax ? sum_minmax_ != nullptr : sum_meanvar_ != nullptr),
-            "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", pc.name, pc.estimator);
-  cuda::PageSelectParams p;
-  p.kind = kind;
-  if (sketch) {
-    p.sketch_codes = sketch_->codes_d();
-    p.sketch_steps = sketch_->steps_d();
-  }
-  p.gaussian = pc.estimator == "gaussian";
-  p.gamma = static_cast<float>(pc.gamma);
-  p.n_sink = pc.n_sink;
-  p.n_recent = pc.n_recent;
-  p.combine_max = pc.combine == GroupCombine::Max;
-  p.dense_below = static_cast<int>(std::min<int64_t>(pc.dense_below, INT32_MAX));
-  if (pc.name == "coverage") {
-    p.rule = cuda::SelectRule::Coverage;
-  } else if (pc.name == "topk") {
-    p.rule = cuda::SelectRule::TopK;
-    p.budget = pc.budget;
-  } else if (pc.name == "sinkwindow") {
-    p.rule = cuda::SelectRule::SinkWindow;
-    p.n_recent = pc.budget > 0 ? pc.budget - pc.n_sink : pc.n_recent;  // as make_policy reads --budget
-  } else if (pc.name == "solohead") {
-    p.share_heads = true;
-    p.rule = pc.budget > 0 ? cuda::SelectRule::TopK : cuda::SelectRule::Coverage;
-    p.budget = pc.budget;
-  } else {
-    throw Error(fmt::format("--sparse-policy {}: not on the CUDA backend", pc.name));
-  }
-  if (!budget_frac.empty()) {
-    DHS_CHECK(pc.name == "topk", "per-head budget fractions go with --sparse-policy topk");
-    DHS_CHECK(static_cast<int64_t>(budget_frac.size()) == L * Hkv, "budget fractions: {} values for {} layers x {} KV heads",
-              budget_frac.size(), L, Hkv);
-    DHS_CUDA_CHECK(cudaMemcpy(budget_frac_d_, budget_frac.data(), budget_frac.size() * 4, cudaMemcpyHostToDevice));
-    p.budget_frac = budget_frac_d_;
-  }
-  sel_ = p;
-}
-
-CudaSparsityStats LlamaCuda::sparsity_stats() const {
-  CudaSparsityStats st;
-  if (!sparse_stats_d_) return st;
-  const size_t n = static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv);
-  std::vector<unsigned long long> h(2 * n);
-  DHS_CUDA_CHECK(cudaMemcpy(h.data(), sparse_stats_d_, h.size() * 8, cudaMemcpyDeviceToHost));
-  st.read.resize(n);
-  st.total.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    st.read[i] = h[2 * i] + dense_step_pages_;
-    st.total[i] = h[2 * i + 1] + dense_step_pages_;
-  }
-  return st;
-}
-
-void LlamaCuda::reset_sparsity_stats() {
-  dense_step_pages_ = 0;
-  threshold_dense_steps_ = 0;
-  if (sparse_stats_d_)
-    DHS_CUDA_CHECK(cudaMemset(sparse_stats_d_, 0, static_cast<size_t>(cfg_.n_layers * cfg_.n_heads_kv * 2) * 8));
-}
-
 double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   // One real step (captures the graph), then replays of it: the same positions are
   // rewritten each time, which costs what a real step costs.
   for (const Seq& s : batch) DHS_CHECK(s.n_new == 1, "time_decode_step: decode batches only");
-  schedule_.invalidate();  // the first step selects at every layer
+  selector_->restart_schedule();  // the first step selects at every layer
   forward(batch, nullptr, true);
   for (const Seq& s : batch) s.table->truncate(allocator(), s.table->n_tokens() - 1);
   // With --reselect-every R the steps cycle through R graphs (each selecting at a different
   // 1/R of the layers, reusing the first step's selections at the others): all are timed.
-  const int n_req = static_cast<int>(batch.size());
   std::vector<cudaGraphExec_t> cycle;
-  if (step_sparse_ && schedule_.every() > 1)
-    for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(decode_graph(n_req, n_req, ph));
-  else
-    cycle.push_back(decode_graph(n_req, n_req, ReselectSchedule::kFull));
+  for (const cuda::SelectPlan& plan : selector_->replay_cycle(last_step_.plan))
+    cycle.push_back(decode_graph(Step{last_step_.n_tok, last_step_.n_req, true, plan}));
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));
   DHS_CUDA_CHECK(cudaEventCreate(&b));

@@ -18,15 +18,18 @@
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_key_sketch.h"
 #include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/device_page_table.h"
+#include "backend/cuda/gather_rows.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/page_select.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/page_selector.h"
+#include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/sampling.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "model/weight_source.h"
 #include "sparse/policy.h"
-#include "sparse/reselect_schedule.h"
 
 namespace dhs {
 
@@ -49,10 +52,7 @@ struct CudaModelOptions {
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
-struct CudaSparsityStats {
-  std::vector<uint64_t> read, total;  // [n_layers * n_heads_kv]
-  double read_frac() const;            // all layers and heads; 1 when nothing was counted
-};
+using CudaSparsityStats = cuda::SparsityStats;
 
 class LlamaCuda {
  public:
@@ -92,14 +92,16 @@ class LlamaCuda {
   // stays dense. Scoring policies need the summaries chosen at construction (the
   // policy's estimator must match them). budget_frac (topk only, optional): per
   // (layer, KV head) fraction of each list's pages, [n_layers * n_heads_kv] (budgets
-  // replayed from traces of a real model). Drops the captured graphs.
-  void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
-  CudaSparsityStats sparsity_stats() const;
+  // replayed from traces of a real model). Captured graphs are kept per policy.
+  void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {}) {
+    selector_->set_policy(pc, budget_frac);
+  }
+  CudaSparsityStats sparsity_stats() const { return selector_->stats(); }
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
   // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
   // (no scoring or selection kernels ran).
-  int64_t threshold_dense_steps() const { return threshold_dense_steps_; }
-  void reset_sparsity_stats();
+  int64_t threshold_dense_steps() const { return selector_->threshold_dense_steps(); }
+  void reset_sparsity_stats() { selector_->reset_stats(); }
 
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
@@ -110,14 +112,34 @@ class LlamaCuda {
     float *attn_norm = nullptr, *ffn_norm = nullptr;
     float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   };
+  // What one step runs: its size, and what the selector planned for it.
+  struct Step {
+    int n_tok = 0;
+    int n_req = 0;
+    bool decode = false;  // one new token per request
+    cuda::SelectPlan plan;
+  };
   void allocate(const CudaModelOptions& o);
-  void upload_step(const std::vector<Seq>& batch, bool decode);
-  // phase: the reselect schedule's phase of a decode step (ReselectSchedule::kFull: every
-  // layer runs the policy).
-  void run_layers(int n_tok, int n_req, bool decode, int phase = ReselectSchedule::kFull);
-  // The captured decode step of n_req requests at `phase` (captured on first use).
-  cudaGraphExec_t decode_graph(int n_tok, int n_req, int phase);
+  // The kernels' parameters that do not change between steps (every buffer has a fixed address,
+  // so that a captured graph keeps reading the same ones): built once, when the weights are in.
+  void build_params();
+  void upload_step(const std::vector<Seq>& batch);
+  // The step's kernels, in order (what the decode graph captures).
+  void run_layers(const Step& step);
+  // The captured decode step (captured on first use per selection plan and batch size).
+  cudaGraphExec_t decode_graph(const Step& step);
   void* dalloc(size_t bytes);
+
+  // The launches of run_layers: the prebuilt parameters, with this step's sizes and this
+  // layer's weights and slices.
+  void embed(int n_tok);
+  void rms_norm(const float* weight, int n_tok);
+  void rope_append(int layer, int n_tok);  // and the page summaries / key sketch of the written pages
+  void dense_lists(int layer, int n_req);
+  void attention_decode(const cuda::LayerLists& lists, int n_req);
+  void attention_prefill(int n_tok, int n_req);
+  void swiglu(int n_tok);
+  void logits_and_sample(int n_req);
 
   ModelConfig cfg_;
   CudaModelOptions opt_;
@@ -138,29 +160,7 @@ class LlamaCuda {
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
-  std::unique_ptr<cuda::PageSelectWorkspace> sel_ws_;
-  bool sparse_ = false;
-  // This step runs the policy (sparse_, unless every request is shorter than dense_below_: such a
-  // step is captured and replayed as the dense one, no scoring or selection at all).
-  bool step_sparse_ = false;
-  int64_t dense_below_ = 0;
-  int64_t min_step_tokens_ = 0;
-  // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
-  // (read, total) in sparsity_stats(): they read every page.
-  uint64_t dense_step_pages_ = 0;
-  int64_t threshold_dense_steps_ = 0;
-  cuda::PageSelectParams sel_;                  // rule fields; buffers bound per layer
-  float* budget_frac_d_ = nullptr;              // [L, Hkv] or null
-  unsigned long long* sparse_stats_d_ = nullptr;  // [L, Hkv, 2]
-  int32_t *sp_indptr_d_ = nullptr, *sp_slots_d_ = nullptr, *sp_page_pos_d_ = nullptr;  // selected lists
-  // --reselect-every R > 1: each layer's last selection, read (grown by the pages written since)
-  // at the steps where the layer does not select. Allocated at the first such policy.
-  ReselectSchedule schedule_;
-  int32_t *st_indptr_d_ = nullptr;    // [L, B * Hkv + 1]
-  int32_t *st_slots_d_ = nullptr;     // [L, B * Hkv * pages_per_seq]
-  int32_t *st_page_pos_d_ = nullptr;  // [L, B * Hkv * pages_per_seq]
-  int32_t *st_seq_len_d_ = nullptr;   // [L, B] tokens at each layer's last selection
-  std::vector<int> last_req_slots_;   // the last decode step's request rows
+  std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
@@ -183,10 +183,24 @@ class LlamaCuda {
   uint64_t* rng_d_ = nullptr;
   int32_t* out_ids_d_ = nullptr;       // [B]
   int last_n_req_ = 0;
+  Step last_step_;  // the last forward's (time_decode_step replays its plan)
 
-  // Decode step per (policy, batch size): switching policies back and forth (eval) reuses them.
+  // Built once (build_params): everything but this step's sizes and this layer's weights and slices.
+  cuda::EmbeddingParams embed_;
+  cuda::AddRmsNormParams norm_;        // attention and FFN norms (weight per launch)
+  cuda::RopeAppendParams rope_;
+  std::vector<cuda::SummarizePagesParams> summarize_;  // one per kept summary store
+  std::vector<cuda::SketchKeysParams> sketch_keys_;    // one when the key sketch is kept
+  cuda::DenseListsParams dense_lists_;
+  cuda::DecodeAttentionParams decode_attn_;            // (lists per launch)
+  cuda::PrefillAttentionParams prefill_attn_;
+  cuda::SwiGluParams swiglu_;
+  cuda::GatherRowsParams last_rows_;
+  cuda::AddRmsNormParams final_norm_;
+  cuda::SampleParams sample_;
+
+  // Decode step per (selection plan, batch size): switching policies back and forth (eval) reuses them.
   std::map<std::pair<std::string, int>, cudaGraphExec_t> graphs_;
-  std::string policy_key_ = "dense";
 };
 
 }  // namespace dhs

@@ -1,0 +1,261 @@
+// PageSelector (page_selector.h): the policy's rule for the select kernels, the schedule of
+// --reselect-every, and the launches that give each layer's attention its lists.
+#include "backend/cuda/page_selector.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace dhs::cuda {
+
+double SparsityStats::read_frac() const {
+  uint64_t r = 0, t = 0;
+  for (size_t i = 0; i < read.size(); ++i) {
+    r += read[i];
+    t += total[i];
+  }
+  return t > 0 ? static_cast<double>(r) / static_cast<double>(t) : 1.0;
+}
+
+void* PageSelector::alloc(size_t bytes) {
+  void* p = nullptr;
+  DHS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  allocs_.push_back(p);
+  return p;
+}
+
+PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
+  if (in.minmax == nullptr && in.meanspread == nullptr && in.sketch == nullptr) return;  // dense only
+  const int64_t L = s.n_layers, Hkv = s.n_heads_kv, n_lists = int64_t{s.max_batch} * Hkv;
+  ws_ = std::make_unique<PageSelectWorkspace>(static_cast<int>(n_lists), n_lists * s.max_pages_per_seq,
+                                              s.n_heads_q / s.n_heads_kv);
+  auto ints = [&](int64_t n) { return static_cast<int32_t*>(alloc(static_cast<size_t>(n) * 4)); };
+  sel_indptr_d_ = ints(n_lists + 1);
+  sel_slots_d_ = ints(n_lists * s.max_pages_per_seq);
+  sel_page_pos_d_ = ints(n_lists * s.max_pages_per_seq);
+  budget_frac_d_ = static_cast<float*>(alloc(static_cast<size_t>(L * Hkv) * 4));
+  stats_d_ = static_cast<unsigned long long*>(alloc(static_cast<size_t>(L * Hkv * 2) * 8));
+  DHS_CUDA_CHECK(cudaMemset(stats_d_, 0, static_cast<size_t>(L * Hkv * 2) * 8));
+  // A reused selection is written where every layer's fresh one is (per launch: the layer's
+  // stored lists and stats).
+  reuse_ = {.dense_indptr = in.dense.indptr, .dense_slots = in.dense.slots, .seq_len = in.seq_len,
+            .indptr = sel_indptr_d_, .slots = sel_slots_d_, .page_pos = sel_page_pos_d_,
+            .n_heads_kv = s.n_heads_kv, .page_size = s.page_size};
+}
+
+PageSelector::~PageSelector() {
+  for (void* p : allocs_) cudaFree(p);
+}
+
+void PageSelector::allocate_stored_lists() {
+  // Once: every layer's selection kept for the steps that reuse it.
+  const int64_t B = sz_.max_batch, L = sz_.n_layers, n_lists = B * sz_.n_heads_kv, nnz = ws_->max_nnz();
+  st_indptr_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * (n_lists + 1)) * 4));
+  st_slots_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * nnz) * 4));
+  st_page_pos_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * nnz) * 4));
+  st_seq_len_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * B) * 4));
+}
+
+void PageSelector::set_policy(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
+  {
+    PolicyConfig check = pc;  // the CPU factory's validation: one set of rules for both backends
+    if (!budget_frac.empty() && check.budget == 0) check.budget = 1;  // per-head budgets stand in for --budget
+    (void)make_policy(check);
+  }
+  // Everything a captured step bakes in (the select kernels' parameters) is in the key.
+  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
+                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1,
+                            pc.reselect_every);
+  sparse_ = pc.name != "dense";
+  dense_below_ = pc.dense_below;
+  min_step_tokens_ = pc.min_step_tokens;
+  schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
+  if (!sparse_) return;
+  DHS_CHECK(ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
+  if (pc.reselect_every > 1 && st_indptr_d_ == nullptr) allocate_stored_lists();
+  select_ = rule_params(pc, budget_frac);
+}
+
+// The select kernels' parameters for `pc`: the rule, and every buffer whose address is fixed.
+PageSelectParams PageSelector::rule_params(const PolicyConfig& pc, const std::vector<float>& budget_frac) const {
+  const bool scoring = pc.name != "sinkwindow";
+  const bool sketch = pc.estimator == "sketch4";
+  DHS_CHECK(!scoring || sketch || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
+            "--estimator {}: the CUDA backend has minmax, meanspread, gaussian and sketch4", pc.estimator);
+  // gaussian reads the same mean / variance summaries as meanspread.
+  const auto kind = pc.estimator == "minmax" ? SummaryKind::MinMax : SummaryKind::MeanSpread;
+  const DevicePageSummaries* store = kind == SummaryKind::MinMax ? in_.minmax : in_.meanspread;
+  DHS_CHECK(!scoring || (sketch ? in_.sketch != nullptr : store != nullptr),
+            "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", pc.name, pc.estimator);
+  PageSelectParams p;
+  p.kind = kind;
+  if (sketch) {
+    p.sketch_codes = in_.sketch->codes_d();
+    p.sketch_steps = in_.sketch->steps_d();
+  }
+  p.gaussian = pc.estimator == "gaussian";
+  p.gamma = static_cast<float>(pc.gamma);
+  p.n_sink = pc.n_sink;
+  p.n_recent = pc.n_recent;
+  p.combine_max = pc.combine == GroupCombine::Max;
+  p.dense_below = static_cast<int>(std::min<int64_t>(pc.dense_below, INT32_MAX));
+  if (pc.name == "coverage") {
+    p.rule = SelectRule::Coverage;
+  } else if (pc.name == "topk") {
+    p.rule = SelectRule::TopK;
+    p.budget = pc.budget;
+  } else if (pc.name == "sinkwindow") {
+    p.rule = SelectRule::SinkWindow;
+    p.n_recent = pc.budget > 0 ? pc.budget - pc.n_sink : pc.n_recent;  // as make_policy reads --budget
+  } else if (pc.name == "solohead") {
+    p.share_heads = true;
+    p.rule = pc.budget > 0 ? SelectRule::TopK : SelectRule::Coverage;
+    p.budget = pc.budget;
+  } else {
+    throw Error(fmt::format("--sparse-policy {}: not on the CUDA backend", pc.name));
+  }
+  if (!budget_frac.empty()) {
+    const int64_t L = sz_.n_layers, Hkv = sz_.n_heads_kv;
+    DHS_CHECK(pc.name == "topk", "per-head budget fractions go with --sparse-policy topk");
+    DHS_CHECK(static_cast<int64_t>(budget_frac.size()) == L * Hkv, "budget fractions: {} values for {} layers x {} KV heads",
+              budget_frac.size(), L, Hkv);
+    DHS_CUDA_CHECK(cudaMemcpy(budget_frac_d_, budget_frac.data(), budget_frac.size() * 4, cudaMemcpyHostToDevice));
+    p.budget_frac = budget_frac_d_;  // (per launch: the layer's row)
+  }
+  // The step's buffers (fixed addresses).
+  p.dense_indptr = in_.dense.indptr;
+  p.dense_slots = in_.dense.slots;
+  p.dense_page_pos = in_.dense.page_pos;
+  p.seq_len = in_.seq_len;
+  p.q = in_.q;
+  p.q_indptr = in_.q_indptr;
+  // (SinkWindow scores nothing: its summaries, kept or not, are never read.)
+  if (!p.sketch_codes && store != nullptr) p.summaries = store->data_d();
+  p.indptr = sel_indptr_d_;  // (per launch under a reselect schedule: the layer's stored lists)
+  p.slots = sel_slots_d_;
+  p.page_pos = sel_page_pos_d_;
+  p.n_heads_q = sz_.n_heads_q;
+  p.n_heads_kv = sz_.n_heads_kv;
+  p.head_dim = sz_.head_dim;
+  p.page_size = sz_.page_size;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(sz_.head_dim));
+  ws_->bind(&p);
+  return p;
+}
+
+SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool decode) {
+  SelectPlan plan;
+  std::vector<int> req_slots;
+  for (const Request& r : batch) req_slots.push_back(r.req_slot);
+  // --dense-below N: a step whose requests are all shorter than N tokens (this step's token
+  // included) runs the dense step, and so does one whose requests hold fewer than
+  // --sparse-min-tokens in all: the selection would cost more than it saves there
+  // (docs/benchmarks.md). A batch that mixes short and long requests selects, and the select
+  // kernel gives the short ones their dense lists.
+  plan.runs_policy = sparse_ && decode;
+  if (plan.runs_policy && (dense_below_ > 0 || min_step_tokens_ > 0)) {
+    std::vector<int64_t> seq_len;
+    for (const Request& r : batch) seq_len.push_back(r.n_before + 1);
+    if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
+      plan.runs_policy = false;
+      ++threshold_dense_steps_;
+      for (int64_t n : seq_len) dense_step_pages_ += static_cast<uint64_t>((n + sz_.page_size - 1) / sz_.page_size);
+    }
+  }
+  // Which layers run the policy (sparse/reselect_schedule.h): the stored selections serve only
+  // the same requests in the same rows, continued by one token.
+  if (plan.runs_policy) {
+    std::vector<const void*> ids;
+    std::vector<int64_t> n_before;
+    for (const Request& r : batch) {
+      ids.push_back(r.id);
+      n_before.push_back(r.n_before);
+    }
+    if (req_slots != last_req_slots_) schedule_.invalidate();
+    plan.phase = schedule_.begin_step(ids, n_before);
+  } else {
+    schedule_.invalidate();
+  }
+  last_req_slots_ = std::move(req_slots);
+  return plan;
+}
+
+LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream) const {
+  if (!plan.runs_policy) return in_.dense;
+  const int64_t l = layer, Hkv = sz_.n_heads_kv, B = sz_.max_batch;
+  unsigned long long* stats = stats_d_ + l * Hkv * 2;
+  const bool reuse = schedule_.every() > 1;
+  // This layer's stored selection (reuse only): written where it selects, read where it does not.
+  int32_t *st_indptr = nullptr, *st_slots = nullptr, *st_page_pos = nullptr, *st_seq_len = nullptr;
+  if (reuse) {
+    st_indptr = st_indptr_d_ + l * (B * Hkv + 1);
+    st_slots = st_slots_d_ + l * ws_->max_nnz();
+    st_page_pos = st_page_pos_d_ + l * ws_->max_nnz();
+    st_seq_len = st_seq_len_d_ + l * B;
+  }
+  if (reuse && !schedule_.selects(layer, plan.phase)) {
+    // The layer's last selection, grown by the pages written since (reuse_lists.h).
+    ReuseListsParams p = reuse_;
+    p.sel_indptr = st_indptr;
+    p.sel_slots = st_slots;
+    p.sel_page_pos = st_page_pos;
+    p.sel_seq_len = st_seq_len;
+    p.stats = stats;
+    p.n_requests = n_req;
+    launch_reuse_lists(p, stream);
+    return {p.indptr, p.slots, p.page_pos};
+  }
+  // Score and select on the device; attention reads the selected lists in place.
+  PageSelectParams p = select_;
+  if (p.budget_frac) p.budget_frac = budget_frac_d_ + l * Hkv;
+  if (reuse) {
+    p.indptr = st_indptr;
+    p.slots = st_slots;
+    p.page_pos = st_page_pos;
+    p.sel_seq_len = st_seq_len;  // kept for the steps that reuse these lists
+  }
+  p.stats = stats;
+  p.n_requests = n_req;
+  launch_page_select(p, stream);
+  return {p.indptr, p.slots, p.page_pos};
+}
+
+std::string PageSelector::graph_key(const SelectPlan& plan) const {
+  // A threshold-dense step of a sparse policy runs the dense step's kernels: one graph for all.
+  const std::string base = plan.runs_policy || !sparse_ ? policy_key_ : std::string("dense-step");
+  return plan.phase == ReselectSchedule::kFull ? base : fmt::format("{}#{}", base, plan.phase);
+}
+
+std::vector<SelectPlan> PageSelector::replay_cycle(const SelectPlan& last) const {
+  if (!last.runs_policy || schedule_.every() == 1) return {SelectPlan{last.runs_policy, ReselectSchedule::kFull}};
+  std::vector<SelectPlan> cycle;
+  for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(SelectPlan{true, ph});
+  return cycle;
+}
+
+SparsityStats PageSelector::stats() const {
+  SparsityStats st;
+  if (!stats_d_) return st;
+  const size_t n = static_cast<size_t>(sz_.n_layers) * static_cast<size_t>(sz_.n_heads_kv);
+  std::vector<unsigned long long> h(2 * n);
+  DHS_CUDA_CHECK(cudaMemcpy(h.data(), stats_d_, h.size() * 8, cudaMemcpyDeviceToHost));
+  st.read.resize(n);
+  st.total.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    st.read[i] = h[2 * i] + dense_step_pages_;
+    st.total[i] = h[2 * i + 1] + dense_step_pages_;
+  }
+  return st;
+}
+
+void PageSelector::reset_stats() {
+  dense_step_pages_ = 0;
+  threshold_dense_steps_ = 0;
+  if (stats_d_)
+    DHS_CUDA_CHECK(cudaMemset(stats_d_, 0, static_cast<size_t>(sz_.n_layers) * static_cast<size_t>(sz_.n_heads_kv) * 2 * 8));
+}
+
+}  // namespace dhs::cuda

@@ -1,0 +1,148 @@
+// The owner of sparse decode's selection on the GPU (DESIGN.md §1.1): the policy's rule as
+// the select kernels take it, their workspace, the lists they write, each layer's stored
+// selection for --reselect-every (sparse/reselect_schedule.h), the schedule, and the
+// pages-read statistics. The model asks it once per step which layers run the policy
+// (begin_step) and once per layer which lists attention reads (select); select only
+// launches kernels, so a decode step with it is captured in one CUDA graph.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_key_sketch.h"
+#include "backend/cuda/device_page_summary.h"
+#include "backend/cuda/page_select.h"
+#include "backend/cuda/reuse_lists.h"
+#include "sparse/policy.h"
+#include "sparse/reselect_schedule.h"
+
+namespace dhs::cuda {
+
+// One layer's CSR page lists on the device, as attention reads them.
+struct LayerLists {
+  const int32_t* indptr = nullptr;    // [n_requests * n_heads_kv + 1]
+  const int32_t* slots = nullptr;     // [nnz]
+  const int32_t* page_pos = nullptr;  // [nnz]
+};
+
+// Pages in the lists sparse decode read since the last reset, per (layer, KV head).
+struct SparsityStats {
+  std::vector<uint64_t> read, total;  // [n_layers * n_heads_kv]
+  double read_frac() const;            // all layers and heads; 1 when nothing was counted
+};
+
+// What a step selects: begin_step's answer, the key of the step's graph with the batch size.
+struct SelectPlan {
+  bool runs_policy = false;             // scores and selects (a decode step under a sparse policy)
+  int phase = ReselectSchedule::kFull;  // the layers that select at this step (kFull: all)
+};
+
+class PageSelector {
+ public:
+  struct Sizes {
+    int n_layers = 0;
+    int n_heads_q = 0;
+    int n_heads_kv = 0;
+    int head_dim = 0;
+    int page_size = 16;
+    int max_batch = 0;
+    int64_t max_pages_per_seq = 0;  // pages of one (request, layer, KV head) list
+  };
+  // What the kernels read: the page data kept on append (null where not kept: then no
+  // scoring policy can run and nothing is allocated), and the step's buffers, whose fixed
+  // addresses the captured graphs keep reading.
+  struct Inputs {
+    const DevicePageSummaries* minmax = nullptr;
+    const DevicePageSummaries* meanspread = nullptr;  // (gaussian reads these too)
+    const DeviceKeySketch* sketch = nullptr;
+    LayerLists dense;                   // the current layer's every page, ascending page_pos
+    const int32_t* seq_len = nullptr;   // [max_batch] tokens in KV, this step's included
+    const __nv_bfloat16* q = nullptr;   // [max_batch, n_heads_q, head_dim] rotated queries of a decode step
+    const int32_t* q_indptr = nullptr;  // [max_batch + 1]
+  };
+  // A request of the step; decode steps add one token to each.
+  struct Request {
+    const void* id = nullptr;  // what identifies its sequence between steps (its page table)
+    int req_slot = 0;          // its row of the device page table
+    int64_t n_before = 0;      // tokens in KV before the step
+  };
+
+  PageSelector(const Sizes& sizes, const Inputs& in);
+  ~PageSelector();
+  PageSelector(const PageSelector&) = delete;
+  PageSelector& operator=(const PageSelector&) = delete;
+
+  // The policy of every following decode step (prefill stays dense). Validated as the CPU
+  // factory validates it. budget_frac (topk only, optional): per (layer, KV head) fraction of
+  // each list's pages, [n_layers * n_heads_kv]. Throws dhs::Error on what the device lacks.
+  void set_policy(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
+
+  // Start of a step: whether it runs the policy (a decode step under a sparse policy, unless
+  // every request is shorter than --dense-below or they hold fewer than --sparse-min-tokens:
+  // then it is counted as a dense step) and which layers select (the reselect schedule).
+  SelectPlan begin_step(const std::vector<Request>& batch, bool decode);
+  // The next step selects at every layer.
+  void restart_schedule() { schedule_.invalidate(); }
+
+  // Launches on `stream` what `layer` needs at this step and returns the lists its attention
+  // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
+  // written since (a reselect step where the layer does not select), or this step's selection.
+  LayerLists select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream) const;
+
+  // Everything a graph captured with `plan` baked in (the rule's parameters, the phase).
+  std::string graph_key(const SelectPlan& plan) const;
+  // The plans a timed replay of `last`'s batch cycles through: one per phase under a reselect
+  // schedule (each phase selects at other layers), else `last`.
+  std::vector<SelectPlan> replay_cycle(const SelectPlan& last) const;
+
+  SparsityStats stats() const;
+  // Decode steps since reset_stats() that a sparse policy ran as the dense step (below
+  // --dense-below or --sparse-min-tokens: no scoring or selection kernels ran).
+  int64_t threshold_dense_steps() const { return threshold_dense_steps_; }
+  void reset_stats();
+
+ private:
+  PageSelectParams rule_params(const PolicyConfig& pc, const std::vector<float>& budget_frac) const;
+  void allocate_stored_lists();
+  void* alloc(size_t bytes);
+
+  Sizes sz_;
+  Inputs in_;
+  std::vector<void*> allocs_;
+  std::unique_ptr<PageSelectWorkspace> ws_;  // null: the model keeps no page data to score
+
+  // The policy.
+  bool sparse_ = false;
+  int64_t dense_below_ = 0;
+  int64_t min_step_tokens_ = 0;
+  std::string policy_key_ = "dense";
+  PageSelectParams select_;  // built by set_policy; per launch: the layer's slices and n_requests
+  ReuseListsParams reuse_;   // built at construction; likewise
+
+  // Device buffers (allocated with the workspace).
+  float* budget_frac_d_ = nullptr;              // [n_layers, n_heads_kv] or unused
+  unsigned long long* stats_d_ = nullptr;       // [n_layers, n_heads_kv, 2] (read, total)
+  int32_t *sel_indptr_d_ = nullptr, *sel_slots_d_ = nullptr, *sel_page_pos_d_ = nullptr;  // selected lists
+  // --reselect-every R > 1: each layer's last selection, read (grown by the pages written since)
+  // at the steps where the layer does not select. Allocated at the first such policy.
+  int32_t* st_indptr_d_ = nullptr;    // [n_layers, max_batch * n_heads_kv + 1]
+  int32_t* st_slots_d_ = nullptr;     // [n_layers, max_nnz]
+  int32_t* st_page_pos_d_ = nullptr;  // [n_layers, max_nnz]
+  int32_t* st_seq_len_d_ = nullptr;   // [n_layers, max_batch] tokens at each layer's last selection
+
+  // The schedule.
+  ReselectSchedule schedule_;
+  std::vector<int> last_req_slots_;  // the last step's request rows
+
+  // Statistics kept on the host.
+  // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
+  // (read, total) in stats(): they read every page.
+  uint64_t dense_step_pages_ = 0;
+  int64_t threshold_dense_steps_ = 0;
+};
+
+}  // namespace dhs::cuda
