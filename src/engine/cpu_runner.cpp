@@ -1,5 +1,6 @@
 // StepRunner on the CPU backend.
 #include "core/error.h"
+#include "engine/host_sampling.h"
 #include "engine/step_runner.h"
 #include "model/arch/llama_cpu.h"
 
@@ -15,6 +16,7 @@ class CpuRunner final : public StepRunner {
     model_ = std::make_unique<LlamaCpu>(src, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
                                         o.progress);
     const ModelConfig& c = model_->config();
+    sampling_ = std::make_unique<HostSampling>(c.vocab_size, kMaxBatch);
     const int64_t pages_per_list = (max_ctx + o.page_size - 1) / o.page_size;
     pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
                                        static_cast<int>(c.head_dim));
@@ -33,7 +35,11 @@ class CpuRunner final : public StepRunner {
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
+  // The CPU forward takes any batch; the pool's size is what limits it.
+  int max_batch() const override { return kMaxBatch; }
   int64_t max_step_tokens() const override { return 512; }
+  void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
+  void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
   void truncate(PageTable& table, int64_t n_tokens) override {
     table.truncate(*pool_, n_tokens);
     if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
@@ -81,11 +87,21 @@ class CpuRunner final : public StepRunner {
     c.total = static_cast<uint64_t>(st.pages_total);
     return c;
   }
-  void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) override {
-    model_->forward({LlamaCpu::Seq{&table, ids, n}}, *pool_, logits);
+  void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {
+    std::vector<LlamaCpu::Seq> seqs;
+    bool any_sample = false;
+    for (const StepRequest& r : batch) {
+      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new});
+      any_sample = any_sample || r.sample;
+    }
+    out->logits.clear();
+    model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
+    sampling_->sample(batch, out, want_logits);
   }
 
  private:
+  static constexpr int kMaxBatch = 256;
+  std::unique_ptr<HostSampling> sampling_;
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<SelectionPolicy> policy_;

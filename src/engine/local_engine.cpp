@@ -85,6 +85,7 @@ class LocalEngine final : public Engine {
     max_ctx_ = o.max_context > 0 ? o.max_context : dflt;
     DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
     runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
+    runner_->set_sampled_vocab(tok_->vocab_size());  // ids past it: embedding padding
     opts_ = o;
     page_size_ = o.page_size;
   }
@@ -140,7 +141,7 @@ class LocalEngine final : public Engine {
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
                           const std::function<bool(const std::string&)>& on_text) override {
     DHS_CHECK(opts.max_tokens >= 0, "max_tokens must be >= 0, got {}", opts.max_tokens);
-    Sampler sampler(opts.sampling);
+    runner_->begin_request(kSlot, opts.sampling);  // checks the sampling parameters first
     GenerateResult res;
     res.n_prompt = static_cast<int64_t>(prompt.size());
     PageTable table = new_table();
@@ -151,21 +152,20 @@ class LocalEngine final : public Engine {
       ~Release() { t.release(p); }
     } release{table, runner_->pages()};
 
-    std::vector<int32_t> history = prompt;
-    std::vector<float> logits;
+    std::vector<int32_t> history = prompt;  // what the repetition penalty reads
     const auto t0 = Clock::now();
-    prefill(table, prompt, &logits);
+    // The prompt's last chunk samples the first token (on the device where there is one).
+    int32_t next = prefill(table, prompt, nullptr, opts.max_tokens > 0 ? &history : nullptr);
     res.prompt_seconds = seconds_since(t0);
     runner_->take_page_counts();  // count decode steps only
 
     StreamDecoder dec(*tok_, /*skip_special=*/true);
     StopMatcher stops(opts.stop);
-    const int64_t n_sampled = tok_->vocab_size();  // logits past it: embedding padding, masked
     const auto& stop_ids = tok_->stop_ids();
     auto t_decode = Clock::now();
     res.finish_reason = "length";
     for (int64_t i = 0; i < opts.max_tokens; ++i) {
-      const int32_t id = sampler.sample(logits.data(), n_sampled, history);
+      const int32_t id = next;
       if (i == 0) t_decode = Clock::now();
       if (!opts.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
         res.finish_reason = "stop";
@@ -187,7 +187,7 @@ class LocalEngine final : public Engine {
       // The context holds the prompt and every generated token (vLLM's max_model_len): when the
       // token just sampled fills it, generation ends as at max_tokens, with finish "length".
       if (table.n_tokens() + 1 >= max_ctx_) break;
-      step(table, &id, 1, &logits);
+      next = step(table, &id, 1, nullptr, &history);
     }
     if (res.finish_reason != "stop" || !stops.stopped()) {
       const std::string tail = stops.finish(dec.flush());
@@ -241,22 +241,41 @@ class LocalEngine final : public Engine {
     return PageTable(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), page_size_);
   }
 
-  void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) {
+  // A batch of one: n tokens of the request in kSlot, its pages reserved first. Copies its
+  // last-row logits ([vocab]) to `logits` when given; samples its next token (returned, -1
+  // when not) when `history` is given.
+  int32_t step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits,
+               const std::vector<int32_t>* history = nullptr) {
     PagePool& pool = runner_->pages();
     DHS_CHECK(table.reserve(pool, n), "out of KV pages ({} free, {} needed)", pool.n_free(), table.pages_needed(n));
-    runner_->step(table, ids, n, logits);
+    const StepRequest r{&table, kSlot, ids, n, history != nullptr, history};
+    runner_->step({r}, &out_, logits != nullptr);
+    if (logits) logits->swap(out_.logits);
+    return out_.sampled.at(0);
   }
 
-  void prefill(PageTable& table, const std::vector<int32_t>& prompt, std::vector<float>* logits) {
+  // The prompt, checked against the context, in chunks.
+  int32_t prefill(PageTable& table, const std::vector<int32_t>& prompt, std::vector<float>* logits,
+                  const std::vector<int32_t>* history = nullptr) {
     DHS_CHECK(!prompt.empty(), "empty prompt");
     DHS_CHECK(static_cast<int64_t>(prompt.size()) < max_ctx_,
               "prompt has {} tokens; the context holds {} (raise --ctx-size up to the model's {})", prompt.size(),
               max_ctx_, runner_->config().max_context);
+    return append_chunks(table, prompt, logits, history);
+  }
+
+  // Tokens in chunks of the runner's step size; only the last chunk has an output (logits,
+  // sampled token: as step()).
+  int32_t append_chunks(PageTable& table, const std::vector<int32_t>& ids, std::vector<float>* logits,
+                        const std::vector<int32_t>* history = nullptr) {
     const int64_t chunk = runner_->max_step_tokens();
-    for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
-      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(prompt.size() - b));
-      step(table, prompt.data() + b, n, logits);
+    int32_t sampled = -1;
+    for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(chunk)) {
+      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size() - b));
+      const bool last = b + static_cast<size_t>(n) == ids.size();
+      sampled = step(table, ids.data() + b, n, last ? logits : nullptr, last ? history : nullptr);
     }
+    return sampled;
   }
 
   friend class LocalSession;
@@ -265,6 +284,8 @@ class LocalEngine final : public Engine {
   std::unique_ptr<ChatTemplate> chat_;
   std::string chat_error_;  // why the model's own template could not be used ("" if it could)
   std::unique_ptr<StepRunner> runner_;
+  StepOutput out_;                 // the last step's outputs (buffers reused)
+  static constexpr int kSlot = 0;  // one request at a time: it runs in the runner's slot 0
   int64_t max_ctx_ = 0;
   int page_size_ = 16;
   EngineOptions opts_;  // estimator and combine rule for set_sparse_policy
@@ -282,11 +303,7 @@ class LocalSession final : public Session {
               e_.max_ctx_);
     for (const int32_t id : ids)
       DHS_CHECK(id >= 0 && id < e_.runner_->config().vocab_size, "token id {} out of range", id);
-    const int64_t chunk = e_.runner_->max_step_tokens();
-    for (size_t b = 0; b < ids.size(); b += static_cast<size_t>(chunk)) {
-      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(ids.size() - b));
-      e_.step(table_, ids.data() + b, n, logits);
-    }
+    e_.append_chunks(table_, ids, logits);
   }
   void truncate(int64_t n_tokens) override {
     DHS_CHECK(n_tokens >= 0 && n_tokens <= table_.n_tokens(), "truncate to {} of {} tokens", n_tokens, table_.n_tokens());

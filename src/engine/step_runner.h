@@ -1,6 +1,9 @@
-// What the engine needs from a backend: a page allocator for its KV pool and
-// one forward step of one request. The CPU runner wraps LlamaCpu over a host
-// pool; the CUDA runner wraps LlamaCuda over the HBM pool (graph-captured decode).
+// What the engine needs from a backend: a page allocator for its KV pool and one
+// batched forward step. A step runs any mix of requests, each its own rows: a prefill
+// chunk or one decode token, over its own page table, and samples each request's next
+// token where asked, on the device where there is one. The CPU runner wraps LlamaCpu
+// over a host pool; the CUDA runner wraps LlamaCuda over the HBM pool (graph-captured
+// decode). `generate` is a batch of one; the scheduler of the serving issue fills it.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -15,15 +18,38 @@
 
 namespace dhs {
 
+// One request's part of a step.
+struct StepRequest {
+  PageTable* table = nullptr;       // the request's KV; capacity reserved for the new tokens
+  int slot = 0;                     // the request's row of per-request backend state, [0, max_batch())
+  const int32_t* tokens = nullptr;  // [n_new] appended at positions table->n_tokens() ...
+  int64_t n_new = 0;
+  // Sample this request's next token after its last row (begin_request set its parameters);
+  // history: its tokens so far, prompt included (the repetition penalty reads them).
+  bool sample = false;
+  const std::vector<int32_t>* history = nullptr;
+};
+
+struct StepOutput {
+  std::vector<float> logits;     // [n_requests, vocab] last-row logits, when the step was asked for them
+  std::vector<int32_t> sampled;  // [n_requests] next token of each request that asked, -1 elsewhere
+};
+
 class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual const ModelConfig& config() const = 0;
   virtual PagePool& pages() = 0;  // allocator / accounting of the KV pool
-  // Runs n new tokens of one request whose table has room for them, commits them,
-  // and writes the last token's logits ([vocab]).
-  virtual void step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits) = 0;
-  virtual int64_t max_step_tokens() const = 0;  // prefill chunk
+  virtual int max_batch() const = 0;            // requests per step
+  virtual int64_t max_step_tokens() const = 0;  // tokens per step over all requests (prefill chunk)
+  // Ids a sampler may return: [0, n). Logits past the tokenizer's vocabulary are padding of
+  // the embedding (Qwen2.5 pads to a multiple of 128) and never sampled. Default: the model's vocab.
+  virtual void set_sampled_vocab(int64_t n) = 0;
+  // A request starts in `slot`: its sampling parameters, and its RNG seeded from p.seed.
+  virtual void begin_request(int slot, const SamplingParams& p) = 0;
+  // Runs every request's new tokens (each table has room for them), commits them, samples
+  // where asked, and copies the last-row logits to the host when want_logits.
+  virtual void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) = 0;
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
   // Pages read by sparse decode steps since the last call, then reset.

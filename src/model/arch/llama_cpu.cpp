@@ -231,6 +231,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     dump("l_out", l, x.data(), T, H);
   }
   for (const Seq& s : batch) s.table->commit(s.n_new);
+  if (!logits) return;  // a prefill chunk before the last: no output head
 
   // Rows whose logits are wanted: all, or each sequence's last token.
   std::vector<int64_t> rows;

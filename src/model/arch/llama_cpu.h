@@ -54,7 +54,7 @@ class LlamaCpu {
   };
   // Runs the new tokens of every sequence through the model, appends their K/V
   // and commits them to each table. logits: [n_seqs, vocab] for each sequence's
-  // last token, or [sum n_new, vocab] when all_logits.
+  // last token, or [sum n_new, vocab] when all_logits; null: no output head.
   void forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
                bool all_logits = false);
 
