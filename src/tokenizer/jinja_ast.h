@@ -41,6 +41,9 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind;
   SourcePos pos;
+  // Levels of the tree below and including this node: the evaluator's recursion
+  // depth over it, bounded by kMaxExprDepth at parse time.
+  int height = 1;
   std::string name;                 // Name / GetAttr / Filter / Test name; Binary operator
   Value value;                      // Literal
   ExprPtr obj;                      // the operand the node applies to

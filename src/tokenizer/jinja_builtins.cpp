@@ -18,11 +18,10 @@
 namespace dhs::jinja {
 namespace {
 
-// Code point index -> byte offset, with Python's clamping of negative/oversized indices.
-size_t cp_to_byte(const std::vector<size_t>& offs, int64_t idx) {
-  const int64_t n = static_cast<int64_t>(offs.size()) - 1;
-  if (idx < 0) idx = std::max<int64_t>(0, idx + n);
-  return offs[static_cast<size_t>(std::min(idx, n))];
+// Code point index -> byte offset, with Python's clamping of negative/oversized
+// indices (walked to: indexing every code point costs 8 bytes each).
+size_t cp_to_byte(std::string_view s, const Args& p, size_t i, const char* what) {
+  return p.has(i) ? utf8_byte_at(s, p.integer(i, 0, what)) : (i == 1 ? 0 : s.size());
 }
 
 
@@ -99,7 +98,7 @@ bool run_test(Interpreter& in, const std::string& name, const Value& v, CallArgs
   if (name == "in") {
     CallArgs sub;
     const Value& seq = one("in");
-    if (seq.is_string()) return v.is_string() && seq.str().find(v.str()) != std::string::npos;
+    if (seq.is_string()) return v.is_string() && find_sub(seq.str(), v.str(), 0) != std::string::npos;
     if (seq.is_dict()) return seq.object().find(v) != nullptr;
     for (const auto& x : iterate(seq))
       if (py_eq(x, v)) return true;
@@ -130,8 +129,20 @@ bool is_known_test(const std::string& name) {
 // ---------------------------------------------------------------------------
 // methods
 
+// A method bound to its object. Each call costs a pass over the object: a bound
+// method held in a variable and called in a loop never copies the object, so the
+// charge is here (strings cost their bytes, containers a step per 4 slots).
+void charge_call(const Value& self) {
+  if (self.is_string()) charge_bytes(self.str().size());
+  else if (self.is_array()) charge_steps(static_cast<int64_t>(self.array().items.size() / 4));
+  else if (self.is_dict()) charge_steps(static_cast<int64_t>(self.object().items.size() / 4));
+}
+
 Value bound(const Value& self, const std::string& name, Value (*fn)(const Value&, CallArgs&)) {
-  return Value::function(name, [self, fn](Interpreter&, CallArgs& a) { return fn(self, a); });
+  return Value::function(name, [self, fn](Interpreter&, CallArgs& a) {
+    charge_call(self);
+    return fn(self, a);
+  });
 }
 
 Value m_strip_impl(const Value& s, CallArgs& a, bool left, bool right) {
@@ -154,10 +165,8 @@ Value m_split_impl(const Value& s, CallArgs& a, bool from_right) {
 // startswith/endswith(prefix | tuple of prefixes, start=None, end=None)
 Value m_affix_impl(const Value& s, CallArgs& a, bool at_end) {
   Args p(at_end ? "endswith" : "startswith", a, {"prefix", "start", "end"});
-  const auto offs = utf8_offsets(s.str());
-  const int64_t n = static_cast<int64_t>(offs.size()) - 1;
-  const size_t b = cp_to_byte(offs, p.integer(1, 0, "start"));
-  const size_t e = cp_to_byte(offs, p.integer(2, n, "end"));
+  const size_t b = cp_to_byte(s.str(), p, 1, "start");
+  const size_t e = cp_to_byte(s.str(), p, 2, "end");
   const std::string_view sub = b <= e ? std::string_view(s.str()).substr(b, e - b) : std::string_view();
   const Value& arg = p.get(0, Value::none());
   std::vector<Value> cands = arg.is_tuple() ? arg.array().items : std::vector<Value>{arg};
@@ -173,14 +182,12 @@ Value m_affix_impl(const Value& s, CallArgs& a, bool at_end) {
 Value m_find_impl(const Value& s, CallArgs& a, bool from_right, bool raise) {
   Args p(from_right ? "rfind" : "find", a, {"sub", "start", "end"});
   const std::string sub = need_str(p.get(0, Value::none()), "substring");
-  const auto offs = utf8_offsets(s.str());
-  const int64_t n = static_cast<int64_t>(offs.size()) - 1;
-  const size_t b = cp_to_byte(offs, p.integer(1, 0, "start"));
-  const size_t e = cp_to_byte(offs, p.integer(2, n, "end"));
+  const size_t b = cp_to_byte(s.str(), p, 1, "start");
+  const size_t e = cp_to_byte(s.str(), p, 2, "end");
   size_t pos = std::string::npos;
   if (b <= e) {
     const std::string_view hay = std::string_view(s.str()).substr(b, e - b);
-    const size_t r = from_right ? hay.rfind(sub) : hay.find(sub);
+    const size_t r = from_right ? rfind_sub(hay, sub) : find_sub(hay, sub, 0);
     if (r != std::string_view::npos) pos = b + r;
   }
   if (pos == std::string::npos) {
@@ -240,9 +247,11 @@ Value str_method(const Value& self, const std::string& name) {
       std::string out;
       bool first = true;
       for (const auto& x : iterate(arg0("join", a))) {
+        const std::string& piece = need_str(x, "sequence item");
+        check_string_size(out.size() + (first ? 0 : s.str().size()) + piece.size(), "join");
         if (!first) out += s.str();
         first = false;
-        out += need_str(x, "sequence item");
+        out += piece;
       }
       return Value::string(std::move(out));
     });
@@ -278,8 +287,11 @@ Value str_method(const Value& self, const std::string& name) {
       const std::string fill = p.str(1).value_or(" ");
       const int64_t len = static_cast<int64_t>(utf8_length(self.str()));
       if (mode == 'c') return Value::string(py_center(self.str(), width, fill));
+      const uint64_t n_pad = width > len ? static_cast<uint64_t>(width - len) : 0;
+      check_string_size(self.str().size() + checked_mul(n_pad, fill.size(), "ljust"), mode == 'l' ? "ljust" : "rjust");
       std::string pad;
-      for (int64_t i = len; i < width; ++i) pad += fill;
+      pad.reserve(n_pad * fill.size());
+      for (uint64_t i = 0; i < n_pad; ++i) pad += fill;
       return Value::string(mode == 'l' ? self.str() + pad : pad + self.str());
     });
   }
@@ -290,6 +302,7 @@ Value str_method(const Value& self, const std::string& name) {
       std::string str = s.str();
       const int64_t len = static_cast<int64_t>(utf8_length(str));
       if (len >= width) return s;
+      check_string_size(str.size() + static_cast<uint64_t>(width - len), "zfill");
       std::string sign;
       if (!str.empty() && (str[0] == '+' || str[0] == '-')) {
         sign = str.substr(0, 1);
@@ -401,16 +414,26 @@ Value percent_format(const std::string& fmt, const Value& args) {
     }
     std::string flags;
     while (i < fmt.size() && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos) flags += fmt[i++];
+    // Width and precision come from the template (or its arguments, with "*"): both
+    // size the result, so both are checked before anything is formatted.
+    const int64_t max_width = static_cast<int64_t>(max_string_bytes());
     auto number = [&](const char* what) -> std::optional<int64_t> {
+      int64_t n = 0;
       if (i < fmt.size() && fmt[i] == '*') {
         ++i;
         const Value& w = take();
         if (!w.is_integral()) throw JinjaError(fmt::format("* wants int {}", what));
-        return w.as_int();
+        n = w.as_int();
+        if (n < 0) {
+          if (what[0] == 'p') return 0;  // CPython ignores a negative precision
+          flags += '-';                  // and left-justifies for a negative width
+          n = n == INT64_MIN ? INT64_MAX : -n;
+        }
+      } else {
+        if (i >= fmt.size() || fmt[i] < '0' || fmt[i] > '9') return std::nullopt;
+        while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') n = std::min(n * 10 + (fmt[i++] - '0'), max_width + 1);
       }
-      if (i >= fmt.size() || fmt[i] < '0' || fmt[i] > '9') return std::nullopt;
-      int64_t n = 0;
-      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') n = std::min<int64_t>(n * 10 + (fmt[i++] - '0'), 1 << 20);
+      if (n > max_width) fail_string_size("format", static_cast<size_t>(n));
       return n;
     };
     std::optional<int64_t> width = number("width"), prec;
@@ -429,40 +452,55 @@ Value percent_format(const std::string& fmt, const Value& args) {
     std::string body;
     if (conv == 's' || conv == 'r' || conv == 'a') {
       body = conv == 's' ? to_str(v) : repr(v);
-      if (prec) {
-        const auto offs = utf8_offsets(body);
-        if (static_cast<size_t>(*prec) + 1 < offs.size()) body.resize(offs[static_cast<size_t>(*prec)]);
-      }
+      if (prec) body.resize(utf8_byte_at(body, *prec));
       const int64_t len = static_cast<int64_t>(utf8_length(body));
       if (width && *width > len) {
         const std::string pad(static_cast<size_t>(*width - len), ' ');
         body = flags.find('-') != std::string::npos ? body + pad : pad + body;
       }
+      check_string_size(out.size() + body.size(), "format");
       out += body;
       continue;
     }
     std::string spec = fmt::format("%{}{}{}", flags, width ? std::to_string(*width) : std::string(),
                                    prec ? fmt::format(".{}", *prec) : std::string());
-    char buf[512];
+    // printf into a buffer of the size it asks for (checked), since width and
+    // precision may make the text long.
+    auto print = [&](auto x) {
+      const int n = std::snprintf(nullptr, 0, spec.c_str(), x);
+      if (n < 0) throw JinjaError("format: invalid conversion");
+      check_string_size(out.size() + static_cast<size_t>(n), "format");
+      const size_t at = out.size();
+      out.resize(at + static_cast<size_t>(n) + 1);
+      std::snprintf(out.data() + at, static_cast<size_t>(n) + 1, spec.c_str(), x);
+      out.resize(at + static_cast<size_t>(n));
+    };
     if (conv == 'd' || conv == 'i' || conv == 'u' || conv == 'o' || conv == 'x' || conv == 'X' || conv == 'c') {
       int64_t n;
-      if (v.is_integral()) n = v.as_int();
-      else if (v.is_float() && (conv == 'd' || conv == 'i' || conv == 'u')) n = static_cast<int64_t>(v.as_float());
-      else throw JinjaError(fmt::format("%{} format: a number is required, not {}", conv, type_name(v)));
+      if (v.is_integral()) {
+        n = v.as_int();
+      } else if (v.is_float() && (conv == 'd' || conv == 'i' || conv == 'u')) {
+        const double d = v.as_float();
+        if (std::isnan(d)) throw JinjaError("cannot convert float NaN to integer");
+        if (!(d > -9.2e18 && d < 9.2e18)) throw JinjaError("integer overflow");  // Python ints are unbounded
+        n = static_cast<int64_t>(d);
+      } else {
+        throw JinjaError(fmt::format("%{} format: a number is required, not {}", conv, type_name(v)));
+      }
       if (conv == 'c') {
+        if (n < 0 || n > 0x10FFFF) throw JinjaError("%c arg not in range(0x110000)");
         utf8_append(out, static_cast<char32_t>(n));
         continue;
       }
       spec += std::string("ll") + (conv == 'u' || conv == 'i' ? 'd' : conv);
-      std::snprintf(buf, sizeof(buf), spec.c_str(), static_cast<long long>(n));
+      print(static_cast<long long>(n));
     } else if (std::string_view("eEfFgG").find(conv) != std::string_view::npos) {
       if (!v.is_number()) throw JinjaError(fmt::format("must be real number, not {}", type_name(v)));
       spec += conv;
-      std::snprintf(buf, sizeof(buf), spec.c_str(), v.as_float());
+      print(v.as_float());
     } else {
       throw JinjaError(fmt::format("unsupported format character '{}'", conv));
     }
-    out += buf;
   }
   // CPython skips this check when args has __getitem__ (a list, a dict) but is not a tuple or str.
   const bool getitem = mapping || args.kind() == Kind::List;

@@ -134,6 +134,13 @@ std::optional<double> parse_float(std::string_view s) {
 }
 
 
+// A sort makes about n log2 n comparisons: charge them before starting.
+void charge_sort(size_t n) {
+  int64_t log2n = 1;
+  while ((size_t{1} << log2n) < n) ++log2n;
+  charge_steps(static_cast<int64_t>(n) * log2n / 4);
+}
+
 // ---------------------------------------------------------------------------
 // filters
 
@@ -141,7 +148,10 @@ using FilterFn = Value (*)(Interpreter&, const Value&, CallArgs&);
 
 Value f_abs(Interpreter&, const Value& v, CallArgs& a) {
   no_args("abs", a);
-  if (v.is_integral()) return Value::integer(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  if (v.is_integral()) {
+    if (v.as_int() == INT64_MIN) throw JinjaError("integer overflow");
+    return Value::integer(v.as_int() < 0 ? -v.as_int() : v.as_int());
+  }
   if (v.is_float()) return Value::number(std::fabs(v.as_float()));
   if (v.is_undefined()) fail_undefined(v);
   throw JinjaError(fmt::format("bad operand type for abs(): '{}'", type_name(v)));
@@ -161,6 +171,8 @@ Value f_batch(Interpreter&, const Value& v, CallArgs& a) {
   Args p("batch", a, {"linecount", "fill_with"});
   const int64_t n = p.integer(0, 0, "linecount");
   if (n <= 0) throw JinjaError("batch size must be positive");
+  // fill_with pads the last batch to n items: size it first.
+  if (p.has(1)) check_list_size(static_cast<uint64_t>(n), "batch");
   std::vector<Value> out, cur;
   for (auto& x : iterate(v)) {
     cur.push_back(std::move(x));
@@ -199,6 +211,7 @@ Value f_dictsort(Interpreter& in, const Value& v, CallArgs& a) {
   const bool cs = p.flag(0, false), rev = p.flag(2, false);
   std::vector<Value> items;
   for (const auto& [k, x] : v.object().items) items.push_back(Value::tuple({k, x}));
+  charge_sort(items.size());
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
     const Value kx = sort_key(in, x.array().items[by == "key" ? 0 : 1], Value::none(), cs, false);
     const Value ky = sort_key(in, y.array().items[by == "key" ? 0 : 1], Value::none(), cs, false);
@@ -273,11 +286,19 @@ Value f_indent(Interpreter&, const Value& v, CallArgs& a) {
   if (!v.is_string()) throw JinjaError(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
   const Value w = p.get(0, Value::integer(4));
   std::string ind;
-  if (w.is_string()) ind = w.str();
-  else if (w.is_integral()) ind.assign(static_cast<size_t>(std::max<int64_t>(0, w.as_int())), ' ');
-  else throw JinjaError("indent width must be an integer or a string");
+  if (w.is_string()) {
+    ind = w.str();
+  } else if (w.is_integral()) {
+    const uint64_t width = static_cast<uint64_t>(std::max<int64_t>(0, w.as_int()));
+    check_string_size(width, "indent");
+    ind.assign(static_cast<size_t>(width), ' ');
+  } else {
+    throw JinjaError("indent width must be an integer or a string");
+  }
   const std::string s = v.str() + "\n";
   const auto lines = py_splitlines(s, false);
+  // The indent is repeated on every line: size the result before building it.
+  check_string_size(s.size() + checked_mul(lines.size() + 1, ind.size(), "indent"), "indent");
   std::string rv;
   if (p.flag(2, false)) {
     for (size_t i = 0; i < lines.size(); ++i) {
@@ -311,9 +332,11 @@ Value f_join(Interpreter& in, const Value& v, CallArgs& a) {
   std::string out;
   bool first = true;
   for (const auto& x : iterate(v)) {
+    const std::string piece = to_str(p.has(1) ? get_path(in, x, p.get(1, Value::none())) : x);
+    check_string_size(out.size() + (first ? 0 : sep.size()) + piece.size(), "join");
     if (!first) out += sep;
     first = false;
-    out += to_str(p.has(1) ? get_path(in, x, p.get(1, Value::none())) : x);
+    out += piece;
   }
   return Value::string(std::move(out));
 }
@@ -428,9 +451,14 @@ Value f_replace(Interpreter&, const Value& v, CallArgs& a) {
 Value f_reverse(Interpreter&, const Value& v, CallArgs& a) {
   no_args("reverse", a);
   if (v.is_string()) {
-    const auto offs = utf8_offsets(v.str());
+    const std::string& str = v.str();
     std::string out;
-    for (size_t k = offs.size() - 1; k > 0; --k) out += v.str().substr(offs[k - 1], offs[k] - offs[k - 1]);
+    out.reserve(str.size());
+    for (size_t e = str.size(); e > 0;) {
+      const size_t b = utf8_prev(str, e);
+      out.append(str, b, e - b);
+      e = b;
+    }
     return Value::string(std::move(out));
   }
   auto items = iterate(v);
@@ -440,7 +468,8 @@ Value f_reverse(Interpreter&, const Value& v, CallArgs& a) {
 
 Value f_round(Interpreter&, const Value& v, CallArgs& a) {
   Args p("round", a, {"precision", "method"});
-  const int64_t prec = p.integer(0, 0, "precision");
+  // Beyond +-400 digits every double rounds to itself or to 0; clamping keeps -prec defined.
+  const int64_t prec = std::clamp<int64_t>(p.integer(0, 0, "precision"), -400, 400);
   const std::string method = p.str(1).value_or("common");
   if (method != "common" && method != "ceil" && method != "floor")
     throw JinjaError("method must be common, ceil or floor");
@@ -475,6 +504,7 @@ Value f_sort(Interpreter& in, const Value& v, CallArgs& a) {
   const bool rev = p.flag(0, false), cs = p.flag(1, false);
   const Value attr = p.get(2, Value::none());
   auto items = iterate(v);
+  charge_sort(items.size());
   std::vector<std::pair<Value, Value>> keyed;
   for (auto& x : items) keyed.emplace_back(sort_key(in, x, attr, cs, true), std::move(x));
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
@@ -510,7 +540,8 @@ Value f_tojson(Interpreter&, const Value& v, CallArgs& a) {
   if (p.has(1)) {
     const Value& ind = p.get(1, Value::none());
     if (ind.is_string()) st.indent_str = ind.str();
-    else if (ind.is_integral()) st.indent = static_cast<int>(std::max<int64_t>(0, ind.as_int()));
+    else if (ind.is_integral())  // past the size limit every newline would fail anyway
+      st.indent = static_cast<int>(std::clamp<int64_t>(ind.as_int(), 0, static_cast<int64_t>(max_string_bytes()) + 1));
     else throw JinjaError("tojson indent must be an integer or a string");
     st.item_sep.resize(1);  // json.dumps: (",", ": ") when indenting
   }
@@ -538,6 +569,7 @@ Value f_unique(Interpreter& in, const Value& v, CallArgs& a) {
   for (auto& x : iterate(v)) {
     Value k = sort_key(in, x, attr, cs, false);
     if (k.kind() == Kind::List || k.is_dict()) throw JinjaError(fmt::format("unhashable type: '{}'", type_name(k)));
+    charge_steps(static_cast<int64_t>(seen.size() / 4 + 1));  // quadratic: the budget bounds it
     if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return py_eq(s, k); })) {
       seen.push_back(std::move(k));
       out.push_back(std::move(x));

@@ -6,6 +6,7 @@
 #include "tokenizer/jinja_interpreter.h"
 
 #include <cmath>
+#include <iterator>
 #include <optional>
 
 #include <fmt/format.h>
@@ -56,21 +57,23 @@ int64_t mul_i(int64_t a, int64_t b) {
   return r;
 }
 
-Value repeat(const Value& seq, int64_t n, size_t max_bytes) {
+// str * n and list * n, sized before anything is built.
+Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
   if (seq.is_string()) {
-    if (!seq.str().empty() && static_cast<uint64_t>(n) > max_bytes / seq.str().size())
-      throw JinjaError("string repetition result too large");
+    const size_t bytes = checked_mul(static_cast<uint64_t>(n), seq.str().size(), "string repetition");
+    check_string_size(bytes, "string repetition");
     std::string out;
-    out.reserve(seq.str().size() * static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) out += seq.str();
+    out.reserve(bytes);
+    for (int64_t i = 0; i < n && !seq.str().empty(); ++i) out += seq.str();
     return Value::string(std::move(out));
   }
   const auto& items = seq.array().items;
-  if (!items.empty() && static_cast<uint64_t>(n) > (size_t{1} << 24) / items.size())
-    throw JinjaError("list repetition result too large");
+  if (!items.empty() && static_cast<uint64_t>(n) > max_list_items() / items.size())
+    fail_list_size("list repetition", max_list_items() + 1);
   std::vector<Value> out;
-  for (int64_t i = 0; i < n; ++i) out.insert(out.end(), items.begin(), items.end());
+  out.reserve(items.size() * static_cast<size_t>(items.empty() ? 0 : n));
+  for (int64_t i = 0; i < n && !items.empty(); ++i) out.insert(out.end(), items.begin(), items.end());
   return seq.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
 }
 
@@ -103,9 +106,10 @@ bool contains(const Value& container, const Value& item) {
     case Kind::String:
       if (!item.is_string())
         throw JinjaError(fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
-      return container.str().find(item.str()) != std::string::npos;
+      return find_sub(container.str(), item.str(), 0) != std::string::npos;
     case Kind::List:
     case Kind::Tuple:
+      charge_steps(static_cast<int64_t>(container.array().items.size() / 4 + 1));
       for (const auto& x : container.array().items)
         if (py_eq(x, item)) return true;
       return false;
@@ -124,24 +128,56 @@ std::optional<int64_t> slice_bound(const Value& v) {
   return v.as_int();
 }
 
+// Calls f(i) for i = start, start + step, ... while before stop (Python's slice walk),
+// without overflowing on a huge step.
+template <class F>
+void for_slice(int64_t start, int64_t stop, int64_t step, F&& f) {
+  const uint64_t ustep = step > 0 ? static_cast<uint64_t>(step) : static_cast<uint64_t>(-(step + 1)) + 1;
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    f(i);
+    const uint64_t room = step > 0 ? static_cast<uint64_t>(stop - i) : static_cast<uint64_t>(i - stop);
+    if (room <= ustep) break;
+    i += step;
+  }
+}
+
 }  // namespace
+
+Interpreter::Nest::Nest(Interpreter& in) : in_(in) {
+  if (in.depth_ >= in.limits_.max_eval_depth)
+    throw JinjaError(fmt::format("template nested more than {} levels deep (statements, expressions and macro calls)",
+                                 in.limits_.max_eval_depth));
+  ++in.depth_;
+  charge_steps(1);
+}
 
 std::string Interpreter::render(const TemplateAst& ast, const Value& context) {
   DHS_ASSERT(context.is_dict());
   call_depth_ = 0;
+  depth_ = 0;
   loop_iterations_ = 0;
+  RenderBudget budget(limits_);
+  // Cleanup runs after every value of the render is gone or unreachable: macro
+  // closures and namespaces may hold themselves (a macro stored in the scope it
+  // closes over, ns.self = ns), so clearing them breaks the cycles.
+  struct Cleanup {
+    std::vector<ScopePtr>& scopes;
+    RenderBudget& budget;
+    ~Cleanup() {
+      for (auto& s : scopes) s->vars.clear();
+      scopes.clear();
+      for (auto& ns : budget.namespaces) {
+        auto items = std::move(ns->items);
+        ns->items.clear();
+      }
+    }
+  } cleanup{closures_, budget};
+  const BudgetScope counting(budget);
   auto globals = std::make_shared<Scope>();
   add_globals(globals->vars);
   auto top = std::make_shared<Scope>();
   top->parent = globals;
   for (const auto& [k, v] : context.object().items) top->vars[to_str(k)] = v;
-  struct ClosureReset {
-    std::vector<ScopePtr>& scopes;
-    ~ClosureReset() {
-      for (auto& s : scopes) s->vars.clear();
-      scopes.clear();
-    }
-  } reset{closures_};
   std::string out;
   exec(ast.body, top, out);
   return out;
@@ -167,6 +203,7 @@ Interpreter::Flow Interpreter::exec(const Body& body, const ScopePtr& scope, std
 }
 
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
+  const Nest nest(*this);
   switch (s.kind) {
     case StmtKind::Text: append(out, s.text); return Flow::Normal;
     case StmtKind::Print: {
@@ -234,31 +271,41 @@ void Interpreter::exec_for(const Stmt& s, const ScopePtr& scope, std::string& ou
     return;
   }
   const int64_t n = static_cast<int64_t>(items.size());
+  // One loop object per loop, updated in place each iteration (jinja2's LoopContext
+  // is one object too): building a fresh 12-entry dict was most of an iteration's cost.
+  enum { kIndex, kIndex0, kRevindex, kRevindex0, kFirst, kLast, kLength, kDepth, kDepth0, kPrev, kNext, kCycle };
+  static constexpr const char* kKeys[] = {"index", "index0", "revindex", "revindex0", "first", "last",
+                                          "length", "depth", "depth0", "previtem", "nextitem", "cycle"};
+  auto index0 = std::make_shared<int64_t>(0);
+  Value loop = Value::dict();
+  auto& o = loop.object().items;
+  o.reserve(std::size(kKeys));
+  for (const char* k : kKeys) o.emplace_back(Value::string(k), Value());
+  o[kLength].second = Value::integer(n);
+  o[kDepth].second = Value::integer(1);
+  o[kDepth0].second = Value::integer(0);
+  o[kPrev].second = Value::undefined("there is no previous item");
+  o[kCycle].second = Value::function("loop.cycle", [index0](Interpreter&, CallArgs& a) {
+    if (a.pos.empty()) throw JinjaError("no items for cycling given");
+    return a.pos[static_cast<size_t>(*index0) % a.pos.size()];
+  });
   for (int64_t i = 0; i < n; ++i) {
     if (++loop_iterations_ > limits_.max_loop_iterations)
       throw JinjaError(fmt::format("more than {} loop iterations", limits_.max_loop_iterations));
+    charge_steps(4);  // a fresh scope: a few allocations
     auto body_scope = std::make_shared<Scope>();
     body_scope->parent = scope;
     assign(s.target, items[i], *body_scope, body_scope);
-    Value loop = Value::dict();
-    auto& o = loop.object().items;
-    o.reserve(12);
-    o.emplace_back(Value::string("index"), Value::integer(i + 1));
-    o.emplace_back(Value::string("index0"), Value::integer(i));
-    o.emplace_back(Value::string("revindex"), Value::integer(n - i));
-    o.emplace_back(Value::string("revindex0"), Value::integer(n - i - 1));
-    o.emplace_back(Value::string("first"), Value::boolean(i == 0));
-    o.emplace_back(Value::string("last"), Value::boolean(i == n - 1));
-    o.emplace_back(Value::string("length"), Value::integer(n));
-    o.emplace_back(Value::string("depth"), Value::integer(1));
-    o.emplace_back(Value::string("depth0"), Value::integer(0));
-    o.emplace_back(Value::string("previtem"), i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
-    o.emplace_back(Value::string("nextitem"), i + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
-    o.emplace_back(Value::string("cycle"), Value::function("loop.cycle", [i](Interpreter&, CallArgs& a) {
-                     if (a.pos.empty()) throw JinjaError("no items for cycling given");
-                     return a.pos[static_cast<size_t>(i) % a.pos.size()];
-                   }));
-    body_scope->vars["loop"] = std::move(loop);
+    *index0 = i;
+    o[kIndex].second = Value::integer(i + 1);
+    o[kIndex0].second = Value::integer(i);
+    o[kRevindex].second = Value::integer(n - i);
+    o[kRevindex0].second = Value::integer(n - i - 1);
+    o[kFirst].second = Value::boolean(i == 0);
+    o[kLast].second = Value::boolean(i == n - 1);
+    if (i > 0) o[kPrev].second = items[i - 1];
+    o[kNext].second = i + 1 < n ? items[i + 1] : Value::undefined("there is no next item");
+    body_scope->vars["loop"] = loop;
     if (exec(s.body, body_scope, out) == Flow::Break) break;
   }
 }
@@ -292,6 +339,7 @@ Value Interpreter::make_macro(const Stmt& s, const ScopePtr& scope) {
   return Value::function(name, [def, closure, name](Interpreter& in, CallArgs& a) {
     if (in.call_depth_ >= in.limits_.max_call_depth)
       throw JinjaError(fmt::format("macro '{}' nested more than {} calls deep", name, in.limits_.max_call_depth));
+    const Nest nest(in);
     if (a.pos.size() > def->params.size())
       throw JinjaError(fmt::format("macro '{}' takes not more than {} argument(s)", name, def->params.size()));
     auto local = std::make_shared<Scope>();
@@ -390,11 +438,23 @@ Value Interpreter::get_item(const Value& obj, const Value& key) {
       if (key.is_integral()) {
         int64_t i = key.as_int();
         if (obj.is_string()) {
-          const auto offs = utf8_offsets(obj.str());
-          const int64_t n = static_cast<int64_t>(offs.size()) - 1;
-          if (i < 0) i += n;
-          if (i >= 0 && i < n)
-            return Value::string(obj.str().substr(offs[i], offs[i + 1] - offs[i]));
+          // Walk to the code point instead of indexing all of them (8 bytes each).
+          const std::string& str = obj.str();
+          size_t b = 0;
+          if (i >= 0) {
+            for (int64_t k = 0; k < i && b < str.size(); ++k) utf8_next(str, b);
+          } else {
+            const uint64_t back = static_cast<uint64_t>(-(i + 1)) + 1;  // -i, even for INT64_MIN
+            uint64_t k = 0;
+            b = str.size();
+            for (; k < back && b > 0; ++k) b = utf8_prev(str, b);
+            if (k < back) b = str.size();  // ran out: out of range
+          }
+          if (b < str.size()) {
+            size_t e = b;
+            utf8_next(str, e);
+            return Value::string(str.substr(b, e - b));
+          }
         } else {
           const auto& items = obj.array().items;
           const int64_t n = static_cast<int64_t>(items.size());
@@ -418,6 +478,7 @@ void Interpreter::eval_args(const Expr& e, const ScopePtr& scope, CallArgs& args
 
 Value Interpreter::eval(const Expr& e, const ScopePtr& scope) {
   try {
+    const Nest nest(*this);
     return eval_impl(e, scope);
   } catch (const JinjaError& err) {
     located(e.pos, err.what());
@@ -448,55 +509,10 @@ Value Interpreter::eval_impl(const Expr& e, const ScopePtr& scope) {
       Value obj = eval(*e.obj, scope);
       return get_item(obj, eval(*e.items[0], scope));
     }
-    case ExprKind::Slice: {
-      const Value obj = eval(*e.obj, scope);
-      if (obj.is_undefined()) fail_undefined(obj);
-      std::optional<int64_t> b, en, st;
-      if (e.items[0]) b = slice_bound(eval(*e.items[0], scope));
-      if (e.items[1]) en = slice_bound(eval(*e.items[1], scope));
-      if (e.items[2]) st = slice_bound(eval(*e.items[2], scope));
-      if (!obj.is_string() && !obj.is_array()) throw JinjaError(fmt::format("'{}' object is not subscriptable", type_name(obj)));
-      std::vector<size_t> offs;
-      if (obj.is_string()) offs = utf8_offsets(obj.str());
-      const int64_t len = obj.is_string() ? static_cast<int64_t>(offs.size()) - 1 : static_cast<int64_t>(obj.array().items.size());
-      // Python's slice.indices()
-      const int64_t step = st.value_or(1);
-      if (step == 0) throw JinjaError("slice step cannot be zero");
-      const int64_t lower = step < 0 ? -1 : 0, upper = step < 0 ? len - 1 : len;
-      auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
-        if (!v) return dflt;
-        int64_t x = *v;
-        if (x < 0) x += len;
-        return x < lower ? lower : x > upper ? upper : x;
-      };
-      const int64_t start = clamp(b, step < 0 ? upper : lower), stop = clamp(en, step < 0 ? lower : upper);
-      if (obj.is_string()) {
-        std::string out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out += obj.str().substr(offs[i], offs[i + 1] - offs[i]);
-        return Value::string(std::move(out));
-      }
-      std::vector<Value> out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(obj.array().items[static_cast<size_t>(i)]);
-      return obj.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
-    }
-    case ExprKind::Call: {
-      Value callee = eval(*e.obj, scope);
-      CallArgs args;
-      eval_args(e, scope, args);
-      return call(callee, args);
-    }
-    case ExprKind::Filter: {
-      Value v = eval(*e.obj, scope);
-      CallArgs args;
-      eval_args(e, scope, args);
-      return filter(e.name, v, args);
-    }
-    case ExprKind::Test: {
-      Value v = eval(*e.obj, scope);
-      CallArgs args;
-      eval_args(e, scope, args);
-      return Value::boolean(test(e.name, v, args) != e.negated);
-    }
+    case ExprKind::Slice: return eval_slice(e, scope);
+    case ExprKind::Call:
+    case ExprKind::Filter:
+    case ExprKind::Test: return eval_call(e, scope);
     case ExprKind::Not: return Value::boolean(!truthy(eval(*e.obj, scope)));
     case ExprKind::Neg:
     case ExprKind::Pos: {
@@ -517,6 +533,60 @@ Value Interpreter::eval_impl(const Expr& e, const ScopePtr& scope) {
   return Value();
 }
 
+Value Interpreter::eval_call(const Expr& e, const ScopePtr& scope) {
+  Value v = eval(*e.obj, scope);
+  CallArgs args;
+  eval_args(e, scope, args);
+  if (e.kind == ExprKind::Call) return call(v, args);
+  if (e.kind == ExprKind::Filter) return filter(e.name, v, args);
+  return Value::boolean(test(e.name, v, args) != e.negated);
+}
+
+Value Interpreter::eval_slice(const Expr& e, const ScopePtr& scope) {
+  const Value obj = eval(*e.obj, scope);
+  if (obj.is_undefined()) fail_undefined(obj);
+  std::optional<int64_t> b, en, st;
+  if (e.items[0]) b = slice_bound(eval(*e.items[0], scope));
+  if (e.items[1]) en = slice_bound(eval(*e.items[1], scope));
+  if (e.items[2]) st = slice_bound(eval(*e.items[2], scope));
+  if (!obj.is_string() && !obj.is_array()) throw JinjaError(fmt::format("'{}' object is not subscriptable", type_name(obj)));
+  const int64_t len = obj.is_string() ? static_cast<int64_t>(utf8_length(obj.str()))
+                                      : static_cast<int64_t>(obj.array().items.size());
+  // Python's slice.indices()
+  const int64_t step = st.value_or(1);
+  if (step == 0) throw JinjaError("slice step cannot be zero");
+  const int64_t lower = step < 0 ? -1 : 0, upper = step < 0 ? len - 1 : len;
+  auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
+    if (!v) return dflt;
+    int64_t x = *v;
+    if (x < 0) x += len;
+    return x < lower ? lower : x > upper ? upper : x;
+  };
+  const int64_t start = clamp(b, step < 0 ? upper : lower), stop = clamp(en, step < 0 ? lower : upper);
+  if (obj.is_string()) {
+    // Code points are walked to, not indexed (an index of a long string is 8 bytes per
+    // code point); `at` is the byte offset of code point `at_i`.
+    const std::string& str = obj.str();
+    std::string out;
+    int64_t at_i = start;
+    size_t at = start >= 0 ? utf8_byte_at(str, start) : 0;
+    for_slice(start, stop, step, [&](int64_t i) {
+      if (step > 0) {
+        for (; at_i < i; ++at_i) utf8_next(str, at);
+      } else {
+        for (; at_i > i; --at_i) at = utf8_prev(str, at);
+      }
+      size_t end = at;
+      utf8_next(str, end);
+      out.append(str, at, end - at);
+    });
+    return Value::string(std::move(out));
+  }
+  std::vector<Value> out;
+  for_slice(start, stop, step, [&](int64_t i) { out.push_back(obj.array().items[static_cast<size_t>(i)]); });
+  return obj.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
+}
+
 Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
   const std::string& op = e.name;
   Value a = eval(*e.items[0], scope);
@@ -525,7 +595,9 @@ Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
   const Value b = eval(*e.items[1], scope);
   if (op == "~") {
     std::string s = to_str(a);
-    s += to_str(b);
+    const std::string t = to_str(b);
+    check_string_size(s.size() + t.size(), "string concatenation");
+    s += t;
     return Value::string(std::move(s));
   }
   const bool ints = a.is_integral() && b.is_integral();
@@ -534,10 +606,11 @@ Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
     if (ints) return Value::integer(add_i(a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_float() + b.as_float());
     if (a.is_string() && b.is_string()) {
-      if (a.str().size() + b.str().size() > limits_.max_output_bytes) throw JinjaError("string too large");
+      check_string_size(a.str().size() + b.str().size(), "string concatenation");
       return Value::string(a.str() + b.str());
     }
     if (a.is_array() && a.kind() == b.kind()) {
+      check_list_size(a.array().items.size() + b.array().items.size(), "list concatenation");
       std::vector<Value> items = a.array().items;
       items.insert(items.end(), b.array().items.begin(), b.array().items.end());
       return a.kind() == Kind::Tuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
@@ -552,8 +625,8 @@ Value Interpreter::eval_binary(const Expr& e, const ScopePtr& scope) {
   if (op == "*") {
     if (ints) return Value::integer(mul_i(a.as_int(), b.as_int()));
     if (nums) return Value::number(a.as_float() * b.as_float());
-    if ((a.is_string() || a.is_array()) && b.is_integral()) return repeat(a, b.as_int(), limits_.max_output_bytes);
-    if ((b.is_string() || b.is_array()) && a.is_integral()) return repeat(b, a.as_int(), limits_.max_output_bytes);
+    if ((a.is_string() || a.is_array()) && b.is_integral()) return repeat(a, b.as_int());
+    if ((b.is_string() || b.is_array()) && a.is_integral()) return repeat(b, a.as_int());
     bad_operands("*", a, b);
   }
   if (op == "/") {

@@ -1,7 +1,8 @@
 // Tree-walking evaluator of the chat-template interpreter: runs a parsed
 // template against a context with jinja2's scoping (a for-loop body and a
 // macro get their own scope, if-blocks do not; namespace() carries values out
-// of loops) and bounded work (call depth, loop iterations, output size).
+// of loops) and bounded work: nesting depth, macro call depth, loop iterations,
+// evaluation steps, bytes of values and output size (see jinja_limits.h).
 #pragma once
 #include <cstdint>
 #include <ctime>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "tokenizer/jinja_ast.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_value.h"
 
 namespace dhs::jinja {
@@ -22,12 +24,6 @@ struct Scope {
   const Value* lookup(const std::string& name) const;
 };
 using ScopePtr = std::shared_ptr<Scope>;
-
-struct RenderLimits {
-  int max_call_depth = 64;                    // nested macro calls
-  int64_t max_loop_iterations = 10'000'000;   // for-loop iterations over one render
-  size_t max_output_bytes = size_t{256} << 20;  // any one output buffer
-};
 
 class Interpreter {
  public:
@@ -49,6 +45,19 @@ class Interpreter {
  private:
   enum class Flow { Normal, Break, Continue };
 
+  // Counts one level of native recursion (a statement, an expression node, a macro
+  // call) and one evaluation step; throws JinjaError past max_eval_depth.
+  class Nest {
+   public:
+    explicit Nest(Interpreter& in);
+    ~Nest() { --in_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Interpreter& in_;
+  };
+
   Flow exec(const Body& body, const ScopePtr& scope, std::string& out);
   Flow exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out);
   void exec_for(const Stmt& s, const ScopePtr& scope, std::string& out);
@@ -56,8 +65,11 @@ class Interpreter {
   Value make_macro(const Stmt& s, const ScopePtr& scope);
   Value eval(const Expr& e, const ScopePtr& scope);
   Value eval_impl(const Expr& e, const ScopePtr& scope);
+  // Kept out of eval_impl so that its locals do not widen every recursion frame.
   Value eval_binary(const Expr& e, const ScopePtr& scope);
   Value eval_compare(const Expr& e, const ScopePtr& scope);
+  Value eval_slice(const Expr& e, const ScopePtr& scope);
+  Value eval_call(const Expr& e, const ScopePtr& scope);
   void eval_args(const Expr& e, const ScopePtr& scope, CallArgs& args);
   Value apply_filters(const std::vector<ExprPtr>& filters, Value v, const ScopePtr& scope);
   void append(std::string& out, std::string_view s);
@@ -65,6 +77,7 @@ class Interpreter {
   std::function<std::tm()> clock_;
   RenderLimits limits_;
   int call_depth_ = 0;
+  int depth_ = 0;  // see Nest
   int64_t loop_iterations_ = 0;
   // Scopes captured by macros. A macro stored in the scope it closes over is a
   // shared_ptr cycle; render() clears these scopes at the end to break it.

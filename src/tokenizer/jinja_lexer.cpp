@@ -6,15 +6,20 @@
 //    "+%}" keeps it;
 //  - "{%" and "{#" (not "{{") eat the spaces and tabs before them when only
 //    whitespace precedes them on their line (lstrip_blocks), "{%+" keeps them.
+// The lexer is a state machine the parser pulls tokens from: in data it finds the
+// next tag; inside a tag it makes one token per step. Every byte is looked at a
+// bounded number of times, and positions advance incrementally.
 #include "tokenizer/jinja_lexer.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <deque>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tokenizer/jinja_limits.h"
 #include "tokenizer/jinja_text.h"
 
 namespace dhs::jinja {
@@ -48,58 +53,117 @@ std::string normalize_newlines(std::string_view src) {
   return out;
 }
 
-class Lexer {
- public:
-  explicit Lexer(std::string src) : src_(std::move(src)) {
-    line_starts_.push_back(0);
-    for (size_t i = 0; i < src_.size(); ++i)
-      if (src_[i] == '\n') line_starts_.push_back(i + 1);
-  }
+}  // namespace
 
-  std::vector<Token> run() {
-    while (pos_ < src_.size()) {
-      const size_t open = find_tag(pos_);
-      if (open == std::string::npos) {
-        emit_text(src_.substr(pos_), pos_);
-        break;
-      }
-      const char kind = src_[open + 1];
-      size_t body = open + 2;
-      const char sign = (body < src_.size() && (src_[body] == '-' || src_[body] == '+')) ? src_[body] : 0;
-      if (sign) ++body;
-      std::string text = src_.substr(pos_, open - pos_);
-      const size_t text_at = pos_;
-      size_t raw_end = 0;
-      if (kind == '%' && is_raw_begin(body, raw_end)) {
-        emit_text(control_text(std::move(text), sign, true), text_at);
-        lex_raw(open, raw_end);
-        continue;
-      }
-      emit_text(control_text(std::move(text), sign, kind != '{'), text_at);
-      if (kind == '#') lex_comment(open, body);
-      else lex_tag(open, body, kind == '{');
-    }
-    Token eof{TokenType::Eof, "", 0, 0.0, pos_at(src_.size())};
-    tokens_.push_back(eof);
-    return std::move(tokens_);
+class TokenStream::Lexer {
+ public:
+  explicit Lexer(std::string src) : src_(std::move(src)) {}
+
+  const Token& cur() {
+    fill(1);
+    return tokens_.front();
+  }
+  const Token& peek() {
+    fill(2);
+    return tokens_.size() > 1 ? tokens_[1] : tokens_.front();
+  }
+  void advance() {
+    fill(2);
+    if (tokens_.size() > 1) tokens_.pop_front();
   }
 
  private:
   std::string src_;
-  std::vector<size_t> line_starts_;
-  size_t pos_ = 0;
+  size_t pos_ = 0;             // data: where the next text starts
   bool line_starting_ = true;  // did the previous tag end by consuming a newline?
-  std::vector<Token> tokens_;
+  bool done_ = false;          // Eof made
+  // Inside a {{ }} / {% %} tag: where it opened, where lexing goes on, open brackets
+  // (end tags only count outside (), [], {}).
+  bool in_tag_ = false;
+  bool tag_is_var_ = false;
+  size_t tag_open_ = 0;
+  size_t tag_p_ = 0;
+  std::vector<char> brackets_;
+  // Tokens made and not yet consumed. A deque keeps references to them valid while
+  // more are appended.
+  std::deque<Token> tokens_;
+  // Position of byte offset cursor_off_, for incremental pos_at().
+  size_t cursor_off_ = 0;
+  SourcePos cursor_;
 
-  SourcePos pos_at(size_t off) const {
-    // Line from a binary search over line starts; column in code points.
-    const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), off);
-    const size_t line_idx = static_cast<size_t>(it - line_starts_.begin()) - 1;
-    SourcePos p;
-    p.line = static_cast<int>(line_idx) + 1;
-    for (size_t i = line_starts_[line_idx]; i < off && i < src_.size(); ++i)
-      if ((static_cast<unsigned char>(src_[i]) & 0xC0) != 0x80) ++p.col;
-    return p;
+  void fill(size_t n) {
+    while (tokens_.size() < n && !done_) step();
+  }
+
+  // Makes zero or more tokens, always moving forward.
+  void step() {
+    if (in_tag_) {
+      lex_tag_token();
+      return;
+    }
+    if (pos_ >= src_.size()) {
+      tokens_.push_back(Token{TokenType::Eof, "", 0, 0.0, pos_at(src_.size())});
+      done_ = true;
+      return;
+    }
+    const size_t open = find_tag(pos_);
+    if (open == std::string::npos) {
+      emit_text(src_.substr(pos_), pos_);
+      pos_ = src_.size();
+      return;
+    }
+    const char kind = src_[open + 1];
+    size_t body = open + 2;
+    const char sign = (body < src_.size() && (src_[body] == '-' || src_[body] == '+')) ? src_[body] : 0;
+    if (sign) ++body;
+    std::string text = src_.substr(pos_, open - pos_);
+    const size_t text_at = pos_;
+    size_t raw_end = 0;
+    if (kind == '%' && is_raw_begin(body, raw_end)) {
+      emit_text(control_text(std::move(text), sign, true), text_at);
+      lex_raw(open, raw_end);
+      return;
+    }
+    emit_text(control_text(std::move(text), sign, kind != '{'), text_at);
+    if (kind == '#') {
+      lex_comment(open, body);
+      return;
+    }
+    const bool is_var = kind == '{';
+    tokens_.push_back(Token{is_var ? TokenType::VarBegin : TokenType::BlockBegin, "", 0, 0.0, pos_at(open)});
+    in_tag_ = true;
+    tag_is_var_ = is_var;
+    tag_open_ = open;
+    tag_p_ = body;
+    brackets_.clear();
+  }
+
+  // Line and column (in code points) of a byte offset. Tokens ask in source order,
+  // so the cursor only walks forward over the bytes in between: linear over the
+  // whole source. Asking behind the cursor (an error about an earlier tag) walks
+  // back to the line start once.
+  SourcePos pos_at(size_t off) {
+    off = std::min(off, src_.size());
+    if (off < cursor_off_) {
+      size_t line_start = off;
+      while (line_start > 0 && src_[line_start - 1] != '\n') --line_start;
+      SourcePos p;
+      p.line = cursor_.line;
+      for (size_t i = line_start; i < cursor_off_; ++i) p.line -= src_[i] == '\n' ? 1 : 0;
+      for (size_t i = line_start; i < off; ++i)
+        if ((static_cast<unsigned char>(src_[i]) & 0xC0) != 0x80) ++p.col;
+      return p;
+    }
+    for (size_t i = cursor_off_; i < off; ++i) {
+      if (src_[i] == '\n') {
+        ++cursor_.line;
+        cursor_.col = 1;
+      } else if ((static_cast<unsigned char>(src_[i]) & 0xC0) != 0x80) {
+        ++cursor_.col;
+      }
+    }
+    cursor_off_ = off;
+    return cursor_;
   }
 
   size_t find_tag(size_t from) const {
@@ -188,50 +252,55 @@ class Lexer {
     finish_tag(close + 2, marker, true);
   }
 
-  void lex_tag(size_t open, size_t p, bool is_var) {
-    tokens_.push_back(Token{is_var ? TokenType::VarBegin : TokenType::BlockBegin, "", 0, 0.0, pos_at(open)});
-    std::vector<char> brackets;  // end tags only count outside (), [], {}
+  // One token of the open tag, or its end.
+  void lex_tag_token() {
+    size_t p = tag_p_;
     while (true) {
       if (p >= src_.size())
-        syntax_error(pos_at(open), is_var ? "unexpected end of template, expected '}}'"
-                                          : "unexpected end of template, expected '%}'");
-      if (brackets.empty() && try_tag_end(p, is_var)) return;
-      const char c = src_[p];
-      if (is_ws(c)) {
-        ++p;
-        continue;
+        syntax_error(pos_at(tag_open_), tag_is_var_ ? "unexpected end of template, expected '}}'"
+                                                    : "unexpected end of template, expected '%}'");
+      if (brackets_.empty() && try_tag_end(p, tag_is_var_)) {
+        in_tag_ = false;
+        return;
       }
-      const size_t start = p;
-      if (is_digit(c)) {
-        p = lex_number(p);
-      } else if (is_name_start(c)) {
-        while (p < src_.size() && is_name_char(src_[p])) ++p;
-        tokens_.push_back(Token{TokenType::Name, src_.substr(start, p - start), 0, 0.0, pos_at(start)});
-      } else if (c == '\'' || c == '"') {
-        p = lex_string(p);
-      } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
-                                     "]",  "(",  ")",  "{",  "}",  ">",  "<", "=", ".", ":", "|", ",", ";"};
-        std::string op;
-        for (const char* o : kOps) {
-          if (src_.compare(p, std::char_traits<char>::length(o), o) == 0) {
-            op = o;
-            break;
-          }
-        }
-        if (op.empty()) syntax_error(pos_at(p), fmt::format("unexpected char '{}'", c));
-        if (op == "(" || op == "[" || op == "{") {
-          brackets.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
-        } else if (op == ")" || op == "]" || op == "}") {
-          if (brackets.empty()) syntax_error(pos_at(p), fmt::format("unexpected '{}'", op));
-          if (brackets.back() != op[0])
-            syntax_error(pos_at(p), fmt::format("unexpected '{}', expected '{}'", op, brackets.back()));
-          brackets.pop_back();
-        }
-        p += op.size();
-        tokens_.push_back(Token{TokenType::Op, op, 0, 0.0, pos_at(start)});
-      }
+      if (!is_ws(src_[p])) break;
+      ++p;
     }
+    const char c = src_[p];
+    const size_t start = p;
+    if (is_digit(c)) {
+      p = lex_number(p);
+    } else if (is_name_start(c)) {
+      while (p < src_.size() && is_name_char(src_[p])) ++p;
+      tokens_.push_back(Token{TokenType::Name, src_.substr(start, p - start), 0, 0.0, pos_at(start)});
+    } else if (c == '\'' || c == '"') {
+      p = lex_string(p);
+    } else {
+      static const char* kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[",
+                                   "]",  "(",  ")",  "{",  "}",  ">",  "<", "=", ".", ":", "|", ",", ";"};
+      std::string op;
+      for (const char* o : kOps) {
+        if (src_.compare(p, std::char_traits<char>::length(o), o) == 0) {
+          op = o;
+          break;
+        }
+      }
+      if (op.empty()) syntax_error(pos_at(p), fmt::format("unexpected char '{}'", c));
+      if (op == "(" || op == "[" || op == "{") {
+        // The parser would stop at this depth too; stopping here is cheaper.
+        if (brackets_.size() >= static_cast<size_t>(kMaxParseNesting))
+          syntax_error(pos_at(p), fmt::format("expression nested too deeply (more than {} brackets)", kMaxParseNesting));
+        brackets_.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
+      } else if (op == ")" || op == "]" || op == "}") {
+        if (brackets_.empty()) syntax_error(pos_at(p), fmt::format("unexpected '{}'", op));
+        if (brackets_.back() != op[0])
+          syntax_error(pos_at(p), fmt::format("unexpected '{}', expected '{}'", op, brackets_.back()));
+        brackets_.pop_back();
+      }
+      p += op.size();
+      tokens_.push_back(Token{TokenType::Op, op, 0, 0.0, pos_at(start)});
+    }
+    tag_p_ = p;
   }
 
   bool try_tag_end(size_t p, bool is_var) {
@@ -342,6 +411,7 @@ class Lexer {
           if (d < 0) syntax_error(pos_at(start), "truncated escape in string literal");
           v = v * 16 + static_cast<char32_t>(d);
         }
+        if (v > 0x10FFFF) syntax_error(pos_at(start), "illegal Unicode character in string literal");
         p += n;
         return v;
       };
@@ -377,8 +447,29 @@ class Lexer {
   }
 };
 
+namespace {
+std::string checked_source(std::string_view source) {
+  if (source.size() > kMaxTemplateBytes)
+    throw Error(fmt::format("chat template is {} bytes, more than the limit of {} bytes", source.size(),
+                            kMaxTemplateBytes));
+  return normalize_newlines(source);
+}
 }  // namespace
 
-std::vector<Token> lex(std::string_view source) { return Lexer(normalize_newlines(source)).run(); }
+TokenStream::TokenStream(std::string_view source) : lexer_(std::make_unique<Lexer>(checked_source(source))) {}
+TokenStream::~TokenStream() = default;
+const Token& TokenStream::cur() { return lexer_->cur(); }
+const Token& TokenStream::peek() { return lexer_->peek(); }
+void TokenStream::advance() { lexer_->advance(); }
+
+std::vector<Token> lex(std::string_view source) {
+  TokenStream ts(source);
+  std::vector<Token> out;
+  while (true) {
+    out.push_back(ts.cur());
+    if (out.back().type == TokenType::Eof) return out;
+    ts.advance();
+  }
+}
 
 }  // namespace dhs::jinja

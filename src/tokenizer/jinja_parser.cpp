@@ -2,22 +2,25 @@
 // descent in the order of jinja2's parser: condexpr > or > and > not > compare
 // > + - > ~ > * / // % > ** > unary, where filters and tests bind at the unary
 // level ("a + b | trim" trims b; "not x is defined" negates the test).
+// Three limits (jinja_limits.h) keep the recursion of the parser and of the
+// evaluator after it bounded: statement nesting, the parser's recursion inside an
+// expression, and the height of each expression tree, which left-associative
+// chains ("1+1+1...", "a|f|f|f...", "a.b.c...") grow without any recursion.
 #include "tokenizer/jinja_parser.h"
+
+#include <algorithm>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tokenizer/jinja_limits.h"
 
 namespace dhs::jinja {
 namespace {
 
-// Deeper nesting than this is an attack or a bug, not a chat template; the
-// limit keeps the recursive descent (and the evaluator after it) off the end of the stack.
-constexpr int kMaxNesting = 200;
-
 class Parser {
  public:
-  explicit Parser(std::vector<Token> toks) : toks_(std::move(toks)) {}
+  explicit Parser(std::string_view source) : toks_(source) {}
 
   std::unique_ptr<TemplateAst> run() {
     auto t = std::make_unique<TemplateAst>();
@@ -27,19 +30,17 @@ class Parser {
   }
 
  private:
-  std::vector<Token> toks_;
-  size_t i_ = 0;
-  int depth_ = 0;
+  TokenStream toks_;
+  int depth_ = 0;       // parser recursion inside an expression
+  int stmt_depth_ = 0;  // nesting of block statements
   int loop_depth_ = 0;  // for break/continue checks
 
   // --- token helpers -------------------------------------------------------
-  const Token& cur() const { return toks_[i_]; }
-  const Token& peek(size_t k = 1) const { return toks_[std::min(i_ + k, toks_.size() - 1)]; }
-  void advance() {
-    if (i_ + 1 < toks_.size()) ++i_;
-  }
-  bool is_op(const char* op) const { return cur().type == TokenType::Op && cur().text == op; }
-  bool is_name(const char* n) const { return cur().type == TokenType::Name && cur().text == n; }
+  const Token& cur() { return toks_.cur(); }
+  const Token& peek() { return toks_.peek(); }
+  void advance() { toks_.advance(); }
+  bool is_op(const char* op) { return cur().type == TokenType::Op && cur().text == op; }
+  bool is_name(const char* n) { return cur().type == TokenType::Name && cur().text == n; }
   static std::string describe(const Token& t) {
     switch (t.type) {
       case TokenType::Text: return "template data";
@@ -52,7 +53,7 @@ class Parser {
       default: return t.text;
     }
   }
-  [[noreturn]] void fail(const std::string& msg) const { syntax_error(cur().pos, msg); }
+  [[noreturn]] void fail(const std::string& msg) { syntax_error(cur().pos, msg); }
   void expect_op(const char* op) {
     if (!is_op(op)) fail(fmt::format("expected '{}', got '{}'", op, describe(cur())));
     advance();
@@ -83,10 +84,33 @@ class Parser {
   struct DepthGuard {
     Parser& p;
     explicit DepthGuard(Parser& parser) : p(parser) {
-      if (++p.depth_ > kMaxNesting) p.fail("expression nested too deeply");
+      if (++p.depth_ > kMaxParseNesting)
+        p.fail(fmt::format("expression nested too deeply (more than {} levels)", kMaxParseNesting));
     }
     ~DepthGuard() { --p.depth_; }
   };
+  struct StmtDepthGuard {
+    Parser& p;
+    StmtDepthGuard(Parser& parser, SourcePos pos) : p(parser) {
+      if (++p.stmt_depth_ > kMaxStmtDepth)
+        syntax_error(pos, fmt::format("statements nested too deeply (more than {} levels)", kMaxStmtDepth));
+    }
+    ~StmtDepthGuard() { --p.stmt_depth_; }
+  };
+  // Call once a node's children are in place: records its height and rejects trees
+  // taller than the evaluator may recurse.
+  static ExprPtr seal(ExprPtr e) {
+    int h = 0;
+    if (e->obj) h = e->obj->height;
+    for (const auto& x : e->items)
+      if (x) h = std::max(h, x->height);
+    for (const auto& kv : e->kwargs)
+      if (kv.second) h = std::max(h, kv.second->height);
+    e->height = h + 1;
+    if (e->height > kMaxExprDepth)
+      syntax_error(e->pos, fmt::format("expression nested too deeply (more than {} levels)", kMaxExprDepth));
+    return e;
+  }
 
   // --- statements ----------------------------------------------------------
   // Parses until one of `ends` opens a block tag; consumes "{%" and the end
@@ -136,6 +160,7 @@ class Parser {
 
   void parse_statement(Body& out) {
     const SourcePos pos = cur().pos;
+    const StmtDepthGuard guard(*this, pos);
     const std::string tag = expect_name();
     std::string end;
     if (tag == "if") {
@@ -311,7 +336,7 @@ class Parser {
   // --- expressions ---------------------------------------------------------
   ExprPtr parse_expression() { return parse_condexpr(); }
 
-  bool is_tuple_end(std::initializer_list<const char*> extra_end) const {
+  bool is_tuple_end(std::initializer_list<const char*> extra_end) {
     if (cur().type == TokenType::VarEnd || cur().type == TokenType::BlockEnd || is_op(")")) return true;
     for (const char* e : extra_end)
       if (is_name(e)) return true;
@@ -336,7 +361,7 @@ class Parser {
     }
     auto e = node(ExprKind::Tuple, pos);
     e->items = std::move(args);
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_condexpr() {
@@ -354,7 +379,7 @@ class Parser {
       } else {
         e->items.push_back(nullptr);
       }
-      expr1 = std::move(e);
+      expr1 = seal(std::move(e));
     }
     return expr1;
   }
@@ -364,7 +389,7 @@ class Parser {
     e->name = op;
     e->items.push_back(std::move(l));
     e->items.push_back(std::move(r));
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_or() {
@@ -393,7 +418,7 @@ class Parser {
       auto e = node(ExprKind::Not, cur().pos);
       advance();
       e->obj = parse_not();
-      return e;
+      return seal(std::move(e));
     }
     return parse_compare();
   }
@@ -426,7 +451,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->items.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(expr);
+    return cmp ? seal(std::move(cmp)) : std::move(expr);
   }
 
   ExprPtr parse_math1() {
@@ -478,6 +503,7 @@ class Parser {
       e = node(is_op("-") ? ExprKind::Neg : ExprKind::Pos, cur().pos);
       advance();
       e->obj = parse_unary(false);
+      e = seal(std::move(e));
     } else {
       e = parse_primary();
     }
@@ -547,7 +573,7 @@ class Parser {
       e->items.push_back(parse_expression());
     }
     advance();
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_dict() {
@@ -561,7 +587,7 @@ class Parser {
       e->items.push_back(parse_expression());
     }
     advance();
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
@@ -596,7 +622,7 @@ class Parser {
         e->obj = std::move(obj);
         e->name = cur().text;
         advance();
-        return e;
+        return seal(std::move(e));
       }
       if (cur().type != TokenType::Int) fail("expected name or number");
       auto e = node(ExprKind::GetItem, pos);
@@ -605,7 +631,7 @@ class Parser {
       lit->value = Value::integer(cur().int_value);
       e->items.push_back(std::move(lit));
       advance();
-      return e;
+      return seal(std::move(e));
     }
     expect_op("[");
     std::vector<ExprPtr> args;
@@ -637,7 +663,7 @@ class Parser {
     advance();  // ']'
     if (slice) {
       if (!args.empty()) fail("multi-dimensional subscripts are not supported");
-      return slice;
+      return seal(std::move(slice));
     }
     if (args.empty()) fail("expected subscript expression");
     auto e = node(ExprKind::GetItem, pos);
@@ -647,9 +673,9 @@ class Parser {
     } else {
       auto tup = node(ExprKind::Tuple, pos);
       tup->items = std::move(args);
-      e->items.push_back(std::move(tup));
+      e->items.push_back(seal(std::move(tup)));
     }
-    return e;
+    return seal(std::move(e));
   }
 
   void parse_call_args(Expr& e) {
@@ -679,7 +705,7 @@ class Parser {
     auto e = node(ExprKind::Call, cur().pos);
     e->obj = std::move(callee);
     parse_call_args(*e);
-    return e;
+    return seal(std::move(e));
   }
 
   std::string dotted_name() {
@@ -697,7 +723,7 @@ class Parser {
     e->obj = std::move(obj);
     e->name = dotted_name();
     if (is_op("(")) parse_call_args(*e);
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_test(ExprPtr obj) {
@@ -718,12 +744,12 @@ class Parser {
       if (is_name("is")) fail("You cannot chain multiple tests with is");
       e->items.push_back(parse_postfix(parse_primary()));
     }
-    return e;
+    return seal(std::move(e));
   }
 };
 
 }  // namespace
 
-std::unique_ptr<TemplateAst> parse_template(std::string_view source) { return Parser(lex(source)).run(); }
+std::unique_ptr<TemplateAst> parse_template(std::string_view source) { return Parser(source).run(); }
 
 }  // namespace dhs::jinja

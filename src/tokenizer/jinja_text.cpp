@@ -1,11 +1,16 @@
 // UTF-8 string helpers for the chat-template interpreter (see jinja_text.h).
 // Case mapping is a table of the scripts chat content mostly uses; code points
 // outside it keep their case (Python would map a few more, e.g. Armenian).
+// Everything here runs in time linear in its input and allocates no more than its
+// result (checked against the render's limits), since templates feed it user text.
 #include "tokenizer/jinja_text.h"
 
 #include "tokenizer/utf8.h"
 
+#include <string.h>  // memmem
+
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "tokenizer/jinja_value.h"
@@ -46,6 +51,62 @@ char32_t utf8_next(std::string_view s, size_t& i) {
 
 void utf8_append(std::string& out, char32_t cp) { utf8::append(out, cp); }
 
+namespace {
+bool is_cont(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+// Continuation bytes a lead byte announces (utf8_next's reading), 0 for none.
+int lead_len(char c) {
+  const auto b = static_cast<unsigned char>(c);
+  if ((b & 0xE0) == 0xC0) return 1;
+  if ((b & 0xF0) == 0xE0) return 2;
+  if ((b & 0xF8) == 0xF0) return 3;
+  return 0;
+}
+}  // namespace
+
+size_t utf8_prev(std::string_view s, size_t e) {
+  // The code point ending at e starts at the nearest non-continuation byte q within
+  // three bytes back, if q's sequence is exactly that long; utf8_next would then have
+  // read [q, e) as one code point (a lead byte is never inside another's sequence).
+  // Otherwise the byte before e stands alone, as utf8_next reads invalid bytes.
+  size_t q = e - 1;
+  int k = 0;
+  while (k < 3 && q > 0 && is_cont(s[q])) {
+    --q;
+    ++k;
+  }
+  if (k > 0 && !is_cont(s[q]) && lead_len(s[q]) == k) return q;
+  return e - 1;
+}
+
+size_t utf8_byte_at(std::string_view s, int64_t idx) {
+  size_t i = 0;
+  if (idx >= 0) {
+    for (int64_t k = 0; k < idx && i < s.size(); ++k) utf8_next(s, i);
+    return i;
+  }
+  i = s.size();
+  const uint64_t back = static_cast<uint64_t>(-(idx + 1)) + 1;  // -idx, even for INT64_MIN
+  for (uint64_t k = 0; k < back && i > 0; ++k) i = utf8_prev(s, i);
+  return i;
+}
+
+size_t find_sub(std::string_view hay, std::string_view needle, size_t from) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  // glibc's memmem is linear time (two-way for long needles); std::string::find is
+  // O(n*m) on inputs like needle "aaa...ab" in a haystack of "a"s.
+  const void* p = memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return p ? static_cast<size_t>(static_cast<const char*>(p) - hay.data()) : std::string_view::npos;
+}
+
+size_t rfind_sub(std::string_view hay, std::string_view needle) {
+  // Short needles: the naive backward scan is at most 16 comparisons per byte.
+  if (needle.size() <= 16) return hay.rfind(needle);
+  const std::string rh(hay.rbegin(), hay.rend()), rn(needle.rbegin(), needle.rend());
+  const size_t p = find_sub(rh, rn, 0);
+  return p == std::string_view::npos ? p : hay.size() - p - needle.size();
+}
+
 std::vector<size_t> utf8_offsets(std::string_view s) {
   std::vector<size_t> offs;
   offs.reserve(s.size() + 1);
@@ -75,11 +136,22 @@ bool is_py_space(char32_t c) {
 
 namespace {
 
-std::vector<char32_t> decode_all(std::string_view s) {
-  std::vector<char32_t> out;
+// Calls f(k, prev, c, next, last) for each code point c of s (k its index), with its
+// neighbours (0 at the ends): what case mapping needs, without decoding s into a
+// vector four times its size.
+template <class F>
+void each_cp(std::string_view s, F&& f) {
+  if (s.empty()) return;
   size_t i = 0;
-  while (i < s.size()) out.push_back(utf8_next(s, i));
-  return out;
+  char32_t prev = 0, cur = utf8_next(s, i);
+  for (size_t k = 0;; ++k) {
+    const bool last = i >= s.size();
+    const char32_t next = last ? 0 : utf8_next(s, i);
+    f(k, prev, cur, next, last);
+    if (last) return;
+    prev = cur;
+    cur = next;
+  }
 }
 
 // Pairs laid out as (upper, lower) alternating from `first` to `last`.
@@ -147,24 +219,58 @@ void append_upper(std::string& out, char32_t c) {
   utf8_append(out, upper_cp(c));
 }
 
+// Title case (str.title, str.capitalize): upper case except ß -> Ss.
+void append_title(std::string& out, char32_t c) {
+  if (c == 0xDF) {
+    out += "Ss";
+    return;
+  }
+  append_upper(out, c);
+}
+
 bool is_cased(char32_t c) { return lower_cp(c) != c || upper_cp(c) != c || c == 0xDF || c == 0x138 || c == 0x149; }
 
 // Greek capital sigma lowers to final sigma at the end of a word (CPython's rule,
-// simplified: preceded by a cased letter and not followed by one).
-void append_lower_at(std::string& out, const std::vector<char32_t>& cps, size_t k) {
-  const char32_t c = cps[k];
+// simplified: preceded by a cased letter and not followed by one). k: index of c.
+void append_lower_at(std::string& out, size_t k, char32_t prev, char32_t c, char32_t next, bool last) {
   if (c == 0x3A3) {
-    const bool before = k > 0 && is_cased(cps[k - 1]);
-    const bool after = k + 1 < cps.size() && is_cased(cps[k + 1]);
+    const bool before = k > 0 && is_cased(prev);
+    const bool after = !last && is_cased(next);
     utf8_append(out, before && !after ? 0x3C2 : 0x3C3);
     return;
   }
   utf8_append(out, lower_cp(c));
 }
 
-bool in_chars(char32_t c, const std::vector<char32_t>& set) {
-  return std::find(set.begin(), set.end(), c) != set.end();
-}
+// The code points of strip(chars): a list for the usual few, a bitmap over every
+// value utf8_next can return for long ones (a linear search per stripped code point
+// would make strip quadratic).
+class CharSet {
+ public:
+  explicit CharSet(std::string_view chars) {
+    size_t i = 0;
+    while (i < chars.size()) {
+      const char32_t c = utf8_next(chars, i);
+      if (!bits_.empty()) {
+        bits_[c] = true;
+      } else if (std::find(small_.begin(), small_.end(), c) == small_.end()) {
+        small_.push_back(c);
+        if (small_.size() > 64) {
+          bits_.assign(size_t{1} << 21, false);
+          for (char32_t x : small_) bits_[x] = true;
+        }
+      }
+    }
+  }
+  bool has(char32_t c) const {
+    if (!bits_.empty()) return bits_[c];
+    return std::find(small_.begin(), small_.end(), c) != small_.end();
+  }
+
+ private:
+  std::vector<char32_t> small_;
+  std::vector<bool> bits_;
+};
 
 }  // namespace
 
@@ -182,21 +288,26 @@ bool py_is_alpha(char32_t c) {
 }
 
 std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right) {
-  const auto offs = utf8_offsets(s);
-  const size_t n = offs.size() - 1;
-  std::vector<char32_t> set;
-  if (chars) set = decode_all(*chars);
-  auto strip_at = [&](size_t k) {
-    size_t i = offs[k];
-    const char32_t c = utf8_next(s, i);
-    return chars ? in_chars(c, set) : is_py_space(c);
-  };
-  size_t b = 0, e = n;
-  if (left)
-    while (b < e && strip_at(b)) ++b;
-  if (right)
-    while (e > b && strip_at(e - 1)) --e;
-  return std::string(s.substr(offs[b], offs[e] - offs[b]));
+  std::optional<CharSet> set;
+  if (chars) set.emplace(*chars);
+  auto strip = [&](char32_t c) { return set ? set->has(c) : is_py_space(c); };
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t i = b;
+      if (!strip(utf8_next(s, i))) break;
+      b = i;
+    }
+  }
+  if (right) {
+    while (e > b) {
+      const size_t p = utf8_prev(s, e);
+      size_t i = p;
+      if (!strip(utf8_next(s, i))) break;
+      e = p;
+    }
+  }
+  return std::string(s.substr(b, e - b));
 }
 
 std::vector<std::string> py_split(std::string_view s, const std::string* sep, int64_t maxsplit) {
@@ -205,31 +316,32 @@ std::vector<std::string> py_split(std::string_view s, const std::string* sep, in
     if (sep->empty()) throw JinjaError("empty separator");
     size_t start = 0;
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-      const size_t p = s.find(*sep, start);
+      const size_t p = find_sub(s, *sep, start);
       if (p == std::string_view::npos) break;
+      check_list_size(out.size() + 2, "split");
       out.emplace_back(s.substr(start, p - start));
       start = p + sep->size();
     }
     out.emplace_back(s.substr(start));
     return out;
   }
-  const auto offs = utf8_offsets(s);
-  const size_t n = offs.size() - 1;
-  auto space_at = [&](size_t k) {
-    size_t i = offs[k];
-    return is_py_space(utf8_next(s, i));
+  // Byte offset after the code point at i, and whether it is whitespace.
+  auto space_at = [&](size_t i, size_t& next) {
+    next = i;
+    return is_py_space(utf8_next(s, next));
   };
-  size_t k = 0;
+  size_t k = 0, next = 0;
   while (true) {
-    while (k < n && space_at(k)) ++k;
-    if (k == n) break;
+    while (k < s.size() && space_at(k, next)) k = next;
+    if (k == s.size()) break;
+    check_list_size(out.size() + 1, "split");
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-      out.emplace_back(s.substr(offs[k]));
+      out.emplace_back(s.substr(k));
       break;
     }
     size_t e = k;
-    while (e < n && !space_at(e)) ++e;
-    out.emplace_back(s.substr(offs[k], offs[e] - offs[k]));
+    while (e < s.size() && !space_at(e, next)) e = next;
+    out.emplace_back(s.substr(k, e - k));
     k = e;
   }
   return out;
@@ -239,11 +351,21 @@ std::vector<std::string> py_rsplit(std::string_view s, const std::string* sep, i
   std::vector<std::string> out;
   if (sep) {
     if (sep->empty()) throw JinjaError("empty separator");
+    if (sep->size() > 16) {
+      // Splitting from the right is splitting the reversed bytes from the left, in
+      // linear time (a backward search per piece would be O(n*m) for long separators).
+      const std::string rs(s.rbegin(), s.rend()), rsep(sep->rbegin(), sep->rend());
+      out = py_split(rs, &rsep, maxsplit);
+      for (auto& piece : out) std::reverse(piece.begin(), piece.end());
+      std::reverse(out.begin(), out.end());
+      return out;
+    }
     size_t end = s.size();
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
       if (end < sep->size()) break;
       const size_t p = s.rfind(*sep, end - sep->size());
       if (p == std::string_view::npos) break;
+      check_list_size(out.size() + 2, "rsplit");
       out.emplace_back(s.substr(p + sep->size(), end - p - sep->size()));
       end = p;
     }
@@ -251,22 +373,24 @@ std::vector<std::string> py_rsplit(std::string_view s, const std::string* sep, i
     std::reverse(out.begin(), out.end());
     return out;
   }
-  const auto offs = utf8_offsets(s);
-  size_t k = offs.size() - 1;  // one past the last code point
-  auto space_at = [&](size_t idx) {
-    size_t i = offs[idx];
+  // Byte offset of the code point ending at e, and whether it is whitespace.
+  auto space_before = [&](size_t e, size_t& start) {
+    start = utf8_prev(s, e);
+    size_t i = start;
     return is_py_space(utf8_next(s, i));
   };
+  size_t k = s.size(), start = 0;  // k: one past the last code point not yet split off
   while (true) {
-    while (k > 0 && space_at(k - 1)) --k;
+    while (k > 0 && space_before(k, start)) k = start;
     if (k == 0) break;
+    check_list_size(out.size() + 1, "rsplit");
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-      out.emplace_back(s.substr(0, offs[k]));
+      out.emplace_back(s.substr(0, k));
       break;
     }
     size_t b = k;
-    while (b > 0 && !space_at(b - 1)) --b;
-    out.emplace_back(s.substr(offs[b], offs[k] - offs[b]));
+    while (b > 0 && !space_before(b, start)) b = start;
+    out.emplace_back(s.substr(b, k - b));
     k = b;
   }
   std::reverse(out.begin(), out.end());
@@ -283,6 +407,7 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
                      c == 0x85 || c == 0x2028 || c == 0x2029;
     if (!brk) continue;
     if (c == '\r' && i < s.size() && s[i] == '\n') ++i;
+    check_list_size(out.size() + 2, "splitlines");
     out.emplace_back(s.substr(line_start, (keepends ? i : at) - line_start));
     line_start = i;
   }
@@ -292,23 +417,39 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
 
 std::string py_replace(std::string_view s, std::string_view old_s, std::string_view new_s,
                        int64_t count) {
+  // Count the replacements first, so the result's size is known before it is built.
+  const uint64_t limit = count < 0 ? UINT64_MAX : static_cast<uint64_t>(count);
+  uint64_t n = 0;
+  if (old_s.empty()) {
+    n = std::min<uint64_t>(limit, utf8_length(s) + 1);
+  } else {
+    for (size_t p = find_sub(s, old_s, 0); p != std::string_view::npos && n < limit;
+         p = find_sub(s, old_s, p + old_s.size()))
+      ++n;
+  }
+  if (new_s.size() > old_s.size())
+    check_string_size(s.size() + checked_mul(n, new_s.size() - old_s.size(), "replace"), "replace");
   std::string out;
+  out.reserve(s.size() + (new_s.size() > old_s.size() ? n * (new_s.size() - old_s.size()) : 0));
   if (old_s.empty()) {  // inserts `new` at every code point boundary, ends included
-    const auto offs = utf8_offsets(s);
-    int64_t done = 0;
-    for (size_t k = 0; k < offs.size(); ++k) {
-      if (count < 0 || done < count) {
+    uint64_t done = 0;
+    size_t i = 0;
+    while (true) {
+      if (done < n) {
         out += new_s;
         ++done;
       }
-      if (k + 1 < offs.size()) out += s.substr(offs[k], offs[k + 1] - offs[k]);
+      if (i >= s.size()) break;
+      const size_t at = i;
+      utf8_next(s, i);
+      out += s.substr(at, i - at);
     }
     return out;
   }
   size_t start = 0;
-  int64_t done = 0;
-  while (count < 0 || done < count) {
-    const size_t p = s.find(old_s, start);
+  uint64_t done = 0;
+  while (done < n) {
+    const size_t p = find_sub(s, old_s, start);
     if (p == std::string_view::npos) break;
     out += s.substr(start, p - start);
     out += new_s;
@@ -323,82 +464,98 @@ int64_t py_count(std::string_view s, std::string_view sub) {
   if (sub.empty()) return static_cast<int64_t>(utf8_length(s)) + 1;
   int64_t n = 0;
   size_t p = 0;
-  while ((p = s.find(sub, p)) != std::string_view::npos) {
+  while ((p = find_sub(s, sub, p)) != std::string_view::npos) {
     ++n;
     p += sub.size();
   }
   return n;
 }
 
+// Case mapping at most doubles a string (an invalid byte is written back as a 2-byte
+// code point; ß -> SS keeps the size): only inputs over half the limit need the
+// growth checks.
 std::string py_upper(std::string_view s) {
   std::string out;
   out.reserve(s.size());
+  const bool may_overflow = s.size() > max_string_bytes() / 2;
   size_t i = 0;
-  while (i < s.size()) append_upper(out, utf8_next(s, i));
+  while (i < s.size()) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {  // ASCII, most text: no decoding
+      const char c = s[i++];
+      out += (c >= 'a' && c <= 'z') ? static_cast<char>(c - 32) : c;
+      continue;
+    }
+    append_upper(out, utf8_next(s, i));
+    if (may_overflow) check_growth(out, "upper");
+  }
   return out;
 }
 
 std::string py_lower(std::string_view s) {
-  const auto cps = decode_all(s);
   std::string out;
   out.reserve(s.size());
-  for (size_t k = 0; k < cps.size(); ++k) append_lower_at(out, cps, k);
+  const bool may_overflow = s.size() > max_string_bytes() / 2;
+  each_cp(s, [&](size_t k, char32_t prev, char32_t c, char32_t next, bool last) {
+    if (c < 0x80) out += static_cast<char>((c >= 'A' && c <= 'Z') ? c + 32 : c);
+    else append_lower_at(out, k, prev, c, next, last);
+    if (may_overflow) check_growth(out, "lower");
+  });
   return out;
 }
 
 std::string py_capitalize(std::string_view s) {
-  const auto cps = decode_all(s);
   std::string out;
-  for (size_t k = 0; k < cps.size(); ++k) {
-    if (k == 0) append_upper(out, cps[k]);
-    else append_lower_at(out, cps, k);
-  }
+  out.reserve(s.size());
+  const bool may_overflow = s.size() > max_string_bytes() / 2;
+  each_cp(s, [&](size_t k, char32_t prev, char32_t c, char32_t next, bool last) {
+    if (k == 0) append_title(out, c);
+    else append_lower_at(out, k, prev, c, next, last);
+    if (may_overflow) check_growth(out, "capitalize");
+  });
   return out;
 }
 
 std::string py_title(std::string_view s) {
-  const auto cps = decode_all(s);
   std::string out;
-  bool prev_cased = false;
-  for (size_t k = 0; k < cps.size(); ++k) {
-    if (prev_cased) append_lower_at(out, cps, k);
-    else append_upper(out, cps[k]);
-    prev_cased = is_cased(cps[k]);
-  }
+  out.reserve(s.size());
+  const bool may_overflow = s.size() > max_string_bytes() / 2;
+  each_cp(s, [&](size_t k, char32_t prev, char32_t c, char32_t next, bool last) {
+    if (k > 0 && is_cased(prev)) append_lower_at(out, k, prev, c, next, last);
+    else append_title(out, c);
+    if (may_overflow) check_growth(out, "title");
+  });
   return out;
 }
 
 std::string py_center(std::string_view s, int64_t width, std::string_view fill) {
   const int64_t len = static_cast<int64_t>(utf8_length(s));
   if (len >= width) return std::string(s);
-  const int64_t marg = width - len;
-  const int64_t left = marg / 2 + (marg & width & 1);  // CPython's split of the padding
+  const uint64_t marg = static_cast<uint64_t>(width - len);
+  // The width comes from the template: size the result before building it.
+  check_string_size(s.size() + checked_mul(marg, fill.size(), "center"), "center");
+  const uint64_t left = marg / 2 + (marg & static_cast<uint64_t>(width) & 1);  // CPython's split of the padding
   std::string out;
-  for (int64_t i = 0; i < left; ++i) out += fill;
+  out.reserve(s.size() + marg * fill.size());
+  for (uint64_t i = 0; i < left; ++i) out += fill;
   out += s;
-  for (int64_t i = 0; i < marg - left; ++i) out += fill;
+  for (uint64_t i = 0; i < marg - left; ++i) out += fill;
   return out;
 }
 
 std::string jinja_title(std::string_view s) {
   // jinja2 splits on runs of [-\s({\[<] (kept as items) and title-cases each item:
   // first code point upper, the rest lower.
-  const auto cps = decode_all(s);
   auto is_sep = [](char32_t c) {
     return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_py_space(c);
   };
   std::string out;
-  size_t k = 0;
-  while (k < cps.size()) {
-    const bool sep = is_sep(cps[k]);
-    size_t e = k;
-    while (e < cps.size() && is_sep(cps[e]) == sep) ++e;
-    for (size_t j = k; j < e; ++j) {
-      if (j == k) append_upper(out, cps[j]);
-      else append_lower_at(out, cps, j);
-    }
-    k = e;
-  }
+  out.reserve(s.size());
+  const bool may_overflow = s.size() > max_string_bytes() / 2;
+  each_cp(s, [&](size_t k, char32_t prev, char32_t c, char32_t next, bool last) {
+    if (k == 0 || is_sep(c) != is_sep(prev)) append_upper(out, c);  // first of a run
+    else append_lower_at(out, k, prev, c, next, last);
+    if (may_overflow) check_growth(out, "title");
+  });
   return out;
 }
 
@@ -409,6 +566,7 @@ std::string py_str_repr(std::string_view s) {
   std::string out(1, quote);
   size_t i = 0;
   while (i < s.size()) {
+    check_growth(out, "repr");  // escapes grow the text up to 6x
     const char32_t c = utf8_next(s, i);
     if (c == '\\') out += "\\\\";
     else if (c == static_cast<char32_t>(quote)) (out += '\\') += quote;
@@ -429,6 +587,7 @@ std::string html_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
+    check_growth(out, "escape");  // entities grow the text up to 5x
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -445,6 +604,7 @@ void json_quote(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   size_t i = 0;
   while (i < s.size()) {
+    check_growth(out, "tojson");  // escapes grow the text up to 12x
     const size_t at = i;
     const char32_t c = utf8_next(s, i);
     switch (c) {

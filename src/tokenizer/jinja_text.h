@@ -1,6 +1,7 @@
 // UTF-8 string helpers for the chat-template interpreter: Python's str methods
 // (strip, split, title, ...) work on code points, so these do too. Case mapping
 // covers ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (see jinja_text.cpp).
+// Results are checked against the running render's size limits (jinja_limits.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,9 +15,20 @@ namespace dhs::jinja {
 char32_t utf8_next(std::string_view s, size_t& i);
 void utf8_append(std::string& out, char32_t cp);
 
-// Byte offsets of every code point start, plus s.size() at the end.
+// Start of the code point that ends at byte offset e (0 < e <= s.size(), e a code
+// point boundary as utf8_next walks the string): walks strings backwards.
+size_t utf8_prev(std::string_view s, size_t e);
+// Byte offset of code point `idx`; negative counts from the end (Python's s[idx]);
+// clamped to [0, s.size()]. Linear time, no allocation.
+size_t utf8_byte_at(std::string_view s, int64_t idx);
+// Byte offsets of every code point start, plus s.size() at the end (8 bytes per code
+// point: callers check the length first).
 std::vector<size_t> utf8_offsets(std::string_view s);
 size_t utf8_length(std::string_view s);
+
+// Substring search in linear time (std::string::find is O(n*m) in the worst case).
+size_t find_sub(std::string_view hay, std::string_view needle, size_t from);
+size_t rfind_sub(std::string_view hay, std::string_view needle);
 
 // Python's str.isspace() for one code point.
 bool is_py_space(char32_t cp);

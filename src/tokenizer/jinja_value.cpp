@@ -1,5 +1,6 @@
 // Values of the chat-template interpreter (see jinja_value.h): construction,
-// Python's str/repr/==/<, len and iteration, json.dumps and JSON import.
+// Python's str/repr/==/<, len and iteration, json.dumps and JSON import, and the
+// render budget's bookkeeping (jinja_limits.h).
 #include "tokenizer/jinja_value.h"
 
 #include <algorithm>
@@ -11,6 +12,61 @@
 #include "tokenizer/jinja_text.h"
 
 namespace dhs::jinja {
+
+constinit thread_local RenderBudget* t_render_budget = nullptr;
+
+void RenderBudget::fail_steps() const {
+  throw JinjaError(fmt::format("template exceeded its budget of {} evaluation steps", limits_.max_steps));
+}
+void RenderBudget::fail_bytes() const {
+  throw JinjaError(fmt::format("template exceeded its budget of {} MiB of values created or copied",
+                               limits_.max_work_bytes >> 20));
+}
+void fail_string_size(const char* what, size_t n) {
+  throw JinjaError(fmt::format("{}: result of {} bytes exceeds the limit of {} bytes", what, n, max_string_bytes()));
+}
+void fail_list_size(const char* what, size_t n) {
+  throw JinjaError(fmt::format("{}: result of {} items exceeds the limit of {} items", what, n, max_list_items()));
+}
+
+namespace {
+
+// Shared containers met while a container is destroyed. The outermost destructor
+// drains them one at a time, so nested containers die in a loop, not by recursion.
+thread_local std::vector<Value>* t_dying = nullptr;
+
+void release_nested(std::vector<Value>& held) noexcept {
+  if (t_dying) {  // an outer destructor is draining: hand the containers over
+    for (auto& v : held)
+      if (v.is_shared()) t_dying->push_back(std::move(v));
+    return;
+  }
+  std::vector<Value> dying;
+  for (auto& v : held)
+    if (v.is_shared()) dying.push_back(std::move(v));
+  if (dying.empty()) return;
+  t_dying = &dying;
+  while (!dying.empty()) {
+    // The last reference dies at the end of this block; its destructor pushes its own
+    // containers onto `dying` instead of destroying them here.
+    Value v = std::move(dying.back());
+    dying.pop_back();
+  }
+  t_dying = nullptr;
+}
+
+}  // namespace
+
+Array::~Array() { release_nested(items); }
+
+Object::~Object() {
+  std::vector<Value> held;
+  for (auto& [k, v] : items) {
+    if (k.is_shared()) held.push_back(std::move(k));
+    if (v.is_shared()) held.push_back(std::move(v));
+  }
+  release_nested(held);
+}
 
 Value Value::undefined(std::string why) {
   Value v;
@@ -41,6 +97,10 @@ Value Value::number(double d) {
   return v;
 }
 Value Value::string(std::string s) {
+  if (RenderBudget* b = t_render_budget) {
+    if (s.size() > b->limits().max_output_bytes) fail_string_size("string", s.size());
+    b->bytes(static_cast<int64_t>(s.size()));
+  }
   Value v;
   v.kind_ = Kind::String;
   v.v_ = std::move(s);
@@ -48,8 +108,12 @@ Value Value::string(std::string s) {
 }
 Value Value::list(std::vector<Value> items) {
   Value v;
+  if (RenderBudget* b = t_render_budget) {
+    if (items.size() > b->limits().max_list_items) fail_list_size("list", items.size());
+    b->bytes(static_cast<int64_t>(items.size() * sizeof(Value)));
+  }
   v.kind_ = Kind::List;
-  v.v_ = std::make_shared<Array>(Array{std::move(items)});
+  v.v_ = std::make_shared<Array>(std::move(items));
   return v;
 }
 Value Value::tuple(std::vector<Value> items) {
@@ -66,6 +130,7 @@ Value Value::dict() {
 Value Value::make_namespace() {
   Value v = dict();
   v.kind_ = Kind::Namespace;
+  if (RenderBudget* b = t_render_budget) b->namespaces.push_back(std::get<std::shared_ptr<Object>>(v.v_));
   return v;
 }
 Value Value::function(std::string name, NativeFn fn) {
@@ -96,19 +161,28 @@ const void* Value::identity() const {
   }
 }
 
+namespace {
+// A step is about the cost of evaluating one expression node (~25 ns): some 4 key comparisons.
+void charge_scan(size_t n) { charge_steps(static_cast<int64_t>(n / 4 + 1)); }
+}  // namespace
+
 const Value* Object::find(const Value& key) const {
+  charge_scan(items.size());
   for (const auto& [k, v] : items)
     if (py_eq(k, key)) return &v;
   return nullptr;
 }
 
 const Value* Object::find(std::string_view key) const {
+  charge_scan(items.size());
   for (const auto& [k, v] : items)
     if (k.is_string() && k.str() == key) return &v;
   return nullptr;
 }
 
 void Object::set(Value key, Value value) {
+  charge_scan(items.size());
+  charge_bytes(2 * sizeof(Value));
   for (auto& [k, v] : items) {
     if (py_eq(k, key)) {
       v = std::move(value);
@@ -190,13 +264,17 @@ void append_repr(std::string& out, const Value& v, int depth);
 
 void append_str(std::string& out, const Value& v, int depth) {
   check_depth(depth);
+  check_growth(out, "str()");  // each piece is bounded, so checking between pieces suffices
   switch (v.kind()) {
     case Kind::Undefined: return;
     case Kind::None: out += "None"; return;
     case Kind::Bool: out += v.as_bool() ? "True" : "False"; return;
     case Kind::Int: out += std::to_string(v.as_int()); return;
     case Kind::Float: out += float_repr(v.as_float()); return;
-    case Kind::String: out += v.str(); return;
+    case Kind::String:
+      check_string_size(out.size() + v.str().size(), "str()");
+      out += v.str();
+      return;
     case Kind::List:
     case Kind::Tuple: {
       const auto& items = v.array().items;
@@ -230,7 +308,10 @@ void append_str(std::string& out, const Value& v, int depth) {
 }
 
 void append_repr(std::string& out, const Value& v, int depth) {
-  if (v.is_string()) out += py_str_repr(v.str());
+  if (v.is_string()) {
+    check_string_size(out.size() + v.str().size(), "repr()");
+    out += py_str_repr(v.str());
+  }
   else if (v.is_undefined()) out += "Undefined";
   else append_str(out, v, depth);
 }
@@ -291,6 +372,7 @@ bool eq_at(const Value& a, const Value& b, int depth) {
       const auto& x = a.array().items;
       const auto& y = b.array().items;
       if (x.size() != y.size()) return false;
+      charge_steps(static_cast<int64_t>(x.size() / 4 + 1));
       for (size_t i = 0; i < x.size(); ++i)
         if (!eq_at(x[i], y[i], depth + 1)) return false;
       return true;
@@ -318,6 +400,7 @@ bool lt_at(const Value& a, const Value& b, int depth) {
   if (a.is_array() && a.kind() == b.kind()) {
     const auto& x = a.array().items;
     const auto& y = b.array().items;
+    charge_steps(static_cast<int64_t>(std::min(x.size(), y.size()) / 4 + 1));
     for (size_t i = 0; i < x.size() && i < y.size(); ++i)
       if (!eq_at(x[i], y[i], depth + 1)) return lt_at(x[i], y[i], depth + 1);
     return x.size() < y.size();
@@ -346,8 +429,11 @@ std::vector<Value> iterate(const Value& v) {
       return keys;
     }
     case Kind::String: {
+      // Checked before the offsets (8 bytes per code point) and the values (48) exist.
+      check_list_size(utf8_length(v.str()), "iterating a string");
       std::vector<Value> chars;
       const auto offs = utf8_offsets(v.str());
+      chars.reserve(offs.size() - 1);
       for (size_t k = 0; k + 1 < offs.size(); ++k)
         chars.push_back(Value::string(v.str().substr(offs[k], offs[k + 1] - offs[k])));
       return chars;
@@ -383,8 +469,12 @@ std::string json_key(const Value& k) {
 
 void dump_json(std::string& out, const Value& v, const JsonStyle& st, int level) {
   check_depth(level);
+  check_growth(out, "tojson");  // the pieces between checks are bounded
   const bool pretty = st.indent >= 0 || !st.indent_str.empty();
   auto newline = [&](int lvl) {
+    // The indent comes from the template (tojson(indent=10**9)): size it before writing.
+    const size_t unit = st.indent_str.empty() ? static_cast<size_t>(st.indent) : st.indent_str.size();
+    check_string_size(out.size() + 1 + checked_mul(static_cast<size_t>(lvl), unit, "tojson"), "tojson");
     out += '\n';
     for (int i = 0; i < lvl; ++i) {
       if (!st.indent_str.empty()) out += st.indent_str;
@@ -412,7 +502,10 @@ void dump_json(std::string& out, const Value& v, const JsonStyle& st, int level)
       }
       out += '[';
       for (size_t i = 0; i < items.size(); ++i) {
-        if (i) out += st.item_sep;
+        if (i) {
+          check_string_size(out.size() + st.item_sep.size(), "tojson");
+          out += st.item_sep;
+        }
         if (pretty) newline(level + 1);
         dump_json(out, items[i], st, level + 1);
       }
@@ -432,9 +525,13 @@ void dump_json(std::string& out, const Value& v, const JsonStyle& st, int level)
                          [](auto* a, auto* b) { return py_lt(a->first, b->first); });
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
-        if (i) out += st.item_sep;
+        if (i) {
+          check_string_size(out.size() + st.item_sep.size(), "tojson");
+          out += st.item_sep;
+        }
         if (pretty) newline(level + 1);
         json_quote(out, json_key(items[i]->first), st.ensure_ascii);
+        check_string_size(out.size() + st.key_sep.size(), "tojson");
         out += st.key_sep;
         dump_json(out, items[i]->second, st, level + 1);
       }

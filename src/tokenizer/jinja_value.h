@@ -2,6 +2,7 @@
 // chat templates see (None, bool, int, float, str, list, tuple, dict, jinja2's
 // namespace, callables) plus jinja2's default Undefined. str(), repr(), ==, <
 // and json.dumps() follow CPython, because outputs must match jinja2 byte for byte.
+// Copies and new values count against the running render's budget (jinja_limits.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/jinja_limits.h"
+
 namespace dhs::jinja {
 
 class Interpreter;
@@ -22,13 +25,6 @@ class Value;
 struct Array;
 struct Object;
 struct Function;
-
-// A runtime error raised where the source position is unknown (a builtin, a
-// value operation); the interpreter turns it into dhs::Error with line:column.
-class JinjaError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 enum class Kind { Undefined, None, Bool, Int, Float, String, List, Tuple, Dict, Namespace, Function };
 
@@ -43,6 +39,20 @@ using NativeFn = std::function<Value(Interpreter&, CallArgs&)>;
 class Value {
  public:
   Value() = default;  // undefined, with no name
+  // A copy costs its bytes in the running render's budget (a string copies its text);
+  // moves are free. Values are copied freely (scope lookups, arguments), so this is
+  // where a template that re-reads a huge string in a loop runs out of budget.
+  Value(const Value& o) : kind_(o.charge_copy()), v_(o.v_) {}
+  Value& operator=(const Value& o) {
+    if (this != &o) {
+      kind_ = o.charge_copy();
+      v_ = o.v_;
+    }
+    return *this;
+  }
+  Value(Value&&) noexcept = default;
+  Value& operator=(Value&&) noexcept = default;
+  ~Value() = default;
   // why: the message jinja2 would raise when the value is used ("'foo' is undefined").
   static Value undefined(std::string why);
   static Value none();
@@ -70,6 +80,8 @@ class Value {
   bool is_dict() const { return kind_ == Kind::Dict; }
   bool is_namespace() const { return kind_ == Kind::Namespace; }
   bool is_function() const { return kind_ == Kind::Function; }
+  // Holds a shared container (list, tuple, dict, namespace or callable).
+  bool is_shared() const { return kind_ >= Kind::List; }
 
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const;   // bool or int
@@ -82,6 +94,14 @@ class Value {
   const void* identity() const;
 
  private:
+  Kind charge_copy() const {
+    if (RenderBudget* b = t_render_budget) {
+      const auto* s = std::get_if<std::string>(&v_);
+      b->bytes(static_cast<int64_t>(sizeof(Value) + (s ? s->size() : 0)));
+    }
+    return kind_;
+  }
+
   Kind kind_ = Kind::Undefined;
   // Undefined keeps its message in the string alternative (empty by default).
   std::variant<std::string, bool, int64_t, double, std::shared_ptr<Array>, std::shared_ptr<Object>,
@@ -89,14 +109,27 @@ class Value {
       v_;
 };
 
+// Containers destroy what they hold iteratively (see release_nested in
+// jinja_value.cpp): a list nested a million levels deep, built by a loop, would
+// otherwise recurse once per level in its destructor and overflow the stack.
 struct Array {
   std::vector<Value> items;
+  Array() = default;
+  explicit Array(std::vector<Value> v) : items(std::move(v)) {}
+  Array(const Array&) = delete;
+  Array& operator=(const Array&) = delete;
+  ~Array();
 };
 
 // A dict (or namespace): insertion-ordered like Python's. Lookup is linear,
-// which is fine for chat messages and tool schemas (a handful of keys).
+// which is fine for chat messages and tool schemas (a handful of keys); it is
+// charged to the render's step budget so that a huge dict cannot make it quadratic for free.
 struct Object {
   std::vector<std::pair<Value, Value>> items;
+  Object() = default;
+  Object(const Object&) = delete;
+  Object& operator=(const Object&) = delete;
+  ~Object();
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
   void set(Value key, Value value);
