@@ -285,10 +285,13 @@ Value str_method(const Value& self, const std::string& name) {
       Args p("center", a, {"width", "fillchar"});
       const int64_t width = p.integer(0, 0, "width");
       const std::string fill = p.str(1).value_or(" ");
+      // As Python requires (an empty fill would also pad a huge width with nothing, forever).
+      if (utf8_length(fill) != 1) throw JinjaError("The fill character must be exactly one character long");
       const int64_t len = static_cast<int64_t>(utf8_length(self.str()));
       if (mode == 'c') return Value::string(py_center(self.str(), width, fill));
+      const char* what = mode == 'l' ? "ljust" : "rjust";
       const uint64_t n_pad = width > len ? static_cast<uint64_t>(width - len) : 0;
-      check_string_size(self.str().size() + checked_mul(n_pad, fill.size(), "ljust"), mode == 'l' ? "ljust" : "rjust");
+      check_string_size(self.str().size() + checked_mul(n_pad, fill.size(), what), what);
       std::string pad;
       pad.reserve(n_pad * fill.size());
       for (uint64_t i = 0; i < n_pad; ++i) pad += fill;
@@ -565,6 +568,9 @@ void add_globals(std::unordered_map<std::string, Value>& vars) {
   vars["strftime_now"] = Value::function("strftime_now", [](Interpreter& in, CallArgs& a) {
     const std::string f = need_str(arg0("strftime_now", a), "format");
     if (f.empty()) return Value::string("");
+    // strftime is slow per byte and may be retried below with larger buffers; real
+    // formats are a dozen bytes ("%d %b %Y").
+    if (f.size() > 1024) throw JinjaError("strftime_now format longer than 1024 bytes");
     std::tm tm = in.now();
     std::tm norm = tm;
     timegm(&norm);  // fills tm_wday / tm_yday from the date

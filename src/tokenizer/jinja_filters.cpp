@@ -209,14 +209,17 @@ Value f_dictsort(Interpreter& in, const Value& v, CallArgs& a) {
   const std::string by = p.str(1).value_or("key");
   if (by != "key" && by != "value") throw JinjaError("You can only sort by either \"key\" or \"value\"");
   const bool cs = p.flag(0, false), rev = p.flag(2, false);
-  std::vector<Value> items;
-  for (const auto& [k, x] : v.object().items) items.push_back(Value::tuple({k, x}));
-  charge_sort(items.size());
-  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-    const Value kx = sort_key(in, x.array().items[by == "key" ? 0 : 1], Value::none(), cs, false);
-    const Value ky = sort_key(in, y.array().items[by == "key" ? 0 : 1], Value::none(), cs, false);
-    return rev ? py_lt(ky, kx) : py_lt(kx, ky);
+  // Keys computed once, not per comparison (lowering a long key is linear in it).
+  std::vector<std::pair<Value, Value>> keyed;
+  for (const auto& [k, x] : v.object().items)
+    keyed.emplace_back(sort_key(in, by == "key" ? k : x, Value::none(), cs, false), Value::tuple({k, x}));
+  charge_sort(keyed.size());
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+    return rev ? py_lt(y.first, x.first) : py_lt(x.first, y.first);
   });
+  std::vector<Value> items;
+  items.reserve(keyed.size());
+  for (auto& kv : keyed) items.push_back(std::move(kv.second));
   return Value::list(std::move(items));
 }
 

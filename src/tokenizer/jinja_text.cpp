@@ -242,34 +242,42 @@ void append_lower_at(std::string& out, size_t k, char32_t prev, char32_t c, char
   utf8_append(out, lower_cp(c));
 }
 
-// The code points of strip(chars): a list for the usual few, a bitmap over every
-// value utf8_next can return for long ones (a linear search per stripped code point
-// would make strip quadratic).
+// The code points of strip(chars): a bitmap for ASCII, a sorted list for the rest.
+// A linear search per stripped code point would make strip quadratic in a long
+// `chars`, and building the set must stay about as cheap per byte as copying `chars`
+// (what the render budget charges for it). The list is compacted as it grows, so it
+// holds at most twice the distinct code points, not all of `chars`.
 class CharSet {
  public:
   explicit CharSet(std::string_view chars) {
-    size_t i = 0;
+    size_t i = 0, compact_at = 4096;
     while (i < chars.size()) {
-      const char32_t c = utf8_next(chars, i);
-      if (!bits_.empty()) {
-        bits_[c] = true;
-      } else if (std::find(small_.begin(), small_.end(), c) == small_.end()) {
-        small_.push_back(c);
-        if (small_.size() > 64) {
-          bits_.assign(size_t{1} << 21, false);
-          for (char32_t x : small_) bits_[x] = true;
-        }
+      const auto b = static_cast<unsigned char>(chars[i]);
+      if (b < 0x80) {
+        ascii_[b >> 6] |= uint64_t{1} << (b & 63);
+        ++i;
+        continue;
+      }
+      other_.push_back(utf8_next(chars, i));
+      if (other_.size() >= compact_at) {
+        compact();
+        compact_at = std::max<size_t>(4096, 2 * other_.size());
       }
     }
+    compact();
   }
   bool has(char32_t c) const {
-    if (!bits_.empty()) return bits_[c];
-    return std::find(small_.begin(), small_.end(), c) != small_.end();
+    if (c < 0x80) return (ascii_[c >> 6] >> (c & 63)) & 1;
+    return std::binary_search(other_.begin(), other_.end(), c);
   }
 
  private:
-  std::vector<char32_t> small_;
-  std::vector<bool> bits_;
+  void compact() {
+    std::sort(other_.begin(), other_.end());
+    other_.erase(std::unique(other_.begin(), other_.end()), other_.end());
+  }
+  uint64_t ascii_[2] = {0, 0};
+  std::vector<char32_t> other_;
 };
 
 }  // namespace

@@ -366,7 +366,10 @@ bool eq_at(const Value& a, const Value& b, int depth) {
   switch (a.kind()) {
     case Kind::Undefined:
     case Kind::None: return true;
-    case Kind::String: return a.str() == b.str();
+    case Kind::String:
+      // Equal lengths compare byte by byte: about a step per 16 bytes of memcmp.
+      if (a.str().size() == b.str().size()) charge_bytes(a.str().size() / 16);
+      return a.str() == b.str();
     case Kind::List:
     case Kind::Tuple: {
       const auto& x = a.array().items;
@@ -396,7 +399,10 @@ bool lt_at(const Value& a, const Value& b, int depth) {
     if (a.is_integral() && b.is_integral()) return a.as_int() < b.as_int();
     return a.as_float() < b.as_float();
   }
-  if (a.is_string() && b.is_string()) return a.str() < b.str();  // UTF-8 order is code point order
+  if (a.is_string() && b.is_string()) {  // UTF-8 order is code point order
+    charge_bytes(std::min(a.str().size(), b.str().size()) / 16);
+    return a.str() < b.str();
+  }
   if (a.is_array() && a.kind() == b.kind()) {
     const auto& x = a.array().items;
     const auto& y = b.array().items;
