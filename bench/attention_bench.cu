@@ -265,7 +265,6 @@ struct Bench {
   Timing time_op(dhs::cuda::DecodeAttentionWorkspace& ws, int batch, int min_pages, int reps, bool split_only = false,
                  bool evict_first = true) {
     dhs::cuda::DecodeAttentionArgs a;
-    a.split_only = split_only;
     a.l2_evict_first = evict_first;
     a.q_d = q_d;
     a.q_indptr_d = q_indptr_d;
@@ -274,7 +273,9 @@ struct Bench {
     a.out_d = out_d;
     a.min_pages_per_worker = min_pages;
     (void)batch;
-    return time_graph([&] { dhs::cuda::decode_attention(a, *lists, *pool, ws, stream); }, reps);
+    dhs::cuda::DecodeAttentionProbe probe;
+    probe.split_only = split_only;
+    return time_graph([&] { dhs::cuda::decode_attention(a, *lists, *pool, ws, stream, probe); }, reps);
   }
 
   bool output_finite(int batch) {
@@ -658,6 +659,7 @@ int main(int argc, char** argv) {
         dense_lists.upload(dense);
         for (int rule = 0; rule < 4; ++rule) {  // coverage (MinMax), top-k (MinMax), coverage (sketch4, psketch4:32)
           dhs::cuda::PageSelectParams p;
+          dhs::cuda::PageSelectProbe probe;  // the probe runs below: timestamps, phase prefixes, no PDL
           p.dense_indptr = dense_lists.indptr_d();
           p.dense_slots = dense_lists.slots_d();
           p.dense_page_pos = dense_lists.page_pos_d();
@@ -726,9 +728,9 @@ int main(int argc, char** argv) {
                         ctx, batch, impl, part[0].median_us, us[0], us[1]);
           }
           if (rule >= 2) {  // the pipeline with select launched after the score kernel ends
-            p.select_pdl = false;
-            const Timing tn = b.time_graph([&] { dhs::cuda::launch_page_select(p, b.stream); }, opt.reps);
-            p.select_pdl = true;
+            probe.select_pdl = false;
+            const Timing tn = b.time_graph([&] { dhs::cuda::launch_page_select(p, probe, b.stream); }, opt.reps);
+            probe.select_pdl = true;
             std::printf("%-7d %-6d %-30s pipeline %.1f us; select not a programmatic dependent of the score kernel: %.1f us\n",
                         ctx, batch, impl, t.median_us, tn.median_us);
           }
@@ -790,10 +792,10 @@ int main(int argc, char** argv) {
             // levels, 6 = whole: the emission scan).
             std::printf("%-7d %-6d %-30s select ended after phase:", ctx, batch, impl);
             for (int k = 1; k <= 6; ++k) {
-              p.stop_after = k % 6;
-              std::printf("  %d %.1f", k, b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, 1, b.stream); }, opt.reps).median_us);
+              probe.stop_after = k % 6;
+              std::printf("  %d %.1f", k, b.time_graph([&] { dhs::cuda::launch_page_select_stage(p, probe, 1, b.stream); }, opt.reps).median_us);
             }
-            p.stop_after = 0;
+            probe.stop_after = 0;
             std::printf(" us\n");
             // Block 0's timeline inside one run (clock64 at the phase ends; at the reported clock).
             long long* cyc_d = nullptr;
@@ -803,13 +805,13 @@ int main(int argc, char** argv) {
             DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
             DHS_CUDA_CHECK(cudaMalloc(&blk_d, 2 * n_blocks * sizeof(long long)));
             DHS_CUDA_CHECK(cudaMemset(blk_d, 0, 2 * n_blocks * sizeof(long long)));
-            p.phase_cycles = cyc_d;
-            p.block_ns = blk_d;
+            probe.phase_cycles = cyc_d;
+            probe.block_ns = blk_d;
             b.flush_l2();  // (the select kernel alone on a cold L2; the pipeline below has the score kernel's L2)
-            dhs::cuda::launch_page_select_stage(p, 1, b.stream);
+            dhs::cuda::launch_page_select_stage(p, probe, 1, b.stream);
             DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
-            p.phase_cycles = nullptr;
-            p.block_ns = nullptr;
+            probe.phase_cycles = nullptr;
+            probe.block_ns = nullptr;
             // Every block's entry and exit (%globaltimer), relative to the first entry (or to t0).
             auto print_blocks = [&](const char* what, long long t0) {
               std::vector<long long> blk(2 * static_cast<size_t>(n_blocks));
@@ -847,17 +849,17 @@ int main(int argc, char** argv) {
               unsigned long long* span_d = nullptr;
               DHS_CUDA_CHECK(cudaMalloc(&span_d, sizeof init));
               DHS_CUDA_CHECK(cudaMemcpy(span_d, init, sizeof init, cudaMemcpyHostToDevice));
-              p.span_ns = span_d;
-              p.block_ns = blk_d;
-              p.phase_cycles = cyc_d;
+              probe.span_ns = span_d;
+              probe.block_ns = blk_d;
+              probe.phase_cycles = cyc_d;
               DHS_CUDA_CHECK(cudaMemset(blk_d, 0, 2 * n_blocks * sizeof(long long)));
               DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
               b.flush_l2();
-              dhs::cuda::launch_page_select(p, b.stream);
+              dhs::cuda::launch_page_select(p, probe, b.stream);
               DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
-              p.span_ns = nullptr;
-              p.block_ns = nullptr;
-              p.phase_cycles = nullptr;
+              probe.span_ns = nullptr;
+              probe.block_ns = nullptr;
+              probe.phase_cycles = nullptr;
               unsigned long long sp[10];
               DHS_CUDA_CHECK(cudaMemcpy(sp, span_d, sizeof sp, cudaMemcpyDeviceToHost));
               cudaFree(span_d);
@@ -871,10 +873,10 @@ int main(int argc, char** argv) {
             {  // Why select is slower in the pipeline than alone: the score kernel run first and
                // finished (no programmatic overlap), then select alone; and select right after
                // itself (its code and data warm).
-              p.phase_cycles = cyc_d;
+              probe.phase_cycles = cyc_d;
               auto select_timeline = [&](const char* what) {
                 DHS_CUDA_CHECK(cudaMemset(cyc_d, 0, 14 * sizeof(long long)));
-                dhs::cuda::launch_page_select_stage(p, 1, b.stream);
+                dhs::cuda::launch_page_select_stage(p, probe, 1, b.stream);
                 DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
                 print_timeline(what);
               };
@@ -883,7 +885,7 @@ int main(int argc, char** argv) {
               DHS_CUDA_CHECK(cudaStreamSynchronize(b.stream));
               select_timeline(" after the score kernel ended");
               select_timeline(" right after itself");
-              p.phase_cycles = nullptr;
+              probe.phase_cycles = nullptr;
             }
             cudaFree(blk_d);
             cudaFree(cyc_d);

@@ -593,14 +593,18 @@ void launch_merge(const DecodeAttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
+void launch_decode_attention(const DecodeAttentionParams& p, const DecodeAttentionProbe& probe, cudaStream_t stream) {
   const int q_vecs = (p.n_heads_q / p.n_heads_kv) * p.max_q_len;
   DHS_DISPATCH_HEAD_DIM(p.head_dim, HEAD_DIM, [&] {
     DHS_DISPATCH_M_TILES(q_vecs, M_TILES, [&] {
       DHS_DISPATCH_STAGES(p.stages, STAGES, [&] { launch_split_kv<HEAD_DIM, M_TILES, STAGES>(p, stream); });
     });
-    if (!p.split_only) launch_merge<HEAD_DIM>(p, stream);
+    if (!probe.split_only) launch_merge<HEAD_DIM>(p, stream);
   });
+}
+
+void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
+  launch_decode_attention(p, DecodeAttentionProbe{}, stream);
 }
 
 int decode_attention_max_workers(int head_dim, int max_q_vecs, int stages) {
@@ -644,6 +648,11 @@ DecodeAttentionWorkspace::~DecodeAttentionWorkspace() {
 
 void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists, const DevicePagePool& pool,
                       DecodeAttentionWorkspace& ws, cudaStream_t stream) {
+  decode_attention(a, lists, pool, ws, stream, DecodeAttentionProbe{});
+}
+
+void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists, const DevicePagePool& pool,
+                      DecodeAttentionWorkspace& ws, cudaStream_t stream, const DecodeAttentionProbe& probe) {
   require(pool.page_size() == kPage, "decode_attention: page_size " + std::to_string(pool.page_size()) +
                                          " is not supported (16)");
   require(pool.head_dim() == ws.head_dim(), "decode_attention: pool head_dim differs from the workspace's");
@@ -683,9 +692,8 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.min_pages_per_worker = a.min_pages_per_worker;
   p.stages = ws.stages();
   p.scale = a.scale;
-  p.split_only = a.split_only ? 1 : 0;
   p.l2_evict_first = a.l2_evict_first ? 1 : 0;
-  launch_decode_attention(p, stream);
+  launch_decode_attention(p, probe, stream);
 }
 
 }  // namespace dhs::cuda

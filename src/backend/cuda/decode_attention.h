@@ -53,12 +53,18 @@ struct DecodeAttentionParams {
   int min_pages_per_worker = 8;  // fewer, longer chunks when the lists are short
   int stages = 3;                // cp.async pipeline depth per warp (2..4)
   float scale = 0.0f;            // usually 1/sqrt(head_dim)
-  int split_only = 0;            // DecodeAttentionArgs::split_only (host side: no merge launch)
   int l2_evict_first = 1;        // DecodeAttentionArgs::l2_evict_first
 };
 
 // Launches the split-KV kernel and the merge kernel on `stream` (no checks).
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
+
+// The benchmark's probe (attention_bench --probe), apart from the production parameters: only
+// the overloads that take one run it.
+struct DecodeAttentionProbe {
+  bool split_only = false;  // the split-KV grid alone, no merge launch (lists split over workers get no output)
+};
+void launch_decode_attention(const DecodeAttentionParams& p, const DecodeAttentionProbe& probe, cudaStream_t stream);
 
 // Warps the split-KV kernel can keep resident on this device for the variant.
 int decode_attention_max_workers(int head_dim, int max_q_vecs, int stages);
@@ -102,9 +108,6 @@ struct DecodeAttentionArgs {
   // The K/V page copies stream through L2 with an evict_first policy (each byte is read once):
   // measured 0.2-1.5% faster at every probe shape (docs/kernels/decode_attention_NOTES.md, v2 probes).
   bool l2_evict_first = true;
-  // Bench probe (attention_bench --probe), off in every real call: the split-KV grid alone (lists
-  // split over workers get no output).
-  bool split_only = false;
 };
 
 // The backend op: checks shapes against the workspace, pool and lists, then launches.
@@ -112,5 +115,8 @@ struct DecodeAttentionArgs {
 // group * max_q_len > 32, more requests than the workspace holds).
 void decode_attention(const DecodeAttentionArgs& args, const DevicePageLists& lists, const DevicePagePool& pool,
                       DecodeAttentionWorkspace& ws, cudaStream_t stream);
+// The same with the benchmark's probe.
+void decode_attention(const DecodeAttentionArgs& args, const DevicePageLists& lists, const DevicePagePool& pool,
+                      DecodeAttentionWorkspace& ws, cudaStream_t stream, const DecodeAttentionProbe& probe);
 
 }  // namespace dhs::cuda

@@ -55,7 +55,7 @@ __device__ __forceinline__ uint32_t bf162_as_u32(__nv_bfloat162 v) { return *rei
 // bf16(q^2) rounds q^2 (16 significant bits) to 8: the variance term is within 2^-9 of the
 // fp32 one; products and sums are fp32 (the MinMax B vector is exact: q is bf16).
 template <int D>
-__global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __grid_constant__ PageSelectParams p) {
+__global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __grid_constant__ detail::PageSelectKernelArgs p) {
   constexpr int JJ = 2 * D / 32;  // 16-byte chunks per row per lane
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -308,7 +308,7 @@ struct SketchList {
 };
 
 template <int KS, int PP>
-__global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_kernel(const __grid_constant__ PageSelectParams p) {
+__global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_kernel(const __grid_constant__ detail::PageSelectKernelArgs p) {
   constexpr int D = KS * 32;
   const int lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int warp = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
 // workspace's n_score_warps. The kernels split the pages over the warps of the actual grid.
 // (The kernel is a template argument so that each kernel keeps its own occupancy.)
 template <auto Kernel>
-void launch_resident(const PageSelectParams& p, cudaStream_t stream, int smem = 0) {
+void launch_resident(const detail::PageSelectKernelArgs& p, cudaStream_t stream, int smem = 0) {
   static const int per_gpu = [smem] {
     int dev = 0, sms = 0, n = 0;
     DHS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -556,14 +556,14 @@ void launch_resident(const PageSelectParams& p, cudaStream_t stream, int smem = 
     DHS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, kScoreThreads, static_cast<size_t>(smem)));
     return std::max(1, n) * sms;
   }();
-  PageSelectParams q = p;
+  detail::PageSelectKernelArgs q = p;
   const int blocks = std::min(per_gpu, std::max(1, p.n_score_warps * 32 / kScoreThreads));
   q.n_score_warps = blocks * (kScoreThreads / 32);
   launch_pdl(Kernel, dim3(blocks), dim3(kScoreThreads), static_cast<size_t>(smem), stream, q);
 }
 
 template <int KS>
-void launch_sketch(const PageSelectParams& p, cudaStream_t stream) {
+void launch_sketch(const detail::PageSelectKernelArgs& p, cudaStream_t stream) {
   if (p.page_size != 16) check(cudaErrorInvalidValue, "page_select: the key sketch needs 16-token pages", __FILE__, __LINE__);
   constexpr int kWarps = kScoreThreads / 32;
   if (p.q_stride <= 4)  // at most 4 q vectors per list: two pages per MMA
@@ -572,7 +572,7 @@ void launch_sketch(const PageSelectParams& p, cudaStream_t stream) {
     launch_resident<score_sketch_kernel<KS, 1>>(p, stream, kWarps * SketchStage<KS, 1>::kWarpBytes);
 }
 
-void launch_score_pages(const PageSelectParams& p, cudaStream_t stream) {
+void detail::launch_score_pages(const PageSelectKernelArgs& p, cudaStream_t stream) {
   const bool sketch = p.sketch_codes != nullptr;
   switch (p.head_dim) {
     case 32:  // a sketch of 32 entries a row: the projected sketch at rank 32 (head_dim = the rank, q projected)

@@ -230,7 +230,7 @@ constexpr int kVecChunk = 4;  // q vectors whose (max, sum) reduce together
 constexpr int kCacheRounds = 8;  // rounds whose exp-terms the mass pass reads from shared memory
 constexpr int kCacheFloats = kCacheRounds * kVecChunk * kSelectThreads;  // 64 KiB
 
-__global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ PageSelectParams p) {
+__global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const __grid_constant__ detail::PageSelectKernelArgs p) {
   extern __shared__ float s_mass[];  // [smem_pages] overflow masses, then [kCacheRounds][kVecChunk][threads] terms
   float* const s_wcache = s_mass + p.smem_pages;
   __shared__ __align__(8) uint32_t s_wbuf[2][kMaxRed * kSelectWarps];
@@ -660,7 +660,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
 // ---- 3. compact ----------------------------------------------------------------------
 constexpr int kCompactThreads = 256, kCompactSplit = 8;  // blocks per list: copies in flight
 
-__global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __grid_constant__ PageSelectParams p) {
+__global__ void __launch_bounds__(kCompactThreads) compact_lists_kernel(const __grid_constant__ detail::PageSelectKernelArgs p) {
   __shared__ int s_red[kCompactThreads / 32];
   if (threadIdx.x == 0) ptx::stamp_span(p.span_ns == nullptr ? nullptr : p.span_ns + 4, 0);
   ptx::griddep_wait();  // the select kernel's counts and staged lists
@@ -746,11 +746,13 @@ int select_cluster_size(int n_lists, int forced, size_t smem) {
 
 }  // namespace
 
-void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream) {
+void launch_page_select_stage(const PageSelectParams& params, const PageSelectProbe& probe, int stage,
+                              cudaStream_t stream) {
+  const detail::PageSelectKernelArgs p{params, probe};
   const int n_lists = p.n_requests * p.n_heads_kv;
   if (n_lists <= 0) return;
   if (stage == 0) {
-    if (p.rule != SelectRule::SinkWindow) launch_score_pages(p, stream);
+    if (p.rule != SelectRule::SinkWindow) detail::launch_score_pages(p, stream);
     return;
   } else if (stage == 1) {
     const size_t smem = (static_cast<size_t>(p.smem_pages) + kCacheFloats) * 4;
@@ -764,13 +766,19 @@ void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
+void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream) {
+  launch_page_select_stage(p, PageSelectProbe{}, stage, stream);
+}
+
 int page_select_cluster(int n_lists) {
   return select_cluster_size(n_lists, 0, (static_cast<size_t>(kSelectSmemPages) + kCacheFloats) * 4);
 }
 
-void launch_page_select(const PageSelectParams& p, cudaStream_t stream) {
-  for (int stage = 0; stage < 3; ++stage) launch_page_select_stage(p, stage, stream);
+void launch_page_select(const PageSelectParams& p, const PageSelectProbe& probe, cudaStream_t stream) {
+  for (int stage = 0; stage < 3; ++stage) launch_page_select_stage(p, probe, stage, stream);
 }
+
+void launch_page_select(const PageSelectParams& p, cudaStream_t stream) { launch_page_select(p, PageSelectProbe{}, stream); }
 
 PageSelectWorkspace::PageSelectWorkspace(int max_lists, int64_t max_nnz, int q_stride)
     : max_lists_(max_lists), max_nnz_(max_nnz), q_stride_(q_stride) {

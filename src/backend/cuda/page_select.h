@@ -92,26 +92,44 @@ struct PageSelectParams {
   int smem_pages = 0;    // lists up to this length keep their masses in shared memory
   int select_cluster = 0; // blocks per list of the select kernel (power of two <= 16); 0: chosen
                           // from the number of lists (about one block per SM)
-  long long* block_ns = nullptr;      // benchmark only: [grid blocks][2] %globaltimer at each select block's entry, exit
-  unsigned long long* span_ns = nullptr;  // benchmark only: [5][2] %globaltimer, set to [~0, 0] before: first entry (min)
-                                          // and last exit (max) of the score, select and compact kernels; the select
-                                          // blocks' first and last release from their wait; [9] their last entry
-  long long* phase_cycles = nullptr;  // benchmark only: [14] clock64() of block 0 at the select kernel's phase ends,
-                                      // then %globaltimer (ns) at its entry and exit
-  int stop_after = 0;     // benchmark only: 0 runs the select kernel whole; k in 1..5 ends it after
-                          // phase k (1 masses, 2 their sums, 3-5 the cut's histogram levels), the
-                          // lists unwritten, so that timing each prefix gives each phase's cost
-  bool select_pdl = true; // select launched as a programmatic dependent of the score kernel (its
-                          // blocks resident before the score kernel ends); false: after it ends
 };
 
 // Launches score (unless SinkWindow), select and compact on `stream`. No checks.
-// (The score stage alone: launch_score_pages, page_score.cu.)
 void launch_page_select(const PageSelectParams& p, cudaStream_t stream);
-// One of the three kernels alone (0 score, 1 select, 2 compact), for the benchmark's breakdown.
+// One of the three kernels alone (0 score, 1 select, 2 compact): the benchmark's breakdown, the
+// tests of the score stage.
 void launch_page_select_stage(const PageSelectParams& p, int stage, cudaStream_t stream);
 
-void launch_score_pages(const PageSelectParams& p, cudaStream_t stream);
+// ---- The benchmark's probe (bench/attention_bench.cu), apart from the production parameters ----
+// Timestamps inside the three kernels, early exits of the select kernel, and select launched
+// after the score kernel ends. Only the overloads below take one; every other launch passes the
+// default (null pointers, the kernels test them as they always did).
+struct PageSelectProbe {
+  long long* block_ns = nullptr;          // [grid blocks][2] %globaltimer at each select block's entry, exit
+  unsigned long long* span_ns = nullptr;  // [5][2] %globaltimer, set to [~0, 0] before: first entry (min) and
+                                          // last exit (max) of the score, select and compact kernels; the
+                                          // select blocks' first and last release from their wait; [9] their
+                                          // last entry
+  long long* phase_cycles = nullptr;      // [14] clock64() of block 0 at the select kernel's phase ends, then
+                                          // %globaltimer (ns) at its entry and exit
+  int stop_after = 0;  // 0 runs the select kernel whole; k in 1..5 ends it after phase k (1 masses, 2
+                       // their sums, 3-5 the cut's histogram levels), the lists unwritten, so that
+                       // timing each prefix gives each phase's cost
+  bool select_pdl = true;  // select launched as a programmatic dependent of the score kernel (its
+                           // blocks resident before the score kernel ends); false: after it ends
+};
+void launch_page_select(const PageSelectParams& p, const PageSelectProbe& probe, cudaStream_t stream);
+void launch_page_select_stage(const PageSelectParams& p, const PageSelectProbe& probe, int stage, cudaStream_t stream);
+
+namespace detail {
+// What the pipeline's kernels (score, select, compact) take as their one __grid_constant__
+// parameter: the parameters, then the probe. Its fields were PageSelectParams' last ones and keep
+// their offsets here, so the kernels' code did not change when they moved out of it.
+struct PageSelectKernelArgs : PageSelectParams, PageSelectProbe {};
+// The score stage (page_score.cu).
+void launch_score_pages(const PageSelectKernelArgs& p, cudaStream_t stream);
+}  // namespace detail
+
 // The select kernel's blocks per list for n_lists lists when select_cluster is 0.
 int page_select_cluster(int n_lists);
 
