@@ -158,7 +158,7 @@ bool needs_minmax(const std::string& spec) {
 
 int run_e2e_bench(const E2eBenchOptions& opts) {
   cuda::set_pdl_chain(opts.pdl);
-  cuda::set_gemv_tc(opts.gemv_tc);
+  const cuda::GemvKernel gemv_kernel{.tensor_cores = opts.gemv_tc};  // every model's (LlamaCuda::gemm)
   const auto& ctxs = opts.ctx;
   const auto& batches = opts.batch;
   const auto& prefills = opts.prefill;
@@ -192,9 +192,8 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         const bool gemv = path != 0;
         if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernels' limit)
         gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
-        cuda::set_gemv_tc(path >= 2);
         const int ring = path >= 2 ? opts.gemv_tc_shapes[static_cast<size_t>(path - 2)] : 0;
-        cuda::set_gemv_tc_shape(ring);
+        gemm.set_gemv_kernel(cuda::GemvKernel{.tensor_cores = path >= 2, .tc_shape = ring});
         const std::string impl_s = path == 0   ? "dhisparse-cublaslt"
                                    : path == 1 ? "dhisparse-gemv-cudacore"
                                    : ring == 0 ? "dhisparse-gemv"
@@ -204,12 +203,10 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
         gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
            << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
-           << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (cuda::gemv_tc_enabled() ? "true" : "false")
+           << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (gemm.gemv_kernel().tensor_cores ? "true" : "false")
            << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
       }
     DHS_CUDA_CHECK(cudaStreamDestroy(s));
-    cuda::set_gemv_tc(opts.gemv_tc);
-    cuda::set_gemv_tc_shape(0);
   }
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
   for (int64_t ctx : ctxs)
@@ -229,6 +226,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
                                  [](const std::string& p) { return chosen_by_sketch(without_reselect(p)); });
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+      m->gemm().set_gemv_kernel(gemv_kernel);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost
         cuda::fill_random_bf16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
@@ -313,6 +311,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
     o.max_step_tokens = 2048;
     o.max_context = n + 16;
     auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+    m->gemm().set_gemv_kernel(gemv_kernel);
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 128000);
     // (Past 32k only the two warp-specialized forms: mma.sync and the first wgmma form were timed

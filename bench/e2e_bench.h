@@ -23,7 +23,7 @@ struct E2eBenchOptions {
   std::string gemm_out = "bench/results/weight_gemm.jsonl";
   bool pdl = true;       // the decode chain's kernels as programmatic dependents (pdl_launch.h; recorded)
   int gemv_max_tok = 8;  // CudaModelOptions::gemv_max_tok of the models timed (recorded in the rows)
-  bool gemv_tc = true;   // cuda::set_gemv_tc (recorded in the rows)
+  bool gemv_tc = true;   // the models' GEMV kernel: tensor cores, or the CUDA-core one (recorded in the rows)
   std::vector<int> gemv_tc_shapes = {0};  // ring shapes of the tensor-core GEMV in the GEMM timing
 };
 

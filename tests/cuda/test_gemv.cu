@@ -100,7 +100,7 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
   const Shape shapes[] = {{1, 8, 1},    {2, 64, 17},    {3, 136, 33},     {5, 264, 70},    {8, 4096, 97},
                           {1, 4096, 6144}, {4, 14336, 40}, {8, 14336, 129}, {7, 1000, 31},   {6, 520, 3}};
   for (const bool tc : {true, false}) {
-    dc::set_gemv_tc(tc);  // the tensor-core kernel, then the CUDA-core one
+    gemm.set_gemv_kernel(dc::GemvKernel{.tensor_cores = tc});  // the tensor-core kernel, then the CUDA-core one
     for (const Shape& s : shapes)
       for (int mode = 0; mode < 3; ++mode) {
       dc::GemvParams g;
@@ -112,19 +112,17 @@ TEST(Gemv, DecodeShapesMatchTheCpuReference) {
         EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, tc ? "gemv-tc" : "gemv"), 0);
       }
   }
-  dc::set_gemv_tc(true);
 }
 
 // The tensor-core kernel's own edges (gemv.cu): `in` shorter than one warp's slot of 128 elements
 // and than the 4 warps' split (some warps get no slot), tails of 1-3 units inside a 32-element
 // chunk and of a partial slot, rows not a multiple of its 16-row tile (1, 15, 17, 6,145), every
-// row count 1..8, on every ring shape (set_gemv_tc_shape), and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
+// row count 1..8, on every ring shape (GemvKernel::tc_shape), and the 8B layer's shapes (4096 -> 6,144 rows; 14,336 -> 4,096 accumulated).
 TEST(Gemv, TensorCoreKernelEdges) {
   if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
   std::mt19937 rng(7);
   dc::Gemm gemm;
   gemm.set_gemv_max_tok(dc::kGemvMaxTok);
-  dc::set_gemv_tc(true);
   struct Shape { int n_tok; int64_t in, out; };
   const Shape shapes[] = {{1, 8, 3},     {1, 4096, 6145}, {2, 8, 1},     {3, 24, 15},     {4, 40, 17},     {5, 128, 16},   {6, 136, 31},
                           {7, 392, 33},  {8, 520, 48},    {2, 576, 6145},  {4, 1000, 129}, {8, 1544, 64},
@@ -140,12 +138,11 @@ TEST(Gemv, TensorCoreKernelEdges) {
     n_rings = first + 1;
   }
   for (int ring = first; ring < n_rings; ++ring) {
-    dc::set_gemv_tc_shape(ring);
+    gemm.set_gemv_kernel(dc::GemvKernel{.tensor_cores = true, .tc_shape = ring});
     std::printf("ring shape %d\n", ring);
     for (const Shape& s : shapes)
       for (int mode = 0; mode < 3; ++mode) EXPECT_EQ(check_shape(gemm, s.n_tok, s.in, s.out, mode, rng, "gemv-tc"), 0);
   }
-  dc::set_gemv_tc_shape(0);
 }
 
 TEST(Gemv, OtherShapesAndTheCublasPathMatchTheReferenceToo) {

@@ -73,7 +73,7 @@ void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, in
     g.in = in;
     g.out = out;
     if (gemv_supported(g)) {
-      launch_gemv(g, stream);
+      launch_gemv(g, stream, gemv_kernel_);
       return;
     }
   }

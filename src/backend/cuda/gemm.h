@@ -12,6 +12,8 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/gemv.h"
+
 namespace dhs::cuda {
 
 enum class GemmOut { BF16, F32 };
@@ -30,6 +32,10 @@ class Gemm {
   // Rows of activations up to which gemv.h is used (0: every shape through cuBLASLt; at most
   // kGemvMaxTok). Measured: docs/kernels/ops_NOTES.md.
   void set_gemv_max_tok(int n) { gemv_max_tok_ = n; }
+  // Which GEMV kernel those shapes run (default: the tensor-core one; the benchmarks' A/B).
+  // Graphs keep the kernels they captured.
+  void set_gemv_kernel(const GemvKernel& k) { gemv_kernel_ = k; }
+  const GemvKernel& gemv_kernel() const { return gemv_kernel_; }
 
  private:
   struct Plan {
@@ -44,6 +50,7 @@ class Gemm {
   size_t workspace_bytes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
   int gemv_max_tok_ = 8;
+  GemvKernel gemv_kernel_;
 };
 
 }  // namespace dhs::cuda

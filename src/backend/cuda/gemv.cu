@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
 // r sits at u ^ 4 (r & 1), so the 8 lanes of a load phase (two rows, four units each) hit
 // distinct banks.
 // The ring's shape is a template (TcShape) so that shapes can be timed against each other
-// (set_gemv_tc_shape, the benchmark's sweep); the default is the one measured fastest.
+// (GemvKernel::tc_shape, the benchmark's sweep); the default is the one measured fastest.
 // (Blocks of two 16-row tiles sharing each B fragment were timed at 17d09a5 / a611638 and were
 // 3-8% slower at every row count: ops_NOTES.md, v3; removed.)
 template <int WARPS, int STAGES, int UNITS>
@@ -281,15 +281,13 @@ void launch_tc_shape(const GemvParams& p, cudaStream_t stream) {
   launch_pdl(gemv_tc_kernel<NT, S>, dim3(grid), dim3(S::kWarps * 32), S::template smem_bytes<NT>(), stream, p);
 }
 
-std::atomic<int> g_tc_shape{0};
-
 template <int NT>
-void launch_tc(const GemvParams& p, cudaStream_t stream) {
+void launch_tc(const GemvParams& p, int shape, cudaStream_t stream) {
   // The default by rows of activations, from the sweep in ops_NOTES.md (v3): with 1-2 rows 8 warps
   // of 3 slots fit twice per SM; from 3 rows on they fit once, and 4 warps of 4 slots (twice per
   // SM) stream best.
   using Default = std::conditional_t<NT <= 2, TcShape<8, 3, 16>, TcShape<4, 4, 16>>;
-  switch (g_tc_shape.load(std::memory_order_relaxed)) {
+  switch (shape) {
     case 1: launch_tc_shape<NT, TcShape<4, 3, 16>>(p, stream); break;
     case 2: launch_tc_shape<NT, TcShape<4, 4, 16>>(p, stream); break;
     case 3: launch_tc_shape<NT, TcShape<4, 2, 32>>(p, stream); break;
@@ -308,14 +306,6 @@ void launch_nt(const GemvParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-namespace {
-std::atomic<bool> g_tc{true};
-}  // namespace
-
-void set_gemv_tc(bool on) { g_tc.store(on); }
-void set_gemv_tc_shape(int shape) { g_tc_shape.store(shape); }
-bool gemv_tc_enabled() { return g_tc.load(); }
-
 bool gemv_supported(const GemvParams& p) {
   const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   return p.n_tok >= 1 && p.n_tok <= kGemvMaxTok && p.in > 0 && p.in % 8 == 0 && p.out > 0 &&
@@ -324,25 +314,25 @@ bool gemv_supported(const GemvParams& p) {
 }
 
 namespace {
-// NT rows of activations on the kernel the process-wide switch picks.
+// NT rows of activations on the kernel the caller picks.
 template <int NT>
-void launch_rows(const GemvParams& p, cudaStream_t stream) {
-  if (gemv_tc_enabled()) launch_tc<NT>(p, stream);
+void launch_rows(const GemvParams& p, const GemvKernel& k, cudaStream_t stream) {
+  if (k.tensor_cores) launch_tc<NT>(p, k.tc_shape, stream);
   else launch_nt<NT>(p, stream);
 }
 }  // namespace
 
-void launch_gemv(const GemvParams& p, cudaStream_t stream) {
+void launch_gemv(const GemvParams& p, cudaStream_t stream, const GemvKernel& kernel) {
   assert(gemv_supported(p));
   switch (p.n_tok) {
-    case 1: launch_rows<1>(p, stream); break;
-    case 2: launch_rows<2>(p, stream); break;
-    case 3: launch_rows<3>(p, stream); break;
-    case 4: launch_rows<4>(p, stream); break;
-    case 5: launch_rows<5>(p, stream); break;
-    case 6: launch_rows<6>(p, stream); break;
-    case 7: launch_rows<7>(p, stream); break;
-    case 8: launch_rows<8>(p, stream); break;
+    case 1: launch_rows<1>(p, kernel, stream); break;
+    case 2: launch_rows<2>(p, kernel, stream); break;
+    case 3: launch_rows<3>(p, kernel, stream); break;
+    case 4: launch_rows<4>(p, kernel, stream); break;
+    case 5: launch_rows<5>(p, kernel, stream); break;
+    case 6: launch_rows<6>(p, kernel, stream); break;
+    case 7: launch_rows<7>(p, kernel, stream); break;
+    case 8: launch_rows<8>(p, kernel, stream); break;
     default: check(cudaErrorInvalidValue, "launch_gemv: n_tok must be 1..8", __FILE__, __LINE__);
   }
   DHS_CUDA_CHECK(cudaGetLastError());

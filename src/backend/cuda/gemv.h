@@ -25,20 +25,22 @@ struct GemvParams {
 
 inline constexpr int kGemvMaxTok = 8;
 
-// Every shape goes to the tensor-core kernel (gemv.cu) unless this process-wide switch is off
-// (then to the CUDA-core kernel; the benchmarks' A/B and the tests). Default on.
-void set_gemv_tc(bool on);
-bool gemv_tc_enabled();
+// Which kernel launch_gemv runs: the tensor-core one (gemv.cu) by default; the CUDA-core one and the
+// ring shapes are for the benchmarks' A/B (Gemm::set_gemv_kernel, dhisparse bench --no-gemv-tc,
+// --gemv-tc-shapes) and the tests.
 // The tensor-core kernel's ring shape (warps per block, slots per warp, bytes per row piece):
 // 0 (default) 8 x 3 x 256 B for 1-2 rows of activations and 4 x 4 x 256 B above; 1: 4 warps x 3
-// slots x 256 B, 2: 4 x 4 x 256 B, 3: 4 x 2 x 512 B, 4: 8 x 3 x 256 B; 16-row blocks. For the
-// benchmark's sweep (dhisparse bench --gemv-tc-shapes); every shape is tested.
+// slots x 256 B, 2: 4 x 4 x 256 B, 3: 4 x 2 x 512 B, 4: 8 x 3 x 256 B; 16-row blocks. Every shape is
+// tested.
 inline constexpr int kGemvTcShapes = 5;
-void set_gemv_tc_shape(int shape);
+struct GemvKernel {
+  bool tensor_cores = true;  // false: the CUDA-core kernel
+  int tc_shape = 0;          // the tensor-core kernel's ring shape, 0 .. kGemvTcShapes - 1
+};
 
 // Whether launch_gemv takes this shape (n_tok, in and the pointers' 16-byte alignment).
 bool gemv_supported(const GemvParams& p);
 // No checks beyond an assert of gemv_supported in debug builds; graph-capturable.
-void launch_gemv(const GemvParams& p, cudaStream_t stream);
+void launch_gemv(const GemvParams& p, cudaStream_t stream, const GemvKernel& kernel = {});
 
 }  // namespace dhs::cuda

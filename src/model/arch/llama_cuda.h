@@ -103,6 +103,10 @@ class LlamaCuda {
   int64_t threshold_dense_steps() const { return selector_->threshold_dense_steps(); }
   void reset_sparsity_stats() { selector_->reset_stats(); }
 
+  // The weight GEMMs, for the benchmarks' choice of GEMV kernel (Gemm::set_gemv_kernel): set it
+  // before the first forward, since a captured graph keeps the kernels it was captured with.
+  cuda::Gemm& gemm() { return *gemm_; }
+
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
 
