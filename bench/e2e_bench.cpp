@@ -256,33 +256,36 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
         // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
         const bool sketch = chosen_by_sketch(spec);
         const std::string pol = sketch ? spec.substr(0, spec.size() - kSketchSuffix.size()) : spec;
-        PolicyConfig pc;
+        PolicySpec pc;
         pc.reselect_every = reselect_every;
-        if (sketch) pc.estimator = "sketch4";
+        pc.estimator = sketch ? "sketch4" : "minmax";
         std::vector<float> frac;
         double gamma = 1.0;
         std::string budgets = "all pages";
         if (pol == "dense") {
-          pc.name = "dense";
+          pc.rule = SelectRule::Dense;
         } else if (pol.rfind("trace:", 0) == 0) {
           const BudgetTrace tr = load_budget_trace(opts.trace, pol.substr(6), opts.trace_len);
-          pc.name = "topk";
+          pc.rule = SelectRule::TopK;
           frac = tr.mapped(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv));
           if (tr.label.rfind("coverage-", 0) == 0) gamma = std::stod(tr.label.substr(9));
           budgets = "per-(layer, KV head) fractions replayed from " + tr.model + " at " + std::to_string(tr.length) + " tokens";
         } else if (pol.rfind("quest:", 0) == 0) {
-          pc.name = "topk";
+          pc.rule = SelectRule::TopK;
           pc.budget = std::stoi(pol.substr(6)) / 16;
           budgets = "top-k, " + pol.substr(6) + " tokens per list";
         } else {
-          throw Error("bench: unknown policy '" + pol + "' (dense, trace:LABEL, quest:TOKENS)");
+          // Any rule of the engine's grammar (sparse/policy_spec.h) with its value, e.g. coverage:0.99 or
+          // topfrac:0.3, in the bench's spelling: "@sketch4" then "/R" after it (read above), minmax otherwise.
+          pc = PolicySpec::parse(pol, pc);
+          budgets = pc.str();
         }
         m->set_sparsity(pc, frac);
         // time_decode_step hands the step's page back when it rolls the step back: room again.
         for (auto& t : ts)
           if (t.capacity_tokens() < t.n_tokens() + 1) t.reserve(m->allocator(), 1);
         const double ms = m->time_decode_step(b, 50);
-        const double read_frac = pc.name == "dense" ? 1.0 : m->sparsity_stats().read_frac();
+        const double read_frac = pc.dense() ? 1.0 : m->sparsity_stats().read_frac();
         m->reset_sparsity_stats();
         if (pol == "dense") dense_ms = ms;
         const double bytes = static_cast<double>(m->weight_bytes()) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
@@ -292,7 +295,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
                     pol_spec.c_str(), read_frac,
                     dense_ms > 0 && pol != "dense" ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
         jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
-           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.name == "dense" ? "" : pc.estimator) << "\",\"gamma\":" << gamma
+           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << gamma
            << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()

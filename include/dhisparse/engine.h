@@ -11,6 +11,7 @@
 #include "engine/sampler.h"
 #include "kv/page_pool.h"
 #include "model/model_config.h"
+#include "sparse/policy_spec.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,23 +26,15 @@ struct EngineOptions {
   std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact); CUDA: always bf16
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
-  // Sparse decode (CPU backend so far): dense | coverage | topk | sinkwindow | solohead.
-  std::string sparse_policy = "dense";
-  double gamma = 0.99;              // coverage: estimated attention mass kept per (layer, KV head, step)
-  int budget = 0;                   // topk / sinkwindow / solohead: pages per list
-  int64_t dense_below = 0;          // contexts shorter than this (tokens) stay dense
-  // A decode step runs the policy only when its batch holds at least this many tokens of context
-  // in all (0: always); below, it reads every page and no selection runs, which is where selection
-  // costs more than it saves (H200, 8B shape: from ~96k tokens a step; docs/benchmarks.md).
-  int64_t sparse_min_tokens = 0;
-  std::string estimator = "sketch4"; // page mass estimate: sketch4 (per-token 4-bit keys), minmax (Quest bound), meanspread, gaussian
-  std::string combine = "sum";      // q heads of a GQA group: sum (mean of their masses) or max
-  int sink_pages = 1;               // first pages every sparse list keeps
-  int recent_pages = 1;             // last pages every sparse list keeps
-  int reselect_every = 1;           // a layer selects every this many decode steps, reusing its lists between
+  // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step
+  // (sparse/policy_spec.h; PolicySpec::parse reads the grammar "coverage:0.99/2@sketch4").
+  // A decode step whose batch holds fewer than policy.min_step_tokens tokens of context in all
+  // reads every page, no selection: where selection costs more than it saves (H200, 8B shape:
+  // from ~96k tokens a step; docs/benchmarks.md).
+  PolicySpec policy;
   // Keep every estimator's page data (both summary kinds and the key sketch) when loaded sparse, as
   // eval does to compare estimators on one prefill; otherwise the CUDA backend keeps only what
-  // `estimator` reads (each costs HBM and a kernel per layer and step).
+  // policy.estimator reads (each costs HBM and a kernel per layer and step).
   bool keep_all_estimators = false;
 };
 
@@ -112,12 +105,10 @@ class Engine {
   virtual std::vector<float> prompt_logits(const std::vector<int32_t>& prompt) = 0;
 
   virtual std::unique_ptr<Session> open_session() = 0;
-  // Policy of the following decode steps, as EngineOptions' sparse fields (scoring
-  // policies need an engine loaded with a sparse policy: its page summaries).
-  // estimator "" keeps the engine's (EngineOptions::estimator).
-  // reselect_every: EngineOptions::reselect_every.
-  virtual void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
-                                 const std::string& estimator = "", int reselect_every = 1) = 0;
+  // Policy of the following decode steps (scoring policies need an engine loaded with a sparse
+  // policy: its page data; the CUDA backend keeps only the loaded estimator's unless
+  // keep_all_estimators).
+  virtual void set_policy(const PolicySpec& policy) = 0;
   // Page counts of sparse decode since the last call.
   virtual PageCounts take_page_counts() = 0;
   // Fits the low-rank key basis of the projected sketch (estimators "psketch4:R", "qsketch4:R",

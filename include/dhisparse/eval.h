@@ -16,31 +16,19 @@
 
 namespace dhs {
 
-struct EvalPolicy {
-  std::string name = "dense";  // dense | coverage | topk | sinkwindow | solohead
-  double gamma = 0.99;
-  int budget = 0;
-  std::string estimator;      // "" = the engine's
-  int reselect_every = 1;     // EngineOptions::reselect_every
-  std::string label() const;  // "dense", "coverage-0.99", "topk-64", "coverage-0.99-minmax", "coverage-0.99-r4", ...
-};
-// "dense", "coverage:0.99", "topk:64", "sinkwindow:32", "solohead:0.98" or "solohead:64",
-// optionally "/R" (a layer selects every R decode steps) and then "@minmax" / "@gaussian" /
-// "@meanspread" after it. Throws dhs::Error on anything else.
-EvalPolicy parse_eval_policy(const std::string& spec);
-
 struct EvalOptions {
   std::vector<std::string> tasks;  // task names (src/eval/ruler_tasks.h); empty = all
   std::vector<int64_t> lengths = {4096};
   int samples = 100;               // per task and length
-  std::vector<EvalPolicy> policies;  // dense is always run first (the reference)
-  int64_t dense_below = 0;
+  // Each policy besides dense, parsed from the grammar over the engine's own fields (PolicySpec::parse
+  // with EngineOptions::policy as defaults). Dense always runs first: the reference.
+  std::vector<PolicySpec> policies;
   bool chat = true;                // wrap the prompt in the model's chat template when it has one
   uint64_t seed = 1;
   std::string out;                 // JSON lines appended here ("" = none)
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
-  std::string estimator = "sketch4", combine = "sum";  // recorded in the rows (the engine's settings)
+  std::string estimator = "sketch4";  // the engine's: row labels name another one only
   std::function<void(int64_t done, int64_t total)> progress;  // samples done, for a bar on a terminal
   // Progress lines for a log, where a bar cannot go (stderr piped): the plan up front (tasks x
   // lengths x samples, policies), an estimate of the total time after the first sample, and

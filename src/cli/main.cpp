@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
   }
 
   dhs::EngineOptions eo;
+  // The sparse flags fill a PolicySpec, which --sparse-policy's text (or each of eval's --policies) completes.
+  dhs::PolicySpec spec;
+  std::string sparse_policy = "dense", combine = "sum";
   dhs::GenerateOptions go;
   std::string model, prompt_arg, prompt_file, system_prompt, seed_text = "0";
   std::vector<std::string> stops;
@@ -140,20 +143,23 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", seed_text, "RNG seed; -1 = a random one (printed in the stats line)")->check(dhs::cli::seed_value())->type_name("INT")->capture_default_str();
   gen->add_option("--stop", stops, "Stop string (repeatable; escapes as in -p)");
   gen->add_flag("--ignore-eos", go.ignore_eos, "Keep generating after end-of-sequence tokens");
-  gen->add_option("--sparse-policy", eo.sparse_policy, "KV pages each head reads: dense, coverage (gamma), topk (budget), sinkwindow, solohead")
-      ->check(CLI::IsMember({"dense", "coverage", "topk", "sinkwindow", "solohead"}))->capture_default_str();
-  gen->add_option("--gamma", eo.gamma, "coverage / solohead: attention mass to keep per layer, KV head and step")->check(real_in(0.0, End::Open, 1.0, End::Closed))->capture_default_str();
-  gen->add_option("--budget", eo.budget, "topk / sinkwindow / solohead: pages per list")->check(int_in(0, kMaxTokens));
-  gen->add_option("--dense-below", eo.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
-  gen->add_option("--sparse-min-tokens", eo.sparse_min_tokens,
+  gen->add_option("--sparse-policy", sparse_policy,
+                  "KV pages each head reads: RULE[:VALUE][/R][@ESTIMATOR], RULE one of dense, coverage:GAMMA, topk:PAGES, "
+                  "topfrac:FRACTION, sinkwindow:PAGES, solohead:GAMMA|PAGES (e.g. coverage:0.99/2@sketch4); the flags "
+                  "below give what the text leaves out")
+      ->capture_default_str();
+  gen->add_option("--gamma", spec.gamma, "coverage / solohead: attention mass to keep per layer, KV head and step")->check(real_in(0.0, End::Open, 1.0, End::Closed))->capture_default_str();
+  gen->add_option("--budget", spec.budget, "topk / sinkwindow / solohead: pages per list")->check(int_in(0, kMaxTokens));
+  gen->add_option("--dense-below", spec.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
+  gen->add_option("--sparse-min-tokens", spec.min_step_tokens,
                   "decode steps whose batch holds fewer context tokens in all read every page, no selection "
                   "(H200, 8B shape: selection pays from ~96k; docs/benchmarks.md)")
       ->check(int_in(0, kNoLimit));
-  gen->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian", "sketch4"}))->capture_default_str();
-  gen->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
-  gen->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
-  gen->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
-  gen->add_option("--reselect-every", eo.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(int_in(1, 64))->capture_default_str();
+  gen->add_option("--estimator", spec.estimator, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian")->check(CLI::IsMember({"minmax", "meanspread", "gaussian", "sketch4"}))->capture_default_str();
+  gen->add_option("--combine", combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
+  gen->add_option("--sink-pages", spec.n_sink, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  gen->add_option("--recent-pages", spec.n_recent, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  gen->add_option("--reselect-every", spec.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(int_in(1, 64))->capture_default_str();
   gen->add_option("--device", eo.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   gen->add_option("-t,--threads", eo.n_threads, "CPU threads; 0 = all (more than the machine's hardware threads are not started)")->check(int_in(0, 4096));
   gen->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens, at most the model's trained context; 0 = the model's (capped at 8192 on CPU)")->check(int_in(0, kMaxTokens));
@@ -173,7 +179,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> b_policies = {"dense"};
   std::string b_trace;
   int64_t b_trace_len = 0;
-  bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS; each optionally @sketch4 (chosen by the key sketch), then /R (select every R steps)")->delimiter(',')->capture_default_str();
+  bench->add_option("--policies", b_policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS, or any --sparse-policy rule with its value (coverage:0.99, topfrac:0.3, ...); each optionally @sketch4 (chosen by the key sketch, else MinMax summaries), then /R (select every R steps)")->delimiter(',')->capture_default_str();
   bench->add_option("--trace", b_trace, "Budget trace of a real model (dhisparse eval --trace-out)");
   bench->add_option("--trace-len", b_trace_len, "Prompt length of the trace to replay (0: its longest)")->check(int_in(0, kMaxTokens));
   std::vector<int64_t> b_gemm_batch = {1, 4, 8, 32};
@@ -203,13 +209,13 @@ int main(int argc, char** argv) {
   evc->add_option("--tasks", ev.tasks, "niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, qa (default: all)")->delimiter(',');
   evc->add_option("--lengths", ev.lengths, "Prompt lengths in tokens (default: 4096 on cuda, 1024 on cpu)")->delimiter(',')->check(int_in(1, kMaxTokens));
   evc->add_option("--samples", ev.samples, "Samples per task and length (default: 100 on cuda, 5 on cpu)")->check(int_in(1, 1000000));
-  evc->add_option("--policies", ev_policies, "Policies besides dense: coverage:G, topk:K, sinkwindow:K, solohead:G|K, each optionally /R (select every R steps) and @ESTIMATOR")->delimiter(',')->capture_default_str();
-  evc->add_option("--dense-below", ev.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
+  evc->add_option("--policies", ev_policies, "Policies besides dense, as --sparse-policy spells one: coverage:G, topk:K, topfrac:F, sinkwindow:K, solohead:G|K, each optionally /R (select every R steps) and @ESTIMATOR")->delimiter(',')->capture_default_str();
+  evc->add_option("--dense-below", spec.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
   evc->add_option("--seed", ev.seed, "Sample seed")->check(int_in(0, kNoLimit))->capture_default_str();
-  evc->add_option("--estimator", eo.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, sketch2, psketch4:R[:KEEP] and qsketch4:R[:KEEP] on a key basis fitted on a calibration sample)")->capture_default_str();
-  evc->add_option("--combine", eo.combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
-  evc->add_option("--sink-pages", eo.sink_pages, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
-  evc->add_option("--recent-pages", eo.recent_pages, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  evc->add_option("--estimator", spec.estimator, "Page mass estimate: sketch4, minmax, meanspread, gaussian (CPU also minmax:ALPHA, sketch4:KEEP, sketch2, psketch4:R[:KEEP] and qsketch4:R[:KEEP] on a key basis fitted on a calibration sample)")->capture_default_str();
+  evc->add_option("--combine", combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
+  evc->add_option("--sink-pages", spec.n_sink, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  evc->add_option("--recent-pages", spec.n_recent, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
   evc->add_flag("--no-chat", ev_no_chat, "Raw prompts, without the model's chat template");
   evc->add_option("-c,--ctx-size", eo.max_context, "Context size in tokens, at most the model's trained context; 0 = model's")->check(int_in(0, kMaxTokens));
   evc->add_option("--out", ev.out, "JSON lines are appended here");
@@ -228,16 +234,29 @@ int main(int argc, char** argv) {
         throw CLI::RequiredError("a prompt (-p/--prompt TEXT, -p @FILE, -p - for stdin, or -f/--file FILE)");
       for (const std::string& s : stops)
         if (s.empty()) throw CLI::ValidationError("--stop", "an empty stop string would match nothing");
-      const std::string& pol = eo.sparse_policy;
-      if (gen->count("--gamma") > 0 && pol != "coverage" && pol != "solohead")
+      // One PolicySpec from the text and the flags; --gamma and --budget only where the rule reads them.
+      spec.combine = combine == "max" ? dhs::GroupCombine::Max : dhs::GroupCombine::Sum;
+      try {
+        eo.policy = dhs::PolicySpec::parse(sparse_policy, spec);
+      } catch (const dhs::Error& e) {
+        throw CLI::ValidationError("--sparse-policy", e.what());
+      }
+      const dhs::RuleArg arg = dhs::rule_info(eo.policy.rule).arg;
+      const std::string pol = eo.policy.rule_name();
+      if (gen->count("--gamma") > 0 && arg != dhs::RuleArg::Mass && arg != dhs::RuleArg::MassOrPages)
         throw CLI::ValidationError("--gamma", "applies to --sparse-policy coverage or solohead, not " + pol);
-      if (gen->count("--budget") > 0 && pol != "topk" && pol != "sinkwindow" && pol != "solohead")
+      if (gen->count("--budget") > 0 && arg != dhs::RuleArg::Pages && arg != dhs::RuleArg::MassOrPages)
         throw CLI::ValidationError("--budget", "applies to --sparse-policy topk, sinkwindow or solohead, not " + pol);
-      if (pol == "topk" && eo.budget == 0)
-        throw CLI::ValidationError("--budget", "--sparse-policy topk needs --budget N (N >= 1 pages per list)");
-      if (pol == "sinkwindow" && eo.budget > 0 && eo.budget < eo.sink_pages)
-        throw CLI::ValidationError("--budget", "--budget " + std::to_string(eo.budget) + " is smaller than the " +
-                                                   std::to_string(eo.sink_pages) + " sink pages (--sink-pages)");
+    }
+    if (evc->parsed()) {
+      spec.combine = combine == "max" ? dhs::GroupCombine::Max : dhs::GroupCombine::Sum;
+      for (const std::string& p : ev_policies) {
+        try {
+          ev.policies.push_back(dhs::PolicySpec::parse(p, spec));
+        } catch (const dhs::Error& e) {
+          throw CLI::ValidationError("--policies", e.what());
+        }
+      }
     }
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
@@ -292,17 +311,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "note: -t %d is more than the %d hardware threads; using %d\n", eo.n_threads, hw, hw);
     }
     if (evc->parsed()) {
-      for (const std::string& p : ev_policies) ev.policies.push_back(dhs::parse_eval_policy(p));
       if (eo.device == "cpu") {
         if (evc->count("--samples") == 0) ev.samples = kCpuEvalSamples;
         if (evc->count("--lengths") == 0) ev.lengths = {kCpuEvalLength};
       }
       ev.chat = !ev_no_chat;
       ev.device = eo.device;
-      ev.estimator = eo.estimator;
-      ev.combine = eo.combine;
+      ev.estimator = spec.estimator;
       ev.model_name = std::filesystem::path(eo.model_path).filename().string();
-      eo.sparse_policy = "coverage";  // loads the page summaries every scoring policy needs
+      eo.policy = spec;  // a scoring policy loads the page summaries every policy needs
+      eo.policy.rule = dhs::SelectRule::Coverage;
       eo.keep_all_estimators = true;  // ... and every estimator's, compared on one prefill
       eo.progress = [](int64_t done, int64_t total) { progress_bar("loading", done, total); };
       auto engine = dhs::Engine::load(eo);
@@ -354,7 +372,7 @@ int main(int argc, char** argv) {
       const double tg = res.decode_seconds > 0 ? (res.tokens.size() - 1) / res.decode_seconds : 0.0;
       std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s",
                    static_cast<long long>(res.n_prompt), pp, res.tokens.size(), tg, res.finish_reason.c_str());
-      if (eo.sparse_policy != "dense") std::fprintf(stderr, " | KV pages read: %.1f%%", 100.0 * res.pages_read_frac);
+      if (!eo.policy.dense()) std::fprintf(stderr, " | KV pages read: %.1f%%", 100.0 * res.pages_read_frac);
       std::fprintf(stderr, " | seed: %llu\n", static_cast<unsigned long long>(go.sampling.seed));
     }
     return 0;

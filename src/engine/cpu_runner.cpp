@@ -20,18 +20,19 @@ class CpuRunner final : public StepRunner {
     const int64_t pages_per_list = (max_ctx + o.page_size - 1) / o.page_size;
     pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
                                        static_cast<int>(c.head_dim));
-    if (o.sparse_policy != "dense") {
+    if (!o.policy.dense()) {
       summaries_ = std::make_unique<PageSummaryStore>(*pool_);
-      set_policy(policy_config(o));
+      set_policy(o.policy);
     }
   }
-  void set_policy(const PolicyConfig& pc) override {
-    DHS_CHECK(pc.name == "dense" || pc.name == "sinkwindow" || summaries_,
-              "--sparse-policy {}: the engine was loaded dense, without page summaries", pc.name);
-    policy_ = pc.name == "dense" ? nullptr : make_policy(pc);
-    if (policy_ && summaries_ && make_estimator(pc.estimator)->needs_two_bit_codes())
+  void set_policy(const PolicySpec& spec) override {
+    spec.validate();
+    DHS_CHECK(!spec.scores() || summaries_, "--sparse-policy {}: the engine was loaded dense, without page summaries",
+              spec.str());
+    policy_ = spec.dense() ? nullptr : make_policy(spec);
+    if (policy_ && summaries_ && spec.scores() && make_estimator(spec.estimator)->needs_two_bit_codes())
       summaries_->enable_two_bit_codes(*pool_);  // (re-encodes the rows already appended)
-    model_->set_sparsity(policy_.get(), summaries_.get(), pc.reselect_every, pc.min_step_tokens, pc.dense_below);
+    model_->set_sparsity(policy_.get(), summaries_.get(), spec.reselect_every, spec.min_step_tokens, spec.dense_below);
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }

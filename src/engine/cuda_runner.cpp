@@ -25,9 +25,9 @@ class CudaRunner final : public StepRunner {
     model_ = std::make_unique<LlamaCuda>(src, co);
     sampling_ = std::make_unique<HostSampling>(model_->config().vocab_size, kMaxBatch);
     if (o.progress) o.progress(1, 1);
-    if (o.sparse_policy != "dense") set_policy(policy_config(o));
+    if (!o.policy.dense()) set_policy(o.policy);
   }
-  void set_policy(const PolicyConfig& pc) override { model_->set_sparsity(pc); }
+  void set_policy(const PolicySpec& spec) override { model_->set_sparsity(spec); }
   double fit_key_basis(const PageTable&, int64_t, int, bool) override {
     throw Error("the projected key sketch (psketch4:R, qsketch4:R) is a CPU experiment so far: --device cpu");
   }

@@ -15,73 +15,12 @@
 
 namespace dhs {
 
-std::string EvalPolicy::label() const {
-  if (name == "dense") return "dense";
-  const std::string e = (estimator.empty() ? "" : "-" + estimator) +
-                        (reselect_every > 1 ? fmt::format("-r{}", reselect_every) : std::string());
-  if (name == "coverage" || (name == "solohead" && budget == 0)) return fmt::format("{}-{}{}", name, gamma, e);
-  return fmt::format("{}-{}{}", name, budget, e);
-}
-
 namespace {
 
-// The whole of `text` as a number in [lo, hi], or a dhs::Error naming `what` and the policy.
-double number_in(const std::string& text, double lo, double hi, const std::string& spec, const char* what) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DHS_CHECK(!text.empty() && used == text.size() && v >= lo && v <= hi, "policy '{}': '{}' is not {} in [{}, {}]", spec,
-            text, what, lo, hi);
-  return v;
-}
-
-}  // namespace
-
-EvalPolicy parse_eval_policy(const std::string& spec_in) {
-  EvalPolicy p;
-  std::string spec = spec_in;
-  if (const size_t at = spec.find('@'); at != std::string::npos) {
-    p.estimator = spec.substr(at + 1);
-    spec = spec.substr(0, at);
-    (void)make_estimator(p.estimator);  // a dhs::Error naming the estimators when unknown
-  }
-  if (const size_t sl = spec.find('/'); sl != std::string::npos) {
-    const double r = number_in(spec.substr(sl + 1), 1, 64, spec_in, "a step count");
-    DHS_CHECK(r == static_cast<int>(r), "policy '{}': the step count after '/' must be a whole number", spec_in);
-    spec = spec.substr(0, sl);
-    DHS_CHECK(spec.rfind("dense", 0) != 0, "policy 'dense' selects nothing to reuse ('{}')", spec_in);
-    p.reselect_every = static_cast<int>(r);
-  }
-  const size_t c = spec.find(':');
-  p.name = spec.substr(0, c);
-  const std::string arg = c == std::string::npos ? "" : spec.substr(c + 1);
-  auto number = [&](double lo, double hi) {
-    DHS_CHECK(!arg.empty(), "policy '{}': give a value after ':'", spec);
-    return number_in(arg, lo, hi, spec, "a number");
-  };
-  if (p.name == "dense") {
-    DHS_CHECK(arg.empty(), "policy 'dense' takes no value");
-  } else if (p.name == "coverage") {
-    p.gamma = number(1e-6, 1.0);
-  } else if (p.name == "topk" || p.name == "sinkwindow") {
-    p.budget = static_cast<int>(number(1, 1 << 24));
-  } else if (p.name == "solohead") {
-    const double v = number(1e-6, 1 << 24);
-    if (v <= 1.0) p.gamma = v; else p.budget = static_cast<int>(v);
-  } else {
-    throw Error(fmt::format("unknown policy '{}' (dense, coverage:G, topk:K, sinkwindow:K, solohead:G|K)", spec));
-  }
-  return p;
-}
-
-namespace {
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+// Greedy over the tokenizer's ids: logits past them are embedding padding (Qwen2.5).
+int32_t argmax(const std::vector<float>& v, int64_t n_vocab) {
+  const auto end = v.begin() + std::min<int64_t>(n_vocab, static_cast<int64_t>(v.size()));
+  return static_cast<int32_t>(std::max_element(v.begin(), end) - v.begin());
 }
 
 // KL(p || q) of the softmaxes of two logit rows, in double.
@@ -152,12 +91,13 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   if (o.tasks.empty()) tasks = eval::all_tasks();
   for (const std::string& t : o.tasks) tasks.push_back(eval::parse_task(t));
   DHS_CHECK(o.samples >= 1, "--samples must be >= 1");
-  std::vector<EvalPolicy> policies{EvalPolicy{}};
-  for (const EvalPolicy& p : o.policies)
-    if (p.name != "dense") policies.push_back(p);
+  std::vector<PolicySpec> policies{PolicySpec{}};  // dense first: the reference
+  for (const PolicySpec& p : o.policies)
+    if (!p.dense()) policies.push_back(p);
+  const int64_t n_vocab = engine.tokenizer().vocab_size();
   if (o.log) {
     std::vector<std::string> labels;
-    for (size_t i = 1; i < policies.size(); ++i) labels.push_back(policies[i].label());
+    for (size_t i = 1; i < policies.size(); ++i) labels.push_back(policies[i].label(o.estimator));
     o.log(fmt::format("eval: {} x {} ({}) x {} = {}, each decoded dense{}{}",
                       plural(static_cast<int64_t>(tasks.size()), "task", "tasks"),
                       plural(static_cast<int64_t>(o.lengths.size()), "length", "lengths"), fmt::join(o.lengths, ", "),
@@ -179,10 +119,9 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   // The projected sketch's key basis (psketch4:R): fitted once, from a calibration sample of
   // its own seed (not one of the evaluated samples), before any evaluated prefill.
   int rank = 0, query_aware = -1;
-  for (const EvalPolicy& p : policies) {
-    const std::string e = p.estimator.empty() ? o.estimator : p.estimator;
-    if (p.name == "dense" || e.empty()) continue;
-    const auto est = make_estimator(e);
+  for (const PolicySpec& p : policies) {
+    if (!p.scores()) continue;
+    const auto est = make_estimator(p.estimator);
     const int r = est->projected_rank();
     if (r == 0) continue;
     DHS_CHECK((rank == 0 || r == rank) && (query_aware < 0 || query_aware == est->query_aware()),
@@ -237,12 +176,12 @@ int run_eval(Engine& engine, const EvalOptions& o) {
         const int64_t n_prompt = static_cast<int64_t>(prompt.size());
 
         // Dense reference: greedy tokens and the logits before each.
-        engine.set_sparse_policy("dense", 0.99, 0, 0);
+        engine.set_policy(PolicySpec{});
         std::vector<std::vector<float>> ref_logits(1);
         session->append(prompt, &ref_logits[0]);
         std::vector<int32_t> ref;
         for (int k = 0; k < smp.max_new_tokens; ++k) {
-          const int32_t id = argmax(ref_logits.back());
+          const int32_t id = argmax(ref_logits.back(), n_vocab);
           if (is_stop(id)) break;
           ref.push_back(id);
           if (k + 1 == smp.max_new_tokens) break;
@@ -257,10 +196,10 @@ int run_eval(Engine& engine, const EvalOptions& o) {
         engine.take_page_counts();
 
         for (size_t pi = 1; pi < policies.size(); ++pi) {
-          const EvalPolicy& pol = policies[pi];
+          const PolicySpec& pol = policies[pi];
           Agg& a = agg[{static_cast<int>(task), len, static_cast<int>(pi)}];
           session->truncate(n_prompt);
-          engine.set_sparse_policy(pol.name, pol.gamma, pol.budget, o.dense_below, pol.estimator, pol.reselect_every);
+          engine.set_policy(pol);
           // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
           int diverged = -1;
           std::vector<float> lg;
@@ -268,7 +207,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
           for (int k = 1; k < n_steps; ++k) {
             session->append({ref[static_cast<size_t>(k - 1)]}, &lg);
             a.add_counts(engine.take_page_counts());
-            const bool agree = argmax(lg) == argmax(ref_logits[static_cast<size_t>(k)]);
+            const bool agree = argmax(lg, n_vocab) == argmax(ref_logits[static_cast<size_t>(k)], n_vocab);
             const double kl = kl_div(ref_logits[static_cast<size_t>(k)], lg);
             a.steps += 1;
             a.top1 += agree;
@@ -284,7 +223,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
             session->truncate(n_prompt + diverged - 1);
             session->append({ref[static_cast<size_t>(diverged - 1)]}, &lg);
             for (int k = diverged; k < smp.max_new_tokens; ++k) {
-              const int32_t id = argmax(lg);
+              const int32_t id = argmax(lg, n_vocab);
               if (is_stop(id)) break;
               out.push_back(id);
               if (k + 1 == smp.max_new_tokens) break;
@@ -310,13 +249,13 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   for (auto& [key, a] : agg) {
     const auto [task, key_len, pi] = key;
     if (key_len != len) continue;
-    const EvalPolicy& pol = policies[static_cast<size_t>(pi)];
+    const PolicySpec& pol = policies[static_cast<size_t>(pi)];
     const double score = 100.0 * a.score / std::max(1, a.n);
     const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
     const double kl_mean = a.steps ? a.kl_sum / static_cast<double>(a.steps) : 0.0;
     const double frac = a.total ? static_cast<double>(a.read) / static_cast<double>(a.total) : 1.0;
     std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f\n", eval::task_name(static_cast<eval::TaskKind>(task)).c_str(),
-                static_cast<long long>(len), pol.label().c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
+                static_cast<long long>(len), pol.label(o.estimator).c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
     std::vector<double> lh;
     for (size_t i = 0; i < a.lh_read.size(); ++i)
       lh.push_back(a.lh_total[i] ? static_cast<double>(a.lh_read[i]) / static_cast<double>(a.lh_total[i]) : 1.0);
@@ -326,13 +265,15 @@ int run_eval(Engine& engine, const EvalOptions& o) {
                             {"model", o.model_name},
                             {"task", eval::task_name(static_cast<eval::TaskKind>(task))},
                             {"length", len},
-                            {"policy", pol.name},
-                            {"label", pol.label()},
-                            {"gamma", pol.name == "dense" ? 1.0 : pol.gamma},
+                            {"policy", pol.rule_name()},
+                            {"spec", pol.str()},
+                            {"label", pol.label(o.estimator)},
+                            {"gamma", pol.dense() ? 1.0 : pol.gamma},
                             {"budget", pol.budget},
-                            {"estimator", pol.estimator.empty() ? o.estimator : pol.estimator},
-                            {"combine", o.combine},
-                            {"dense_below", o.dense_below},
+                            {"frac", pol.frac},
+                            {"estimator", pol.estimator},
+                            {"combine", pol.combine == GroupCombine::Max ? "max" : "sum"},
+                            {"dense_below", pol.dense_below},
                             {"reselect_every", pol.reselect_every},
                             {"samples", a.n},
                             {"score", score},
@@ -351,7 +292,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
     }
     if (pi > 0 && !lh.empty()) {
       // Summed over tasks: one budget vector per (policy, length) for the benchmark to replay.
-      nlohmann::json& t = trace[pol.label()][std::to_string(len)];
+      nlohmann::json& t = trace[pol.label(o.estimator)][std::to_string(len)];
       if (t.is_null()) t = {{"read", std::vector<uint64_t>(a.lh_read.size(), 0)}, {"total", std::vector<uint64_t>(a.lh_read.size(), 0)}};
       for (size_t i = 0; i < a.lh_read.size(); ++i) {
         t["read"][i] = t["read"][i].get<uint64_t>() + a.lh_read[i];

@@ -86,7 +86,6 @@ class LocalEngine final : public Engine {
     DHS_CHECK(max_ctx_ >= 1 && max_ctx_ <= (int64_t{1} << 24), "context size must be in [1, 2^24], got {}", max_ctx_);
     runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
     runner_->set_sampled_vocab(tok_->vocab_size());  // ids past it: embedding padding
-    opts_ = o;
     page_size_ = o.page_size;
   }
 
@@ -201,17 +200,7 @@ class LocalEngine final : public Engine {
 
   std::unique_ptr<Session> open_session() override;
 
-  void set_sparse_policy(const std::string& policy, double gamma, int budget, int64_t dense_below,
-                         const std::string& estimator, int reselect_every) override {
-    EngineOptions o = opts_;
-    o.reselect_every = reselect_every;
-    if (!estimator.empty()) o.estimator = estimator;
-    o.sparse_policy = policy;
-    o.gamma = gamma;
-    o.budget = budget;
-    o.dense_below = dense_below;
-    runner_->set_policy(policy_config(o));
-  }
+  void set_policy(const PolicySpec& policy) override { runner_->set_policy(policy); }
   PageCounts take_page_counts() override { return runner_->take_page_counts(); }
 
   double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank, bool query_aware) override {
@@ -288,7 +277,6 @@ class LocalEngine final : public Engine {
   static constexpr int kSlot = 0;  // one request at a time: it runs in the runner's slot 0
   int64_t max_ctx_ = 0;
   int page_size_ = 16;
-  EngineOptions opts_;  // estimator and combine rule for set_sparse_policy
 };
 
 // One request's table kept between calls; its pages go back to the pool with it.

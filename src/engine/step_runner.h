@@ -56,7 +56,7 @@ class StepRunner {
   virtual PageCounts take_page_counts() = 0;
   // The policy of the following decode steps (prefill stays dense). Scoring policies
   // need page summaries, kept when the runner was built with a sparse policy.
-  virtual void set_policy(const PolicyConfig& pc) = 0;
+  virtual void set_policy(const PolicySpec& spec) = 0;
   // Fits and installs the projected sketch's key basis from the first n_tokens keys of `table`
   // (Engine::calibrate_key_basis); returns the mean variance fraction kept.
   // query_aware: from the queries recorded since capture_queries(true) too (fit_qk_basis).
@@ -64,9 +64,6 @@ class StepRunner {
   // Records every layer's RoPE'd query rows of the following steps (on) or drops them (off).
   virtual void capture_queries(bool on) = 0;
 };
-
-// EngineOptions' sparse fields as the sparse/ factory reads them.
-PolicyConfig policy_config(const EngineOptions& o);
 
 // The page data the CUDA backend keeps for scoring (CudaModelOptions::summaries / key_sketch):
 // none when loaded dense; when sparse, what `estimator` reads (sketch4: the key sketch; minmax:

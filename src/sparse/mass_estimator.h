@@ -14,6 +14,7 @@
 
 #include "kv/page_table.h"
 #include "sparse/page_summary.h"
+#include "sparse/policy_spec.h"
 
 namespace dhs {
 
@@ -147,11 +148,7 @@ class ProjectedSketchEstimator final : public MassEstimator {
 // Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
 
-// How the per-q-head (and per-row) normalised masses of one KV group are combined.
-//   Sum: their mean (a distribution again: sums to 1, so gamma keeps its meaning).
-//   Max: their element-wise max, renormalised to sum 1 (favours pages that any
-//        single head needs).
-enum class GroupCombine { Sum, Max };
+// GroupCombine: sparse/policy_spec.h.
 
 struct MassQuery {
   const float* q = nullptr;  // [n_rows, n_heads_q, head_dim]; rows of this request at row_begin..row_end

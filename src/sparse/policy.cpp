@@ -1,5 +1,7 @@
 #include "sparse/policy.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <numeric>
 
@@ -186,12 +188,21 @@ TopKPolicy::TopKPolicy(std::shared_ptr<const MassEstimator> est, ScoredParams p)
   DHS_ASSERT(est_ && p_.budget >= 0 && p_.n_sink >= 0 && p_.n_recent >= 0);
 }
 
-std::string TopKPolicy::name() const { return fmt::format("topk-{}-{}", p_.budget, est_->name()); }
+std::string TopKPolicy::name() const {
+  return p_.frac > 0.0 ? fmt::format("topfrac-{}-{}", p_.frac, est_->name())
+                       : fmt::format("topk-{}-{}", p_.budget, est_->name());
+}
+
+int top_frac_k(double frac, int n) {
+  return static_cast<int>(std::ceil(static_cast<float>(frac) * static_cast<float>(n)));
+}
 
 void TopKPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
-  if (no_scoring_possible(in, req) || p_.budget >= n_pages_of(in, req)) return fill_dense(in, req, out);
+  const int n = n_pages_of(in, req);
+  const int k = p_.frac > 0.0 ? top_frac_k(p_.frac, n) : p_.budget;
+  if (no_scoring_possible(in, req) || k >= n) return fill_dense(in, req, out);
   select_per_head(in, req, *est_, p_.combine, out, [&](const std::vector<double>& mass) {
-    return top_k_set(mass, p_.n_sink, p_.n_recent, p_.budget);
+    return top_k_set(mass, p_.n_sink, p_.n_recent, k);
   });
 }
 
@@ -231,39 +242,37 @@ void DenseBelowPolicy::select_request(const SelectionInput& in, int req, Request
   inner_->select_request(in, req, out);
 }
 
-std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg) {
-  DHS_CHECK(cfg.n_sink >= 0 && cfg.n_recent >= 0, "sink and recent page counts must be >= 0");
-  DHS_CHECK(cfg.budget >= 0, "--budget must be >= 0 (got {})", cfg.budget);
-  DHS_CHECK(cfg.reselect_every >= 1 && cfg.reselect_every <= 64, "--reselect-every must be in [1, 64] (got {})",
-            cfg.reselect_every);
-  DHS_CHECK(cfg.min_step_tokens >= 0, "--sparse-min-tokens must be >= 0 (got {})", cfg.min_step_tokens);
+std::unique_ptr<SelectionPolicy> make_policy(const PolicySpec& spec) {
+  spec.validate();
   ScoredParams sp;
-  sp.gamma = cfg.gamma;
-  sp.budget = cfg.budget;
-  sp.n_sink = cfg.n_sink;
-  sp.n_recent = cfg.n_recent;
-  sp.combine = cfg.combine;
+  sp.gamma = spec.gamma;
+  sp.budget = spec.budget;
+  sp.n_sink = spec.n_sink;
+  sp.n_recent = spec.n_recent;
+  sp.combine = spec.combine;
   std::unique_ptr<SelectionPolicy> p;
-  if (cfg.name == "dense") {
-    return std::make_unique<DensePolicy>();
-  } else if (cfg.name == "coverage") {
-    DHS_CHECK(cfg.gamma > 0.0 && cfg.gamma <= 1.0, "--gamma must be in (0, 1] (got {})", cfg.gamma);
-    p = std::make_unique<CoverageGammaPolicy>(make_estimator(cfg.estimator), sp);
-  } else if (cfg.name == "topk") {
-    DHS_CHECK(cfg.budget > 0, "--sparse-policy topk needs --budget > 0 (pages per list)");
-    p = std::make_unique<TopKPolicy>(make_estimator(cfg.estimator), sp);
-  } else if (cfg.name == "sinkwindow") {
-    const int window = cfg.budget > 0 ? cfg.budget - cfg.n_sink : cfg.n_recent;
-    DHS_CHECK(window >= 0, "--budget {} is smaller than the {} sink pages", cfg.budget, cfg.n_sink);
-    p = std::make_unique<SinkWindowPolicy>(cfg.n_sink, window);
-  } else if (cfg.name == "solohead") {
-    DHS_CHECK(cfg.budget > 0 || (cfg.gamma > 0.0 && cfg.gamma <= 1.0), "--gamma must be in (0, 1] (got {})",
-              cfg.gamma);
-    p = std::make_unique<SoloHeadPolicy>(make_estimator(cfg.estimator), sp);
-  } else {
-    throw Error(fmt::format("unknown sparse policy '{}' (dense, coverage, topk, sinkwindow, solohead)", cfg.name));
+  switch (spec.rule) {
+    case SelectRule::Dense:
+      return std::make_unique<DensePolicy>();
+    case SelectRule::Coverage:
+      p = std::make_unique<CoverageGammaPolicy>(make_estimator(spec.estimator), sp);
+      break;
+    case SelectRule::TopK:
+      p = std::make_unique<TopKPolicy>(make_estimator(spec.estimator), sp);
+      break;
+    case SelectRule::TopFrac:
+      sp.frac = spec.frac;
+      p = std::make_unique<TopKPolicy>(make_estimator(spec.estimator), sp);
+      break;
+    case SelectRule::SinkWindow:
+      // budget 0: the window is the recent pages.
+      p = std::make_unique<SinkWindowPolicy>(spec.n_sink, spec.budget > 0 ? spec.budget - spec.n_sink : spec.n_recent);
+      break;
+    case SelectRule::SoloHead:
+      p = std::make_unique<SoloHeadPolicy>(make_estimator(spec.estimator), sp);
+      break;
   }
-  if (cfg.dense_below > 0) p = std::make_unique<DenseBelowPolicy>(std::move(p), cfg.dense_below);
+  if (spec.dense_below > 0) p = std::make_unique<DenseBelowPolicy>(std::move(p), spec.dense_below);
   return p;
 }
 

@@ -16,6 +16,7 @@
 #include "kv/page_table.h"
 #include "sparse/mass_estimator.h"
 #include "sparse/page_summary.h"
+#include "sparse/policy_spec.h"
 
 namespace dhs {
 
@@ -54,6 +55,9 @@ std::vector<int32_t> coverage_set(const std::vector<double>& mass, int n_sink, i
 // Top-k: exactly min(k, n) pages. Ranking: sinks (first to last), then recent pages
 // (newest first), then the rest by mass descending, page index ascending.
 std::vector<int32_t> top_k_set(const std::vector<double>& mass, int n_sink, int n_recent, int k);
+// TopFrac's k of a list of n pages: ceil(frac x n) computed in float, as the device does (in
+// double, 0.3 x 10 would give 4 on one side and 3 on the other at some n).
+int top_frac_k(double frac, int n);
 
 // All pages (the reference; same lists as dense_page_lists).
 class DensePolicy final : public SelectionPolicy {
@@ -79,6 +83,7 @@ struct ScoredParams {
   int n_sink = 1;
   int n_recent = 1;
   GroupCombine combine = GroupCombine::Sum;
+  double frac = 0.0;    // > 0: top-k takes top_frac_k(frac, pages of the list) instead of budget
 };
 
 // The dhisparse rule: per (request, layer, KV head, step), coverage_set over the
@@ -136,28 +141,10 @@ class DenseBelowPolicy final : public SelectionPolicy {
   DensePolicy dense_;
 };
 
-// What the front ends pass (--sparse-policy, --gamma, --budget, ...).
-struct PolicyConfig {
-  std::string name = "dense";  // dense | coverage | topk | sinkwindow | solohead
-  double gamma = 0.99;         // coverage, solohead (budget == 0)
-  int budget = 0;              // pages per list: topk (required), solohead (optional),
-                               // sinkwindow (n_sink + window; 0 means window = n_recent)
-  int n_sink = 1;
-  int n_recent = 1;
-  std::string estimator = "minmax";  // minmax | meanspread
-  GroupCombine combine = GroupCombine::Sum;
-  int64_t dense_below = 0;  // tokens; 0 = never force dense
-  // A decode step whose requests hold fewer tokens than this in all reads every page and runs no
-  // selection (EngineOptions::sparse_min_tokens). The runners read it; make_policy only checks it.
-  int64_t min_step_tokens = 0;
-  // A layer runs the policy every this many decode steps and reuses its last selection
-  // (grown by the pages written since) in between (sparse/reselect_schedule.h). The
-  // runners read it; make_policy only checks it.
-  int reselect_every = 1;
-};
-
-// Throws dhs::Error on an unknown name or an invalid combination.
-std::unique_ptr<SelectionPolicy> make_policy(const PolicyConfig& cfg);
+// The policy a spec names (sparse/policy_spec.h): nullptr-free; DensePolicy for dense. Validates
+// the spec (dhs::Error). dense_below wraps the rule in DenseBelowPolicy; min_step_tokens and
+// reselect_every are read by the runners.
+std::unique_ptr<SelectionPolicy> make_policy(const PolicySpec& spec);
 
 // Whether a decode step whose requests hold seq_len tokens (this step's included) runs the policy:
 // not when every request is shorter than dense_below (> 0), nor when they hold fewer than

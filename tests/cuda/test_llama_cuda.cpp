@@ -169,8 +169,9 @@ int main() {
     CudaModelOptions so = o;
     so.summaries = "minmax";  // (a sparse-capable model: selection workspace and stats)
     LlamaCuda sg(src, so);
-    PolicyConfig pc;
-    pc.name = "sinkwindow";
+    PolicySpec pc;
+    pc.rule = SelectRule::SinkWindow;
+    pc.estimator = "minmax";
     pc.budget = 4;  // 1 sink + a window of 3 pages
     pc.reselect_every = 3;
     const auto& ids = prompts.back();  // the longest (1,186 tokens: 75 pages per list)
@@ -226,8 +227,9 @@ int main() {
     const auto& ids = prompts.back();  // 1,186 tokens
     const int64_t n0 = static_cast<int64_t>(ids.size());
     constexpr int kSteps = 16, kDenseSteps = 6;  // steps 0..5 stay dense: seq_len n0 + 1 .. n0 + 6 < N
-    PolicyConfig pc;
-    pc.name = "coverage";
+    PolicySpec pc;
+    pc.rule = SelectRule::Coverage;
+    pc.estimator = "minmax";
     pc.gamma = 0.5;  // a cut that leaves pages out at this length
     pc.dense_below = n0 + kDenseSteps + 1;
     PagePool cpool(Tier::Host, c.n_layers * c.n_heads_kv * 200, 16, static_cast<int>(c.head_dim));
@@ -240,8 +242,8 @@ int main() {
     // threshold (one request: the step's tokens are its context).
     for (const int mode : {0, 1, 2}) {
       const bool sparse = mode > 0;
-      PolicyConfig run = pc;
-      if (!sparse) run.name = "dense";
+      PolicySpec run = pc;
+      if (!sparse) run.rule = SelectRule::Dense;
       if (mode == 2) {
         run.min_step_tokens = run.dense_below;
         run.dense_below = 0;

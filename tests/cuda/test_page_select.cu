@@ -42,6 +42,7 @@
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
+#include "backend/cuda/page_select_rule.h"
 #include "core/fp16.h"
 #include "device_vectors.h"
 #include "gtest_shim.h"
@@ -287,17 +288,18 @@ TEST(DeviceSummaries, MatchTheCpuStoreOnPrefillAndDecodeSteps) {
   }
 }
 
+// A policy's CPU statement; the kernel's fields come from it through dc::set_rule, the one
+// translation the engine uses too (page_select_rule.h).
 struct PolicyCase {
   std::string name;
-  dhs::PolicyConfig cpu;
-  dc::SelectRule rule;
+  dhs::PolicySpec cpu;
 };
 
 std::vector<PolicyCase> policy_cases() {
   std::vector<PolicyCase> v;
   auto cov = [&](double g, int sink, int recent, bool mx) {
-    PolicyCase c{"coverage-" + std::to_string(g), {}, dc::SelectRule::Coverage};
-    c.cpu.name = "coverage";
+    PolicyCase c{"coverage-" + std::to_string(g), {}};
+    c.cpu.rule = dhs::SelectRule::Coverage;
     c.cpu.gamma = g;
     c.cpu.n_sink = sink;
     c.cpu.n_recent = recent;
@@ -309,16 +311,16 @@ std::vector<PolicyCase> policy_cases() {
   v.push_back(cov(0.98, 0, 0, false));
   v.push_back(cov(0.98, 4, 2, true));
   for (int k : {1, 2, 3, 8, 50}) {
-    PolicyCase c{"topk-" + std::to_string(k), {}, dc::SelectRule::TopK};
-    c.cpu.name = "topk";
+    PolicyCase c{"topk-" + std::to_string(k), {}};
+    c.cpu.rule = dhs::SelectRule::TopK;
     c.cpu.budget = k;
     c.cpu.n_sink = 1;
     c.cpu.n_recent = 2;
     v.push_back(c);
   }
   {
-    PolicyCase c{"sinkwindow", {}, dc::SelectRule::SinkWindow};
-    c.cpu.name = "sinkwindow";
+    PolicyCase c{"sinkwindow", {}};
+    c.cpu.rule = dhs::SelectRule::SinkWindow;
     c.cpu.n_sink = 2;
     c.cpu.n_recent = 5;
     c.cpu.budget = 7;
@@ -327,13 +329,22 @@ std::vector<PolicyCase> policy_cases() {
   {
     PolicyCase c = cov(0.95, 1, 1, false);
     c.name = "solohead-0.95";
-    c.cpu.name = "solohead";
+    c.cpu.rule = dhs::SelectRule::SoloHead;
     v.push_back(c);
   }
   {
     PolicyCase c = cov(0.9, 1, 1, false);
     c.name = "coverage-0.9-dense-below-1000";
     c.cpu.dense_below = 1000;
+    v.push_back(c);
+  }
+  // TopFrac: ceil(frac x pages) of each list, in float on both sides (top_frac_k).
+  for (double f : {0.05, 0.3, 0.9}) {
+    PolicyCase c{"topfrac-" + std::to_string(f), {}};
+    c.cpu.rule = dhs::SelectRule::TopFrac;
+    c.cpu.frac = f;
+    c.cpu.n_sink = 1;
+    c.cpu.n_recent = 2;
     v.push_back(c);
   }
   return v;
@@ -426,9 +437,12 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
   };
 
   for (const PolicyCase& pc : policy_cases()) {
-    if (kind == dc::SummaryKind::MeanSpread && pc.rule != dc::SelectRule::Coverage) continue;
-    dhs::PolicyConfig cfg = pc.cpu;
+    dhs::PolicySpec cfg = pc.cpu;
     cfg.estimator = kind == dc::SummaryKind::MinMax ? "minmax" : gaussian ? "gaussian" : "meanspread";
+    dc::PageSelectParams rule_fields;
+    (void)dc::set_rule(cfg, &rule_fields);
+    const dc::SelectRule rule = rule_fields.rule;
+    if (kind == dc::SummaryKind::MeanSpread && rule != dc::SelectRule::Coverage) continue;
     const auto policy = dhs::make_policy(cfg);
     const dhs::PageLists want = policy->select(in);
 
@@ -438,14 +452,8 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
     const std::vector<int> cluster_sizes = quick() ? std::vector<int>{2} : std::vector<int>{0, 1, 2, 16};
     for (int cs : cluster_sizes) {
       dc::PageSelectParams p = base_params();
-      p.rule = pc.rule;
-      p.gamma = static_cast<float>(cfg.gamma);
-      p.budget = cfg.budget;
-      p.n_sink = cfg.n_sink;
-      p.n_recent = pc.rule == dc::SelectRule::SinkWindow ? cfg.budget - cfg.n_sink : cfg.n_recent;
-      p.combine_max = cfg.combine == dhs::GroupCombine::Max;
-      p.share_heads = cfg.name == "solohead";
-      p.dense_below = static_cast<int>(cfg.dense_below);
+      (void)dc::set_rule(cfg, &p);
+      p.summaries = sums_d->data_d();  // (set_rule sets the rule's fields; the test's store stays)
       p.mass_out = mass_d;
       p.select_cluster = cs;
       dc::launch_page_select(p, nullptr);
@@ -464,9 +472,10 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
       int mismatched = 0, mass_bad = 0;
       for (int r = 0; r < n_req; ++r) {
         const int n_pg = (pr.seq_len[static_cast<size_t>(r)] + kPage - 1) / kPage;
-        const bool scored = pc.rule != dc::SelectRule::SinkWindow && pr.seq_len[static_cast<size_t>(r)] >= cfg.dense_below &&
-                            !(pc.rule == dc::SelectRule::Coverage && cfg.gamma >= 1.0) &&
-                            !(pc.rule == dc::SelectRule::TopK && cfg.budget >= n_pg);
+        const int k_top = cfg.rule == dhs::SelectRule::TopFrac ? dhs::top_frac_k(cfg.frac, n_pg) : cfg.budget;
+        const bool scored = rule != dc::SelectRule::SinkWindow && pr.seq_len[static_cast<size_t>(r)] >= cfg.dense_below &&
+                            !(rule == dc::SelectRule::Coverage && cfg.gamma >= 1.0) &&
+                            !(rule == dc::SelectRule::TopK && k_top >= n_pg);
         std::vector<double> cpu_mass;
         if (scored && !p.share_heads && kind == dc::SummaryKind::MinMax) {
           const dhs::MassQuery mq = mass_query(pr, r, scale);
@@ -491,7 +500,7 @@ void run_selection_cases(int hq, int hkv, int d, bool multi_q, dc::SummaryKind k
             EXPECT_EQ(g_slots[static_cast<size_t>(g_indptr[static_cast<size_t>(row)]) + i],
                       pr.tables[static_cast<size_t>(r)]->page(0, h, gp[i]).slot);
           if (gp == wp) continue;
-          const bool coverage = pc.rule == dc::SelectRule::Coverage;
+          const bool coverage = rule == dc::SelectRule::Coverage;
           if (!coverage) {
             ADD_FAILURE() << pc.name << " C " << cs << ": request " << r << " head " << h << ": " << gp.size() << " pages, CPU "
                           << wp.size();

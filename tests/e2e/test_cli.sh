@@ -71,6 +71,12 @@ expect nonzero "sparse-min-tokens" -- generate -m "$model" -p hi --sparse-min-to
 long="$(printf 'The quick brown fox jumps over the lazy dog %s. ' $(seq 1 30))"
 expect zero "KV pages read: [0-9]\\.|KV pages read: [1-8][0-9]\\." -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5
 expect zero "KV pages read: 100(\\.0)?%" -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5 --sparse-min-tokens 100000
+# The policy grammar (sparse/policy_spec.h) in --sparse-policy: topfrac keeps ceil(0.25 x pages) of each
+# list's 24-25 pages (25-28%); a rule with its value, reselect count and estimator in one word; bad values named.
+expect zero "KV pages read: 2[5-8]\\." -- generate -m "$model" -p "$long" -n 8 --sparse-policy topfrac:0.25
+expect zero "KV pages read: [0-9]+\\.[0-9]%" -- generate -m "$model" -p "$long" -n 4 --sparse-policy coverage:0.5/2@minmax
+expect nonzero "'2' is not a mass" -- generate -m "$model" -p hi --sparse-policy coverage:2
+expect nonzero "unknown policy 'quest:4'" -- generate -m "$model" -p hi --sparse-policy quest:4
 expect zero "usage|generate" -- --help
 expect zero "architecture +llama" -- info "$model"
 expect zero "Paris" -- generate -m "$model" --chat -p "What is the capital of France?" -n 16
@@ -114,7 +120,7 @@ streams nonzero EMPTY "top-p: 0 is out of range.*\\(0, 1\\]" -- generate -m "$mo
 streams nonzero EMPTY "!loading" -- generate -m "$model" -p hi --top-p 0
 streams nonzero EMPTY "gamma: 0 is out of range.*\\(0, 1\\]" -- generate -m "$model" -p hi --sparse-policy coverage --gamma 0
 streams nonzero EMPTY "repeat-penalty: 0 is out of range" -- generate -m "$model" -p hi --repeat-penalty 0
-streams nonzero EMPTY "budget.*topk needs --budget" -- generate -m "$model" -p hi --sparse-policy topk
+streams nonzero EMPTY "topk needs --budget" -- generate -m "$model" -p hi --sparse-policy topk
 streams nonzero EMPTY "reselect-every: 65 is out of range.*\\[1, 64\\]" -- generate -m "$model" -p hi --reselect-every 65
 
 # 6. -q prints only the generated text.

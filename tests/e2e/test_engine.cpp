@@ -180,10 +180,9 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
   EngineOptions o;
   o.model_path = test::default_model_path();
   auto dense = Engine::load(o);
-  o.sparse_policy = "coverage";
-  o.gamma = 1.0;
+  o.policy = PolicySpec::parse("coverage:1");
   auto full = Engine::load(o);
-  o.gamma = 0.99;
+  o.policy.gamma = 0.99;
   auto cov = Engine::load(o);
   GenerateOptions go;
   go.max_tokens = 24;
@@ -200,7 +199,7 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
     EXPECT_EQ(e->kv_stats().n_used, 0);
     EXPECT_EQ(e->kv_check(), "");
   }
-  o.sparse_policy = "nonsense";
+  o.policy.gamma = 1.5;  // out of (0, 1]
   EXPECT_THROW(Engine::load(o), Error);
 }
 

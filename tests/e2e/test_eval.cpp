@@ -19,10 +19,23 @@
 namespace dhs {
 namespace {
 
+// A rule by name with the fields the tests vary; the rest as EngineOptions::policy's defaults.
+PolicySpec spec(const std::string& rule, double gamma, int budget, int64_t dense_below = 0, int every = 1) {
+  PolicySpec p;
+  for (const RuleInfo& r : rule_table())
+    if (rule == r.name) p.rule = r.rule;
+  EXPECT_EQ(p.rule_name(), rule);
+  p.gamma = gamma;
+  p.budget = budget;
+  p.dense_below = dense_below;
+  p.reselect_every = every;
+  return p;
+}
+
 std::unique_ptr<Engine> load_sparse_engine() {
   EngineOptions o;
   o.model_path = test::default_model_path();
-  o.sparse_policy = "coverage";  // keeps page summaries
+  o.policy.rule = SelectRule::Coverage;  // keeps page summaries
   o.max_context = 2048;
   return Engine::load(o);
 }
@@ -32,7 +45,7 @@ TEST(Session, TruncateAndRedecodeIsBitwiseIdentical) {
   auto e = load_sparse_engine();
   const PoolStats before = e->kv_stats();
   for (const char* policy : {"dense", "coverage"}) {
-    e->set_sparse_policy(policy, 0.9, 0, 0);
+    e->set_policy(spec(policy, 0.9, 0));
     auto s = e->open_session();
     std::vector<int32_t> prompt = e->tokenize("The quick brown fox jumps over the lazy dog. One two three four five");
     std::vector<float> lg;
@@ -67,7 +80,7 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   o.tasks = {"niah_single"};
   o.lengths = {400};
   o.samples = 2;
-  o.policies = {parse_eval_policy("coverage:1.0"), parse_eval_policy("coverage:0.5")};
+  o.policies = {PolicySpec::parse("coverage:1.0"), PolicySpec::parse("coverage:0.5")};
   o.out = out;
   o.trace_out = trace;
   ASSERT_EQ(run_eval(*e, o), 0);
@@ -90,18 +103,7 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   EXPECT_LE(g5["top1_agree"].get<double>(), 100.0);
   EXPECT_TRUE(std::filesystem::exists(trace));
   EXPECT_EQ(e->kv_check(), "");
-  EXPECT_THROW(parse_eval_policy("coverage:1.5"), Error);
-  EXPECT_THROW(parse_eval_policy("topk"), Error);
-  EXPECT_THROW(parse_eval_policy("bogus:3"), Error);
-  EXPECT_EQ(parse_eval_policy("solohead:64").budget, 64);
-  const EvalPolicy r4 = parse_eval_policy("coverage:0.99/4@minmax");
-  EXPECT_EQ(r4.reselect_every, 4);
-  EXPECT_EQ(r4.estimator, "minmax");
-  EXPECT_EQ(r4.label(), "coverage-0.99-minmax-r4");
-  EXPECT_THROW(parse_eval_policy("coverage:0.99/0"), Error);
-  EXPECT_THROW(parse_eval_policy("coverage:0.99/x"), Error);
-  EXPECT_THROW(parse_eval_policy("coverage:0.99/2.5"), Error);
-  EXPECT_THROW(parse_eval_policy("dense/2"), Error);
+  // The policy grammar itself: tests/unit/test_policy_spec.cpp.
 }
 
 // --reselect-every (sparse/reselect_schedule.h) end to end on the CPU engine, 40 decode steps
@@ -121,7 +123,7 @@ TEST(Reselect, GammaOneStaysDenseAndSinkWindowReadsWhatTheDefinitionCounts) {
   const std::vector<int32_t> prompt = e->tokenize(text);  // ~120 tokens: 8 pages, then 40 steps
   auto decode = [&](const std::string& policy, double gamma, int budget, int every, std::vector<std::vector<float>>* steps,
                     int64_t dense_below = 0) {
-    e->set_sparse_policy(policy, gamma, budget, dense_below, "", every);
+    e->set_policy(spec(policy, gamma, budget, dense_below, every));
     auto s = e->open_session();
     std::vector<float> lg;
     s->append(prompt, &lg);
@@ -199,10 +201,10 @@ TEST(Eval, SparseMinTokensRunsDenseStepsBelowTheThreshold) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EngineOptions o;
   o.model_path = test::default_model_path();
-  o.sparse_policy = "coverage";
+  o.policy.rule = SelectRule::Coverage;
   o.max_context = 2048;
   constexpr int64_t kMin = 140;  // tokens of context in the step, this step's included
-  o.sparse_min_tokens = kMin;
+  o.policy.min_step_tokens = kMin;
   auto e = Engine::load(o);
   std::string text;
   for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog " + std::to_string(i) + ". ";
@@ -213,7 +215,9 @@ TEST(Eval, SparseMinTokensRunsDenseStepsBelowTheThreshold) {
   const int n_steps = n_dense + 12;
   auto decode = [&](const std::string& policy, std::vector<std::vector<float>>* steps, PageCounts* below,
                     PageCounts* above) {
-    e->set_sparse_policy(policy, 0.5, 0, 0);
+    PolicySpec p = spec(policy, 0.5, 0);
+    p.min_step_tokens = kMin;
+    e->set_policy(p);
     auto s = e->open_session();
     std::vector<float> lg;
     s->append(prompt, &lg);

@@ -267,26 +267,59 @@ TEST(SparsePolicy, DenseBelowThresholdAndFactory) {
   SparseWorld w(1, Hkv, ps, D, Hkv * 40);
   const Batch b = random_batch(w, rng, Hq, {300, 100}, 1);
   const SelectionInput in = input_of(b, w, 0, Hq);
-  PolicyConfig cfg;
-  cfg.name = "topk";
+  PolicySpec cfg;
+  cfg.rule = SelectRule::TopK;
+  cfg.estimator = "minmax";
   cfg.budget = 3;
   cfg.dense_below = 200;
   const auto pol = make_policy(cfg);
   const PageLists pl = pol->select(in);
   EXPECT_EQ(row_pages(pl, 0, 0).size(), 3u);
   EXPECT_EQ(row_pages(pl, 1, 1).size(), 7u);  // 100 tokens < 200: all 7 pages
-  for (const char* name : {"dense", "coverage", "sinkwindow", "solohead"}) {
-    cfg.name = name;
-    EXPECT_NO_THROW(make_policy(cfg)->select(in)) << name;
+  for (const RuleInfo& r : rule_table()) {
+    cfg.rule = r.rule;
+    EXPECT_NO_THROW(make_policy(cfg)->select(in)) << r.name;
   }
-  cfg.name = "nope";
+  cfg.rule = static_cast<SelectRule>(99);
   EXPECT_THROW(make_policy(cfg), Error);
-  cfg.name = "topk";
+  cfg.rule = SelectRule::TopK;
   cfg.budget = 0;
   EXPECT_THROW(make_policy(cfg), Error);
-  cfg.name = "coverage";
+  cfg.rule = SelectRule::Coverage;
   cfg.gamma = 1.5;
   EXPECT_THROW(make_policy(cfg), Error);
+  cfg.gamma = 0.9;
+  cfg.rule = SelectRule::TopFrac;
+  cfg.frac = 0.0;
+  EXPECT_THROW(make_policy(cfg), Error);
+}
+
+// TopFrac: each list keeps ceil(frac x its pages) pages -- top_k_set with that k -- so a longer
+// request reads more pages; lists no longer than their k stay whole.
+TEST(SparsePolicy, TopFracKeepsAFractionOfEachList) {
+  const int Hkv = 2, Hq = 4, D = 8, ps = 16;
+  std::mt19937 rng(51);
+  SparseWorld w(1, Hkv, ps, D, Hkv * 60);
+  const Batch b = random_batch(w, rng, Hq, {640, 100, 16}, 1);  // 40, 7 and 1 pages
+  const SelectionInput in = input_of(b, w, 0, Hq);
+  PolicySpec frac;
+  frac.rule = SelectRule::TopFrac;
+  frac.estimator = "minmax";
+  frac.frac = 0.3;
+  const PageLists pl = make_policy(frac)->select(in);
+  PolicySpec topk = frac;
+  topk.rule = SelectRule::TopK;
+  for (int req = 0; req < 3; ++req) {
+    const int n = (std::vector<int>{40, 7, 1})[static_cast<size_t>(req)];
+    EXPECT_EQ(top_frac_k(0.3, n), (std::vector<int>{12, 3, 1})[static_cast<size_t>(req)]);
+    // The same pages as top-k with that request's k.
+    topk.budget = top_frac_k(0.3, n);
+    const PageLists want = make_policy(topk)->select(in);
+    for (int h = 0; h < Hkv; ++h) {
+      EXPECT_EQ(row_pages(pl, req, h).size(), static_cast<size_t>(std::min(n, top_frac_k(0.3, n)))) << req;
+      EXPECT_EQ(row_pages(pl, req, h), row_pages(want, req, h)) << req << " " << h;
+    }
+  }
 }
 
 // Runs cpu::attention of one decode row per request over `pl`.  q: [n_req, Hq, D]

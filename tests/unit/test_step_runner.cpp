@@ -10,8 +10,8 @@ namespace {
 
 dhs::EngineOptions opts(const std::string& policy, const std::string& estimator, bool all = false) {
   dhs::EngineOptions o;
-  o.sparse_policy = policy;
-  o.estimator = estimator;
+  o.policy = dhs::PolicySpec::parse(policy == std::string("topk") ? "topk:4" : policy);
+  o.policy.estimator = estimator;
   o.keep_all_estimators = all;
   return o;
 }

@@ -283,7 +283,9 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   else if (p.rule == SelectRule::SinkWindow) mode = kForced;
   else if (p.rule == SelectRule::Coverage && p.gamma >= 1.0f) mode = kAll;
   else if (p.rule == SelectRule::TopK) {
-    k_top = p.budget_frac && !p.share_heads ? static_cast<int>(ceilf(p.budget_frac[h] * static_cast<float>(n))) : p.budget;
+    k_top = p.budget_frac && !p.share_heads ? static_cast<int>(ceilf(p.budget_frac[h] * static_cast<float>(n)))
+            : p.frac > 0.0f                 ? static_cast<int>(ceilf(p.frac * static_cast<float>(n)))
+                                            : p.budget;
     if (k_top >= n) mode = kAll;
   }
 

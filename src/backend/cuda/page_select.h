@@ -57,7 +57,8 @@ struct PageSelectParams {
 
   SelectRule rule = SelectRule::Coverage;
   float gamma = 0.99f;                   // Coverage
-  int budget = 0;                        // TopK: pages per list (when budget_frac is null)
+  int budget = 0;                        // TopK: pages per list (when budget_frac is null and frac is 0)
+  float frac = 0.0f;                     // TopK, > 0: ceil(frac * n_pages) per list (sparse TopFrac)
   const float* budget_frac = nullptr;    // TopK: [n_heads_kv] ceil(frac * n_pages) per KV head, or null
   int n_sink = 1;                        // forced first pages (SinkWindow: the sinks)
   int n_recent = 1;                      // forced last pages (SinkWindow: the window)

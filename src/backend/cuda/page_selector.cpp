@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/page_select_rule.h"
 #include "core/error.h"
 
 namespace dhs::cuda {
@@ -59,67 +60,39 @@ void PageSelector::allocate_stored_lists() {
   st_seq_len_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * B) * 4));
 }
 
-void PageSelector::set_policy(const PolicyConfig& pc, const std::vector<float>& budget_frac) {
+void PageSelector::set_policy(const PolicySpec& spec, const std::vector<float>& budget_frac) {
   {
-    PolicyConfig check = pc;  // the CPU factory's validation: one set of rules for both backends
+    PolicySpec check = spec;  // the CPU factory's validation: one set of rules for both backends
     if (!budget_frac.empty() && check.budget == 0) check.budget = 1;  // per-head budgets stand in for --budget
     (void)make_policy(check);
   }
   // Everything a captured step bakes in (the select kernels' parameters) is in the key.
-  policy_key_ = fmt::format("{}/{}/{}/{}/{}/{}/{}/{}/{}/{}", pc.name, pc.gamma, pc.budget, pc.n_sink, pc.n_recent,
-                            pc.estimator, static_cast<int>(pc.combine), pc.dense_below, budget_frac.empty() ? 0 : 1,
-                            pc.reselect_every);
-  sparse_ = pc.name != "dense";
-  dense_below_ = pc.dense_below;
-  min_step_tokens_ = pc.min_step_tokens;
-  schedule_ = ReselectSchedule(sparse_ ? pc.reselect_every : 1);
+  policy_key_ = fmt::format("{} budget_frac={}", spec.key(), budget_frac.empty() ? 0 : 1);
+  sparse_ = !spec.dense();
+  dense_below_ = spec.dense_below;
+  min_step_tokens_ = spec.min_step_tokens;
+  schedule_ = ReselectSchedule(sparse_ ? spec.reselect_every : 1);
   if (!sparse_) return;
-  DHS_CHECK(ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", pc.name);
-  if (pc.reselect_every > 1 && st_indptr_d_ == nullptr) allocate_stored_lists();
-  select_ = rule_params(pc, budget_frac);
+  DHS_CHECK(ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", spec.str());
+  if (spec.reselect_every > 1 && st_indptr_d_ == nullptr) allocate_stored_lists();
+  select_ = rule_params(spec, budget_frac);
 }
 
-// The select kernels' parameters for `pc`: the rule, and every buffer whose address is fixed.
-PageSelectParams PageSelector::rule_params(const PolicyConfig& pc, const std::vector<float>& budget_frac) const {
-  const bool scoring = pc.name != "sinkwindow";
-  const bool sketch = pc.estimator == "sketch4";
-  DHS_CHECK(!scoring || sketch || pc.estimator == "minmax" || pc.estimator == "meanspread" || pc.estimator == "gaussian",
-            "--estimator {}: the CUDA backend has minmax, meanspread, gaussian and sketch4", pc.estimator);
-  // gaussian reads the same mean / variance summaries as meanspread.
-  const auto kind = pc.estimator == "minmax" ? SummaryKind::MinMax : SummaryKind::MeanSpread;
-  const DevicePageSummaries* store = kind == SummaryKind::MinMax ? in_.minmax : in_.meanspread;
-  DHS_CHECK(!scoring || (sketch ? in_.sketch != nullptr : store != nullptr),
-            "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", pc.name, pc.estimator);
+// The select kernels' parameters for `spec`: the rule (page_select_rule.h), and every buffer
+// whose address is fixed.
+PageSelectParams PageSelector::rule_params(const PolicySpec& spec, const std::vector<float>& budget_frac) const {
   PageSelectParams p;
-  p.kind = kind;
-  if (sketch) {
+  const RulePageData data = set_rule(spec, &p);
+  const DevicePageSummaries* store = data.kind == SummaryKind::MinMax ? in_.minmax : in_.meanspread;
+  DHS_CHECK(!data.scores || (data.sketch ? in_.sketch != nullptr : store != nullptr),
+            "--sparse-policy {}: estimator {} needs summaries the CUDA model does not keep", spec.str(), spec.estimator);
+  if (data.sketch) {
     p.sketch_codes = in_.sketch->codes_d();
     p.sketch_steps = in_.sketch->steps_d();
   }
-  p.gaussian = pc.estimator == "gaussian";
-  p.gamma = static_cast<float>(pc.gamma);
-  p.n_sink = pc.n_sink;
-  p.n_recent = pc.n_recent;
-  p.combine_max = pc.combine == GroupCombine::Max;
-  p.dense_below = static_cast<int>(std::min<int64_t>(pc.dense_below, INT32_MAX));
-  if (pc.name == "coverage") {
-    p.rule = SelectRule::Coverage;
-  } else if (pc.name == "topk") {
-    p.rule = SelectRule::TopK;
-    p.budget = pc.budget;
-  } else if (pc.name == "sinkwindow") {
-    p.rule = SelectRule::SinkWindow;
-    p.n_recent = pc.budget > 0 ? pc.budget - pc.n_sink : pc.n_recent;  // as make_policy reads --budget
-  } else if (pc.name == "solohead") {
-    p.share_heads = true;
-    p.rule = pc.budget > 0 ? SelectRule::TopK : SelectRule::Coverage;
-    p.budget = pc.budget;
-  } else {
-    throw Error(fmt::format("--sparse-policy {}: not on the CUDA backend", pc.name));
-  }
   if (!budget_frac.empty()) {
     const int64_t L = sz_.n_layers, Hkv = sz_.n_heads_kv;
-    DHS_CHECK(pc.name == "topk", "per-head budget fractions go with --sparse-policy topk");
+    DHS_CHECK(spec.rule == dhs::SelectRule::TopK, "per-head budget fractions go with --sparse-policy topk");
     DHS_CHECK(static_cast<int64_t>(budget_frac.size()) == L * Hkv, "budget fractions: {} values for {} layers x {} KV heads",
               budget_frac.size(), L, Hkv);
     DHS_CUDA_CHECK(cudaMemcpy(budget_frac_d_, budget_frac.data(), budget_frac.size() * 4, cudaMemcpyHostToDevice));

@@ -79,7 +79,7 @@ class PageSelector {
   // The policy of every following decode step (prefill stays dense). Validated as the CPU
   // factory validates it. budget_frac (topk only, optional): per (layer, KV head) fraction of
   // each list's pages, [n_layers * n_heads_kv]. Throws dhs::Error on what the device lacks.
-  void set_policy(const PolicyConfig& pc, const std::vector<float>& budget_frac = {});
+  void set_policy(const PolicySpec& spec, const std::vector<float>& budget_frac = {});
 
   // Start of a step: whether it runs the policy (a decode step under a sparse policy, unless
   // every request is shorter than --dense-below or they hold fewer than --sparse-min-tokens:
@@ -106,7 +106,7 @@ class PageSelector {
   void reset_stats();
 
  private:
-  PageSelectParams rule_params(const PolicyConfig& pc, const std::vector<float>& budget_frac) const;
+  PageSelectParams rule_params(const PolicySpec& spec, const std::vector<float>& budget_frac) const;
   void allocate_stored_lists();
   void* alloc(size_t bytes);
 

@@ -34,7 +34,7 @@ class LlamaCpu {
   // given) and the policy choosing each layer's page lists (nullptr: dense), run by each
   // layer every `reselect_every` decode steps (sparse/reselect_schedule.h).
   // A decode step whose requests are all shorter than dense_below tokens, or hold fewer than
-  // min_step_tokens in all, reads every page and runs no selection (PolicyConfig::dense_below,
+  // min_step_tokens in all, reads every page and runs no selection (PolicySpec::dense_below,
   // min_step_tokens; as the CUDA backend, so that the reselect schedules agree: such a step
   // invalidates the stored selections).
   void set_sparsity(const SelectionPolicy* policy, PageSummaryStore* summaries, int reselect_every = 1,

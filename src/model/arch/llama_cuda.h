@@ -93,8 +93,8 @@ class LlamaCuda {
   // policy's estimator must match them). budget_frac (topk only, optional): per
   // (layer, KV head) fraction of each list's pages, [n_layers * n_heads_kv] (budgets
   // replayed from traces of a real model). Captured graphs are kept per policy.
-  void set_sparsity(const PolicyConfig& pc, const std::vector<float>& budget_frac = {}) {
-    selector_->set_policy(pc, budget_frac);
+  void set_sparsity(const PolicySpec& spec, const std::vector<float>& budget_frac = {}) {
+    selector_->set_policy(spec, budget_frac);
   }
   CudaSparsityStats sparsity_stats() const { return selector_->stats(); }
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
