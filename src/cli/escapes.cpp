@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "tokenizer/utf8.h"
+
 namespace dhs::cli {
 
 namespace {
@@ -26,24 +28,6 @@ std::optional<uint32_t> hex_digits(std::string_view in, size_t pos, size_t n) {
     v = v * 16 + static_cast<uint32_t>(d);
   }
   return v;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 bool is_high_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDBFF; }
@@ -81,14 +65,14 @@ size_t one_escape(std::string_view in, size_t i, std::string& out) {
       const auto cp = hex_digits(in, i + 2, 4);
       if (!cp || is_low_surrogate(*cp)) return 0;
       if (!is_high_surrogate(*cp)) {
-        append_utf8(out, *cp);
+        utf8::append(out, *cp);
         return 6;
       }
       // A surrogate pair, as JSON and JavaScript write astral characters.
       if (i + 7 < in.size() && in[i + 6] == '\\' && in[i + 7] == 'u') {
         const auto lo = hex_digits(in, i + 8, 4);
         if (lo && is_low_surrogate(*lo)) {
-          append_utf8(out, 0x10000 + ((*cp - 0xD800) << 10) + (*lo - 0xDC00));
+          utf8::append(out, 0x10000 + ((*cp - 0xD800) << 10) + (*lo - 0xDC00));
           return 12;
         }
       }
@@ -97,7 +81,7 @@ size_t one_escape(std::string_view in, size_t i, std::string& out) {
     case 'U': {
       const auto cp = hex_digits(in, i + 2, 8);
       if (!cp || *cp > 0x10FFFF || is_high_surrogate(*cp) || is_low_surrogate(*cp)) return 0;
-      append_utf8(out, *cp);
+      utf8::append(out, *cp);
       return 10;
     }
     default: return 0;

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
                                             "(random bf16 weights) at each context x batch that fits in HBM");
   bench->add_option("--ctx", b_ctx, "Context lengths")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
   bench->add_option("--batch", b_batch, "Batch sizes")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
-  bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
+  bench->add_option("--prefill", b_prefill, "Prompt lengths for the TTFT runs (0: none)")->delimiter(',')->check(int_in(0, kMaxTokens))->capture_default_str();
   bench->add_option("--out", b_out, "JSON lines are appended here")->capture_default_str();
   bench->add_option("--commit", b_commit, "Commit recorded in each row");
   std::vector<std::string> b_policies = {"dense"};

@@ -310,14 +310,19 @@ std::vector<PolicyCase> policy_cases() {
   for (double g : {0.05, 0.5, 0.9, 0.95, 0.99, 1.0}) v.push_back(cov(g, 1, 1, false));
   v.push_back(cov(0.98, 0, 0, false));
   v.push_back(cov(0.98, 4, 2, true));
-  for (int k : {1, 2, 3, 8, 50}) {
-    PolicyCase c{"topk-" + std::to_string(k), {}};
-    c.cpu.rule = dhs::SelectRule::TopK;
-    c.cpu.budget = k;
+  // Top-k cuts (1 sink, 2 recent): a fixed budget, or TopFrac's ceil(frac x pages) of each list,
+  // in float on both sides (top_frac_k).
+  auto top = [&](const std::string& name, dhs::SelectRule rule, int budget, double frac) {
+    PolicyCase c{name, {}};
+    c.cpu.rule = rule;
+    c.cpu.budget = budget;
+    c.cpu.frac = frac;
     c.cpu.n_sink = 1;
     c.cpu.n_recent = 2;
     v.push_back(c);
-  }
+  };
+  for (int k : {1, 2, 3, 8, 50}) top("topk-" + std::to_string(k), dhs::SelectRule::TopK, k, 0.25);
+  for (double f : {0.05, 0.3, 0.9}) top("topfrac-" + std::to_string(f), dhs::SelectRule::TopFrac, 0, f);
   {
     PolicyCase c{"sinkwindow", {}};
     c.cpu.rule = dhs::SelectRule::SinkWindow;
@@ -336,15 +341,6 @@ std::vector<PolicyCase> policy_cases() {
     PolicyCase c = cov(0.9, 1, 1, false);
     c.name = "coverage-0.9-dense-below-1000";
     c.cpu.dense_below = 1000;
-    v.push_back(c);
-  }
-  // TopFrac: ceil(frac x pages) of each list, in float on both sides (top_frac_k).
-  for (double f : {0.05, 0.3, 0.9}) {
-    PolicyCase c{"topfrac-" + std::to_string(f), {}};
-    c.cpu.rule = dhs::SelectRule::TopFrac;
-    c.cpu.frac = f;
-    c.cpu.n_sink = 1;
-    c.cpu.n_recent = 2;
     v.push_back(c);
   }
   return v;

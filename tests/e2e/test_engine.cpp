@@ -203,23 +203,29 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
   EXPECT_THROW(Engine::load(o), Error);
 }
 
+// A Hugging Face directory made of the tiny random Qwen2 (300-row embedding) and the 266-token
+// synthetic Llama-3 tokenizer; removed with the object.
+struct TinyQwenDir {
+  std::filesystem::path path;
+  explicit TinyQwenDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("dhs_" + name + "_" + std::to_string(::getpid()))) {
+    namespace fs = std::filesystem;
+    fs::create_directories(path);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(test::data_dir() + "/tiny_models/qwen2_bias/" + f, path / f, fs::copy_options::overwrite_existing);
+    fs::copy_file(test::data_dir() + "/tokenizer/synthetic_llama3/tokenizer.json", path / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+  }
+  ~TinyQwenDir() { std::filesystem::remove_all(path); }
+};
+
 // A model whose embedding has more rows than the tokenizer has tokens (Qwen2.5 pads to a
 // multiple of 128) never samples a padding id: a tiny random Qwen2 (300 rows) with a
 // 266-token tokenizer, whose padding rows win the argmax on this prompt.
 TEST(EnginePaddedVocab, PaddingIdsAreNeverSampled) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dhs_padded_vocab_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"})
-    fs::copy_file(test::data_dir() + "/tiny_models/qwen2_bias/" + f, dir / f, fs::copy_options::overwrite_existing);
-  fs::copy_file(test::data_dir() + "/tokenizer/synthetic_llama3/tokenizer.json", dir / "tokenizer.json",
-                fs::copy_options::overwrite_existing);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { fs::remove_all(d); }
-  } cleanup{dir};
+  const TinyQwenDir dir("padded_vocab");
   EngineOptions o;
-  o.model_path = dir.string();
+  o.model_path = dir.path.string();
   o.max_context = 256;
   const auto engine = Engine::load(o);
   const int64_t n_tok = engine->tokenizer().vocab_size();
@@ -257,20 +263,10 @@ TEST(EnginePaddedVocab, PaddingIdsAreNeverSampled) {
 // a warning; chat then fails with the reason. (An explicit --chat-template that fails stays
 // an error at load.)
 TEST(EngineChatTemplate, BrokenModelTemplateLoadsWithoutChat) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dhs_bad_template_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"})
-    fs::copy_file(test::data_dir() + "/tiny_models/qwen2_bias/" + f, dir / f, fs::copy_options::overwrite_existing);
-  fs::copy_file(test::data_dir() + "/tokenizer/synthetic_llama3/tokenizer.json", dir / "tokenizer.json",
-                fs::copy_options::overwrite_existing);
-  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "{% for m in messages %}{{ m.content"})";
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { fs::remove_all(d); }
-  } cleanup{dir};
+  const TinyQwenDir dir("bad_template");
+  std::ofstream(dir.path / "tokenizer_config.json") << R"({"chat_template": "{% for m in messages %}{{ m.content"})";
   EngineOptions o;
-  o.model_path = dir.string();
+  o.model_path = dir.path.string();
   o.max_context = 128;
   const auto engine = Engine::load(o);
   GenerateOptions go;
