@@ -5,15 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "core/rope_style.h"
+
 namespace dhs {
 
 enum class Arch { Llama, Qwen2, Qwen3 };
-
-// How RoPE pairs dimensions of a head.
-//  Interleaved: (x[2i], x[2i+1]) — GGUF llama files (convert_hf_to_gguf permutes Q/K
-//               rows so that this pairing reproduces the HF model).
-//  Half:        (x[i], x[i + d/2]) — HF checkpoints, and GGUF qwen2/qwen3 ("NeoX").
-enum class RopeStyle { Interleaved, Half };
 
 struct RopeScaling {
   enum class Kind { None, Linear, Llama3 };

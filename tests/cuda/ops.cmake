@@ -3,7 +3,7 @@
 # the lent GPU machine, which has no GTest.
 dhs_test(test_cuda_ops LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.cu
-  LIBS dhs_cuda dhs_cpu dhs_kv)
+  LIBS dhs_cuda dhs_cpu dhs_kv dhs_model)
 dhs_test(test_cuda_sampling LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_sampling.cu
   LIBS dhs_cuda dhs_engine)

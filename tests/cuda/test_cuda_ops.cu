@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "model/rope.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_page_table.h"
 #include "device_vectors.h"
@@ -325,7 +326,7 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
     cfg.rope_scaling.original_max_position = 8192;
   }
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  dhs::cpu::rope_inv_freq(cfg, inv_freq.data());
+  dhs::rope_inv_freq(cfg, inv_freq.data());
 
   // CPU reference: bias, per-head norm, rope.
   auto prep = [&](std::vector<float> x, int heads, const std::vector<float>& bias, const std::vector<float>* norm) {

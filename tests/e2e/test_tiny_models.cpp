@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "test_base64.h"
+#include "model/rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -159,7 +160,7 @@ void check_tiny_model(const std::string& name, Arch arch, bool tied) {
   const auto ref_inv = t.ref["inv_freq"].get<std::vector<double>>();
   ASSERT_EQ(static_cast<int64_t>(ref_inv.size()), c.head_dim / 2);
   std::vector<float> inv(ref_inv.size());
-  cpu::rope_inv_freq(c, inv.data());
+  rope_inv_freq(c, inv.data());
   for (size_t i = 0; i < inv.size(); ++i)
     EXPECT_NEAR(inv[i], ref_inv[i], 1e-6 * ref_inv[i]) << name << ": inv_freq[" << i << "]";
 

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "backend/cpu/attention.h"
+#include "model/rope.h"
 #include "backend/cpu/ops.h"
 #include "core/fp16.h"
 #include "core/merge_state.h"
@@ -71,7 +72,7 @@ TEST(CpuOps, RopeInterleavedEqualsHalfAfterPermutation) {
   cfg.head_dim = 64;
   cfg.rope_theta = 10000.0f;
   std::vector<float> inv(32);
-  cpu::rope_inv_freq(cfg, inv.data());
+  rope_inv_freq(cfg, inv.data());
   EXPECT_FLOAT_EQ(inv[0], 1.0f);
   EXPECT_NEAR(inv[1], std::pow(10000.0, -2.0 / 64), 1e-7);  // stored as fp32
   std::mt19937 rng(5);
@@ -100,7 +101,7 @@ TEST(CpuOps, Llama3RopeScalingBands) {
   cfg.rope_scaling.high_freq_factor = 4.0f;
   cfg.rope_scaling.original_max_position = 8192;
   std::vector<float> inv(64);
-  cpu::rope_inv_freq(cfg, inv.data());
+  rope_inv_freq(cfg, inv.data());
   for (int i = 0; i < 64; ++i) {
     const double f = std::pow(500000.0, -2.0 * i / 128), wl = 2 * M_PI / f;
     if (wl < 8192 / 4.0) EXPECT_NEAR(inv[i], f, 1e-9 + 1e-6 * f) << i;          // high frequency: kept

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_matrix.h"
-#include "model/model_config.h"
+#include "core/rope_style.h"
 
 namespace dhs::cpu {
 
@@ -13,9 +13,6 @@ void matmul(const CpuMatrix& w, const float* x, float* y, int64_t n_tok, const f
 
 // y = x / rms(x) * weight, row by row.   x, y: [n_rows, n]  weight: [n]   (x == y allowed)
 void rms_norm(const float* x, const float* weight, float* y, int64_t n_rows, int64_t n, float eps);
-
-// Inverse frequencies for RoPE with the model's scaling.   inv_freq: [head_dim / 2]
-void rope_inv_freq(const ModelConfig& cfg, float* inv_freq);
 
 // In-place RoPE on x: [n_tok, n_heads, head_dim]; token t is at position pos[t].
 void rope(float* x, const int32_t* pos, int64_t n_tok, int64_t n_heads, int64_t head_dim,

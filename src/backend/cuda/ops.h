@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "model/model_config.h"
+#include "core/rope_style.h"
 
 namespace dhs::cuda {
 
@@ -83,7 +83,7 @@ struct RopeAppendParams {
   __nv_bfloat16* q_out = nullptr;  // [n_tok, q_out_ld]; may equal q when in_dtype is BF16 and ld match
   int64_t q_out_ld = 0;
   const int32_t* pos = nullptr;       // [n_tok]
-  const float* inv_freq = nullptr;    // [head_dim / 2] (cpu::rope_inv_freq, uploaded)
+  const float* inv_freq = nullptr;    // [head_dim / 2] (rope_inv_freq, model/rope.h, uploaded)
   RopeStyle style = RopeStyle::Half;
   const int32_t* dst_slot = nullptr;  // [n_tok * n_heads_kv] page slot of (t, kv head)
   __nv_bfloat16* k_pool = nullptr;    // [n_pages, page_size, head_dim]

@@ -1,4 +1,5 @@
 #include "model/arch/llama_cpu.h"
+#include "model/rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -100,7 +101,7 @@ LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& pr
     tick();
   }
   inv_freq_.resize(static_cast<size_t>(D / 2));
-  cpu::rope_inv_freq(cfg_, inv_freq_.data());
+  rope_inv_freq(cfg_, inv_freq_.data());
   tick();
 }
 

@@ -1,4 +1,5 @@
 #include "model/arch/llama_cuda.h"
+#include "model/rope.h"
 
 #include <algorithm>
 #include <cmath>
@@ -74,7 +75,7 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   out_ids_d_ = ints(B);
   inv_freq_ = static_cast<float*>(dalloc(static_cast<size_t>(D / 2) * 4));
   std::vector<float> inv(static_cast<size_t>(D / 2));
-  cpu::rope_inv_freq(cfg_, inv.data());
+  rope_inv_freq(cfg_, inv.data());
   DHS_CUDA_CHECK(cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(B), pages_per_seq};

@@ -1,0 +1,77 @@
+#include "cli/cli_common.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/option_checks.h"
+#include "cli/stdout_writer.h"
+
+namespace dhs::cli {
+
+std::string default_model_path() {
+  const std::string name = "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (const char* d = std::getenv("DHS_MODELS_DIR")) return std::string(d) + "/" + name;
+#ifdef DHS_SOURCE_DIR
+  const std::string src = std::string(DHS_SOURCE_DIR) + "/models/" + name;
+  if (std::filesystem::exists(src)) return src;
+#endif
+  return "models/" + name;
+}
+
+void progress_bar(const char* what, int64_t done, int64_t total) {
+  if (!isatty(STDERR_FILENO) && done != total) return;
+  const int width = 30;
+  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r%s [%s%s] %3d%%", what, std::string(static_cast<size_t>(filled), '#').c_str(),
+               std::string(static_cast<size_t>(width - filled), '.').c_str(),
+               total > 0 ? static_cast<int>(100 * done / total) : 100);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+// A FIFO would block the open, a device (/dev/zero) would map or read forever; stat() answers
+// without opening. (model_loader.cpp checks the same for library callers.)
+std::string resolve_model(const std::string& m, bool given) {
+  if (given && m.empty()) throw Error("-m/--model: empty path (leave -m out for the default model)");
+  const std::string p = m.empty() ? default_model_path() : m;
+  std::error_code ec;
+  const auto st = std::filesystem::status(p, ec);
+  if (m.empty() && !std::filesystem::exists(st))
+    throw Error("the default model is not here (" + p + "); fetch it with `bash scripts/fetch_model.sh`, or pass -m MODEL");
+  if (!std::filesystem::exists(st)) throw Error("model path '" + p + "' does not exist");
+  if (!std::filesystem::is_regular_file(st) && !std::filesystem::is_directory(st))
+    throw Error("model path '" + p + "' is neither a regular file nor a directory");
+  return p;
+}
+
+int stdout_status(int rc) {
+  bool gone = false;
+  if (const std::string err = flush_stdout(&gone); !err.empty()) {
+    if (gone) return kExitReaderGone;
+    throw Error(err);
+  }
+  return rc;
+}
+
+void PolicyFlags::add(CLI::App* app, const std::string& estimator_help, bool any_estimator) {
+  auto* est = app->add_option("--estimator", spec.estimator, estimator_help)->capture_default_str();
+  if (!any_estimator) est->check(CLI::IsMember({"minmax", "meanspread", "gaussian", "sketch4"}));
+  app->add_option("--combine", combine, "q heads of a GQA group: sum or max")->check(CLI::IsMember({"sum", "max"}))->capture_default_str();
+  app->add_option("--sink-pages", spec.n_sink, "First pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  app->add_option("--recent-pages", spec.n_recent, "Last pages every sparse list keeps")->check(int_in(0, 1 << 20))->capture_default_str();
+  app->add_option("--dense-below", spec.dense_below, "contexts shorter than this many tokens stay dense")->check(int_in(0, kNoLimit));
+}
+
+PolicySpec PolicyFlags::parse(const std::string& text, const std::string& option) {
+  spec.combine = combine == "max" ? GroupCombine::Max : GroupCombine::Sum;
+  try {
+    return PolicySpec::parse(text, spec);
+  } catch (const Error& e) {
+    throw CLI::ValidationError(option, e.what());
+  }
+}
+
+}  // namespace dhs::cli
