@@ -84,6 +84,130 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), q * static_cast<double>(v.size())))];
 }
 
+// One sample: its dense reference (greedy tokens, and the logits before each), then under each
+// policy the reference teacher-forced (top-1 agreement, KL, pages read) and the policy's own greedy
+// output from its first disagreement on, scored. All from one prefill, truncated between policies.
+void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval::Sample& smp,
+                 const std::vector<PolicySpec>& policies, int64_t n_vocab, const std::function<bool(int32_t)>& is_stop,
+                 const std::function<Agg&(int policy_index)>& agg_of) {
+  auto session = engine.open_session();
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+
+  // Dense reference: greedy tokens and the logits before each.
+  engine.set_policy(PolicySpec{});
+  std::vector<std::vector<float>> ref_logits(1);
+  session->append(prompt, &ref_logits[0]);
+  std::vector<int32_t> ref;
+  for (int k = 0; k < smp.max_new_tokens; ++k) {
+    const int32_t id = argmax(ref_logits.back(), n_vocab);
+    if (is_stop(id)) break;
+    ref.push_back(id);
+    if (k + 1 == smp.max_new_tokens) break;
+    ref_logits.emplace_back();
+    session->append({id}, &ref_logits.back());
+  }
+  // ref_logits[k] precedes ref[k]; one more row (the stop) when the reference stopped.
+  const std::string ref_text = engine.tokenizer().decode(ref, /*skip_special=*/true);
+  Agg& ad = agg_of(0);
+  ad.n += 1;
+  ad.score += eval::score_output(smp, ref_text);
+  engine.take_page_counts();
+
+  for (size_t pi = 1; pi < policies.size(); ++pi) {
+    const PolicySpec& pol = policies[pi];
+    Agg& a = agg_of(static_cast<int>(pi));
+    session->truncate(n_prompt);
+    engine.set_policy(pol);
+    // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
+    int diverged = -1;
+    std::vector<float> lg;
+    const int n_steps = static_cast<int>(ref_logits.size());
+    for (int k = 1; k < n_steps; ++k) {
+      session->append({ref[static_cast<size_t>(k - 1)]}, &lg);
+      a.add_counts(engine.take_page_counts());
+      const bool agree = argmax(lg, n_vocab) == argmax(ref_logits[static_cast<size_t>(k)], n_vocab);
+      const double kl = kl_div(ref_logits[static_cast<size_t>(k)], lg);
+      a.steps += 1;
+      a.top1 += agree;
+      a.kl_sum += kl;
+      a.kl_max = std::max(a.kl_max, kl);
+      a.kls.push_back(kl);
+      if (!agree && diverged < 0) diverged = k;
+    }
+    // The policy's own greedy output: the dense one up to the first disagreement.
+    std::vector<int32_t> out(ref.begin(), ref.begin() + (diverged < 0 ? static_cast<long>(ref.size()) : diverged));
+    if (diverged >= 0) {
+      // Logits after prompt + ref[0 .. diverged-1]: re-run the last token of that prefix.
+      session->truncate(n_prompt + diverged - 1);
+      session->append({ref[static_cast<size_t>(diverged - 1)]}, &lg);
+      for (int k = diverged; k < smp.max_new_tokens; ++k) {
+        const int32_t id = argmax(lg, n_vocab);
+        if (is_stop(id)) break;
+        out.push_back(id);
+        if (k + 1 == smp.max_new_tokens) break;
+        session->append({id}, &lg);
+      }
+      engine.take_page_counts();  // free-running steps are not counted
+    }
+    a.n += 1;
+    a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
+  }
+}
+
+// One (task, length, policy)'s line of the table, its JSON row and its share of the trace.
+void report(const Agg& a, eval::TaskKind task, int64_t len, const PolicySpec& pol, const EvalOptions& o,
+            const ModelConfig& cfg, std::ofstream& out, nlohmann::json& trace) {
+  const double score = 100.0 * a.score / std::max(1, a.n);
+  const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
+  const double kl_mean = a.steps ? a.kl_sum / static_cast<double>(a.steps) : 0.0;
+  const double frac = a.total ? static_cast<double>(a.read) / static_cast<double>(a.total) : 1.0;
+  std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f\n", eval::task_name(task).c_str(),
+              static_cast<long long>(len), pol.label(o.estimator).c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
+  std::vector<double> lh;
+  for (size_t i = 0; i < a.lh_read.size(); ++i)
+    lh.push_back(a.lh_total[i] ? static_cast<double>(a.lh_read[i]) / static_cast<double>(a.lh_total[i]) : 1.0);
+  if (out.is_open()) {
+    nlohmann::json row = {{"commit", o.commit},
+                          {"device", o.device},
+                          {"model", o.model_name},
+                          {"task", eval::task_name(task)},
+                          {"length", len},
+                          {"policy", pol.rule_name()},
+                          {"spec", pol.str()},
+                          {"label", pol.label(o.estimator)},
+                          {"gamma", pol.dense() ? 1.0 : pol.gamma},
+                          {"budget", pol.budget},
+                          {"frac", pol.frac},
+                          {"estimator", pol.estimator},
+                          {"combine", pol.combine == GroupCombine::Max ? "max" : "sum"},
+                          {"dense_below", pol.dense_below},
+                          {"reselect_every", pol.reselect_every},
+                          {"samples", a.n},
+                          {"score", score},
+                          {"decode_steps", a.steps},
+                          {"top1_agree", top1},
+                          {"kl_mean", kl_mean},
+                          {"kl_p99", quantile(a.kls, 0.99)},
+                          {"kl_max", a.kl_max},
+                          {"pages_read_frac", frac},
+                          {"n_layers", cfg.n_layers},
+                          {"n_heads_kv", cfg.n_heads_kv},
+                          {"layer_head_read_frac", lh},
+                          {"hist_bins", kHistBins},
+                          {"read_frac_hist", a.hist}};
+    out << row.dump() << "\n";
+  }
+  if (!pol.dense() && !lh.empty()) {
+    // Summed over tasks: one budget vector per (policy, length) for the benchmark to replay.
+    nlohmann::json& t = trace[pol.label(o.estimator)][std::to_string(len)];
+    if (t.is_null()) t = {{"read", std::vector<uint64_t>(a.lh_read.size(), 0)}, {"total", std::vector<uint64_t>(a.lh_read.size(), 0)}};
+    for (size_t i = 0; i < a.lh_read.size(); ++i) {
+      t["read"][i] = t["read"][i].get<uint64_t>() + a.lh_read[i];
+      t["total"][i] = t["total"][i].get<uint64_t>() + a.lh_total[i];
+    }
+  }
+}
+
 }  // namespace
 
 int run_eval(Engine& engine, const EvalOptions& o) {
@@ -172,68 +296,8 @@ int run_eval(Engine& engine, const EvalOptions& o) {
         DHS_CHECK(static_cast<int64_t>(prompt.size()) + smp.max_new_tokens <= engine.max_context(),
                   "eval: a {}-token prompt plus {} new tokens exceeds the context ({}); lower --lengths", prompt.size(),
                   smp.max_new_tokens, engine.max_context());
-        auto session = engine.open_session();
-        const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-
-        // Dense reference: greedy tokens and the logits before each.
-        engine.set_policy(PolicySpec{});
-        std::vector<std::vector<float>> ref_logits(1);
-        session->append(prompt, &ref_logits[0]);
-        std::vector<int32_t> ref;
-        for (int k = 0; k < smp.max_new_tokens; ++k) {
-          const int32_t id = argmax(ref_logits.back(), n_vocab);
-          if (is_stop(id)) break;
-          ref.push_back(id);
-          if (k + 1 == smp.max_new_tokens) break;
-          ref_logits.emplace_back();
-          session->append({id}, &ref_logits.back());
-        }
-        // ref_logits[k] precedes ref[k]; one more row (the stop) when the reference stopped.
-        const std::string ref_text = engine.tokenizer().decode(ref, /*skip_special=*/true);
-        Agg& ad = agg[{static_cast<int>(task), len, 0}];
-        ad.n += 1;
-        ad.score += eval::score_output(smp, ref_text);
-        engine.take_page_counts();
-
-        for (size_t pi = 1; pi < policies.size(); ++pi) {
-          const PolicySpec& pol = policies[pi];
-          Agg& a = agg[{static_cast<int>(task), len, static_cast<int>(pi)}];
-          session->truncate(n_prompt);
-          engine.set_policy(pol);
-          // Teacher-forced over the dense continuation; step k (k >= 1) predicts ref[k] (or the stop).
-          int diverged = -1;
-          std::vector<float> lg;
-          const int n_steps = static_cast<int>(ref_logits.size());
-          for (int k = 1; k < n_steps; ++k) {
-            session->append({ref[static_cast<size_t>(k - 1)]}, &lg);
-            a.add_counts(engine.take_page_counts());
-            const bool agree = argmax(lg, n_vocab) == argmax(ref_logits[static_cast<size_t>(k)], n_vocab);
-            const double kl = kl_div(ref_logits[static_cast<size_t>(k)], lg);
-            a.steps += 1;
-            a.top1 += agree;
-            a.kl_sum += kl;
-            a.kl_max = std::max(a.kl_max, kl);
-            a.kls.push_back(kl);
-            if (!agree && diverged < 0) diverged = k;
-          }
-          // The policy's own greedy output: the dense one up to the first disagreement.
-          std::vector<int32_t> out(ref.begin(), ref.begin() + (diverged < 0 ? static_cast<long>(ref.size()) : diverged));
-          if (diverged >= 0) {
-            // Logits after prompt + ref[0 .. diverged-1]: re-run the last token of that prefix.
-            session->truncate(n_prompt + diverged - 1);
-            session->append({ref[static_cast<size_t>(diverged - 1)]}, &lg);
-            for (int k = diverged; k < smp.max_new_tokens; ++k) {
-              const int32_t id = argmax(lg, n_vocab);
-              if (is_stop(id)) break;
-              out.push_back(id);
-              if (k + 1 == smp.max_new_tokens) break;
-              session->append({id}, &lg);
-            }
-            engine.take_page_counts();  // free-running steps are not counted
-          }
-          a.n += 1;
-          a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
-        }
+        eval_sample(engine, prompt, smp, policies, n_vocab, is_stop,
+                    [&](int pi) -> Agg& { return agg[{static_cast<int>(task), len, pi}]; });
         ++done;
         work_done += static_cast<double>(len);
         if (o.progress) o.progress(done, n_total);
@@ -248,57 +312,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   // Rows, trace and table of this length (written as each length completes).
   for (auto& [key, a] : agg) {
     const auto [task, key_len, pi] = key;
-    if (key_len != len) continue;
-    const PolicySpec& pol = policies[static_cast<size_t>(pi)];
-    const double score = 100.0 * a.score / std::max(1, a.n);
-    const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
-    const double kl_mean = a.steps ? a.kl_sum / static_cast<double>(a.steps) : 0.0;
-    const double frac = a.total ? static_cast<double>(a.read) / static_cast<double>(a.total) : 1.0;
-    std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f\n", eval::task_name(static_cast<eval::TaskKind>(task)).c_str(),
-                static_cast<long long>(len), pol.label(o.estimator).c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
-    std::vector<double> lh;
-    for (size_t i = 0; i < a.lh_read.size(); ++i)
-      lh.push_back(a.lh_total[i] ? static_cast<double>(a.lh_read[i]) / static_cast<double>(a.lh_total[i]) : 1.0);
-    if (out.is_open()) {
-      nlohmann::json row = {{"commit", o.commit},
-                            {"device", o.device},
-                            {"model", o.model_name},
-                            {"task", eval::task_name(static_cast<eval::TaskKind>(task))},
-                            {"length", len},
-                            {"policy", pol.rule_name()},
-                            {"spec", pol.str()},
-                            {"label", pol.label(o.estimator)},
-                            {"gamma", pol.dense() ? 1.0 : pol.gamma},
-                            {"budget", pol.budget},
-                            {"frac", pol.frac},
-                            {"estimator", pol.estimator},
-                            {"combine", pol.combine == GroupCombine::Max ? "max" : "sum"},
-                            {"dense_below", pol.dense_below},
-                            {"reselect_every", pol.reselect_every},
-                            {"samples", a.n},
-                            {"score", score},
-                            {"decode_steps", a.steps},
-                            {"top1_agree", top1},
-                            {"kl_mean", kl_mean},
-                            {"kl_p99", quantile(a.kls, 0.99)},
-                            {"kl_max", a.kl_max},
-                            {"pages_read_frac", frac},
-                            {"n_layers", cfg.n_layers},
-                            {"n_heads_kv", cfg.n_heads_kv},
-                            {"layer_head_read_frac", lh},
-                            {"hist_bins", kHistBins},
-                            {"read_frac_hist", a.hist}};
-      out << row.dump() << "\n";
-    }
-    if (pi > 0 && !lh.empty()) {
-      // Summed over tasks: one budget vector per (policy, length) for the benchmark to replay.
-      nlohmann::json& t = trace[pol.label(o.estimator)][std::to_string(len)];
-      if (t.is_null()) t = {{"read", std::vector<uint64_t>(a.lh_read.size(), 0)}, {"total", std::vector<uint64_t>(a.lh_read.size(), 0)}};
-      for (size_t i = 0; i < a.lh_read.size(); ++i) {
-        t["read"][i] = t["read"][i].get<uint64_t>() + a.lh_read[i];
-        t["total"][i] = t["total"][i].get<uint64_t>() + a.lh_total[i];
-      }
-    }
+    if (key_len == len) report(a, static_cast<eval::TaskKind>(task), len, policies[static_cast<size_t>(pi)], o, cfg, out, trace);
   }
   out.flush();
   if (!o.trace_out.empty()) {
