@@ -46,18 +46,4 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-#if defined(DHS_FUZZ_STANDALONE)
-#include <cstdio>
-#include <fstream>
-#include <iterator>
-
-int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::ifstream in(argv[i], std::ios::binary);
-    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(bytes.data(), bytes.size());
-    std::printf("ok %s (%zu bytes)\n", argv[i], bytes.size());
-  }
-  return 0;
-}
-#endif
+#include "standalone_main.h"
