@@ -17,6 +17,9 @@
 
 namespace dhs {
 
+class Scheduler;  // dhisparse/scheduler.h
+struct SchedulerOptions;
+
 struct EngineOptions {
   std::string model_path;           // GGUF file or Hugging Face directory
   std::string device = "cpu";       // cpu, or cuda (bf16 weights and KV on the GPU)
@@ -36,6 +39,19 @@ struct EngineOptions {
   // eval does to compare estimators on one prefill; otherwise the CUDA backend keeps only what
   // policy.estimator reads (each costs HBM and a kernel per layer and step).
   bool keep_all_estimators = false;
+  // Serving sizes. Requests per step the backend is built for (the CUDA backend captures a decode
+  // graph per batch-size bucket up to it); 0: the backend's default (CPU 256, CUDA 1).
+  int max_batch = 0;
+  // KV pool size in blocks of page_size tokens over every layer and KV head (vLLM's
+  // --num-gpu-blocks-override); 0: CPU one request of the whole context, CUDA what
+  // gpu_memory_utilization leaves after the weights and workspaces.
+  int64_t kv_blocks = 0;
+  double gpu_memory_utilization = 0.9;  // fraction of the GPU's memory the engine may take
+  // "auto": weights from model_path; "dummy": random weights of model_path's shape (vLLM's
+  // --load-format dummy), or of a named shape (dummy_shape, e.g. "llama3-8b") with model_path's
+  // tokenizer, for speed measurements.
+  std::string load_format = "auto";
+  std::string dummy_shape;
 };
 
 // KV pages read by sparse decode vs all pages, summed over decode steps.
@@ -116,6 +132,12 @@ class Engine {
   // then released) and installs it in the page summaries. Returns the mean fraction of the keys'
   // variance (query_aware: of the scores' second moment) the R directions hold.
   virtual double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank, bool query_aware = false) = 0;
+
+  // The engine's continuous-batching scheduler (dhisparse/scheduler.h). generate() runs through
+  // it as a batch of one; a server start()s it and submits many. configure_scheduler replaces its
+  // options while no request is in flight (throws otherwise).
+  virtual Scheduler& scheduler() = 0;
+  virtual void configure_scheduler(const SchedulerOptions& opts) = 0;
 
   // KV page accounting (free + used == total when idle).
   virtual PoolStats kv_stats() const = 0;

@@ -16,9 +16,15 @@ class CpuRunner final : public StepRunner {
     model_ = std::make_unique<LlamaCpu>(src, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
                                         o.progress);
     const ModelConfig& c = model_->config();
-    sampling_ = std::make_unique<HostSampling>(c.vocab_size, kMaxBatch);
-    const int64_t pages_per_list = (max_ctx + o.page_size - 1) / o.page_size;
-    pool_ = std::make_unique<PagePool>(Tier::Host, pages_per_list * c.n_layers * c.n_heads_kv, o.page_size,
+    DHS_CHECK(o.max_batch >= 0 && o.max_batch <= kMaxBatch, "max batch must be in [0, {}], got {}", kMaxBatch, o.max_batch);
+    max_batch_ = o.max_batch > 0 ? o.max_batch : kMaxBatch;
+    sampling_ = std::make_unique<HostSampling>(c.vocab_size, max_batch_);
+    // Default: one request of the whole context. kv_blocks: blocks of page_size tokens over every
+    // (layer, KV head), as vLLM counts them.
+    const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : (max_ctx + o.page_size - 1) / o.page_size;
+    DHS_CHECK(o.kv_blocks >= 0 && blocks <= (int64_t{1} << 31) / (c.n_layers * c.n_heads_kv),
+              "KV blocks must be in [0, {}], got {}", (int64_t{1} << 31) / (c.n_layers * c.n_heads_kv), o.kv_blocks);
+    pool_ = std::make_unique<PagePool>(Tier::Host, blocks * c.n_layers * c.n_heads_kv, o.page_size,
                                        static_cast<int>(c.head_dim));
     if (!o.policy.dense()) {
       summaries_ = std::make_unique<PageSummaryStore>(*pool_);
@@ -37,7 +43,7 @@ class CpuRunner final : public StepRunner {
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
   // The CPU forward takes any batch; the pool's size is what limits it.
-  int max_batch() const override { return kMaxBatch; }
+  int max_batch() const override { return max_batch_; }
   int64_t max_step_tokens() const override { return 512; }
   void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
   void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
@@ -102,6 +108,7 @@ class CpuRunner final : public StepRunner {
 
  private:
   static constexpr int kMaxBatch = 256;
+  int max_batch_ = kMaxBatch;
   std::unique_ptr<HostSampling> sampling_;
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;

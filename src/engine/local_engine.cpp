@@ -1,7 +1,9 @@
-// The local engine: one request at a time over the head-paged KV substrate, on
-// the CPU or the CUDA backend (a StepRunner). Prefill runs in chunks; decode
-// appends one token per step. Continuous batching comes with the server.
+// The local engine over the head-paged KV substrate, on the CPU or the CUDA backend (a
+// StepRunner). Requests run through its continuous-batching scheduler (generate is a
+// batch of one); sessions and prompt_logits step the runner directly, in slot 0.
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +13,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "dhisparse/engine.h"
-#include "engine/stop_matcher.h"
+#include "engine/continuous_scheduler.h"
 #include "kv/page_table.h"
 #include "engine/step_runner.h"
 #include "model/gguf_source.h"
@@ -48,7 +50,6 @@ std::string load_template_override(const std::string& t) {
 }
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 class LocalEngine final : public Engine {
  public:
@@ -87,7 +88,12 @@ class LocalEngine final : public Engine {
     runner_ = o.device == "cuda" ? make_cuda_runner(*src_, o, max_ctx_) : make_cpu_runner(*src_, o, max_ctx_);
     runner_->set_sampled_vocab(tok_->vocab_size());  // ids past it: embedding padding
     page_size_ = o.page_size;
+    SchedulerOptions so;
+    so.max_num_seqs = runner_->max_batch();
+    so.max_num_batched_tokens = runner_->max_step_tokens();
+    sched_ = std::make_unique<ContinuousScheduler>(*runner_, *tok_, max_ctx_, so);
   }
+  ~LocalEngine() override { sched_.reset(); }  // before the runner it steps
 
   const ModelConfig& config() const override { return runner_->config(); }
   const Tokenizer& tokenizer() const override { return *tok_; }
@@ -137,71 +143,76 @@ class LocalEngine final : public Engine {
     return logits;
   }
 
+  // A batch of one through the scheduler: stepped here, or by the loop thread once a server
+  // started it.
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateOptions& opts,
                           const std::function<bool(const std::string&)>& on_text) override {
-    DHS_CHECK(opts.max_tokens >= 0, "max_tokens must be >= 0, got {}", opts.max_tokens);
-    runner_->begin_request(kSlot, opts.sampling);  // checks the sampling parameters first
     GenerateResult res;
     res.n_prompt = static_cast<int64_t>(prompt.size());
-    PageTable table = new_table();
-    // The table's pages go back to the pool however generation ends.
-    struct Release {
-      PageTable& t;
-      PagePool& p;
-      ~Release() { t.release(p); }
-    } release{table, runner_->pages()};
-
-    std::vector<int32_t> history = prompt;  // what the repetition penalty reads
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
     const auto t0 = Clock::now();
-    // The prompt's last chunk samples the first token (on the device where there is one).
-    int32_t next = prefill(table, prompt, nullptr, opts.max_tokens > 0 ? &history : nullptr);
-    res.prompt_seconds = seconds_since(t0);
-    runner_->take_page_counts();  // count decode steps only
-
-    StreamDecoder dec(*tok_, /*skip_special=*/true);
-    StopMatcher stops(opts.stop);
-    const auto& stop_ids = tok_->stop_ids();
-    auto t_decode = Clock::now();
-    res.finish_reason = "length";
-    for (int64_t i = 0; i < opts.max_tokens; ++i) {
-      const int32_t id = next;
-      if (i == 0) t_decode = Clock::now();
-      if (!opts.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-        res.finish_reason = "stop";
-        break;
+    auto t_first = t0, t_end = t0;
+    (void)sched_->take_page_counts();  // this request's steps only
+    const RequestSink sink = [&](const RequestEvent& e) {
+      std::lock_guard lk(mu);
+      if (!e.tokens.empty() && res.tokens.empty()) t_first = Clock::now();
+      if (!e.tokens.empty()) t_end = Clock::now();
+      res.tokens.insert(res.tokens.end(), e.tokens.begin(), e.tokens.end());
+      res.text += e.text;
+      if (!e.text.empty() && on_text && !on_text(e.text) && !e.finished) {
+        sched_->cancel(e.id);
       }
-      res.tokens.push_back(id);
-      history.push_back(id);
-      const std::string ready = stops.push(dec.push(id));
-      res.text += ready;
-      if (!ready.empty() && on_text && !on_text(ready)) {
-        res.finish_reason = "abort";
-        break;
+      if (e.finished) {
+        res.finish_reason = e.finish_reason;
+        error = e.error;
+        done = true;
+        cv.notify_all();
       }
-      if (stops.stopped()) {
-        res.finish_reason = "stop";
-        break;
-      }
-      if (i + 1 == opts.max_tokens) break;
-      // The context holds the prompt and every generated token (vLLM's max_model_len): when the
-      // token just sampled fills it, generation ends as at max_tokens, with finish "length".
-      if (table.n_tokens() + 1 >= max_ctx_) break;
-      next = step(table, &id, 1, nullptr, &history);
+    };
+    const SubmitResult sub = sched_->submit(RequestParams{prompt, opts}, sink);
+    DHS_CHECK(sub.status == SubmitStatus::Accepted, "{}", sub.error);
+    if (sched_->started()) {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return done; });
+    } else {
+      while (!done) sched_->step();
     }
-    if (res.finish_reason != "stop" || !stops.stopped()) {
-      const std::string tail = stops.finish(dec.flush());
-      res.text += tail;
-      if (!tail.empty() && on_text) on_text(tail);
-    }
-    res.decode_seconds = res.tokens.size() > 1 ? seconds_since(t_decode) : 0.0;
-    res.pages_read_frac = runner_->take_page_counts().read_frac();
+    DHS_CHECK(res.finish_reason != "error", "generation failed: {}", error);
+    res.prompt_seconds = std::chrono::duration<double>((res.tokens.empty() ? t_end : t_first) - t0).count();
+    res.decode_seconds = res.tokens.size() > 1 ? std::chrono::duration<double>(t_end - t_first).count() : 0.0;
+    res.pages_read_frac = sched_->take_page_counts().read_frac();
     return res;
   }
 
   std::unique_ptr<Session> open_session() override;
 
   void set_policy(const PolicySpec& policy) override { runner_->set_policy(policy); }
-  PageCounts take_page_counts() override { return runner_->take_page_counts(); }
+  // The scheduler's steps and the sessions' steps alike.
+  PageCounts take_page_counts() override {
+    PageCounts c = sched_->take_page_counts();
+    const PageCounts s = runner_->take_page_counts();
+    c.read += s.read;
+    c.total += s.total;
+    if (c.layer_head_read.empty()) {
+      c.layer_head_read = s.layer_head_read;
+      c.layer_head_total = s.layer_head_total;
+    } else {
+      for (size_t i = 0; i < s.layer_head_read.size() && i < c.layer_head_read.size(); ++i) {
+        c.layer_head_read[i] += s.layer_head_read[i];
+        c.layer_head_total[i] += s.layer_head_total[i];
+      }
+    }
+    return c;
+  }
+
+  Scheduler& scheduler() override { return *sched_; }
+  void configure_scheduler(const SchedulerOptions& opts) override {
+    DHS_CHECK(!sched_->started() && sched_->idle(), "the scheduler can be configured only while it is stopped and idle");
+    sched_ = std::make_unique<ContinuousScheduler>(*runner_, *tok_, max_ctx_, opts);
+  }
 
   double calibrate_key_basis(const std::vector<int32_t>& prompt, int rank, bool query_aware) override {
     DHS_CHECK(!prompt.empty(), "key basis calibration needs a non-empty prompt");
@@ -273,6 +284,7 @@ class LocalEngine final : public Engine {
   std::unique_ptr<ChatTemplate> chat_;
   std::string chat_error_;  // why the model's own template could not be used ("" if it could)
   std::unique_ptr<StepRunner> runner_;
+  std::unique_ptr<ContinuousScheduler> sched_;
   StepOutput out_;                 // the last step's outputs (buffers reused)
   static constexpr int kSlot = 0;  // one request at a time: it runs in the runner's slot 0
   int64_t max_ctx_ = 0;

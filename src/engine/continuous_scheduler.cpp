@@ -1,0 +1,500 @@
+#include "engine/continuous_scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "kv/page_table.h"
+
+namespace dhs {
+
+namespace {
+
+// Bucket bounds in seconds: vLLM's for its histograms of the same names.
+std::vector<double> ttft_bounds() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+          2.5,   5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+std::vector<double> tpot_bounds() {
+  return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> e2e_bounds() {
+  return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+          1920.0, 7680.0};
+}
+
+void add_counts(PageCounts* to, const PageCounts& c) {
+  to->read += c.read;
+  to->total += c.total;
+  if (c.layer_head_read.empty()) return;
+  if (to->layer_head_read.empty()) {
+    to->layer_head_read.assign(c.layer_head_read.size(), 0);
+    to->layer_head_total.assign(c.layer_head_total.size(), 0);
+  }
+  for (size_t i = 0; i < c.layer_head_read.size() && i < to->layer_head_read.size(); ++i) {
+    to->layer_head_read[i] += c.layer_head_read[i];
+    to->layer_head_total[i] += c.layer_head_total[i];
+  }
+}
+
+}  // namespace
+
+// One request from submit to its last event.
+struct ContinuousScheduler::Request {
+  Request(uint64_t id_, RequestParams p, RequestSink s, const Tokenizer& tok, const ModelConfig& c, int page_size)
+      : id(id_),
+        params(std::move(p)),
+        sink(std::move(s)),
+        table(static_cast<int>(c.n_layers), static_cast<int>(c.n_heads_kv), page_size),
+        history(params.prompt),
+        n_prompt(static_cast<int64_t>(params.prompt.size())),
+        dec(tok, /*skip_special=*/true),
+        stops(params.options.stop) {}
+
+  uint64_t id;
+  RequestParams params;
+  RequestSink sink;
+  PageTable table;               // its KV: the first table.n_tokens() tokens of history
+  std::vector<int32_t> history;  // prompt + generated: what the next rows feed (and the penalty reads)
+  int64_t n_prompt;
+  int64_t n_generated = 0;
+  int slot = -1;                 // runner slot while running
+  StreamDecoder dec;
+  StopMatcher stops;
+  double t_arrival = 0.0, t_first = -1.0, t_last = 0.0;
+  bool cancelled = false;
+  bool counted_prompt = false;   // prompt tokens counted in the stats (once, not again on recompute)
+  RequestEvent event;            // what this step has for the sink
+  bool finished = false;
+
+  int64_t remaining() const { return static_cast<int64_t>(history.size()) - table.n_tokens(); }
+};
+
+ContinuousScheduler::ContinuousScheduler(StepRunner& runner, const Tokenizer& tok, int64_t max_context,
+                                         const SchedulerOptions& o, std::shared_ptr<Clock> clock)
+    : runner_(runner), tok_(tok), opt_(o), clock_(std::move(clock)) {
+  DHS_CHECK(clock_ != nullptr, "scheduler: no clock");
+  DHS_CHECK(opt_.max_num_seqs >= 1, "--max-num-seqs must be >= 1, got {}", opt_.max_num_seqs);
+  DHS_CHECK(opt_.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be >= 1, got {}",
+            opt_.max_num_batched_tokens);
+  DHS_CHECK(opt_.max_waiting >= 0, "--max-waiting must be >= 0, got {}", opt_.max_waiting);
+  DHS_CHECK(opt_.max_model_len >= 0 && opt_.max_model_len <= max_context,
+            "--max-model-len {} is larger than the engine's context of {} tokens", opt_.max_model_len, max_context);
+  if (opt_.max_model_len == 0) opt_.max_model_len = max_context;
+  cap_ = std::min(opt_.max_num_seqs, runner_.max_batch());
+  step_tokens_ = std::min(opt_.max_num_batched_tokens, runner_.max_step_tokens());
+  // A step must hold a decode row of every running request.
+  DHS_CHECK(step_tokens_ >= cap_, "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({})", step_tokens_,
+            cap_);
+  for (int s = cap_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  stats_.ttft = Histogram(ttft_bounds());
+  stats_.tpot = Histogram(tpot_bounds());
+  stats_.e2e = Histogram(e2e_bounds());
+  stats_.kv = runner_.pages().stats();
+  stats_.kv_check = runner_.pages().check_invariants();
+}
+
+ContinuousScheduler::~ContinuousScheduler() {
+  try {
+    stop(/*drain=*/false);
+  } catch (...) {
+  }
+}
+
+int64_t ContinuousScheduler::pages_per_token() const {
+  return runner_.config().n_layers * runner_.config().n_heads_kv;
+}
+
+SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink) {
+  SubmitResult res;
+  auto invalid = [&](std::string why) {
+    res.status = SubmitStatus::Invalid;
+    res.error = std::move(why);
+    return res;
+  };
+  const std::vector<int32_t>& prompt = params.prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n == 0) return invalid("empty prompt");
+  const int64_t vocab = runner_.config().vocab_size;
+  for (const int32_t id : prompt)
+    if (id < 0 || id >= vocab) return invalid(fmt::format("token id {} out of range [0, {})", id, vocab));
+  if (n >= opt_.max_model_len)
+    return invalid(fmt::format("prompt has {} tokens; the context holds {} (raise --ctx-size up to the model's {})", n,
+                               opt_.max_model_len, runner_.config().max_context));
+  if (params.options.max_tokens < 0) return invalid(fmt::format("max_tokens must be >= 0, got {}", params.options.max_tokens));
+  try {
+    validate(params.options.sampling);
+  } catch (const Error& e) {
+    return invalid(e.what());
+  }
+  // The pages its prompt and first token take, against the whole pool: a request that can
+  // never be admitted is refused now rather than waiting forever.
+  const int64_t page_size = runner_.pages().page_size();
+  const int64_t need = (n + 1 + page_size - 1) / page_size * pages_per_token();
+  if (need > runner_.pages().n_pages())
+    return invalid(fmt::format("prompt of {} tokens needs {} KV pages; the pool holds {}", n, need,
+                               runner_.pages().n_pages()));
+  if (!sink) sink = [](const RequestEvent&) {};
+
+  std::unique_lock lk(mu_);
+  if (!accepting_) {
+    res.status = SubmitStatus::ShuttingDown;
+    res.error = "the server is shutting down";
+    return res;
+  }
+  if (static_cast<int64_t>(waiting_.size()) >= opt_.max_waiting) {
+    lk.unlock();
+    std::lock_guard sl(stats_mu_);
+    ++stats_.n_rejected_full;
+    res.status = SubmitStatus::QueueFull;
+    res.error = fmt::format("too many requests: {} already wait (--max-waiting)", opt_.max_waiting);
+    return res;
+  }
+  auto r = std::make_unique<Request>(next_id_++, std::move(params), std::move(sink), tok_, runner_.config(),
+                                     static_cast<int>(page_size));
+  r->t_arrival = clock_->now();
+  res.id = r->id;
+  waiting_.push_back(std::move(r));
+  lk.unlock();
+  {
+    std::lock_guard sl(stats_mu_);
+    ++stats_.n_submitted;
+  }
+  cv_.notify_all();
+  return res;
+}
+
+void ContinuousScheduler::cancel(uint64_t id) {
+  {
+    std::lock_guard lk(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+bool ContinuousScheduler::idle() const {
+  std::lock_guard lk(mu_);
+  return waiting_.empty() && n_running_ == 0 && cancels_.empty();
+}
+
+PageCounts ContinuousScheduler::take_page_counts() {
+  std::lock_guard lk(step_mu_);
+  PageCounts c = std::move(unread_pages_);
+  unread_pages_ = PageCounts{};
+  return c;
+}
+
+SchedulerStats ContinuousScheduler::stats() const {
+  SchedulerStats s;
+  {
+    std::lock_guard sl(stats_mu_);
+    s = stats_;
+  }
+  std::lock_guard lk(mu_);
+  s.n_running = n_running_;
+  s.n_waiting = static_cast<int64_t>(waiting_.size());
+  return s;
+}
+
+// ---- the step ----
+
+void ContinuousScheduler::finish(Request& r, const std::string& reason, const std::string& error, double now) {
+  if (r.finished) return;
+  if (reason != "abort" && reason != "error" && !r.stops.stopped()) r.event.text += r.stops.finish(r.dec.flush());
+  r.finished = true;
+  r.event.finished = true;
+  r.event.finish_reason = reason;
+  r.event.error = error;
+  r.t_last = r.n_generated > 0 ? r.t_last : now;
+  std::lock_guard sl(stats_mu_);
+  if (reason == "stop") ++stats_.n_finished_stop;
+  else if (reason == "length") ++stats_.n_finished_length;
+  else if (reason == "abort") ++stats_.n_finished_abort;
+  else ++stats_.n_finished_error;
+  stats_.e2e.add(now - r.t_arrival);
+  if (r.n_generated > 1) stats_.tpot.add((r.t_last - r.t_first) / static_cast<double>(r.n_generated - 1));
+}
+
+ContinuousScheduler::Owned ContinuousScheduler::remove_running(Request* r) {
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const Owned& o) { return o.get() == r; });
+  DHS_ASSERT(it != running_.end());
+  Owned o = std::move(*it);
+  running_.erase(it);
+  free_slots_.push_back(o->slot);
+  o->slot = -1;
+  std::lock_guard lk(mu_);
+  --n_running_;
+  return o;
+}
+
+void ContinuousScheduler::drop_cancelled(std::vector<Owned>* done) {
+  const double now = clock_->now();
+  std::vector<uint64_t> ids;
+  bool abort_all = false;
+  {
+    std::lock_guard lk(mu_);
+    ids.swap(cancels_);
+    abort_all = abort_all_;
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (abort_all || std::find(ids.begin(), ids.end(), (*it)->id) != ids.end()) {
+        done->push_back(std::move(*it));
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Owned& r : *done) finish(*r, "abort", "", now);
+  for (size_t i = 0; i < running_.size();) {
+    Request* r = running_[i].get();
+    if (abort_all || std::find(ids.begin(), ids.end(), r->id) != ids.end()) {
+      finish(*r, "abort", "", now);
+      done->push_back(remove_running(r));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void ContinuousScheduler::preempt_newest() {
+  Owned r = remove_running(running_.back().get());
+  r->table.release(runner_.pages());  // recompute: its tokens are prefilled again on resume
+  {
+    std::lock_guard sl(stats_mu_);
+    ++stats_.n_preemptions;
+  }
+  std::lock_guard lk(mu_);
+  waiting_.push_front(std::move(r));
+}
+
+void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>*) {
+  PagePool& pool = runner_.pages();
+  // Decode rows first, oldest first; preemption takes the newest, so rows already placed stay.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request* r = running_[i].get();
+    if (r->remaining() != 1) continue;
+    bool preempted_self = false;
+    while (!r->table.reserve(pool, 1)) {
+      preempted_self = running_.back().get() == r;
+      preempt_newest();
+      if (preempted_self) break;
+    }
+    if (preempted_self) break;  // r was the newest: nothing after it runs either
+    rows->push_back({r, 1});
+    --*budget;
+  }
+  // Then prefill chunks of the requests still prefilling (their pages were reserved at admission).
+  for (const Owned& o : running_) {
+    if (*budget <= 0) break;
+    if (o->remaining() <= 1) continue;
+    const int64_t n = std::min(o->remaining(), *budget);
+    rows->push_back({o.get(), n});
+    *budget -= n;
+  }
+}
+
+void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done) {
+  PagePool& pool = runner_.pages();
+  const double now = clock_->now();
+  while (*budget > 0 && static_cast<int>(running_.size()) < cap_) {
+    Owned r;
+    {
+      std::lock_guard lk(mu_);
+      if (waiting_.empty()) return;
+      const Request& head = *waiting_.front();
+      const int64_t need = head.table.pages_needed(static_cast<int64_t>(head.history.size()));
+      const int64_t headroom = static_cast<int64_t>(running_.size()) * pages_per_token();
+      if (pool.n_free() < need + headroom) {
+        if (!running_.empty()) return;  // wait for pages to come back
+        if (pool.n_free() >= need) {
+          // Alone it fits: admit it.
+        } else {
+          // Nothing runs and still no room: pages are held outside the scheduler (sessions).
+          r = std::move(waiting_.front());
+          waiting_.pop_front();
+          finish(*r, "error", fmt::format("out of KV pages: {} needed, {} free", need, pool.n_free()), now);
+          done->push_back(std::move(r));
+          continue;
+        }
+      }
+      r = std::move(waiting_.front());
+      waiting_.pop_front();
+      ++n_running_;
+    }
+    DHS_CHECK(r->table.reserve(pool, static_cast<int64_t>(r->history.size())), "scheduler: reserve after check failed");
+    r->slot = free_slots_.back();
+    free_slots_.pop_back();
+    runner_.begin_request(r->slot, r->params.options.sampling);
+    if (!r->counted_prompt) {
+      r->counted_prompt = true;
+      std::lock_guard sl(stats_mu_);
+      stats_.prompt_tokens += static_cast<uint64_t>(r->n_prompt);
+    }
+    const int64_t n = std::min(r->remaining(), *budget);
+    rows->push_back({r.get(), n});
+    *budget -= n;
+    running_.push_back(std::move(r));
+  }
+}
+
+void ContinuousScheduler::take_token(Request& r, int32_t id, double now) {
+  const auto& stop_ids = tok_.stop_ids();
+  if (!r.params.options.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+    finish(r, "stop", "", now);
+    return;
+  }
+  r.history.push_back(id);
+  r.event.tokens.push_back(id);
+  ++r.n_generated;
+  r.t_last = now;
+  if (r.t_first < 0) {
+    r.t_first = now;
+    std::lock_guard sl(stats_mu_);
+    stats_.ttft.add(now - r.t_arrival);
+  }
+  {
+    std::lock_guard sl(stats_mu_);
+    ++stats_.generation_tokens;
+  }
+  r.event.text += r.stops.push(r.dec.push(id));
+  if (r.stops.stopped()) finish(r, "stop", "", now);
+  else if (r.n_generated >= r.params.options.max_tokens) finish(r, "length", "", now);
+  // The context holds the prompt and every generated token (vLLM's max_model_len): the token
+  // just sampled filling it ends generation, as max_tokens does.
+  else if (static_cast<int64_t>(r.history.size()) >= opt_.max_model_len) finish(r, "length", "", now);
+}
+
+void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Owned>* done) {
+  std::vector<StepRequest> batch;
+  batch.reserve(rows.size());
+  for (const Row& row : rows) {
+    Request& r = *row.req;
+    const bool at_end = row.n == r.remaining();
+    const bool sample = at_end && r.n_generated < r.params.options.max_tokens;
+    batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history});
+  }
+  std::string failure;
+  try {
+    runner_.step(batch, &out_, /*want_logits=*/false);
+  } catch (const Error& e) {
+    failure = e.what();
+  }
+  const double now = clock_->now();
+  if (!failure.empty()) {
+    // A step that fails (the device, say) ends the requests in it, not the server.
+    for (const Row& row : rows) {
+      finish(*row.req, "error", failure, now);
+      done->push_back(remove_running(row.req));
+    }
+    return;
+  }
+  const PageCounts counts = runner_.take_page_counts();
+  add_counts(&unread_pages_, counts);
+  {
+    std::lock_guard sl(stats_mu_);
+    add_counts(&stats_.pages, counts);
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Request& r = *rows[i].req;
+    if (batch[i].sample) take_token(r, out_.sampled.at(i), now);
+    else if (r.remaining() == 0) finish(r, "length", "", now);  // max_tokens 0: the prompt only
+    if (r.finished) done->push_back(remove_running(&r));
+  }
+}
+
+void ContinuousScheduler::publish(std::vector<Owned>* done) {
+  for (Owned& r : *done) r->table.release(runner_.pages());
+  const bool quiet = [&] {
+    std::lock_guard lk(mu_);
+    return waiting_.empty() && n_running_ == 0;
+  }();
+  {
+    std::lock_guard sl(stats_mu_);
+    stats_.kv = runner_.pages().stats();
+    // The full accounting check walks every page: when the scheduler goes quiet, not per step.
+    if (quiet) stats_.kv_check = runner_.pages().check_invariants();
+  }
+  // Events: every request that has something, the finished ones last time.
+  std::vector<std::pair<RequestSink*, RequestEvent>> out;
+  auto collect = [&](Request& r) {
+    if (!r.event.finished && r.event.tokens.empty() && r.event.text.empty()) return;
+    r.event.id = r.id;
+    r.event.n_prompt = r.n_prompt;
+    r.event.n_generated = r.n_generated;
+    out.emplace_back(&r.sink, std::move(r.event));
+    r.event = RequestEvent{};
+  };
+  for (Owned& r : running_) collect(*r);
+  for (Owned& r : *done) collect(*r);
+  for (auto& [sink, ev] : out) (*sink)(ev);
+  done->clear();  // the finished requests (and their sinks) go now
+}
+
+bool ContinuousScheduler::step() {
+  std::lock_guard step_lock(step_mu_);
+  std::vector<Owned> done;
+  drop_cancelled(&done);
+  std::vector<Row> rows;
+  int64_t budget = step_tokens_;
+  schedule_running(&rows, &budget, &done);
+  admit(&rows, &budget, &done);
+  const bool ran = !rows.empty();
+  if (ran) {
+    run_rows(rows, &done);
+    std::lock_guard sl(stats_mu_);
+    ++stats_.n_steps;
+  }
+  const bool any = ran || !done.empty();
+  publish(&done);
+  return any;
+}
+
+// ---- the loop thread ----
+
+void ContinuousScheduler::start() {
+  std::lock_guard lk(mu_);
+  DHS_CHECK(!loop_.joinable(), "the scheduler is already started");
+  DHS_CHECK(!stopping_, "the scheduler was stopped");
+  loop_ = std::thread([this] { loop(); });
+}
+
+void ContinuousScheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !waiting_.empty() || !cancels_.empty() || n_running_ > 0; });
+      if (stopping_ && waiting_.empty() && cancels_.empty() && n_running_ == 0) return;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      // A bug in the scheduler itself: end everything rather than spin on it.
+      std::fprintf(stderr, "scheduler: %s; aborting every request\n", e.what());
+      {
+        std::lock_guard lk(mu_);
+        abort_all_ = true;
+      }
+    }
+  }
+}
+
+void ContinuousScheduler::stop(bool drain) {
+  {
+    std::lock_guard lk(mu_);
+    accepting_ = false;
+    stopping_ = true;
+    if (!drain) abort_all_ = true;
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) {
+    if (loop_.get_id() == std::this_thread::get_id()) return;  // from a sink: the loop ends itself
+    loop_.join();
+    return;
+  }
+  // Not started: the caller runs what is left (drain) or the aborts, here.
+  while (!idle())
+    if (!step()) break;
+}
+
+}  // namespace dhs

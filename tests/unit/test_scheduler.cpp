@@ -1,0 +1,441 @@
+// ContinuousScheduler (engine/continuous_scheduler.h) over a scripted StepRunner and a test
+// clock: admission, the token budget, preemption and resume, cancellation, the waiting queue's
+// bound, stop strings and eos, timing metrics, the loop thread. No model runs here: the fake
+// runner's next token depends only on the request's position, so a request's tokens are known
+// whatever it shares a step with, and any difference is the scheduler's doing. (Real models
+// through the scheduler: tests/e2e/test_engine.cpp.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/continuous_scheduler.h"
+#include "test_paths.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dhs {
+namespace {
+
+class TestClock final : public Clock {
+ public:
+  double now() const override { return t.load(); }
+  std::atomic<double> t{0.0};
+};
+
+// Next token = script[history.size() % script.size()]: a function of the position only.
+class ScriptRunner final : public StepRunner {
+ public:
+  ScriptRunner(int64_t n_pages, std::vector<int32_t> script, TestClock* clock, int max_batch = 64)
+      : script_(std::move(script)), clock_(clock), max_batch_(max_batch) {
+    cfg_.n_layers = 2;
+    cfg_.n_heads_kv = 2;
+    cfg_.n_heads_q = 2;
+    cfg_.head_dim = 4;
+    cfg_.hidden = 8;
+    cfg_.vocab_size = 49152;
+    cfg_.max_context = 4096;
+    pool_ = std::make_unique<PagePool>(Tier::Host, n_pages, 4, 4, /*with_storage=*/false);
+  }
+  const ModelConfig& config() const override { return cfg_; }
+  PagePool& pages() override { return *pool_; }
+  int max_batch() const override { return max_batch_; }
+  int64_t max_step_tokens() const override { return 4096; }
+  void set_sampled_vocab(int64_t) override {}
+  void begin_request(int slot, const SamplingParams&) override { begun.push_back(slot); }
+  void step(const std::vector<StepRequest>& batch, StepOutput* out, bool) override {
+    std::set<int> slots;
+    int64_t tokens = 0;
+    out->sampled.assign(batch.size(), -1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const StepRequest& r = batch[i];
+      EXPECT_TRUE(slots.insert(r.slot).second) << "slot " << r.slot << " twice in a step";
+      EXPECT_LE(r.table->n_tokens() + r.n_new, r.table->capacity_tokens()) << "rows past the reserved pages";
+      // The rows fed are the request's history at the table's position.
+      for (int64_t k = 0; k < r.n_new; ++k) EXPECT_EQ(r.tokens[k], (*r.history)[static_cast<size_t>(r.table->n_tokens() + k)]);
+      r.table->commit(r.n_new);
+      tokens += r.n_new;
+      if (r.sample) {
+        EXPECT_EQ(r.table->n_tokens(), static_cast<int64_t>(r.history->size())) << "sampled before the last row";
+        out->sampled[i] = script_[r.history->size() % script_.size()];
+      }
+    }
+    step_sizes.push_back(static_cast<int>(batch.size()));
+    step_tokens.push_back(tokens);
+    if (clock_) clock_->t = clock_->t + 1.0;  // a step takes a second
+  }
+  PageCounts take_page_counts() override { return {}; }
+  void set_policy(const PolicySpec&) override {}
+  double fit_key_basis(const PageTable&, int64_t, int, bool) override { return 0.0; }
+  void capture_queries(bool) override {}
+
+  std::vector<int> step_sizes;
+  std::vector<int64_t> step_tokens;
+  std::vector<int> begun;
+
+ private:
+  ModelConfig cfg_;
+  std::unique_ptr<PagePool> pool_;
+  std::vector<int32_t> script_;
+  TestClock* clock_;
+  int max_batch_;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tok_ = Tokenizer::from_hf_files(test::data_dir() + "/tokenizer/smollm2/tokenizer.json", "");
+    script_ = tok_->encode(" one two three four five six seven eight nine ten eleven twelve", false);
+    ASSERT_GE(script_.size(), 12u);
+  }
+  std::unique_ptr<ScriptRunner> runner(int64_t n_pages, int max_batch = 64) {
+    return std::make_unique<ScriptRunner>(n_pages, script_, &clock_, max_batch);
+  }
+  std::unique_ptr<ContinuousScheduler> sched(ScriptRunner& r, SchedulerOptions o = {}) {
+    if (o.max_num_batched_tokens > r.max_step_tokens()) o.max_num_batched_tokens = r.max_step_tokens();
+    clock_ptr_ = std::shared_ptr<Clock>(&clock_, [](Clock*) {});
+    return std::make_unique<ContinuousScheduler>(r, *tok_, 4096, o, clock_ptr_);
+  }
+  // What the script gives a prompt of n tokens, max_tokens long, alone and uninterrupted.
+  std::vector<int32_t> expected(size_t n_prompt, int64_t max_tokens) const {
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < max_tokens; ++i) out.push_back(script_[(n_prompt + static_cast<size_t>(i)) % script_.size()]);
+    return out;
+  }
+  static RequestParams req(size_t n_prompt, int64_t max_tokens, int32_t first = 7) {
+    RequestParams p;
+    for (size_t i = 0; i < n_prompt; ++i) p.prompt.push_back(first + static_cast<int32_t>(i));
+    p.options.max_tokens = max_tokens;
+    p.options.ignore_eos = true;
+    return p;
+  }
+  struct Collected {
+    std::vector<int32_t> tokens;
+    std::string text, finish_reason;
+    int n_events = 0, n_finished = 0;
+  };
+  RequestSink collect(Collected* c) {
+    return [c](const RequestEvent& e) {
+      c->tokens.insert(c->tokens.end(), e.tokens.begin(), e.tokens.end());
+      c->text += e.text;
+      ++c->n_events;
+      if (e.finished) {
+        ++c->n_finished;
+        c->finish_reason = e.finish_reason;
+      }
+    };
+  }
+  static void run_to_idle(ContinuousScheduler& s, int max_steps = 10000) {
+    for (int i = 0; i < max_steps && !s.idle(); ++i) s.step();
+    ASSERT_TRUE(s.idle()) << "not idle after " << max_steps << " steps";
+  }
+  static void expect_pool_clean(ScriptRunner& r, const ContinuousScheduler& s) {
+    EXPECT_EQ(r.pages().check_invariants(), "");
+    EXPECT_EQ(r.pages().n_used(), 0);
+    const SchedulerStats st = s.stats();
+    EXPECT_EQ(st.kv.n_used, 0);
+    EXPECT_EQ(st.kv.n_free, st.kv.n_total);
+    EXPECT_EQ(st.kv_check, "");
+  }
+
+  TestClock clock_;
+  std::shared_ptr<Clock> clock_ptr_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<int32_t> script_;
+};
+
+TEST_F(SchedulerTest, ManyRequestsEachGetTheirOwnTokens) {
+  auto r = runner(10000);
+  auto s = sched(*r);
+  std::vector<Collected> got(20);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const SubmitResult sub = s->submit(req(3 + i, static_cast<int64_t>(5 + i % 7)), collect(&got[i]));
+    ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
+  }
+  run_to_idle(*s);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, expected(3 + i, static_cast<int64_t>(5 + i % 7))) << "request " << i;
+    EXPECT_EQ(got[i].finish_reason, "length");
+    EXPECT_EQ(got[i].n_finished, 1);
+    EXPECT_EQ(got[i].text, tok_->decode(got[i].tokens, true));
+  }
+  EXPECT_EQ(*std::max_element(r->step_sizes.begin(), r->step_sizes.end()), 20) << "all should run together";
+  const SchedulerStats st = s->stats();
+  EXPECT_EQ(st.n_finished_length, 20u);
+  EXPECT_EQ(st.n_running, 0);
+  EXPECT_EQ(st.n_waiting, 0);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, MaxNumSeqsAndTheTokenBudgetHold) {
+  auto r = runner(10000);
+  SchedulerOptions o;
+  o.max_num_seqs = 3;
+  o.max_num_batched_tokens = 10;
+  auto s = sched(*r, o);
+  std::vector<Collected> got(7);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(s->submit(req(25, 6), collect(&got[i])).status, SubmitStatus::Accepted);
+  run_to_idle(*s);
+  for (const int n : r->step_sizes) EXPECT_LE(n, 3);
+  for (const int64_t n : r->step_tokens) EXPECT_LE(n, 10);
+  for (const Collected& c : got) EXPECT_EQ(c.tokens, expected(25, 6));
+  // Prompts of 25 tokens under a budget of 10 are prefilled in chunks, beside other requests' decode rows.
+  EXPECT_GT(std::count(r->step_sizes.begin(), r->step_sizes.end(), 3), 0);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, DecodeRowsGoFirstAndPrefillWaitsForTheBudget) {
+  auto r = runner(10000);
+  SchedulerOptions o;
+  o.max_num_batched_tokens = 8;
+  o.max_num_seqs = 4;
+  auto s = sched(*r, o);
+  Collected a, b;
+  ASSERT_EQ(s->submit(req(4, 20), collect(&a)).status, SubmitStatus::Accepted);
+  s->step();  // a's prefill, first token
+  ASSERT_EQ(a.tokens.size(), 1u);
+  ASSERT_EQ(s->submit(req(30, 2), collect(&b)).status, SubmitStatus::Accepted);
+  for (int i = 0; i < 4; ++i) s->step();  // b's 30 tokens take four steps of 7 beside a's row, then 2
+  // a decoded a token in each of those steps: its decode row was never pushed out by b's prefill.
+  EXPECT_EQ(a.tokens.size(), 5u);
+  EXPECT_TRUE(b.tokens.empty());
+  s->step();
+  EXPECT_EQ(b.tokens.size(), 1u);
+  run_to_idle(*s);
+  EXPECT_EQ(a.tokens, expected(4, 20));
+  EXPECT_EQ(b.tokens, expected(30, 2));
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, PreemptionResumesWithTheSameTokens) {
+  // Pages of 4 tokens, 2 layers x 2 heads = 4 pages per block. 8 requests of 6 + 30 tokens want
+  // 9 blocks each (288 pages); the pool holds 100.
+  auto r = runner(100);
+  auto s = sched(*r);
+  std::vector<Collected> got(8);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(s->submit(req(6, 30, static_cast<int32_t>(100 * i)), collect(&got[i])).status, SubmitStatus::Accepted);
+  run_to_idle(*s);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, expected(6, 30)) << "request " << i;
+    EXPECT_EQ(got[i].text, tok_->decode(got[i].tokens, true)) << "text lost or doubled across a preemption";
+    EXPECT_EQ(got[i].finish_reason, "length");
+  }
+  const SchedulerStats st = s->stats();
+  EXPECT_GT(st.n_preemptions, 0u);
+  EXPECT_EQ(st.prompt_tokens, 8u * 6u) << "a recompute is not new prompt tokens";
+  EXPECT_EQ(st.generation_tokens, 8u * 30u);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, RefusesWhatCanNeverRunAndBoundsTheQueue) {
+  auto r = runner(16);  // 4 blocks of 4 tokens
+  SchedulerOptions o;
+  o.max_waiting = 2;
+  o.max_model_len = 100;
+  auto s = sched(*r, o);
+  EXPECT_EQ(s->submit(req(0, 1), {}).status, SubmitStatus::Invalid);
+  EXPECT_EQ(s->submit(req(100, 1), {}).status, SubmitStatus::Invalid) << "prompt of max_model_len";
+  EXPECT_EQ(s->submit(req(16, 1), {}).status, SubmitStatus::Invalid) << "16 + 1 tokens need 5 blocks of 4";
+  RequestParams bad_id = req(3, 1);
+  bad_id.prompt[1] = 49152;
+  EXPECT_EQ(s->submit(bad_id, {}).status, SubmitStatus::Invalid);
+  bad_id.prompt[1] = -1;
+  EXPECT_EQ(s->submit(bad_id, {}).status, SubmitStatus::Invalid);
+  RequestParams bad_t = req(3, 1);
+  bad_t.options.sampling.temperature = -1.0f;
+  const SubmitResult bt = s->submit(bad_t, {});
+  EXPECT_EQ(bt.status, SubmitStatus::Invalid);
+  EXPECT_FALSE(bt.error.empty());
+  EXPECT_EQ(s->submit(req(3, -1), {}).status, SubmitStatus::Invalid);
+  Collected a, b;
+  EXPECT_EQ(s->submit(req(3, 2), collect(&a)).status, SubmitStatus::Accepted);
+  EXPECT_EQ(s->submit(req(3, 2), collect(&b)).status, SubmitStatus::Accepted);
+  EXPECT_EQ(s->submit(req(3, 2), {}).status, SubmitStatus::QueueFull);
+  EXPECT_EQ(s->stats().n_rejected_full, 1u);
+  run_to_idle(*s);
+  EXPECT_EQ(a.tokens, expected(3, 2));
+  EXPECT_EQ(b.tokens, expected(3, 2));
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, CancelReturnsPagesInTheSameStep) {
+  auto r = runner(1000);
+  auto s = sched(*r);
+  Collected a, b, w;
+  const uint64_t ia = s->submit(req(10, 100), collect(&a)).id;
+  const uint64_t ib = s->submit(req(10, 100), collect(&b)).id;
+  s->step();
+  s->step();
+  const int64_t used_two = r->pages().n_used();
+  ASSERT_GT(used_two, 0);
+  s->cancel(ia);
+  s->step();
+  EXPECT_EQ(a.finish_reason, "abort");
+  EXPECT_EQ(a.n_finished, 1);
+  EXPECT_LT(r->pages().n_used(), used_two) << "the cancelled request's pages are still held";
+  // A waiting request cancelled before it ever ran.
+  SchedulerOptions o1;
+  o1.max_num_seqs = 1;
+  auto r1 = runner(1000);
+  auto s1 = sched(*r1, o1);
+  s1->submit(req(5, 50), {});
+  const uint64_t iw = s1->submit(req(5, 50), collect(&w)).id;
+  s1->step();
+  s1->cancel(iw);
+  s1->cancel(424242);  // unknown ids are ignored
+  s1->step();
+  EXPECT_EQ(w.finish_reason, "abort");
+  EXPECT_TRUE(w.tokens.empty());
+  s->cancel(ib);
+  run_to_idle(*s);
+  s1->stop(false);
+  expect_pool_clean(*r, *s);
+  expect_pool_clean(*r1, *s1);
+  EXPECT_EQ(b.finish_reason, "abort");
+}
+
+TEST_F(SchedulerTest, StopStringsAndEos) {
+  auto r = runner(1000);
+  auto s = sched(*r);
+  // The script's text from position 3 on: find a stop string two tokens in.
+  const std::vector<int32_t> first = expected(3, 6);
+  const std::string t2 = tok_->decode({first.begin(), first.begin() + 3}, true);
+  const std::string stop = t2.substr(t2.size() - 3);  // the end of the third token's text
+  RequestParams p = req(3, 6);
+  p.options.stop = {stop};
+  Collected c;
+  s->submit(p, collect(&c));
+  // eos: a script whose position 5 is the tokenizer's first stop id.
+  run_to_idle(*s);
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.text, t2.substr(0, t2.size() - 3)) << "text up to the stop string, without it";
+  EXPECT_EQ(c.tokens.size(), 3u);
+
+  std::vector<int32_t> with_eos = script_;
+  with_eos[5] = tok_->stop_ids().at(0);
+  ScriptRunner re(1000, with_eos, &clock_);
+  auto se = sched(re);
+  Collected e1, e2;
+  RequestParams q = req(3, 10);
+  q.options.ignore_eos = false;
+  se->submit(q, collect(&e1));
+  q.options.ignore_eos = true;
+  se->submit(q, collect(&e2));
+  run_to_idle(*se);
+  EXPECT_EQ(e1.finish_reason, "stop");
+  EXPECT_EQ(e1.tokens.size(), 2u) << "positions 3 and 4, then eos at 5 (not included)";
+  EXPECT_EQ(e2.finish_reason, "length");
+  EXPECT_EQ(e2.tokens.size(), 10u);
+  expect_pool_clean(re, *se);
+}
+
+TEST_F(SchedulerTest, MaxModelLenEndsWithLengthAndZeroMaxTokensRunsThePromptOnly) {
+  auto r = runner(1000);
+  SchedulerOptions o;
+  o.max_model_len = 20;
+  auto s = sched(*r, o);
+  Collected a, z;
+  s->submit(req(15, 100), collect(&a));
+  s->submit(req(4, 0), collect(&z));
+  run_to_idle(*s);
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(a.tokens.size(), 5u) << "15 + 5 = max_model_len";
+  EXPECT_EQ(z.finish_reason, "length");
+  EXPECT_TRUE(z.tokens.empty());
+  EXPECT_EQ(z.n_finished, 1);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, TimingMetricsFollowTheClock) {
+  auto r = runner(1000);
+  auto s = sched(*r);
+  clock_.t = 100.0;
+  Collected a;
+  s->submit(req(5, 4), collect(&a));
+  clock_.t = 102.0;  // waited 2 s before the first step
+  run_to_idle(*s);   // 4 steps of 1 s: first token at 103, last at 106
+  const SchedulerStats st = s->stats();
+  ASSERT_EQ(st.ttft.count, 1u);
+  EXPECT_DOUBLE_EQ(st.ttft.sum, 3.0);
+  ASSERT_EQ(st.tpot.count, 1u);
+  EXPECT_DOUBLE_EQ(st.tpot.sum, 1.0);
+  ASSERT_EQ(st.e2e.count, 1u);
+  EXPECT_DOUBLE_EQ(st.e2e.sum, 6.0);
+  // Cumulative buckets: ttft 3 s is in "le 5" and above, not in "le 2.5".
+  for (size_t i = 0; i < st.ttft.bounds.size(); ++i) EXPECT_EQ(st.ttft.counts[i], st.ttft.bounds[i] >= 3.0 ? 1u : 0u);
+  EXPECT_EQ(st.n_steps, 4u);
+}
+
+TEST_F(SchedulerTest, TheLoopThreadServesSubmittersAndDrains) {
+  auto r = runner(4000);
+  auto s = sched(*r);
+  s->start();
+  std::vector<Collected> got(32);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> clients;
+  std::mutex mu;
+  for (size_t i = 0; i < got.size(); ++i)
+    clients.emplace_back([&, i] {
+      const RequestSink sink = [&, i](const RequestEvent& e) {
+        std::lock_guard lk(mu);
+        got[i].tokens.insert(got[i].tokens.end(), e.tokens.begin(), e.tokens.end());
+        if (e.finished) {
+          got[i].finish_reason = e.finish_reason;
+          ++finished;
+        }
+      };
+      EXPECT_EQ(s->submit(req(2 + i % 5, 8), sink).status, SubmitStatus::Accepted);
+    });
+  for (auto& t : clients) t.join();
+  s->stop(/*drain=*/true);
+  EXPECT_EQ(finished.load(), 32);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, expected(2 + i % 5, 8)) << i;
+  EXPECT_EQ(s->submit(req(3, 1), {}).status, SubmitStatus::ShuttingDown);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, StopWithoutDrainAbortsEverything) {
+  auto r = runner(4000);
+  SchedulerOptions o;
+  o.max_num_seqs = 2;
+  auto s = sched(*r, o);
+  std::vector<Collected> got(5);
+  for (auto& c : got) s->submit(req(4, 1000), collect(&c));
+  s->step();
+  s->step();
+  s->stop(/*drain=*/false);
+  for (const Collected& c : got) {
+    EXPECT_EQ(c.finish_reason, "abort");
+    EXPECT_EQ(c.n_finished, 1);
+  }
+  EXPECT_EQ(s->stats().n_finished_abort, 5u);
+  expect_pool_clean(*r, *s);
+}
+
+TEST_F(SchedulerTest, OptionsAreChecked) {
+  auto r = runner(100, /*max_batch=*/4);
+  SchedulerOptions o;
+  o.max_num_seqs = 0;
+  EXPECT_THROW(sched(*r, o), Error);
+  o = {};
+  o.max_model_len = 5000;  // past the engine's 4096
+  EXPECT_THROW(sched(*r, o), Error);
+  o = {};
+  o.max_num_batched_tokens = 2;
+  o.max_num_seqs = 3;
+  EXPECT_THROW(sched(*r, o), Error) << "a step must hold every running request's decode row";
+  o = {};
+  o.max_num_seqs = 64;  // capped by the runner's 4
+  auto s = sched(*r, o);
+  std::vector<Collected> got(6);
+  for (auto& c : got) s->submit(req(2, 3), collect(&c));
+  run_to_idle(*s);
+  for (const int n : r->step_sizes) EXPECT_LE(n, 4);
+  for (const int slot : r->begun) EXPECT_LT(slot, 4);
+}
+
+}  // namespace
+}  // namespace dhs
