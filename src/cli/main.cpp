@@ -19,13 +19,14 @@
 #include "cli/cli_common.h"
 #include "cli/eval_command.h"
 #include "cli/generate_command.h"
+#include "cli/serve_command.h"
 #include "cli/stdout_writer.h"
 #include "cli/version.h"
 #include "dhisparse/engine.h"
 
 namespace {
 
-constexpr std::array<std::string_view, 4> kCommands = {"generate", "info", "eval", "bench"};
+constexpr std::array<std::string_view, 5> kCommands = {"generate", "info", "eval", "bench", "serve"};
 
 // `dhisparse foo`: CLI11 would say "A subcommand is required"; name the commands instead.
 std::string command_error(int argc, char** argv) {
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   dhs::cli::GenerateCommand generate(app);
   dhs::cli::BenchCommand bench(app);
   dhs::cli::EvalCommand eval(app);
+  dhs::cli::ServeCommand serve(app);
   std::string model;
   auto* info = app.add_subcommand("info", "Print a model's architecture, shapes, dtypes, context, RoPE and tokenizer, "
                                           "after the checks loading makes (without loading the weights)");
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (generate.parsed()) generate.check();
     if (eval.parsed()) eval.check();
+    if (serve.parsed()) serve.check();
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -83,6 +86,7 @@ int main(int argc, char** argv) {
       return dhs::cli::stdout_status(0);
     }
     if (eval.parsed()) return eval.run(oom_while);
+    if (serve.parsed()) return serve.run(oom_while);
     return generate.run(out, oom_while);
   } catch (const std::bad_alloc&) {
     out.end_line();
