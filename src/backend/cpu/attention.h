@@ -25,6 +25,9 @@ struct AttentionParams {
 };
 
 // A row that sees no key (empty list) gets output 0 and lse -inf.
+// Batch-invariant: a row's output depends only on its query, its position and the pages of its
+// list up to that position, visited in list order; the same bits whether it is a decode row or
+// any row of a prefill chunk, whatever else shares the call (test_batch_invariance).
 void attention(const AttentionParams& p);
 
 // Writes K/V rows of n_tok tokens into their pages.

@@ -21,56 +21,83 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline float dot_f32(const float* a, const float* b, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+// Batch invariance: every y[t, r] is the same canonical dot product, whether the step has
+// one token or 512 and whichever kernel below computes it, so a request's logits and K/V do
+// not depend on what else shares its step (continuous batching must return the tokens
+// `generate` returns alone). The canonical dot of a weight row w and a token row x:
+//   acc = 0 (8 lanes); for each 8-block b of the columns, in order, acc = fma(w_b, x_b, acc),
+//   the last block zero-padded when cols % 8 != 0; result = hsum(acc).
+// One accumulator chain per (row, token); the kernels get their parallelism from several
+// rows and tokens at once, never by splitting a chain. fp16 weights widen exactly to fp32,
+// so the fp16 GEMV (converting in registers) and the GEMM (converting a block into a
+// buffer) agree bit for bit.
+
+// Lanes [0, n) set, n in [0, 8].
+inline __m256i lane_mask(int64_t n) {
+  alignas(32) static constexpr int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - n));
 }
 
-inline float dot_f16_f32(const uint16_t* w, const float* x, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
-    s0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), s0);
-    s1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), s1);
-  }
-  float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) {
-    float wf = _cvtsh_ss(w[i]);
-    s += wf * x[i];
-  }
-  return s;
-}
+// Rows of fp32 weights, row r at p + r * ld.
+struct F32Rows {
+  const float* p;
+  int64_t ld;
+  __m256 load(int r, int64_t i) const { return _mm256_loadu_ps(p + r * ld + i); }
+  // Columns [i, n) and zeros: n - i < 8 lanes, set in m.
+  __m256 load_tail(int r, int64_t i, int64_t, __m256i m) const { return _mm256_maskload_ps(p + r * ld + i, m); }
+};
 
-// 4 rows x 3 tokens register block over fp32 weights: 12 accumulators, 7 loads per 12 FMAs.
-inline void dot_4x3(const float* w, int64_t ldw, const float* x, int64_t ldx, int64_t n, float out[4][3]) {
-  __m256 acc[4][3];
-  for (auto& r : acc) r[0] = r[1] = r[2] = _mm256_setzero_ps();
+// Rows of fp16 weights, widened in registers.
+struct F16Rows {
+  const uint16_t* p;
+  int64_t ld;
+  __m256 load(int r, int64_t i) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + r * ld + i)));
+  }
+  // No 16-bit masked load in AVX2: copy the n - i < 8 last halves into a zeroed block.
+  __m256 load_tail(int r, int64_t i, int64_t n, __m256i) const {
+    alignas(16) uint16_t b[8] = {};
+    for (int64_t j = i; j < n; ++j) b[j - i] = p[r * ld + j];
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
+  }
+};
+
+// R weight rows x TT token rows of canonical dots: out[r * ldo + t].
+// Registers: R * TT accumulators + TT token blocks + 1 weight block <= 16 (4x3, 8x1, 4x2).
+template <int R, int TT, class W>
+inline void dot_tile(const W& w, const float* x, int64_t ldx, int64_t n, float* out, int64_t ldo) {
+  __m256 acc[R][TT];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + ldx + i), x2 = _mm256_loadu_ps(x + 2 * ldx + i);
-    for (int r = 0; r < 4; ++r) {
-      const __m256 wr = _mm256_loadu_ps(w + r * ldw + i);
-      acc[r][0] = _mm256_fmadd_ps(wr, x0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(wr, x1, acc[r][1]);
-      acc[r][2] = _mm256_fmadd_ps(wr, x2, acc[r][2]);
+    __m256 xv[TT];
+    for (int t = 0; t < TT; ++t) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wr = w.load(r, i);
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_fmadd_ps(wr, xv[t], acc[r][t]);
     }
   }
-  for (int r = 0; r < 4; ++r)
-    for (int t = 0; t < 3; ++t) {
-      float s = hsum(acc[r][t]);
-      for (int64_t j = i; j < n; ++j) s += w[r * ldw + j] * x[t * ldx + j];
-      out[r][t] = s;
+  if (i < n) {
+    const __m256i m = lane_mask(n - i);
+    __m256 xv[TT];
+    for (int t = 0; t < TT; ++t) xv[t] = _mm256_maskload_ps(x + t * ldx + i, m);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wr = w.load_tail(r, i, n, m);
+      for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_fmadd_ps(wr, xv[t], acc[r][t]);
     }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) out[r * ldo + t] = hsum(acc[r][t]);
+}
+
+// Rows [0, nr) of w against TT tokens: blocks of R_MAIN rows, then single rows (same dots).
+template <int R_MAIN, int TT, class W>
+inline void dot_rows(const W& w, int64_t nr, const float* x, int64_t ldx, int64_t n, float* out, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + R_MAIN <= nr; r += R_MAIN)
+    dot_tile<R_MAIN, TT>(W{w.p + r * w.ld, w.ld}, x, ldx, n, out + r * ldo, ldo);
+  for (; r < nr; ++r) dot_tile<1, TT>(W{w.p + r * w.ld, w.ld}, x, ldx, n, out + r * ldo, ldo);
 }
 
 }  // namespace
@@ -78,16 +105,25 @@ inline void dot_4x3(const float* w, int64_t ldw, const float* x, int64_t ldx, in
 void matmul(const CpuMatrix& w, const float* x, float* y, int64_t n_tok, const float* bias) {
   const int64_t rows = w.rows(), cols = w.cols();
   constexpr int64_t kRowBlock = 16;
+  // out: [kRowBlock, 3] dots of a row block, written to y with the bias.
+  auto emit = [&](int64_t r0, int64_t nr, int64_t t0, int64_t nt, const float* out) {
+    for (int64_t r = 0; r < nr; ++r)
+      for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * rows + r0 + r] = out[r * 3 + t] + (bias ? bias[r0 + r] : 0.0f);
+  };
   if (n_tok <= 2) {
     // Decode: one pass over the weights, straight from storage.
     ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r)
-        for (int64_t t = 0; t < n_tok; ++t) {
-          const float* xt = x + t * cols;
-          float s = w.type() == CpuWeightType::F32 ? dot_f32(w.f32_data() + r * cols, xt, cols)
-                                                   : dot_f16_f32(w.f16_data() + r * cols, xt, cols);
-          y[t * rows + r] = s + (bias ? bias[r] : 0.0f);
-        }
+      float out[kRowBlock * 3];
+      for (int64_t r0 = b; r0 < e; r0 += kRowBlock) {
+        const int64_t nr = std::min(kRowBlock, e - r0);
+        auto run = [&](auto rows_of) {
+          if (n_tok == 1) dot_rows<8, 1>(rows_of, nr, x, cols, cols, out, 3);
+          else dot_rows<4, 2>(rows_of, nr, x, cols, cols, out, 3);
+        };
+        if (w.type() == CpuWeightType::F32) run(F32Rows{w.f32_data() + r0 * cols, cols});
+        else run(F16Rows{w.f16_data() + r0 * cols, cols});
+        emit(r0, nr, 0, n_tok, out);
+      }
     }, kRowBlock);
     return;
   }
@@ -97,6 +133,7 @@ void matmul(const CpuMatrix& w, const float* x, float* y, int64_t n_tok, const f
   constexpr int64_t kTokTile = 48;
   ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
     std::vector<float> buf(static_cast<size_t>(kRowBlock * cols));
+    float out[kRowBlock * 3];
     for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
       const int64_t t1 = std::min(n_tok, t0 + kTokTile);
       for (int64_t r0 = b; r0 < e; r0 += kRowBlock) {
@@ -108,21 +145,15 @@ void matmul(const CpuMatrix& w, const float* x, float* y, int64_t n_tok, const f
           for (int64_t r = 0; r < nr; ++r) w.row_to_f32(r0 + r, buf.data() + r * cols);
           wb = buf.data();
         }
-        auto emit = [&](int64_t t, int64_t r, float v) { y[t * rows + r0 + r] = v + (bias ? bias[r0 + r] : 0.0f); };
+        const F32Rows wr{wb, cols};
         int64_t t = t0;
         for (; t + 3 <= t1; t += 3) {
-          int64_t r = 0;
-          for (; r + 4 <= nr; r += 4) {
-            float o[4][3];
-            dot_4x3(wb + r * cols, cols, x + t * cols, cols, cols, o);
-            for (int i = 0; i < 4; ++i)
-              for (int j = 0; j < 3; ++j) emit(t + j, r + i, o[i][j]);
-          }
-          for (; r < nr; ++r)
-            for (int j = 0; j < 3; ++j) emit(t + j, r, dot_f32(wb + r * cols, x + (t + j) * cols, cols));
+          dot_rows<4, 3>(wr, nr, x + t * cols, cols, cols, out, 3);
+          emit(r0, nr, t, 3, out);
         }
-        for (; t < t1; ++t)
-          for (int64_t r = 0; r < nr; ++r) emit(t, r, dot_f32(wb + r * cols, x + t * cols, cols));
+        if (t1 - t == 2) dot_rows<4, 2>(wr, nr, x + t * cols, cols, cols, out, 3);
+        if (t1 - t == 1) dot_rows<8, 1>(wr, nr, x + t * cols, cols, cols, out, 3);
+        emit(r0, nr, t, t1 - t, out);
       }
     }
   }, kRowBlock);

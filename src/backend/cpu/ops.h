@@ -9,6 +9,8 @@
 namespace dhs::cpu {
 
 // y[t, :] = W x[t, :] (+ bias).   x: [n_tok, W.cols]  y: [n_tok, W.rows]  bias: [W.rows] or null
+// Batch-invariant: y[t, :] has the same bits for any n_tok and any other rows of x (one
+// canonical dot per (row, token), ops.cpp), so batching never changes a request's results.
 void matmul(const CpuMatrix& w, const float* x, float* y, int64_t n_tok, const float* bias = nullptr);
 
 // y = x / rms(x) * weight, row by row.   x, y: [n_rows, n]  weight: [n]   (x == y allowed)
