@@ -28,6 +28,7 @@
 #include "backend/cuda/sampling.h"
 #include "engine/sampler.h"
 #include "gtest_shim.h"
+#include "sampling_reference.h"
 
 namespace {
 
@@ -65,64 +66,11 @@ struct Dev {
   }
 };
 
-// ---- the CPU rule ---------------------------------------------------------------------
+// ---- the CPU rule: sampling_reference.h ---------------------------------------------
 
-// The repetition penalty as dhs::Sampler applies it (each distinct id once).
-std::vector<float> penalised(const float* logits, int vocab, const std::vector<int32_t>& hist, float pen) {
-  std::vector<float> l(logits, logits + vocab);
-  if (pen == 1.0f) return l;
-  std::unordered_set<int32_t> seen(hist.begin(), hist.end());
-  for (int32_t id : seen)
-    if (id >= 0 && id < vocab) l[id] = l[id] > 0 ? l[id] / pen : l[id] * pen;
-  return l;
-}
-
-// The kept set of sampler.cpp, in its order, with probabilities renormalised over it.
-struct KeptSet {
-  std::vector<int32_t> ids;
-  std::vector<double> prob;
-};
-KeptSet cpu_filter(const std::vector<float>& pen_logits, const dc::SamplingRow& r) {
-  const int vocab = static_cast<int>(pen_logits.size());
-  std::vector<std::pair<float, int32_t>> cand(static_cast<size_t>(vocab));
-  for (int i = 0; i < vocab; ++i) cand[i] = {pen_logits[i] / r.temperature, i};
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  size_t n = cand.size();
-  if (r.top_k > 0 && r.top_k < vocab) {
-    std::partial_sort(cand.begin(), cand.begin() + r.top_k, cand.end(), by_logit);
-    n = static_cast<size_t>(r.top_k);
-  } else {
-    std::sort(cand.begin(), cand.end(), by_logit);
-  }
-  const float m = cand[0].first;
-  std::vector<double> prob(n);
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp(static_cast<double>(cand[i].first - m));
-  for (auto& x : prob) x /= sum;
-  if (r.top_p < 1.0f) {
-    double c = 0.0;
-    size_t keep = 0;
-    while (keep < n) {
-      c += prob[keep++];
-      if (c >= r.top_p) break;
-    }
-    n = keep;
-  }
-  if (r.min_p > 0.0f) {
-    const double thr = r.min_p * prob[0];
-    size_t keep = 1;
-    while (keep < n && prob[keep] >= thr) ++keep;
-    n = keep;
-  }
-  KeptSet s;
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += prob[i];
-  for (size_t i = 0; i < n; ++i) {
-    s.ids.push_back(cand[i].second);
-    s.prob.push_back(prob[i] / total);
-  }
-  return s;
-}
+using dhs::test::cpu_filter;
+using dhs::test::KeptSet;
+using dhs::test::penalised;
 
 // The device's sort key, on the host (see sampling.cu): the GPU's kept set is {key >= thr}.
 uint64_t host_key(float l, float temperature, int i) {
@@ -498,6 +446,140 @@ TEST(CudaSampling, GraphReplayAdvances) {
   DHS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   DHS_CUDA_CHECK(cudaGraphDestroy(graph));
   DHS_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// The sampled-vocabulary limit (logits_ld > vocab: ids past vocab are embedding padding) and
+// per-row history offsets into one store (the engine's layout), against dhs::Sampler itself:
+// greedy ids equal exactly, with the repetition window applied as the Sampler applies it; the
+// padding, given the largest logits of the row, is never returned, greedy or drawn.
+TEST(CudaSampling, SampledVocabLimitAndHistoryStore) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(21);
+  const int vocab = small_mode() ? 3000 : 49152, pad = 128, ld = vocab + pad, n_rows = 12, store_ld = 300;
+  std::vector<float> logits;
+  std::vector<dc::SamplingRow> rows;
+  std::vector<std::vector<int32_t>> hist;
+  std::vector<int> window;
+  std::vector<int32_t> store(static_cast<size_t>(n_rows) * store_ld, 0), hist_len(n_rows);
+  std::vector<int64_t> hist_off(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    auto l = make_logits(vocab, r % 3 == 2 ? Dist::Ties : Dist::Peaked, rng);
+    for (int j = 0; j < pad; ++j) l.push_back(100.0f + j);  // padding: the row's largest logits
+    logits.insert(logits.end(), l.begin(), l.end());
+    const bool greedy = r < n_rows / 2;
+    // History: the row's top ids among others, so the penalty changes the argmax.
+    std::vector<int32_t> h = random_history(vocab, 40 + 20 * r, rng);
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 4, order.end(), [&](int a, int b) { return l[a] > l[b]; });
+    for (int j = 0; j < 4; ++j) h[h.size() - 1 - static_cast<size_t>(j) * 3] = order[static_cast<size_t>(j)];
+    hist.push_back(h);
+    window.push_back(r % 4 == 0 ? 0 : 8 + 5 * r);  // 0: the whole history
+    rows.push_back(greedy ? row(0.0f, 0, 1.0f, 0.0f, 1.0f + 0.4f * static_cast<float>(r % 3 + 1), 7)
+                          : row(1.0f, r % 2 ? 0 : 64, 0.95f, 0.0f, 1.3f, 100 + r));
+    const int64_t n = static_cast<int64_t>(h.size());
+    const int64_t from = window.back() > 0 && n > window.back() ? n - window.back() : 0;
+    std::copy(h.begin(), h.end(), store.begin() + static_cast<size_t>(r) * store_ld);
+    hist_off[r] = static_cast<int64_t>(r) * store_ld + from;
+    hist_len[r] = static_cast<int32_t>(n - from);
+  }
+  Dev<float> logits_d(logits);
+  Dev<dc::SamplingRow> rows_d(rows);
+  Dev<int32_t> store_d(store), hist_len_d(hist_len), out(static_cast<size_t>(n_rows));
+  Dev<int64_t> hist_off_d(hist_off);
+  Dev<uint64_t> offset(std::vector<uint64_t>(static_cast<size_t>(n_rows), 0));
+  dc::SampleParams p;
+  p.logits = logits_d.p;
+  p.rows = rows_d.p;
+  p.history = store_d.p;
+  p.history_len = hist_len_d.p;
+  p.history_off = hist_off_d.p;
+  p.rng_offset = offset.p;
+  p.out = out.p;
+  p.n_rows = n_rows;
+  p.vocab = vocab;
+  p.logits_ld = ld;
+  const int calls = small_mode() ? 20 : 200;
+  for (int c = 0; c < calls; ++c) {
+    dc::sample(p, nullptr);
+    const auto o = out.get();
+    for (int r = 0; r < n_rows; ++r) {
+      ASSERT_TRUE(o[r] >= 0 && o[r] < vocab) << "row " << r << " returned padding id " << o[r];
+      if (rows[r].temperature > 0.0f) continue;
+      dhs::SamplingParams sp;
+      sp.repetition_penalty = rows[r].repetition_penalty;
+      sp.repetition_window = window[r];
+      dhs::Sampler cpu(sp);
+      std::vector<float> l(logits.begin() + static_cast<size_t>(r) * ld, logits.begin() + static_cast<size_t>(r) * ld + ld);
+      const int32_t want = cpu.sample(l.data(), vocab, hist[r]);
+      ASSERT_EQ(o[r], want) << "greedy row " << r << " (window " << window[r] << ")";
+    }
+  }
+}
+
+// Chi-square goodness of fit of the GPU's draws to the CPU rule's distribution (the kept set of
+// sampler.cpp and its renormalised softmax) for top-k / top-p / min-p / penalty mixes on a fixed
+// row: bins are the kept tokens (those expected fewer than 5 times merged into one), the
+// statistic must stay below the chi-square quantile at significance 1e-4 per case (five cases:
+// a false alarm once in 2,000 runs); and no draw ever leaves the kept set (exact).
+TEST(CudaSampling, ChiSquareMatchesCpuDistribution) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(22);
+  const int vocab = small_mode() ? 2000 : 32000, n_rows = small_mode() ? 64 : 1024, calls = small_mode() ? 4 : 200;
+  const std::vector<float> base = make_logits(vocab, Dist::Peaked, rng);
+  const std::vector<int32_t> hist = random_history(vocab, 50, rng);
+  struct Case {
+    const char* name;
+    dc::SamplingRow r;
+  };
+  const Case cases[] = {
+      {"T0.9 topk40 topp0.9 minp0.02", row(0.9f, 40, 0.9f, 0.02f)},
+      {"T1.2 topp0.8", row(1.2f, 0, 0.8f, 0.0f)},
+      {"T1 minp0.05", row(1.0f, 0, 1.0f, 0.05f)},
+      {"T0.7 topk200 pen1.3", row(0.7f, 200, 1.0f, 0.0f, 1.3f)},
+      {"T2 topk1000 topp0.95 minp0.001 pen1.2", row(2.0f, 1000, 0.95f, 0.001f, 1.2f)},
+  };
+  for (const Case& cs : cases) {
+    Batch b;
+    b.vocab = vocab;
+    for (int r = 0; r < n_rows; ++r) {
+      b.logits.insert(b.logits.end(), base.begin(), base.end());
+      dc::SamplingRow rr = cs.r;
+      rr.seed = 1000 + static_cast<uint64_t>(r);  // independent streams
+      b.rows.push_back(rr);
+      b.hist.push_back(hist);
+    }
+    std::vector<int32_t> draws;
+    run_gpu(b, 0, calls, 0, &draws);
+    const KeptSet set = cpu_filter(penalised(base.data(), vocab, hist, cs.r.repetition_penalty), cs.r);
+    std::vector<double> count(static_cast<size_t>(vocab), 0.0);
+    for (int32_t id : draws) count[static_cast<size_t>(id)] += 1.0;
+    const double n = static_cast<double>(draws.size());
+    double inside = 0.0, chi2 = 0.0, merged_obs = 0.0, merged_exp = 0.0;
+    int bins = 0;
+    for (size_t i = 0; i < set.ids.size(); ++i) {
+      const double e = n * set.prob[i], o = count[static_cast<size_t>(set.ids[i])];
+      inside += o;
+      if (e < 5.0) {
+        merged_obs += o;
+        merged_exp += e;
+        continue;
+      }
+      chi2 += (o - e) * (o - e) / e;
+      ++bins;
+    }
+    if (merged_exp > 0.0) {
+      chi2 += (merged_obs - merged_exp) * (merged_obs - merged_exp) / merged_exp;
+      ++bins;
+    }
+    // Wilson-Hilferty: the chi-square quantile with df degrees of freedom at upper tail 1e-4.
+    const double df = std::max(1, bins - 1), z = 3.719;
+    const double crit = df * std::pow(1.0 - 2.0 / (9.0 * df) + z * std::sqrt(2.0 / (9.0 * df)), 3.0);
+    std::printf("%-40s kept %5zu, %8.0f draws, chi2 %9.1f (df %4.0f, critical %8.1f at 1e-4)\n", cs.name, set.ids.size(), n,
+                chi2, df, crit);
+    EXPECT_EQ(inside, n) << cs.name << ": draws outside the CPU rule's kept set";
+    if (set.ids.size() > 1) EXPECT_LT(chi2, crit) << cs.name << ": draws do not follow the CPU rule's distribution";
+  }
 }
 
 TEST(CudaSampling, Timing) {

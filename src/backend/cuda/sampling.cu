@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
     s.rng_u = (static_cast<double>(r.x >> 5) * 67108864.0 + static_cast<double>(r.y >> 6)) * (1.0 / 9007199254740992.0);
   }
   RowCtx c;
-  c.logits = p.logits + static_cast<size_t>(row) * vocab;
+  c.logits = p.logits + static_cast<size_t>(row) * static_cast<size_t>(p.logits_ld > 0 ? p.logits_ld : vocab);
   c.pen_bits = nullptr;
   c.penalty = rp.repetition_penalty;
   c.temperature = rp.temperature;
@@ -539,14 +539,14 @@ __global__ void __launch_bounds__(kThreads, 1) sample_kernel(const __grid_consta
   int n_hist = 0;
   if (p.history && p.history_len && rp.repetition_penalty != 1.0f) {
     n_hist = p.history_len[row];
-    n_hist = n_hist < p.history_ld ? n_hist : p.history_ld;
+    if (!p.history_off) n_hist = n_hist < p.history_ld ? n_hist : p.history_ld;
   }
   if (n_hist > 0) {
     // Bit per id: a repeated id is penalised once, as with the CPU's set.
     const int words = (vocab + 31) >> 5;
     for (int w = tid; w < words; w += kThreads) s_pen[w] = 0u;
     __syncthreads();
-    const int32_t* h = p.history + static_cast<size_t>(row) * p.history_ld;
+    const int32_t* h = p.history + (p.history_off ? p.history_off[row] : static_cast<int64_t>(row) * p.history_ld);
     for (int j = tid; j < n_hist; j += kThreads) {
       const int id = h[j];
       if (id >= 0 && id < vocab) atomicOr(&s_pen[id >> 5], 1u << (id & 31));
@@ -727,7 +727,9 @@ void launch_sample(const SampleParams& p, cudaStream_t stream) {
 void sample(const SampleParams& p, cudaStream_t stream) {
   require(p.logits && p.rows && p.rng_offset && p.out, "sample: null pointer");
   require(p.n_rows >= 0 && p.vocab > 0 && p.vocab <= kSamplingMaxVocab, "sample: vocab must be in [1, 2^19]");
-  require(!p.history || (p.history_len && p.history_ld > 0), "sample: history needs history_len and history_ld");
+  require(!p.history || (p.history_len && (p.history_off || p.history_ld > 0)),
+          "sample: history needs history_len and history_off or history_ld");
+  require(p.logits_ld == 0 || p.logits_ld >= p.vocab, "sample: logits_ld must be 0 or >= vocab");
   require(p.max_candidates >= 0, "sample: max_candidates must be >= 0");
   launch_sample(p, stream);
 }

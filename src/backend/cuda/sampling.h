@@ -25,16 +25,21 @@ struct SamplingRow {
 static_assert(sizeof(SamplingRow) == 32, "SamplingRow is shared with device code");
 
 struct SampleParams {
-  const float* logits = nullptr;       // [n_rows, vocab]; not modified
+  const float* logits = nullptr;       // [n_rows, logits_ld]; ids [0, vocab) of each row are sampled; not modified
   const SamplingRow* rows = nullptr;   // [n_rows]
-  const int32_t* history = nullptr;    // [n_rows, history_ld] token ids the penalty applies to, or null
-  const int32_t* history_len = nullptr;  // [n_rows] ids used from each history row (<= history_ld)
+  // Token ids the penalty applies to, or null: row r's are history[history_off[r] ..][0, history_len[r])
+  // when history_off is given (a per-request store, rows pointing into it), else
+  // history[r * history_ld ..][0, min(history_len[r], history_ld)).
+  const int32_t* history = nullptr;
+  const int32_t* history_len = nullptr;  // [n_rows]
+  const int64_t* history_off = nullptr;  // [n_rows] or null
   int history_ld = 0;
   uint64_t* rng_offset = nullptr;      // [n_rows] counter of each row's stream; the call uses it and adds 1
   int32_t* out = nullptr;              // [n_rows] sampled token ids
   uint64_t* debug_threshold = nullptr; // [n_rows] or null: smallest kept sort key (tests; see sampling.cu)
   int n_rows = 0;
-  int vocab = 0;
+  int vocab = 0;         // ids a row may return: [0, vocab) (the rest of the row is embedding padding)
+  int64_t logits_ld = 0; // row stride of logits (>= vocab); 0: vocab
   int max_candidates = 0;  // 0: default; smaller values force the multi-level select path (tests)
 };
 
