@@ -18,7 +18,9 @@ DevicePageTable::DevicePageTable(int max_requests, int n_layers, int n_heads_kv,
   const size_t n = static_cast<size_t>(max_requests) * n_lists_ * max_pages;
   DHS_CUDA_CHECK(cudaMalloc(&table_d_, n * sizeof(int32_t)));
   DHS_CUDA_CHECK(cudaMemset(table_d_, 0xff, n * sizeof(int32_t)));
-  DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, static_cast<size_t>(n_lists_) * max_pages * sizeof(int32_t)));
+  // A decode step adds at most one page per list and request; a whole request's table fits too.
+  staging_cap_ = static_cast<int64_t>(n_lists_) * std::max<int64_t>(max_pages, 2 * int64_t{max_requests});
+  DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, static_cast<size_t>(staging_cap_) * sizeof(int32_t)));
 }
 
 DevicePageTable::~DevicePageTable() {
@@ -41,17 +43,22 @@ void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
     return;
   }
   const int64_t n_new = want - have;
+  if (staging_used_ + n_new * n_lists_ > staging_cap_) {
+    // Full (many requests' first pages in one step): wait for the copies in flight to read it.
+    DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    staging_used_ = 0;
+  }
+  int32_t* stage = staging_h_ + staging_used_;
+  staging_used_ += n_new * n_lists_;
   // Staging laid out [n_lists, n_new]; one 2-D copy into the request's rows.
   for (int l = 0; l < n_layers_; ++l)
     for (int h = 0; h < n_heads_kv_; ++h)
       for (int64_t i = 0; i < n_new; ++i)
-        staging_h_[(static_cast<int64_t>(l) * n_heads_kv_ + h) * n_new + i] = t.page(l, h, have + i).slot;
+        stage[(static_cast<int64_t>(l) * n_heads_kv_ + h) * n_new + i] = t.page(l, h, have + i).slot;
   int32_t* dst = table_d_ + (static_cast<int64_t>(req) * n_lists_) * max_pages_ + have;
-  DHS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(max_pages_) * 4, staging_h_, static_cast<size_t>(n_new) * 4,
+  DHS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(max_pages_) * 4, stage, static_cast<size_t>(n_new) * 4,
                                    static_cast<size_t>(n_new) * 4, static_cast<size_t>(n_lists_),
                                    cudaMemcpyHostToDevice, stream));
-  // The staging buffer is reused by the next sync: wait for this copy to read it.
-  DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
   synced_[static_cast<size_t>(req)] = want;
 }
 

@@ -1,7 +1,9 @@
 // The page tables of the requests in flight, mirrored in HBM so that page lists
 // can be built on the device inside a captured step (DESIGN.md §1.2: no host
 // plan, no per-step upload of lists). The host PageTable stays the owner; after
-// it grows, sync() copies only the new pages (one 2-D copy per request).
+// it grows, sync() copies only the new pages (one 2-D copy per request) through a pinned
+// staging buffer that fills over a step and is handed back by step_done() once the step's
+// stream has synchronized: a step of many requests waits for none of its copies.
 //
 //   table_d: [max_requests, n_layers * n_heads_kv, max_pages] int32 page slots
 #pragma once
@@ -22,8 +24,11 @@ class DevicePageTable {
   DevicePageTable& operator=(const DevicePageTable&) = delete;
 
   // Copies pages [synced, t.n_pages_per_list()) of request slot `req` (asynchronous on
-  // `stream`; the staging buffer is reused, so call sync() for all requests, then launch).
+  // `stream`, from the staging buffer's next free part; when it is full, waits for the
+  // stream and starts over).
   void sync(int req, const PageTable& t, cudaStream_t stream);
+  // The caller synchronized `stream` after its last sync(): the staging buffer is free again.
+  void step_done() { staging_used_ = 0; }
   // Forgets request slot `req` (its table was released or truncated to zero).
   void reset(int req) { synced_[static_cast<size_t>(req)] = 0; table_id_[static_cast<size_t>(req)] = 0; }
 
@@ -36,7 +41,9 @@ class DevicePageTable {
   int max_requests_, n_layers_, n_heads_kv_, n_lists_;
   int64_t max_pages_;
   int32_t* table_d_ = nullptr;
-  int32_t* staging_h_ = nullptr;  // pinned [n_lists * max_pages]
+  int32_t* staging_h_ = nullptr;  // pinned [staging_cap_]
+  int64_t staging_cap_ = 0;       // n_lists * max(max_pages, 2 * max_requests): a step's new pages
+  int64_t staging_used_ = 0;      // ints of staging_h_ holding copies in flight
   std::vector<int64_t> synced_;   // pages copied per request
   std::vector<uint64_t> table_id_; // PageTable::id() each slot mirrors
 };
