@@ -28,27 +28,11 @@
 #include "bench/e2e_bench.h"
 #include "core/error.h"
 #include "model/arch/llama_cuda.h"
+#include "model/model_shapes.h"
 
 namespace dhs {
 
 namespace {
-
-ModelConfig llama31_8b() {
-  ModelConfig c;
-  c.name = "llama-3.1-8b-shape (random bf16)";
-  c.n_layers = 32;
-  c.hidden = 4096;
-  c.n_heads_q = 32;
-  c.n_heads_kv = 8;
-  c.head_dim = 128;
-  c.ffn_hidden = 14336;
-  c.vocab_size = 128256;
-  c.max_context = 131072;
-  c.rope_theta = 500000.0f;
-  c.rope_scaling.kind = RopeScaling::Kind::Llama3;
-  c.rope_scaling.factor = 8.0f;
-  return c;
-}
 
 // Device-to-device copy rate (bytes read + written per second): the read ceiling we compare against.
 double measure_copy_gbps() {
@@ -173,7 +157,7 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
   const double copy_gbps = measure_copy_gbps();
   std::printf("gpu %s, device copy %.0f GB/s (read+write)\n", prop.name, copy_gbps);
   std::ofstream jl(out, std::ios::app);
-  const ModelConfig cfg = llama31_8b();
+  const ModelConfig cfg = model_shape("llama3-8b");
   size_t free_b, total_b;
   cudaMemGetInfo(&free_b, &total_b);
   const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
