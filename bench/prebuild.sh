@@ -5,12 +5,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-cmake -S . -B build-cu -DCMAKE_CUDA_ARCHITECTURES=90a -DDHS_TESTS=ON > build-cu.configure.log 2>&1
-cmake --build build-cu -j"$(nproc)" --target dhisparse attention_bench prefill_bench \
-  test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_llama_cuda test_reuse_lists test_gemv
+# DHS_BUILD_DIR: the build directory (default build-cu; a helper's own, e.g. build-gcu).
+bd=${DHS_BUILD_DIR:-build-cu}
+cmake -S . -B "$bd" -DCMAKE_CUDA_ARCHITECTURES=90a -DDHS_TESTS=ON > "$bd.configure.log" 2>&1
+cmake --build "$bd" -j"$(nproc)" --target dhisparse attention_bench prefill_bench \
+  test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_llama_cuda test_reuse_lists test_gemv test_cuda_serving
 rm -rf .devcarry/bin && mkdir -p .devcarry/bin
-cp build-cu/dhisparse build-cu/bench/{attention_bench,prefill_bench} \
-   build-cu/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists,test_gemv} \
+cp "$bd"/dhisparse "$bd"/bench/{attention_bench,prefill_bench} \
+   "$bd"/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists,test_gemv,test_cuda_serving} \
    /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
 tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin
 # The default model in three parts of 32 MiB (64 MiB per device call, tracked files included: one

@@ -1,30 +1,57 @@
-// StepRunner on the CUDA backend (built only where nvcc is found).
+// StepRunner on the CUDA backend (built only where nvcc is found): LlamaCuda at serving sizes
+// (max_batch requests per step, decode graphs per batch-size bucket, the KV pool sized from
+// kv_blocks or the GPU memory left), sampling on the device: a step copies back only the
+// sampled ids, and the logits when asked for them.
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
-#include "engine/host_sampling.h"
+#include "engine/sampler.h"
 #include "engine/step_runner.h"
 #include "model/arch/llama_cuda.h"
+#include "model/model_shapes.h"
 
 namespace dhs {
 
 namespace {
 
+constexpr int kMaxBatchLimit = 1024;  // LlamaCuda's
+constexpr int64_t kStepTokens = 2048;
+constexpr uint64_t kDummySeed = 1234;  // --load-format dummy: the weights `dhisparse bench` times
+
 class CudaRunner final : public StepRunner {
  public:
   CudaRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(cuda::device_count() > 0, "--device cuda: no GPU found");
+    DHS_CHECK(o.max_batch >= 0 && o.max_batch <= kMaxBatchLimit, "max batch must be in [0, {}], got {}", kMaxBatchLimit,
+              o.max_batch);
+    DHS_CHECK(o.load_format == "auto" || o.load_format == "dummy", "load format must be auto or dummy, got '{}'",
+              o.load_format);
+    const bool dummy = o.load_format == "dummy";
+    const ModelConfig cfg = dummy && !o.dummy_shape.empty() ? model_shape(o.dummy_shape) : src.config();
+    max_batch_ = o.max_batch > 0 ? o.max_batch : 1;  // generate: one request
     CudaModelOptions co;
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;
-    co.max_batch = kMaxBatch;
-    co.max_step_tokens = 2048;
+    co.max_batch = max_batch_;
+    co.max_step_tokens = static_cast<int>(kStepTokens);
     co.max_context = max_ctx;
     co.page_size = o.page_size;
+    const int64_t per_block = cfg.n_layers * cfg.n_heads_kv;  // head-pages of one block of page_size tokens
+    DHS_CHECK(o.kv_blocks >= 0 && o.kv_blocks <= ((int64_t{1} << 31) - 1) / per_block, "KV blocks must be in [0, {}], got {}",
+              ((int64_t{1} << 31) - 1) / per_block, o.kv_blocks);
+    DHS_CHECK(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0,
+              "gpu memory utilization must be in (0, 1], got {}", o.gpu_memory_utilization);
+    if (o.kv_blocks > 0)
+      co.n_pages = o.kv_blocks * per_block;
+    else
+      co.gpu_memory_utilization = o.gpu_memory_utilization;
     if (o.progress) o.progress(0, 1);
-    model_ = std::make_unique<LlamaCuda>(src, co);
-    sampling_ = std::make_unique<HostSampling>(model_->config().vocab_size, kMaxBatch);
+    model_ = dummy ? std::make_unique<LlamaCuda>(cfg, kDummySeed, co) : std::make_unique<LlamaCuda>(src, co);
     if (o.progress) o.progress(1, 1);
+    rows_.resize(static_cast<size_t>(max_batch_));
+    rng_.assign(static_cast<size_t>(max_batch_), 0);
+    window_.assign(static_cast<size_t>(max_batch_), 0);
+    begun_.assign(static_cast<size_t>(max_batch_), false);
     if (!o.policy.dense()) set_policy(o.policy);
   }
   void set_policy(const PolicySpec& spec) override { model_->set_sparsity(spec); }
@@ -46,31 +73,66 @@ class CudaRunner final : public StepRunner {
   }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return model_->allocator(); }
-  // One request for now: LlamaCuda's pool is sized max_batch x max_context; the serving
-  // issue sizes it from --max-num-seqs and the HBM left.
-  int max_batch() const override { return kMaxBatch; }
-  int64_t max_step_tokens() const override { return 2048; }
-  void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
-  void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
-  // Samples on the host from the copied logits, as before; the device sampler (already the
-  // graph's last kernel) takes over once LlamaCuda takes per-request sampling rows.
+  int max_batch() const override { return max_batch_; }
+  int64_t max_step_tokens() const override { return kStepTokens; }
+  void set_sampled_vocab(int64_t n) override { model_->set_sampled_vocab(n); }
+  void begin_request(int slot, const SamplingParams& p) override {
+    check_slot(slot);
+    validate(p);
+    // Same meaning as the host Sampler's parameters (sampling.h); the draws come from the
+    // request's own Philox stream (seed, counter = tokens sampled so far).
+    cuda::SamplingRow& r = rows_[static_cast<size_t>(slot)];
+    r.temperature = p.temperature;
+    r.top_k = p.top_k;
+    r.top_p = p.top_p;
+    r.min_p = p.min_p;
+    r.repetition_penalty = p.repetition_penalty;
+    r.seed = p.seed;
+    rng_[static_cast<size_t>(slot)] = 0;
+    window_[static_cast<size_t>(slot)] = p.repetition_window;
+    begun_[static_cast<size_t>(slot)] = true;
+    model_->reset_history(slot);
+  }
+  // One forward of every request's rows; the sampler (the step's last kernel) draws each
+  // request's next token with its own parameters, so only the ids come back.
   void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {
     std::vector<LlamaCuda::Seq> seqs;
-    bool any_sample = false;
+    seqs.reserve(batch.size());
     for (const StepRequest& r : batch) {
-      DHS_CHECK(r.slot >= 0 && r.slot < kMaxBatch, "request slot {} outside [0, {})", r.slot, kMaxBatch);
-      seqs.push_back(LlamaCuda::Seq{r.table, r.slot, r.tokens, r.n_new});
-      any_sample = any_sample || r.sample;
+      check_slot(r.slot);
+      const size_t s = static_cast<size_t>(r.slot);
+      DHS_CHECK(!r.sample || begun_[s], "sampling slot {} before begin_request", r.slot);
+      LlamaCuda::Seq q{r.table, r.slot, r.tokens, r.n_new};
+      if (r.sample) {
+        q.sampling = &rows_[s];
+        q.rng_offset = rng_[s];
+        q.history = r.history;
+        q.history_window = window_[s];
+      }
+      seqs.push_back(q);
     }
     out->logits.clear();
-    model_->forward(seqs, want_logits || any_sample ? &out->logits : nullptr);
-    sampling_->sample(batch, out, want_logits);
+    model_->forward(seqs, want_logits ? &out->logits : nullptr);
+    const std::vector<int32_t>& ids = model_->sampled_ids();
+    out->sampled.assign(batch.size(), -1);
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (batch[i].sample) {
+        out->sampled[i] = ids[i];
+        ++rng_[static_cast<size_t>(batch[i].slot)];
+      }
   }
 
  private:
-  static constexpr int kMaxBatch = 1;
+  void check_slot(int slot) const {
+    DHS_CHECK(slot >= 0 && slot < max_batch_, "request slot {} outside [0, {})", slot, max_batch_);
+  }
+
+  int max_batch_ = 1;
   std::unique_ptr<LlamaCuda> model_;
-  std::unique_ptr<HostSampling> sampling_;
+  std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters
+  std::vector<uint64_t> rng_;            // [max_batch] draws made in each slot's stream
+  std::vector<int> window_;              // [max_batch] repetition windows
+  std::vector<bool> begun_;
 };
 
 }  // namespace

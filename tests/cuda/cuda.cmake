@@ -21,3 +21,7 @@ target_include_directories(test_llama_cuda PRIVATE ${CMAKE_CURRENT_LIST_DIR}/..)
 add_test(NAME test_llama_cuda COMMAND test_llama_cuda)
 set_tests_properties(test_llama_cuda PROPERTIES LABELS cuda SKIP_RETURN_CODE 77
   ENVIRONMENT "DHS_TEST_DATA=${DHS_TEST_DATA};DHS_MODELS_DIR=${DHS_MODELS_DIR}")
+# The CUDA backend at serving sizes: batched decode vs solo, the runner's device sampling.
+dhs_test(test_cuda_serving LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_serving.cpp
+  LIBS dhs_engine dhs_arch_cuda)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
@@ -20,18 +21,25 @@ void* LlamaCuda::dalloc(size_t bytes) {
   return p;
 }
 
+namespace {
+// Requests per step the backend takes: graphs are captured per power-of-two bucket up to it.
+constexpr int kMaxBatchLimit = 1024;
+}  // namespace
+
+// Everything but the KV pool and its page data (allocate_kv, once the weights are in: a pool
+// sized from the memory left must come last).
 void LlamaCuda::allocate(const CudaModelOptions& o) {
   opt_ = o;
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size, L = cfg_.n_layers;
+  DHS_CHECK(o.max_batch >= 1 && o.max_batch <= kMaxBatchLimit, "CUDA backend: max batch must be in [1, {}], got {}",
+            kMaxBatchLimit, o.max_batch);
+  DHS_CHECK(o.max_context >= 1, "CUDA backend: max context must be >= 1");
   const int64_t T = std::max<int64_t>(o.max_step_tokens, o.max_batch), B = o.max_batch;
   DHS_CHECK(o.page_size == cuda::kDecodePageSize, "CUDA backend: page size must be {}", cuda::kDecodePageSize);
   DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  const int64_t pages_per_seq = (o.max_context + o.page_size - 1) / o.page_size;
-  const int64_t n_pages = o.n_pages > 0 ? o.n_pages : pages_per_seq * B * L * Hkv;
-  alloc_ = std::make_unique<PagePool>(Tier::Device, n_pages, o.page_size, static_cast<int>(D), /*with_storage=*/false);
-  pool_ = std::make_unique<cuda::DevicePagePool>(n_pages, o.page_size, static_cast<int>(D));
-  table_ = std::make_unique<cuda::DevicePageTable>(static_cast<int>(B), static_cast<int>(L), static_cast<int>(Hkv), pages_per_seq);
+  pages_per_seq_ = (o.max_context + o.page_size - 1) / o.page_size;
+  table_ = std::make_unique<cuda::DevicePageTable>(static_cast<int>(B), static_cast<int>(L), static_cast<int>(Hkv), pages_per_seq_);
   gemm_ = std::make_unique<cuda::Gemm>();
   gemm_->set_gemv_max_tok(o.gemv_max_tok);
   dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
@@ -39,11 +47,6 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
   DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread" || o.summaries == "both",
             "page summaries must be none, minmax, meanspread or both, got '{}'", o.summaries);
-  if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_pages, o.page_size, static_cast<int>(D));
-  if (o.summaries != "meanspread" && o.summaries != "none")
-    sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
-  if (o.summaries != "minmax" && o.summaries != "none")
-    sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   ids_d_ = ints(T);
   pos_d_ = ints(T);
   dst_slot_d_ = ints(L * T * Hkv);
@@ -52,8 +55,8 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   req_slot_d_ = ints(B);
   last_row_d_ = ints(B);
   indptr_d_ = ints(B * Hkv + 1);
-  slots_d_ = ints(B * Hkv * pages_per_seq);
-  page_pos_d_ = ints(B * Hkv * pages_per_seq);
+  slots_d_ = ints(B * Hkv * pages_per_seq_);
+  page_pos_d_ = ints(B * Hkv * pages_per_seq_);
   staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * B + 1);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
   auto bf = [&](int64_t n) { return static_cast<__nv_bfloat16*>(dalloc(static_cast<size_t>(n) * 2)); };
@@ -67,18 +70,78 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   hlast_d_ = bf(B * H);
   last_x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(B * H) * 4));
   logits_d_ = static_cast<float*>(dalloc(static_cast<size_t>(B * V) * 4));
-  samp_rows_d_ = static_cast<cuda::SamplingRow*>(dalloc(static_cast<size_t>(B) * sizeof(cuda::SamplingRow)));
-  std::vector<cuda::SamplingRow> greedy(static_cast<size_t>(B));  // temperature 0 = greedy
-  DHS_CUDA_CHECK(cudaMemcpy(samp_rows_d_, greedy.data(), greedy.size() * sizeof(cuda::SamplingRow), cudaMemcpyHostToDevice));
-  rng_d_ = static_cast<uint64_t*>(dalloc(static_cast<size_t>(B) * 8));
-  DHS_CUDA_CHECK(cudaMemset(rng_d_, 0, static_cast<size_t>(B) * 8));
+  // The sampler's per-row inputs: one block, one upload per step.
+  samp_block_bytes_ = static_cast<size_t>(B) * (sizeof(cuda::SamplingRow) + 8 + 8 + 4);
+  samp_block_d_ = static_cast<uint8_t*>(dalloc(samp_block_bytes_));
+  DHS_CUDA_CHECK(cudaMallocHost(&samp_block_h_, samp_block_bytes_));
+  std::memset(samp_block_h_, 0, samp_block_bytes_);
+  samp_rows_d_ = reinterpret_cast<cuda::SamplingRow*>(samp_block_d_);
+  rng_d_ = reinterpret_cast<uint64_t*>(samp_block_d_ + B * sizeof(cuda::SamplingRow));
+  hist_off_d_ = reinterpret_cast<int64_t*>(samp_block_d_ + B * (sizeof(cuda::SamplingRow) + 8));
+  hist_len_d_ = reinterpret_cast<int32_t*>(samp_block_d_ + B * (sizeof(cuda::SamplingRow) + 16));
+  {
+    std::vector<cuda::SamplingRow> greedy(static_cast<size_t>(B));  // temperature 0 = greedy
+    std::memcpy(samp_block_h_, greedy.data(), greedy.size() * sizeof(cuda::SamplingRow));
+    DHS_CUDA_CHECK(cudaMemcpy(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice));
+  }
+  // Each request slot's tokens (the repetition penalty's history): 4 B per token of context, next
+  // to the KV's 2 * L * Hkv * D * 2 B.
+  hist_ld_ = o.max_context + 1;
+  hist_d_ = ints(B * hist_ld_);
+  hist_stage_cap_ = hist_ld_ + 64 * B;
+  DHS_CUDA_CHECK(cudaMallocHost(&hist_stage_h_, static_cast<size_t>(hist_stage_cap_) * 4));
+  hist_synced_.assign(static_cast<size_t>(B), 0);
+  hist_last_.assign(static_cast<size_t>(B), -1);
   out_ids_d_ = ints(B);
+  DHS_CUDA_CHECK(cudaMallocHost(&out_ids_h_, static_cast<size_t>(B) * 4));
   inv_freq_ = static_cast<float*>(dalloc(static_cast<size_t>(D / 2) * 4));
   std::vector<float> inv(static_cast<size_t>(D / 2));
   rope_inv_freq(cfg_, inv.data());
   DHS_CUDA_CHECK(cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+}
+
+void LlamaCuda::allocate_kv() {
+  const CudaModelOptions& o = opt_;
+  const int64_t D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, L = cfg_.n_layers, B = o.max_batch;
+  const bool minmax = o.summaries != "meanspread" && o.summaries != "none";
+  const bool meanvar = o.summaries != "minmax" && o.summaries != "none";
+  int64_t n_pages = o.n_pages;
+  if (n_pages <= 0 && o.gpu_memory_utilization > 0.0) {
+    // vLLM's rule: the pool takes what utilization x total memory leaves after everything the
+    // process holds now (weights, workspaces, step buffers), less what is still to come: the
+    // selector's workspace (sparse-capable models) and room for graphs and cuBLASLt's plans.
+    DHS_CHECK(o.gpu_memory_utilization <= 1.0, "gpu memory utilization must be in (0, 1], got {}", o.gpu_memory_utilization);
+    DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    size_t free_b = 0, total_b = 0;
+    DHS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const double used = static_cast<double>(total_b - free_b);
+    double to_come = 512.0 * (1 << 20);
+    if (minmax || meanvar || o.key_sketch) {
+      const double nnz = static_cast<double>(B * Hkv * pages_per_seq_);
+      to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv) + 4 + 4 + 8);  // scores, mass, stage, selected lists
+    }
+    double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, bf16
+    if (minmax) per_page += 4.0 * static_cast<double>(D);
+    if (meanvar) per_page += 4.0 * static_cast<double>(D);
+    if (o.key_sketch) per_page += static_cast<double>(o.page_size) * (static_cast<double>(D) / 2 + 4);
+    const double budget = o.gpu_memory_utilization * static_cast<double>(total_b) - used - to_come;
+    n_pages = budget > 0 ? static_cast<int64_t>(budget / per_page) : 0;
+    n_pages = std::min<int64_t>(n_pages, (int64_t{1} << 31) - 1);
+    n_pages -= n_pages % (L * Hkv);  // whole blocks of page_size tokens over every layer and KV head
+    DHS_CHECK(n_pages >= L * Hkv,
+              "gpu memory utilization {:.2f} leaves no room for the KV pool ({:.1f} GiB of {:.1f} GiB in use before it)",
+              o.gpu_memory_utilization, used / (1 << 30), static_cast<double>(total_b) / (1 << 30));
+  } else if (n_pages <= 0) {
+    n_pages = pages_per_seq_ * B * L * Hkv;
+  }
+  alloc_ = std::make_unique<PagePool>(Tier::Device, n_pages, o.page_size, static_cast<int>(D), /*with_storage=*/false);
+  pool_ = std::make_unique<cuda::DevicePagePool>(n_pages, o.page_size, static_cast<int>(D));
+  if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_pages, o.page_size, static_cast<int>(D));
+  if (minmax) sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
+  if (meanvar)
+    sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
-                                            o.page_size, static_cast<int>(B), pages_per_seq};
+                                            o.page_size, static_cast<int>(B), pages_per_seq_};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
                                             cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_});
@@ -130,6 +193,7 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
       L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
+  allocate_kv();
   build_params();
 }
 
@@ -163,6 +227,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     L.w_gu = rnd(2 * F, H);
     L.w_down = rnd(H, F);
   }
+  allocate_kv();
   build_params();
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -171,16 +236,23 @@ LlamaCuda::~LlamaCuda() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   for (void* p : allocs_) cudaFree(p);
   cudaFreeHost(staging_h_);
+  cudaFreeHost(samp_block_h_);
+  cudaFreeHost(hist_stage_h_);
+  cudaFreeHost(out_ids_h_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Host side of a step: the small per-step inputs, packed into one pinned buffer
-// and copied with one cudaMemcpyAsync per array (all before the kernels).
-void LlamaCuda::upload_step(const std::vector<Seq>& batch) {
+// Host side of a step: the small per-step inputs, packed into pinned buffers and copied with
+// one cudaMemcpyAsync per array (all before the kernels). Rows past the batch (a decode step
+// padded to its graph's bucket) are inert: token 0 at position 0, no append slot (the append
+// and summary kernels skip slot -1), no KV (seq_len 0: empty lists, attention output 0),
+// greedy, no history; their sampled ids are never read.
+void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   const int n_req = static_cast<int>(batch.size());
-  DHS_CHECK(n_req >= 1 && n_req <= opt_.max_batch, "CUDA step: batch of {} (max {})", n_req, opt_.max_batch);
-  int64_t T = 0;
+  DHS_CHECK(n_req >= 1 && n_req <= n_rows && n_rows <= opt_.max_batch, "CUDA step: batch of {} (max {})", n_req,
+            opt_.max_batch);
+  int64_t T = n_rows - n_req;  // the padding rows' tokens
   for (const Seq& s : batch) T += s.n_new;
   DHS_CHECK(T <= std::max<int64_t>(opt_.max_step_tokens, opt_.max_batch), "CUDA step: {} tokens (max {})", T,
             opt_.max_step_tokens);
@@ -188,13 +260,20 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch) {
   int32_t* pos = ids + T;
   int32_t* dst = pos + T;               // [L, T, Hkv]
   int32_t* q_indptr = dst + L * T * Hkv;
-  int32_t* seq_len = q_indptr + n_req + 1;
-  int32_t* req_slot = seq_len + n_req;
-  int32_t* last_row = req_slot + n_req;
+  int32_t* seq_len = q_indptr + n_rows + 1;
+  int32_t* req_slot = seq_len + n_rows;
+  int32_t* last_row = req_slot + n_rows;
+  const size_t B = static_cast<size_t>(opt_.max_batch);
+  auto* samp_rows = reinterpret_cast<cuda::SamplingRow*>(samp_block_h_);
+  auto* rng = reinterpret_cast<uint64_t*>(samp_block_h_ + B * sizeof(cuda::SamplingRow));
+  auto* hist_off = reinterpret_cast<int64_t*>(samp_block_h_ + B * (sizeof(cuda::SamplingRow) + 8));
+  auto* hist_len = reinterpret_cast<int32_t*>(samp_block_h_ + B * (sizeof(cuda::SamplingRow) + 16));
   q_indptr[0] = 0;
   int64_t t = 0;
   for (int r = 0; r < n_req; ++r) {
     const Seq& s = batch[static_cast<size_t>(r)];
+    DHS_CHECK(s.req_slot >= 0 && s.req_slot < opt_.max_batch, "CUDA step: request slot {} outside [0, {})", s.req_slot,
+              opt_.max_batch);
     DHS_ASSERT(s.table->capacity_tokens() >= s.table->n_tokens() + s.n_new);
     for (int64_t i = 0; i < s.n_new; ++i, ++t) {
       DHS_CHECK(s.tokens[i] >= 0 && s.tokens[i] < cfg_.vocab_size, "token id {} out of range", s.tokens[i]);
@@ -212,6 +291,50 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch) {
     req_slot[r] = s.req_slot;
     last_row[r] = static_cast<int32_t>(t - 1);
     table_->sync(s.req_slot, *s.table, stream_);
+    // Sampling: the row's parameters and draw, and its penalty history (new tokens only).
+    samp_rows[r] = s.sampling ? *s.sampling : cuda::SamplingRow{};
+    rng[r] = s.rng_offset;
+    hist_off[r] = 0;
+    hist_len[r] = 0;
+    if (s.sampling && s.history && s.sampling->repetition_penalty != 1.0f && !s.history->empty()) {
+      const std::vector<int32_t>& h = *s.history;
+      const size_t slot = static_cast<size_t>(s.req_slot);
+      const int64_t n = static_cast<int64_t>(h.size());
+      DHS_CHECK(n <= hist_ld_, "CUDA step: a history of {} tokens (the context holds {})", n, hist_ld_ - 1);
+      int64_t& have = hist_synced_[slot];
+      if (have > n || (have > 0 && h[static_cast<size_t>(have - 1)] != hist_last_[slot])) have = 0;  // not an extension: re-send
+      const int64_t from = s.history_window > 0 && n > s.history_window ? n - s.history_window : 0;
+      have = std::max(have, from);  // tokens before the window are never read
+      if (n > have) {
+        if (hist_stage_used_ + (n - have) > hist_stage_cap_) {  // (a step of many long first histories)
+          DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+          hist_stage_used_ = 0;
+        }
+        int32_t* stage = hist_stage_h_ + hist_stage_used_;
+        std::memcpy(stage, h.data() + have, static_cast<size_t>(n - have) * 4);
+        hist_stage_used_ += n - have;
+        DHS_CUDA_CHECK(cudaMemcpyAsync(hist_d_ + static_cast<int64_t>(slot) * hist_ld_ + have, stage,
+                                       static_cast<size_t>(n - have) * 4, cudaMemcpyHostToDevice, stream_));
+      }
+      have = n;
+      hist_last_[slot] = h.back();
+      hist_off[r] = static_cast<int64_t>(slot) * hist_ld_ + from;
+      hist_len[r] = static_cast<int32_t>(n - from);
+    }
+  }
+  for (int r = n_req; r < n_rows; ++r, ++t) {  // padding
+    ids[t] = 0;
+    pos[t] = 0;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < Hkv; ++h) dst[(l * T + t) * Hkv + h] = -1;
+    q_indptr[r + 1] = static_cast<int32_t>(t + 1);
+    seq_len[r] = 0;
+    req_slot[r] = 0;
+    last_row[r] = static_cast<int32_t>(t);
+    samp_rows[r] = cuda::SamplingRow{};
+    rng[r] = 0;
+    hist_off[r] = 0;
+    hist_len[r] = 0;
   }
   auto cp = [&](int32_t* d, const int32_t* h, int64_t n) {
     DHS_CUDA_CHECK(cudaMemcpyAsync(d, h, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
@@ -220,10 +343,31 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch) {
   cp(pos_d_, pos, T);
   // dst_slot_d_ is laid out [L, T_step, Hkv] with this step's T (the graph for batch B reads the same layout).
   cp(dst_slot_d_, dst, L * T * Hkv);
-  cp(q_indptr_d_, q_indptr, n_req + 1);
-  cp(seq_len_d_, seq_len, n_req);
-  cp(req_slot_d_, req_slot, n_req);
-  cp(last_row_d_, last_row, n_req);
+  cp(q_indptr_d_, q_indptr, n_rows + 1);
+  cp(seq_len_d_, seq_len, n_rows);
+  cp(req_slot_d_, req_slot, n_rows);
+  cp(last_row_d_, last_row, n_rows);
+  DHS_CUDA_CHECK(cudaMemcpyAsync(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice, stream_));
+}
+
+void LlamaCuda::set_sampled_vocab(int64_t n) {
+  DHS_CHECK(n >= 1 && n <= cfg_.vocab_size, "sampled vocabulary {} outside [1, {}]", n, cfg_.vocab_size);
+  if (sample_.vocab == static_cast<int>(n)) return;
+  sample_.vocab = static_cast<int>(n);
+  for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);  // they bake the sampler's vocabulary
+  graphs_.clear();
+}
+
+void LlamaCuda::reset_history(int req_slot) {
+  DHS_CHECK(req_slot >= 0 && req_slot < opt_.max_batch, "request slot {} outside [0, {})", req_slot, opt_.max_batch);
+  hist_synced_[static_cast<size_t>(req_slot)] = 0;
+  hist_last_[static_cast<size_t>(req_slot)] = -1;
+}
+
+int LlamaCuda::batch_bucket(int n) const {
+  int b = 1;
+  while (b < n) b *= 2;
+  return std::min(b, opt_.max_batch);
 }
 
 void LlamaCuda::build_params() {
@@ -260,7 +404,9 @@ void LlamaCuda::build_params() {
   swiglu_ = {.gate = gu_d_, .up = gu_d_ + F, .in_dtype = DType::BF16, .in_ld = 2 * F, .out = act_d_, .out_ld = F, .n = F};
   last_rows_ = {.src = x_d_, .rows = last_row_d_, .dst = last_x_d_, .n = H};
   final_norm_ = {.x = last_x_d_, .weight = output_norm_, .y = hlast_d_, .n = H, .eps = cfg_.rms_eps};
-  sample_ = {.logits = logits_d_, .rows = samp_rows_d_, .rng_offset = rng_d_, .out = out_ids_d_, .vocab = static_cast<int>(V)};
+  sample_ = {.logits = logits_d_, .rows = samp_rows_d_, .history = hist_d_, .history_len = hist_len_d_,
+             .history_off = hist_off_d_, .rng_offset = rng_d_, .out = out_ids_d_, .vocab = static_cast<int>(V),
+             .logits_ld = V};
 }
 
 // The model, as one step runs it on the stream (and as the decode graph captures it).
@@ -379,33 +525,39 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     step.decode = step.decode && s.n_new == 1;
     T += s.n_new;
   }
-  step.n_tok = static_cast<int>(T);
-  step.n_req = static_cast<int>(batch.size());
-  upload_step(batch);
+  const int n_real = static_cast<int>(batch.size());
+  const bool graph = step.decode && use_graph;
+  const int n_rows = graph ? batch_bucket(n_real) : n_real;  // a graph runs its bucket's rows
+  step.n_tok = static_cast<int>(T) + (n_rows - n_real);
+  step.n_req = n_rows;
+  upload_step(batch, n_rows);
   std::vector<cuda::PageSelector::Request> reqs;
   for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens()});
   step.plan = selector_->begin_step(reqs, step.decode);
   last_step_ = step;
-  if (step.decode && use_graph) {
+  if (graph) {
     DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(step), stream_));
   } else {
     run_layers(step);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
-  last_n_req_ = step.n_req;
+  DHS_CUDA_CHECK(cudaMemcpyAsync(out_ids_h_, out_ids_d_, static_cast<size_t>(n_real) * 4, cudaMemcpyDeviceToHost, stream_));
   if (logits) {
-    logits->resize(static_cast<size_t>(step.n_req * cfg_.vocab_size));
+    logits->resize(static_cast<size_t>(n_real * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
-  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
+  table_->step_done();
+  hist_stage_used_ = 0;
+  sampled_.assign(out_ids_h_, out_ids_h_ + n_real);
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
   const std::string key = selector_->graph_key(step.plan);
   auto it = graphs_.find({key, step.n_req});
   if (it == graphs_.end()) {
-    // Capture once per batch size (and plan); replays read the same step-input buffers.
+    // Capture once per bucket (and plan); replays read the same step-input buffers.
     cudaGraph_t g;
     DHS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     run_layers(step);
@@ -416,12 +568,6 @@ cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
     it = graphs_.emplace(std::make_pair(key, step.n_req), exec).first;
   }
   return it->second;
-}
-
-std::vector<int32_t> LlamaCuda::greedy_ids() {
-  std::vector<int32_t> ids(static_cast<size_t>(last_n_req_));
-  DHS_CUDA_CHECK(cudaMemcpy(ids.data(), out_ids_d_, ids.size() * 4, cudaMemcpyDeviceToHost));
-  return ids;
 }
 
 double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {

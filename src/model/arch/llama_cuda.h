@@ -1,10 +1,12 @@
 // The Llama family on the CUDA backend: bf16 weights in HBM (dequantized at
 // load, or random from a seed for benchmarks), fused QKV and gate/up GEMMs on
 // cuBLASLt, head-paged bf16 KV, the self-planning decode kernel, chunked
-// tensor-core prefill, sampling on the GPU. A decode step of batch B is
-// captured once into a CUDA graph and replayed: the host only uploads the
-// step's small inputs (ids, positions, append slots, lengths) and reads back
-// the sampled ids.
+// tensor-core prefill, sampling on the GPU. A decode step of B requests runs
+// padded to its batch-size bucket (1, 2, 4, ... max_batch; the padding rows
+// read and write no KV), through a CUDA graph captured once per (policy plan,
+// bucket) and replayed: the host only uploads the step's small inputs (ids,
+// positions, append slots, lengths, sampling rows, new history tokens) and reads
+// back the sampled ids.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,7 +39,11 @@ struct CudaModelOptions {
   int max_batch = 8;           // requests per step
   int max_step_tokens = 2048;  // prefill chunk (tokens of one step over all requests)
   int64_t max_context = 8192;  // tokens per request
-  int64_t n_pages = 0;         // KV head-pages in HBM; 0: enough for max_batch x max_context
+  // KV head-pages in HBM. 0: what gpu_memory_utilization x the GPU's memory leaves after
+  // everything else is allocated (weights, workspaces, step buffers) when that is > 0, else
+  // enough for max_batch x max_context.
+  int64_t n_pages = 0;
+  double gpu_memory_utilization = 0.0;
   int page_size = 16;
   // Page summaries kept on every append (needed by scoring policies): "none", "minmax",
   // "meanspread" (also what gaussian reads), "both". Each costs 512 B per 4 KiB page of HBM
@@ -79,14 +85,34 @@ class LlamaCuda {
     int req_slot = 0;                 // row of the device page table [0, max_batch)
     const int32_t* tokens = nullptr;  // [n_new]
     int64_t n_new = 0;
+    // How the next token is drawn from the last row (null: greedy). rng_offset: the Philox
+    // counter of this draw in the request's stream (sampling.h). history: the request's tokens
+    // so far; with a penalty the last history_window of them (0: all) are penalised. The
+    // history is kept per req_slot on the device and only what it gained since the last step
+    // is uploaded (reset_history when another request takes the slot).
+    const cuda::SamplingRow* sampling = nullptr;
+    uint64_t rng_offset = 0;
+    const std::vector<int32_t>* history = nullptr;
+    int history_window = 0;
   };
   // Prefill (any n_new) or decode (n_new == 1 for all) of a batch. Commits the
   // tables. logits (host, optional): [n_seqs, vocab] of each sequence's last token.
   // Decode steps of all-1 batches run through a captured graph when use_graph.
+  // Synchronizes once, at the end (the sampled ids are then in sampled_ids()).
   void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
 
-  // Greedy ids of the last forward's rows, computed on the GPU ([n_seqs]).
-  std::vector<int32_t> greedy_ids();
+  // The ids the GPU sampler drew from the last forward's rows ([n_seqs]; greedy rows: argmax).
+  const std::vector<int32_t>& sampled_ids() const { return sampled_; }
+  std::vector<int32_t> greedy_ids() const { return sampled_; }
+  // Ids [0, n) may be sampled (the rest of the logits are embedding padding). Drops the
+  // captured graphs (they bake the sampler's vocabulary): call before the first step.
+  void set_sampled_vocab(int64_t n);
+  // Another request takes `req_slot`: its device history starts empty.
+  void reset_history(int req_slot);
+  // The rows a decode step of n requests runs (its graph's bucket): the next power of two,
+  // at most max_batch.
+  int batch_bucket(int n) const;
+  const CudaModelOptions& options() const { return opt_; }
 
   // Sparse decode (DESIGN.md §1.1): the policy of every following decode step; prefill
   // stays dense. Scoring policies need the summaries chosen at construction (the
@@ -124,10 +150,13 @@ class LlamaCuda {
     cuda::SelectPlan plan;
   };
   void allocate(const CudaModelOptions& o);
+  // The KV pool and its page data, sized last (CudaModelOptions::n_pages), and the selector.
+  void allocate_kv();
   // The kernels' parameters that do not change between steps (every buffer has a fixed address,
   // so that a captured graph keeps reading the same ones): built once, when the weights are in.
   void build_params();
-  void upload_step(const std::vector<Seq>& batch);
+  // n_rows >= batch.size(): the rows past the batch are padding (no KV read or written).
+  void upload_step(const std::vector<Seq>& batch, int n_rows);
   // The step's kernels, in order (what the decode graph captures).
   void run_layers(const Step& step);
   // The captured decode step (captured on first use per selection plan and batch size).
@@ -183,10 +212,25 @@ class LlamaCuda {
   __nv_bfloat16* hlast_d_ = nullptr;   // [B, hidden] normed last rows
   float* last_x_d_ = nullptr;          // [B, hidden]
   float* logits_d_ = nullptr;          // [B, vocab]
+  // Per-row sampling inputs, one block uploaded with one copy: [B] SamplingRow, [B] Philox
+  // counters, [B] history offsets (into hist_d_), [B] history lengths.
+  uint8_t* samp_block_d_ = nullptr;
+  uint8_t* samp_block_h_ = nullptr;    // pinned mirror
+  size_t samp_block_bytes_ = 0;
   cuda::SamplingRow* samp_rows_d_ = nullptr;
   uint64_t* rng_d_ = nullptr;
+  int64_t* hist_off_d_ = nullptr;
+  int32_t* hist_len_d_ = nullptr;
+  int32_t* hist_d_ = nullptr;          // [B, hist_ld_] each request slot's tokens so far
+  int64_t hist_ld_ = 0;
+  int32_t* hist_stage_h_ = nullptr;    // pinned: the step's new history tokens
+  int64_t hist_stage_cap_ = 0, hist_stage_used_ = 0;
+  std::vector<int64_t> hist_synced_;   // [B] history tokens on the device per slot
+  std::vector<int32_t> hist_last_;     // [B] the last of them (a changed history is re-sent)
   int32_t* out_ids_d_ = nullptr;       // [B]
-  int last_n_req_ = 0;
+  int32_t* out_ids_h_ = nullptr;       // pinned [B]
+  std::vector<int32_t> sampled_;
+  int64_t pages_per_seq_ = 0;
   Step last_step_;  // the last forward's (time_decode_step replays its plan)
 
   // Built once (build_params): everything but this step's sizes and this layer's weights and slices.
@@ -203,7 +247,7 @@ class LlamaCuda {
   cuda::AddRmsNormParams final_norm_;
   cuda::SampleParams sample_;
 
-  // Decode step per (selection plan, batch size): switching policies back and forth (eval) reuses them.
+  // Decode step per (selection plan, batch bucket): switching policies back and forth (eval) reuses them.
   std::map<std::pair<std::string, int>, cudaGraphExec_t> graphs_;
 };
 
