@@ -302,6 +302,7 @@ TEST(CudaServing, DecodeBatchTiming) {
   o.gpu_memory_utilization = 0.9;  // the serving rule: the pool takes what is left
   auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
   m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
+  DHS_CUDA_CHECK(cudaStreamSynchronize(m->stream()));  // (before the copy timing below)
   size_t free_b = 0, total_b = 0;
   DHS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   std::printf("pool %lld head-pages (%.1f GiB), weights %.1f GiB, GPU %.1f GiB free of %.1f\n",
@@ -319,14 +320,17 @@ TEST(CudaServing, DecodeBatchTiming) {
     cudaEvent_t e0, e1;
     DHS_CUDA_CHECK(cudaEventCreate(&e0));
     DHS_CUDA_CHECK(cudaEventCreate(&e1));
-    DHS_CUDA_CHECK(cudaMemcpy(y, x, n, cudaMemcpyDeviceToDevice));
-    DHS_CUDA_CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) DHS_CUDA_CHECK(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice));
-    DHS_CUDA_CHECK(cudaEventRecord(e1));
-    DHS_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    copy_gbps = 2.0 * static_cast<double>(n) * 10 / (ms * 1e-3) / 1e9;
+    float best = 1e9f;
+    for (int i = 0; i < 10; ++i) {  // best of 10, as dhisparse bench measures it
+      DHS_CUDA_CHECK(cudaEventRecord(e0));
+      DHS_CUDA_CHECK(cudaMemcpyAsync(y, x, n, cudaMemcpyDeviceToDevice));
+      DHS_CUDA_CHECK(cudaEventRecord(e1));
+      DHS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      best = std::min(best, ms);
+    }
+    copy_gbps = 2.0 * static_cast<double>(n) / (best * 1e-3) / 1e9;
     cudaFree(x);
     cudaFree(y);
     cudaEventDestroy(e0);
@@ -351,6 +355,8 @@ TEST(CudaServing, DecodeBatchTiming) {
               "vs_floor");
   for (const int b : {1, 2, 3, 4, 8, 16, 17, 24, 32, 48, 64}) {
     const std::vector<LlamaCuda::Seq> batch(all.begin(), all.begin() + b);
+    for (const LlamaCuda::Seq& q : batch)  // time_decode_step hands the step's page back when it rolls back
+      if (q.table->capacity_tokens() < q.table->n_tokens() + 1) ASSERT_TRUE(q.table->reserve(m->allocator(), 1));
     const double ms = m->time_decode_step(batch, 30);
     const double floor_ms =
         (static_cast<double>(m->weight_bytes()) + kv_per_token * static_cast<double>(ctx) * b) / (copy_gbps * 1e9) * 1e3;
