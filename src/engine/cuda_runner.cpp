@@ -41,9 +41,12 @@ class CudaRunner final : public StepRunner {
               ((int64_t{1} << 31) - 1) / per_block, o.kv_blocks);
     DHS_CHECK(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0,
               "gpu memory utilization must be in (0, 1], got {}", o.gpu_memory_utilization);
+    // The pool: kv_blocks when given; else, serving (max_batch given), what gpu_memory_utilization
+    // leaves, as vLLM sizes it; else (generate, eval: one request) one whole context, as before,
+    // so that a single request does not take the GPU's memory.
     if (o.kv_blocks > 0)
       co.n_pages = o.kv_blocks * per_block;
-    else
+    else if (o.max_batch > 0)
       co.gpu_memory_utilization = o.gpu_memory_utilization;
     if (o.progress) o.progress(0, 1);
     model_ = dummy ? std::make_unique<LlamaCuda>(cfg, kDummySeed, co) : std::make_unique<LlamaCuda>(src, co);
