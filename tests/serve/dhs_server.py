@@ -239,10 +239,13 @@ _alone_lock = threading.Lock()
 
 
 def generate_alone(prompt: str, max_tokens: int, *, chat: bool = False, stop: list[str] | None = None,
-                   ignore_eos: bool = False, threads: int = 1, timeout: float = 300) -> str:
-    """What `dhisparse generate -q` prints for this prompt run alone (greedy): the text, then a
+                   ignore_eos: bool = False, sampling: dict | None = None, threads: int = 1,
+                   timeout: float = 300) -> str:
+    """What `dhisparse generate -q` prints for this prompt run alone (greedy unless `sampling` says
+    otherwise, in the server's field names): the text, then a
     newline unless the text is empty or already ends in one. Compare with as_cli_prints(text)."""
-    key = (prompt, max_tokens, chat, tuple(stop or ()), ignore_eos)
+    sampling = dict(sampling or {})
+    key = (prompt, max_tokens, chat, tuple(stop or ()), ignore_eos, tuple(sorted(sampling.items())))
     with _alone_lock:
         if key in _alone_cache:
             return _alone_cache[key]
@@ -252,7 +255,15 @@ def generate_alone(prompt: str, max_tokens: int, *, chat: bool = False, stop: li
         prompt_file = f.name
     try:
         cmd = [bin_path(), "generate", "-m", model_path(), "-f", prompt_file, "-n", str(max_tokens), "-q",
-               "--temperature", "0", "--no-escape", "-t", str(threads)]
+               "--no-escape", "-t", str(threads)]
+        # sampling: the server's names -> generate's flags (greedy when empty).
+        flags = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+                 "seed": "--seed", "repetition_penalty": "--repeat-penalty"}
+        sampling.setdefault("temperature", 0)
+        for k, v in sampling.items():
+            cmd += [flags[k], str(v)]
+        if "repetition_penalty" in sampling:
+            cmd += ["--repeat-last-n", "0"]  # the server's penalty looks at the whole context, as vLLM's
         if chat:
             cmd.append("--chat")
         for s in stop or []:
