@@ -176,3 +176,30 @@ def test_token_id_prompt(client, server):
 
 def test_pool_clean_after_module(client, server):
     assert_pool_clean(server.wait_idle())
+
+
+def _chunk_times(client, **extra):
+    import time
+    t0 = time.perf_counter()
+    times = []
+    for ch in client.completions.create(model=MODEL_NAME, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                        stream=True, extra_body={"ignore_eos": True}, **extra):
+        if ch.choices and ch.choices[0].text:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def test_stream_arrives_incrementally_uncompressed(client):
+    # The first token must reach the client well before the last (24 decode steps apart).
+    times = _chunk_times(client, extra_headers={"Accept-Encoding": "identity"})
+    assert len(times) >= 2
+    assert times[0] < 0.6 * times[-1], f"first token at {times[0]:.3f} s, last at {times[-1]:.3f} s"
+
+
+@pytest.mark.xfail(reason="reported to the lead: with the openai client's default 'Accept-Encoding: gzip' the "
+                          "server gzips text/event-stream and the compressor does not flush per event, so the "
+                          "whole stream arrives at its end (TTFT = e2e)", strict=False)
+def test_stream_arrives_incrementally_with_default_headers(client):
+    times = _chunk_times(client)
+    assert len(times) >= 2
+    assert times[0] < 0.6 * times[-1], f"first token at {times[0]:.3f} s, last at {times[-1]:.3f} s"
