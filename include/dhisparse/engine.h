@@ -43,8 +43,8 @@ struct EngineOptions {
   // graph per batch-size bucket up to it); 0: the backend's default (CPU 256, CUDA 1).
   int max_batch = 0;
   // KV pool size in blocks of page_size tokens over every layer and KV head (vLLM's
-  // --num-gpu-blocks-override); 0: CPU one request of the whole context, CUDA what
-  // gpu_memory_utilization leaves after the weights and workspaces.
+  // --num-gpu-blocks-override); 0: one request of the whole context, except on CUDA when
+  // max_batch is given (serving): what gpu_memory_utilization leaves after weights and workspaces.
   int64_t kv_blocks = 0;
   double gpu_memory_utilization = 0.9;  // fraction of the GPU's memory the engine may take
   // "auto": weights from model_path; "dummy": random weights of model_path's shape (vLLM's

@@ -19,6 +19,7 @@
 #include "model/gguf_source.h"
 #include "model/hf_source.h"
 #include "model/model_loader.h"
+#include "model/model_shapes.h"
 
 namespace dhs {
 
@@ -71,12 +72,16 @@ class LocalEngine final : public Engine {
         std::fprintf(stderr, "warning: the model's chat template is unusable, chat is off (%s)\n", e.what());
       }
     }
+    DHS_CHECK(o.load_format == "auto" || o.load_format == "dummy", "load format must be auto or dummy, got '{}'",
+              o.load_format);
+    DHS_CHECK(o.dummy_shape.empty() || o.load_format == "dummy", "a dummy shape ('{}') applies to load format dummy",
+              o.dummy_shape);
+    // --load-format dummy --dummy-shape NAME: the named shape's config with model_path's tokenizer.
+    const ModelConfig c = o.dummy_shape.empty() ? src_->config() : model_shape(o.dummy_shape);
     // Ids past the tokenizer's vocabulary are padding of the embedding (Qwen2.5 pads to a
     // multiple of 128): never sampled. Ids the model cannot embed are a broken file.
-    DHS_CHECK(tok_->vocab_size() <= src_->config().vocab_size,
-              "the tokenizer has {} tokens but the model's embedding only {} rows", tok_->vocab_size(),
-              src_->config().vocab_size);
-    const ModelConfig& c = src_->config();
+    DHS_CHECK(tok_->vocab_size() <= c.vocab_size, "the tokenizer has {} tokens but the model's embedding only {} rows",
+              tok_->vocab_size(), c.vocab_size);
     // The CPU keeps a whole-context pool in host memory: cap it; the GPU takes the model's context.
     const int64_t dflt = o.device == "cpu" ? std::min<int64_t>(c.max_context, kCpuContextCap) : c.max_context;
     // Past the trained context RoPE positions were never seen, and a huge -c would only fail
