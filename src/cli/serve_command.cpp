@@ -3,8 +3,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "cli/option_checks.h"
@@ -81,14 +84,28 @@ int ServeCommand::run(std::string& oom_while) {
   const int port = http.bind();
   std::fprintf(stderr, "serve: listening on http://%s:%d (model '%s' loading)\n", http_.host.c_str(), port,
                http_.served_model_name.c_str());
-  std::thread listener([&] { http.serve(); });
+  std::promise<void> served_out;
+  std::future<void> listener_done = served_out.get_future();
+  std::thread listener([&] {
+    http.serve();
+    served_out.set_value();
+  });
   const double shutdown_timeout = http_.shutdown_timeout_s;
+  const int linger_s = http_.read_timeout_s + 5;
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
     std::fprintf(stderr, "serve: %s: stopping (running requests get %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                  shutdown_timeout);
     http.shutdown(shutdown_timeout);
+    // httplib's stop joins every connection thread; one held by a client that trickles its
+    // headers (only each read is timed) would hold the exit without bound. Requests are ended
+    // by now, so past a bound the process leaves without those connections.
+    if (listener_done.wait_for(std::chrono::seconds(linger_s)) != std::future_status::ready) {
+      std::fprintf(stderr, "serve: connections still open %d s after shutdown; exiting without them\n", linger_s);
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
   });
   auto stop_threads = [&] {
     pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher, which shuts down

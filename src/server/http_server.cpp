@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "server/connection_reaper.h"
 #include "server/openai_protocol.h"
 #include "server/sse_stream.h"
 
@@ -49,6 +52,23 @@ void reply_json(httplib::Response& res, int status, const json& j) {
 }
 
 void reply_error(httplib::Response& res, const ApiError& e) { reply_json(res, e.status, error_json(e)); }
+
+// An error after which the connection must end: the rest of the request (a body past its deadline,
+// or one we will not read) must not be parsed as the next request. The socket's reading side is
+// shut once the answer is written (connection_reaper.h): before it, httplib would take the
+// connection for closed and not answer.
+void reply_error_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<const std::string>(dump_json(error_json(e)));
+  res.set_content_provider(body->size(), "application/json",
+                           [body, local = req.local_addr, lport = req.local_port, remote = req.remote_addr,
+                            rport = req.remote_port](size_t offset, size_t length, httplib::DataSink& sink) {
+                             if (!sink.write(body->data() + offset, length)) return false;
+                             if (offset + length == body->size()) stop_reading_connection(local, lport, remote, rport);
+                             return true;
+                           });
+}
 
 struct Route {
   std::string path;
@@ -100,6 +120,8 @@ struct HttpServer::Impl {
   void install_routes();
   void route(const Route& r, const httplib::Server::Handler& h);
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
+  std::optional<ApiError> read_body(const httplib::ContentReader& reader, httplib::Response& res,
+                                    std::string& body) const;
 
   void health(const httplib::Request&, httplib::Response& res);
   void models(const httplib::Request&, httplib::Response& res);
@@ -127,8 +149,34 @@ bool HttpServer::Impl::authorized(const httplib::Request& req, httplib::Response
   return false;
 }
 
-// Every method on a known path reaches this wrapper (after httplib has read the body, so that
-// the connection stays in step): a method the route does not take gets 405, then the key check.
+// The whole body, read by us rather than by httplib so that it has a deadline: httplib's read
+// timeout is per read, which a client sending a byte a second passes forever, and such a client
+// would also hold shutdown (which joins the connection threads) without bound.
+std::optional<ApiError> HttpServer::Impl::read_body(const httplib::ContentReader& reader, httplib::Response& res,
+                                                    std::string& body) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts.body_timeout_s);
+  bool late = false, stopping = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (shutting_down) return !(stopping = true);
+    if (std::chrono::steady_clock::now() > deadline) return !(late = true);
+    body.append(data, n);
+    return true;
+  });
+  if (ok) {
+    // JSON text has no raw NUL anywhere (control characters in strings are escaped), and
+    // nlohmann's parser takes one as the end of the input: '{...}\0garbage' must not parse.
+    if (body.find('\0') != std::string::npos)
+      return ApiError{400, "the request body is not valid JSON: it contains a NUL byte", ""};
+    return std::nullopt;
+  }
+  if (late) return ApiError{408, "the request body did not arrive within " + std::to_string(opts.body_timeout_s) + " s", ""};
+  if (stopping) return ApiError{503, "the server is shutting down", ""};
+  if (res.status == 413) return ApiError{413, "the request body is too large", ""};
+  return ApiError{400, "the request body could not be read (stalled past the read timeout, cut short or malformed)", ""};
+}
+
+// Every method on a known path reaches this wrapper (after its body is read, so that the
+// connection stays in step): a method the route does not take gets 405, then the key check.
 void HttpServer::Impl::route(const Route& r, const httplib::Server::Handler& h) {
   auto wrapped = [this, r, h](const httplib::Request& req, httplib::Response& res) {
     if (std::find(r.methods.begin(), r.methods.end(), req.method) == r.methods.end()) {
@@ -147,13 +195,21 @@ void HttpServer::Impl::route(const Route& r, const httplib::Server::Handler& h) 
       reply_error(res, ApiError{500, std::string("internal error: ") + e.what(), ""});
     }
   };
+  auto with_body = [this, wrapped](const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& reader) {
+    httplib::Request full = req;
+    if (auto e = read_body(reader, res, full.body)) {
+      return reply_error_and_close(req, res, *e);
+    }
+    wrapped(full, res);
+  };
   const std::string pattern = r.path;  // literal paths: no regex metacharacters in them
-  svr.Get(pattern, wrapped);
-  svr.Post(pattern, wrapped);
-  svr.Put(pattern, wrapped);
-  svr.Patch(pattern, wrapped);
-  svr.Delete(pattern, wrapped);
+  svr.Get(pattern, wrapped);  // GET and OPTIONS with a body are refused before it is read (install_routes)
   svr.Options(pattern, wrapped);
+  svr.Post(pattern, with_body);
+  svr.Put(pattern, with_body);
+  svr.Patch(pattern, with_body);
+  svr.Delete(pattern, with_body);
 }
 
 void HttpServer::Impl::install_routes() {
@@ -181,6 +237,16 @@ void HttpServer::Impl::install_routes() {
     reply_error(res, ApiError{res.status, msg, ""});
     return httplib::Server::HandlerResponse::Handled;
   }));
+  // A body on a method whose body httplib reads itself (GET, OPTIONS, HEAD) would escape the
+  // body deadline: none of our routes takes one, so refuse it before it is read.
+  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const bool reads_own_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (reads_own_body || !has_body) return httplib::Server::HandlerResponse::Unhandled;
+    reply_error_and_close(req, res, ApiError{400, req.method + " takes no request body", ""});
+    return httplib::Server::HandlerResponse::Handled;
+  });
   svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     reply_error(res, ApiError{500, "internal error", ""});
   });
@@ -307,7 +373,9 @@ void HttpServer::Impl::answer_stream(ServedModel& m, const ResponseMeta& meta, b
   auto sse = std::make_shared<SseStream>(meta, include_usage);
   auto opened = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8",
+      // Exactly this type: httplib compresses every other text/* for a client that accepts gzip,
+      // and a gzipped stream reaches the client only as the compressor's buffer fills.
+      "text/event-stream",
       [stream, sse, opened](size_t, httplib::DataSink& sink) {
         if (!*opened) {
           *opened = true;

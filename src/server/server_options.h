@@ -17,7 +17,8 @@ struct ServerOptions {
   // bounds the connections served at once (SSE streams included); a thread blocked on a condition
   // variable costs no CPU (docs/serving.md has the measurement). 0: max_num_seqs + max_waiting + 64.
   int http_threads = 0;
-  int read_timeout_s = 10;           // a slow or stalled request body is dropped after this
+  int read_timeout_s = 10;           // a stalled request (no byte for this long) is dropped
+  int body_timeout_s = 20;           // a request body not whole after this long gets 408, then close
   int write_timeout_s = 10;          // a client that stops reading its stream is dropped after this
   double shutdown_timeout_s = 10.0;  // SIGTERM: running requests get this long to finish, then abort
 };

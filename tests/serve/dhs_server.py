@@ -31,6 +31,12 @@ def model_path() -> str:
     return os.environ.get("DHS_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+def device_args() -> list[str]:
+    """DHS_DEVICE=cuda runs the server and `generate` alone on the GPU (the device's serve stage)."""
+    dev = os.environ.get("DHS_DEVICE", "")
+    return ["--device", dev] if dev else []
+
+
 def has_serve_command(binary: str | None = None) -> bool:
     binary = binary or bin_path()
     if not os.path.exists(binary):
@@ -63,7 +69,7 @@ class Server:
         cmd = [bin_path(), "serve", model_path(), "--port", "0", "--host", "127.0.0.1"]
         if self.api_key:
             cmd += ["--api-key", self.api_key]
-        return cmd + self.args
+        return cmd + device_args() + self.args
 
     def start(self) -> "Server":
         cmd = self.command()
@@ -255,7 +261,7 @@ def generate_alone(prompt: str, max_tokens: int, *, chat: bool = False, stop: li
         prompt_file = f.name
     try:
         cmd = [bin_path(), "generate", "-m", model_path(), "-f", prompt_file, "-n", str(max_tokens), "-q",
-               "--no-escape", "-t", str(threads)]
+               "--no-escape", "-t", str(threads)] + device_args()
         # sampling: the server's names -> generate's flags (greedy when empty).
         flags = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
                  "seed": "--seed", "repetition_penalty": "--repeat-penalty"}
