@@ -62,6 +62,17 @@ if [ "$(ls ~/dhs/qwen.part.* 2>/dev/null | wc -l)" = 10 ]; then
   echo "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32  $QWEN" | sha256sum -c || rm -f $QWEN
 fi
 
+# The Python packages of tests/serve (openai, httpx, pytest, tqdm): the device has no PyPI, so
+# their wheels travel in .devcarry/wheels (pip download, here) and install into $PY once.
+PY=/tmp/dhs/py
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+pyserve() {
+  python3 -c "import sys; sys.path.insert(0, '$PY'); import openai, httpx, pytest" 2>/dev/null && return 0
+  [ -d .devcarry/wheels ] || { echo "no wheels: carry .devcarry/wheels (pip download -r tests/serve/requirements.txt)"; return 1; }
+  python3 -m pip install -q --no-index --find-links .devcarry/wheels --target $PY -r tests/serve/requirements.txt > "$OUT/pip.log" 2>&1 \
+    || { echo "pip install failed"; tail -5 "$OUT/pip.log"; return 1; }
+}
+
 # One eval stage: calibrate on 1 sample per task at the longest length, then as many samples
 # (<= 100) as the time budget allows. $1 name, $2 model, $3 lengths, $4 quest budget (pages).
 eval_stage() {
@@ -294,6 +305,55 @@ for stage in "$@"; do
       run sdpa_prefill_anchor python3 bench/anchors/sdpa_prefill_anchor.py --out "$OUT/prefill_attention.jsonl"
       grep -E "dhisparse-|select-" "$OUT/attention_bench.log" | tail -60
       tail -30 "$OUT/e2e_bench.log" ;;
+    serve)
+      # `dhisparse serve --device cuda` on the default model: the openai-client checks and 64
+      # concurrent requests equal to `generate --device cuda` alone (tests/serve, DHS_DEVICE=cuda).
+      [ -f $SMOL ] || { echo "serve: default model missing"; continue; }
+      pyserve || continue
+      (cd tests/serve && DHS_BIN=$B/dhisparse DHS_MODEL=$PWD/../../$SMOL DHS_DEVICE=cuda PYTHONPATH=$PY \
+        timeout 500 python3 -m pytest -q -p no:cacheprovider test_openai_client.py test_concurrency.py) > "$OUT/serve_cuda.log" 2>&1
+      echo "serve_cuda rc=$?"; tail -12 "$OUT/serve_cuda.log"
+      summary+=("$(printf '%-34s %s' serve_cuda "$(grep -E 'passed|failed' "$OUT/serve_cuda.log" | tail -1 | cut -c1-80)")") ;;
+    serveload)
+      # The 8B shape with random weights (--load-format dummy --dummy-shape llama3-8b; tokenizer
+      # SmolLM2's, from the test data) behind `dhisparse serve`, loaded by bench/serve_load.py. Per
+      # context (DHS_SERVE_CTX, default "8k 32k 128k"): N requests at once, dense and coverage 0.99
+      # (the saturation rows: every request decoding together, against `dhisparse bench` for batch
+      # N at the window's mean context, same call), then Poisson rates, dense. Rows: serve.jsonl.
+      pyserve || continue
+      D=/tmp/dhs/dummy8b; mkdir -p $D
+      cp tests/data/tiny_models/llama31_rope_scaled/{config.json,model.safetensors} tests/data/tokenizer/smollm2/tokenizer*.json $D/
+      for ctx in ${DHS_SERVE_CTX:-8k 32k 128k}; do
+        case $ctx in
+          8k) n=32 out=384 tok=8192 rates=${DHS_SERVE_RATES_8K-"0.5 1 2"} ;;
+          32k) n=8 out=512 tok=32768 rates=${DHS_SERVE_RATES_32K-"0.2"} ;;
+          128k) n=4 out=512 tok=131072 rates=${DHS_SERVE_RATES_128K-""} ;;
+          *) echo "serveload: no setting for $ctx"; continue ;;
+        esac
+        plen=$((tok - out)); mid=$((plen + out / 2))
+        run "serve_bench_$ctx" timeout 300 "$B/dhisparse" bench --ctx $mid --batch $n --prefill 0 --no-gemm \
+          --policies dense,coverage:0.99@sketch4 --out "$OUT/serve_bench.jsonl" --commit "$C"
+        for pol in dense coverage:0.99; do
+          bt=$(python3 -c "import json,sys
+rows=[json.loads(l) for l in open('$OUT/serve_bench.jsonl')]
+want='dense' if '$pol'=='dense' else 'coverage'
+r=[x for x in rows if x.get('ctx')==$mid and x.get('batch')==$n and x['policy'].startswith(want)][-1]
+print(round($n*1000/r['tpot_ms'],1))" 2>/dev/null)
+          SARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-num-seqs $n --max-model-len $tok --sparse-policy $pol"
+          run "serve_load_${ctx}_${pol}_sat" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
+            python3 bench/serve_load.py --launch --server-args "$SARGS" --dataset synthetic --prompt-len $plen --output-len $out \
+            --concurrency $n --num-prompts $n --ctx $ctx --policy "$pol" --device "$GPU" ${bt:+--bench-tok-s $bt} \
+            --note "saturation: $n at once; bench at ctx $mid" --results "$OUT/serve.jsonl" --no-tqdm
+          tail -9 "$OUT/serve_load_${ctx}_${pol}_sat.log"
+        done
+        for r in $rates; do
+          SARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-num-seqs $n --max-model-len $tok"
+          run "serve_load_${ctx}_dense_rate$r" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
+            python3 bench/serve_load.py --launch --server-args "$SARGS" --dataset synthetic --prompt-len $plen --output-len 128 \
+            --rate $r --num-prompts $((n < 16 ? 16 : n)) --ctx $ctx --policy dense --device "$GPU" --results "$OUT/serve.jsonl" --no-tqdm
+          tail -8 "$OUT/serve_load_${ctx}_dense_rate$r.log"
+        done
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -202,6 +202,7 @@ async def drive(args, base_url: str) -> dict:
             else:
                 await run_one(client, r, bar)
 
+        before = await scrape(client)
         tasks = []
         t0 = time.perf_counter()
         for r in reqs:
@@ -211,10 +212,28 @@ async def drive(args, base_url: str) -> dict:
         await asyncio.gather(*tasks)
         duration = time.perf_counter() - t0
         bar.close()
-    return {"model": model, "version": version, "reqs": reqs, "duration": duration}
+        after = await scrape(client)
+    return {"model": model, "version": version, "reqs": reqs, "duration": duration, "metrics": (before, after)}
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
+    """dhisparse's /metrics counters this run reads (empty for another server)."""
+    names = ("dhisparse:kv_pages_read_total", "dhisparse:kv_pages_total", "vllm:num_preemptions_total")
+    try:
+        text = (await client.get("/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in names:
+            out[parts[0]] = float(parts[1])
+    return out
 
 
 def git_commit() -> str:
+    if os.environ.get("DHS_COMMIT"):
+        return os.environ["DHS_COMMIT"]  # a copy of the tree without .git (the GPU machine)
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -245,9 +264,32 @@ def summarize(args, res: dict) -> dict:
         for p in (50, 90, 99):
             v = pct(xs, p)
             row[f"{name}_p{p}_ms"] = round(v, 3) if v is not None else None
+    before, after = res.get("metrics", ({}, {}))
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    if delta.get("dhisparse:kv_pages_total", 0) > 0:
+        row["pages_read_frac"] = round(delta["dhisparse:kv_pages_read_total"] / delta["dhisparse:kv_pages_total"], 4)
+    if "vllm:num_preemptions_total" in delta:
+        row["preemptions"] = int(delta["vllm:num_preemptions_total"])
+    # Saturated decode: the window in which every request of the run had its first token and none
+    # had its last, i.e. all of them decoding together (a run of N requests at concurrency N on a
+    # server with max-num-seqs >= N). Events in it per second, times tokens per event over the run
+    # (1.0 when each token is its own event), is the decode throughput that `dhisparse bench`
+    # measures for batch N; empty when the requests never all decoded at once.
+    if ok and all(r.event_times for r in ok):
+        w0 = max(r.event_times[0] for r in ok)
+        w1 = min(r.event_times[-1] for r in ok)
+        n_events = sum(len(r.event_times) for r in ok)
+        in_window = sum(1 for r in ok for t in r.event_times if w0 < t <= w1)
+        if w1 > w0 and in_window > 0:
+            row["decode_window_s"] = round(w1 - w0, 3)
+            row["tok_per_event"] = round(out_tokens / n_events, 4)
+            row["decode_tok_s"] = round(in_window / (w1 - w0) * out_tokens / n_events, 2)
     if args.bench_tok_s:
         row["bench_tok_s"] = args.bench_tok_s
-        row["vs_bench"] = round(row["out_tok_s"] / args.bench_tok_s, 4)
+        if "pages_read_frac" in row:
+        print(f"  KV pages read by decode: {row['pages_read_frac']:.3f} of all; preemptions {row.get('preemptions', 0)}")
+    if "decode_tok_s" in row:
+            row["vs_bench"] = round(row["decode_tok_s"] / args.bench_tok_s, 4)
     if args.note:
         row["note"] = args.note
     # Every sample (llama-bench's habit), rounded to 0.1 ms.
@@ -269,7 +311,10 @@ def print_report(row: dict) -> None:
     for name in ("ttft", "tpot", "itl", "e2e"):
         vals = [row[f"{name}_p{p}_ms"] for p in (50, 90, 99)]
         print(f"  {name:6} " + " ".join(f"{v:10.1f}" if v is not None else f"{'-':>10}" for v in vals))
-    if "bench_tok_s" in row:
+    if "decode_tok_s" in row:
+        print(f"  all {row['n_ok']} decoding together for {row['decode_window_s']:.1f} s: {row['decode_tok_s']:.1f} tok/s"
+              f" ({row['tok_per_event']:.3f} tokens per event)")
+    if "vs_bench" in row:
         print(f"  vs dhisparse bench: {row['vs_bench']:.3f} of {row['bench_tok_s']} tok/s")
     if row.get("errors"):
         print(f"  errors (first): {row['errors'][:3]}")

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -84,6 +85,7 @@ int ServeCommand::run(std::string& oom_while) {
   const int port = http.bind();
   std::fprintf(stderr, "serve: listening on http://%s:%d (model '%s' loading)\n", http_.host.c_str(), port,
                http_.served_model_name.c_str());
+  std::atomic<bool> load_failed{false};  // the watcher is woken to stop, not by a signal
   std::promise<void> served_out;
   std::future<void> listener_done = served_out.get_future();
   std::thread listener([&] {
@@ -95,8 +97,9 @@ int ServeCommand::run(std::string& oom_while) {
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    std::fprintf(stderr, "serve: %s: stopping (running requests get %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                 shutdown_timeout);
+    if (!load_failed)
+      std::fprintf(stderr, "serve: %s: stopping (running requests get %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   shutdown_timeout);
     http.shutdown(shutdown_timeout);
     // httplib's stop joins every connection thread; one held by a client that trickles its
     // headers (only each read is timed) would hold the exit without bound. Requests are ended
@@ -108,6 +111,7 @@ int ServeCommand::run(std::string& oom_while) {
     }
   });
   auto stop_threads = [&] {
+    load_failed = true;
     pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher, which shuts down
     watcher.join();
     listener.join();
