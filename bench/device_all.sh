@@ -331,27 +331,29 @@ for stage in "$@"; do
           *) echo "serveload: no setting for $ctx"; continue ;;
         esac
         plen=$((tok - out)); mid=$((plen + out / 2))
-        run "serve_bench_$ctx" timeout 300 "$B/dhisparse" bench --ctx $mid --batch $n --prefill 0 --no-gemm \
+        [ -n "${DHS_SERVE_SAT_POLICIES-x}" ] && run "serve_bench_$ctx" timeout 300 "$B/dhisparse" bench --ctx $mid --batch $n --prefill 0 --no-gemm \
           --policies dense,coverage:0.99@sketch4 --out "$OUT/serve_bench.jsonl" --commit "$C"
-        for pol in dense coverage:0.99; do
+        for pol in ${DHS_SERVE_SAT_POLICIES-dense coverage:0.99}; do
           bt=$(python3 -c "import json,sys
 rows=[json.loads(l) for l in open('$OUT/serve_bench.jsonl')]
 want='dense' if '$pol'=='dense' else 'coverage'
 r=[x for x in rows if x.get('ctx')==$mid and x.get('batch')==$n and x['policy'].startswith(want)][-1]
 print(round($n*1000/r['tpot_ms'],1))" 2>/dev/null)
           SARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-num-seqs $n --max-model-len $tok --sparse-policy $pol"
-          run "serve_load_${ctx}_${pol}_sat" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
+          run "serve_load_${ctx}_${pol%%:*}_sat" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
             python3 bench/serve_load.py --launch --server-args "$SARGS" --dataset synthetic --prompt-len $plen --output-len $out \
             --concurrency $n --num-prompts $n --ctx $ctx --policy "$pol" --device "$GPU" ${bt:+--bench-tok-s $bt} \
             --note "saturation: $n at once; bench at ctx $mid" --results "$OUT/serve.jsonl" --no-tqdm
-          tail -9 "$OUT/serve_load_${ctx}_${pol}_sat.log"
+          tail -9 "$OUT/serve_load_${ctx}_${pol%%:*}_sat.log"
         done
-        for r in $rates; do
-          SARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-num-seqs $n --max-model-len $tok"
-          run "serve_load_${ctx}_dense_rate$r" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
-            python3 bench/serve_load.py --launch --server-args "$SARGS" --dataset synthetic --prompt-len $plen --output-len 128 \
-            --rate $r --num-prompts $((n < 16 ? 16 : n)) --ctx $ctx --policy dense --device "$GPU" --results "$OUT/serve.jsonl" --no-tqdm
-          tail -8 "$OUT/serve_load_${ctx}_dense_rate$r.log"
+        for pol in ${DHS_SERVE_RATE_POLICIES-dense}; do
+          for r in $rates; do
+            SARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-num-seqs $n --max-model-len $tok --sparse-policy $pol"
+            run "serve_load_${ctx}_${pol%%:*}_rate$r" timeout 400 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$D DHS_DEVICE=cuda \
+              python3 bench/serve_load.py --launch --server-args "$SARGS" --dataset synthetic --prompt-len $plen --output-len 128 \
+              --rate $r --num-prompts ${DHS_SERVE_RATE_N:-$((n < 16 ? 16 : n))} --ctx $ctx --policy "$pol" --device "$GPU" --results "$OUT/serve.jsonl" --no-tqdm
+            tail -8 "$OUT/serve_load_${ctx}_${pol%%:*}_rate$r.log"
+          done
         done
       done ;;
     *) echo "unknown stage $stage" ;;

@@ -13,7 +13,7 @@ cmake --build "$bd" -j"$(nproc)" --target dhisparse attention_bench prefill_benc
 rm -rf .devcarry/bin && mkdir -p .devcarry/bin
 cp "$bd"/dhisparse "$bd"/bench/{attention_bench,prefill_bench} \
    "$bd"/tests/{test_decode_attention,test_prefill_attention,test_cuda_ops,test_cuda_sampling,test_page_select,test_llama_cuda,test_reuse_lists,test_gemv,test_cuda_serving} \
-   /usr/lib/x86_64-linux-gnu/libfmt.so.9 .devcarry/bin/
+   /usr/lib/x86_64-linux-gnu/libfmt.so.9 /usr/lib/x86_64-linux-gnu/libcpp-httplib.so.0.11 /usr/lib/x86_64-linux-gnu/libbrotli{dec,enc,common}.so.1 .devcarry/bin/
 tar -C .devcarry -cJf .devcarry/bin.tar.xz bin && rm -rf .devcarry/bin
 # The default model in three parts of 32 MiB (64 MiB per device call, tracked files included: one
 # part and the binaries fit together): bench/device_all.sh joins them and checks the hash.

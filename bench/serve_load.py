@@ -226,8 +226,8 @@ async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] in names:
-            out[parts[0]] = float(parts[1])
+        if len(parts) == 2 and parts[0].split("{", 1)[0] in names:  # name{labels} value
+            out[parts[0].split("{", 1)[0]] = float(parts[1])
     return out
 
 
@@ -286,9 +286,7 @@ def summarize(args, res: dict) -> dict:
             row["decode_tok_s"] = round(in_window / (w1 - w0) * out_tokens / n_events, 2)
     if args.bench_tok_s:
         row["bench_tok_s"] = args.bench_tok_s
-        if "pages_read_frac" in row:
-        print(f"  KV pages read by decode: {row['pages_read_frac']:.3f} of all; preemptions {row.get('preemptions', 0)}")
-    if "decode_tok_s" in row:
+        if "decode_tok_s" in row:
             row["vs_bench"] = round(row["decode_tok_s"] / args.bench_tok_s, 4)
     if args.note:
         row["note"] = args.note
@@ -311,6 +309,8 @@ def print_report(row: dict) -> None:
     for name in ("ttft", "tpot", "itl", "e2e"):
         vals = [row[f"{name}_p{p}_ms"] for p in (50, 90, 99)]
         print(f"  {name:6} " + " ".join(f"{v:10.1f}" if v is not None else f"{'-':>10}" for v in vals))
+    if "pages_read_frac" in row:
+        print(f"  KV pages read by decode: {row['pages_read_frac']:.3f} of all; preemptions {row.get('preemptions', 0)}")
     if "decode_tok_s" in row:
         print(f"  all {row['n_ok']} decoding together for {row['decode_window_s']:.1f} s: {row['decode_tok_s']:.1f} tok/s"
               f" ({row['tok_per_event']:.3f} tokens per event)")

@@ -14,9 +14,17 @@ from dataclasses import dataclass, field
 import openai
 import pytest
 
-from dhs_server import Server, as_cli_prints, assert_pool_clean, generate_alone
+from dhs_server import Server, as_cli_prints, assert_pool_clean, device_args, generate_alone
 
 pytestmark = pytest.mark.concurrency
+
+# Equal tokens alone and batched is the CPU backend's property (one canonical dot per row,
+# test_batch_invariance). The CUDA kernels are not batch-invariant: the split-KV plan, the GEMV's
+# row tiles and cuBLASLt's algorithm depend on the batch, and a recomputed prompt runs the prefill
+# kernels instead of decode, so bf16 near-ties of a small model can flip (4 of 48 greedy requests,
+# 7 of 16 seeded sampled and 5 of 8 preempted on the H200 at dd2031a; docs/serving.md).
+batch_invariant = pytest.mark.xfail("cuda" in device_args(), strict=False,
+                                    reason="CUDA kernels are not batch-invariant (docs/serving.md)")
 
 SUBJECTS = ["the sea", "a red bicycle", "prime numbers", "the moon", "bread", "a small dog", "rain in April",
             "the French revolution", "volcanoes", "a library at night", "chess", "honey bees", "the color blue",
@@ -163,6 +171,7 @@ def test_64_concurrent_requests_finish(batch64, server):
     assert_pool_clean(server.wait_idle())
 
 
+@batch_invariant
 def test_64_concurrent_greedy_equal_generate_alone(batch64):
     cases, alone = batch64
     bad = mismatches(cases, alone)
@@ -170,6 +179,7 @@ def test_64_concurrent_greedy_equal_generate_alone(batch64):
     assert not bad, f"{len(bad)} of {n_greedy} greedy requests differ from generate alone:\n" + "\n".join(bad)
 
 
+@batch_invariant
 def test_64_concurrent_seeded_sampling_equal_generate_alone(batch64):
     # Each request has its own seeded RNG (issue 21), so a seeded sampled request in a batch of
     # 64 gives what `generate --seed` gives alone.
@@ -187,6 +197,7 @@ TINY_POOL_BLOCKS = 24
 
 
 @pytest.mark.preemption
+@batch_invariant
 def test_preemption_resumes_with_same_greedy_text():
     cases = []
     for i, subject in enumerate(SUBJECTS[:8]):
