@@ -125,31 +125,27 @@ std::string template_bos(const json& post) {
   return bos;
 }
 
-std::unique_ptr<Tokenizer> load_hf_files(const std::string& tokenizer_json_path,
-                                         const std::string& tokenizer_config_path) {
-  const json j = read_json(tokenizer_json_path);
-  DHS_CHECK(j.contains("model") && j["model"].is_object(), "tokenizer.json: no model in {}",
-            tokenizer_json_path);
-  const json& model = j["model"];
-  const std::string model_type = str_or(model, "type", model.contains("merges") ? "BPE" : "");
-  DHS_CHECK(model_type == "BPE", "tokenizer.json: model type '{}' is not supported (only BPE)",
-            model_type);
-
-  // Vocabulary: model.vocab plus added tokens, which may have ids past it (Llama-3).
+// The vocabulary of tokenizer.json: model.vocab plus added tokens, which may have ids past it
+// (Llama-3); holes in the id space get placeholder names.
+struct HfVocab {
   std::vector<std::string> tokens;
   std::vector<TokenType> types;
+  std::vector<AddedToken> added;
+};
+
+HfVocab read_hf_vocab(const json& j, const json& model) {
+  HfVocab v;
   auto put = [&](int64_t id, const std::string& text, TokenType type) {
     DHS_CHECK(id >= 0 && id < (1 << 24), "tokenizer.json: token id {} out of range", id);
-    if (static_cast<size_t>(id) >= tokens.size()) {
-      tokens.resize(id + 1);
-      types.resize(id + 1, TokenType::Unused);
+    if (static_cast<size_t>(id) >= v.tokens.size()) {
+      v.tokens.resize(id + 1);
+      v.types.resize(id + 1, TokenType::Unused);
     }
-    tokens[id] = text;
-    types[id] = type;
+    v.tokens[id] = text;
+    v.types[id] = type;
   };
   for (const auto& [text, id] : model.at("vocab").items())
     put(id.get<int64_t>(), text, TokenType::Normal);
-  std::vector<AddedToken> added;
   if (j.contains("added_tokens")) {
     for (const json& a : j["added_tokens"]) {
       AddedToken t;
@@ -159,12 +155,111 @@ std::unique_ptr<Tokenizer> load_hf_files(const std::string& tokenizer_json_path,
       t.lstrip = bool_or(a, "lstrip", false);
       t.rstrip = bool_or(a, "rstrip", false);
       put(t.id, t.content, t.special ? TokenType::Control : TokenType::UserDefined);
-      added.push_back(std::move(t));
+      v.added.push_back(std::move(t));
     }
   }
-  for (size_t i = 0; i < tokens.size(); ++i)  // holes in the id space
-    if (types[i] == TokenType::Unused && tokens[i].empty())
-      tokens[i] = fmt::format("<unused_{}>", i);
+  for (size_t i = 0; i < v.tokens.size(); ++i)  // holes in the id space
+    if (v.types[i] == TokenType::Unused && v.tokens[i].empty())
+      v.tokens[i] = fmt::format("<unused_{}>", i);
+  return v;
+}
+
+// SentencePiece-style BPE from tokenizer.json: the space rule (a Metaspace pre-tokenizer, or a
+// Prepend / Replace normalizer), the unknown token and the byte tokens.
+std::unique_ptr<TokenizerBase> sentencepiece_from_hf(const json& model, const json& pre, HfVocab v,
+                                                     bool byte_fallback, bool metaspace, bool prepend) {
+  SentencePieceSpec spec;
+  spec.merges = parse_merges(model);
+  spec.added = std::move(v.added);
+  spec.byte_fallback = byte_fallback;
+  spec.fuse_unk = bool_or(model, "fuse_unk", false);
+  if (metaspace) {
+    for_each_component(pre, [&](const json& c) {
+      const std::string type = str_or(c, "type", "");
+      DHS_CHECK(type == "Metaspace",
+                "tokenizer.json: unsupported pre_tokenizer '{}' with Metaspace", type);
+      DHS_CHECK(str_or(c, "replacement", "\xE2\x96\x81") == "\xE2\x96\x81",
+                "tokenizer.json: Metaspace replacement other than U+2581 is not supported");
+      // Older files: add_prefix_space; newer: prepend_scheme always / first / never.
+      const std::string scheme =
+          str_or(c, "prepend_scheme", bool_or(c, "add_prefix_space", true) ? "always" : "never");
+      spec.prefix = scheme == "first"   ? SpacePrefix::First
+                    : scheme == "never" ? SpacePrefix::Never
+                                        : SpacePrefix::Always;
+      spec.split_words = bool_or(c, "split", true);
+    });
+    spec.prefix_before_space = false;
+  } else {
+    DHS_CHECK(pre.is_null(),
+              "tokenizer.json: unsupported pre_tokenizer for SentencePiece-style BPE");
+    spec.prefix = prepend ? SpacePrefix::Always : SpacePrefix::Never;
+    spec.prefix_before_space = true;
+  }
+  const std::string unk = str_or(model, "unk_token", "");
+  if (!unk.empty()) {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i] == unk) {
+        spec.unk_id = static_cast<int32_t>(i);
+        if (v.types[i] == TokenType::Control || v.types[i] == TokenType::Normal)
+          v.types[i] = TokenType::Unknown;
+        break;
+      }
+  }
+  if (byte_fallback) {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.types[i] == TokenType::Normal && v.tokens[i].size() == 6 &&
+          v.tokens[i].starts_with("<0x") && v.tokens[i].ends_with(">"))
+        v.types[i] = TokenType::Byte;
+  }
+  spec.vocab = Vocab(std::move(v.tokens), std::move(v.types));
+  return std::make_unique<SentencePieceTokenizer>(std::move(spec));
+}
+
+// Special tokens and the chat template from tokenizer_config.json; BOS falls back to what the
+// post-processor template puts first.
+TokenizerMeta read_hf_meta(const json& j, const std::string& tokenizer_config_path, const TokenizerBase& tok) {
+  TokenizerMeta meta;
+  const std::string post_bos = template_bos(j.value("post_processor", json()));
+  std::string bos = post_bos, eos;
+  meta.add_bos = !post_bos.empty();
+  if (!tokenizer_config_path.empty()) {
+    const json cfg = read_json(tokenizer_config_path);
+    if (cfg.contains("bos_token")) bos = token_content(cfg["bos_token"]);
+    if (cfg.contains("eos_token")) eos = token_content(cfg["eos_token"]);
+    meta.add_bos = bool_or(cfg, "add_bos_token", meta.add_bos);
+    if (cfg.contains("chat_template")) {
+      const json& ct = cfg["chat_template"];
+      if (ct.is_string()) {
+        meta.chat_template = ct.get<std::string>();
+      } else if (ct.is_array()) {  // named templates: take "default", else the first
+        for (const json& t : ct) {
+          if (meta.chat_template.empty() || str_or(t, "name", "") == "default")
+            meta.chat_template = str_or(t, "template", "");
+        }
+      }
+    }
+  }
+  if (!bos.empty()) {
+    meta.bos_id = tok.token_id(bos);
+    DHS_CHECK(meta.bos_id >= 0, "tokenizer: bos token '{}' is not in the vocabulary", bos);
+  }
+  if (!eos.empty()) {
+    meta.eos_id = tok.token_id(eos);
+    DHS_CHECK(meta.eos_id >= 0, "tokenizer: eos token '{}' is not in the vocabulary", eos);
+  }
+  return meta;
+}
+
+std::unique_ptr<Tokenizer> load_hf_files(const std::string& tokenizer_json_path,
+                                         const std::string& tokenizer_config_path) {
+  const json j = read_json(tokenizer_json_path);
+  DHS_CHECK(j.contains("model") && j["model"].is_object(), "tokenizer.json: no model in {}",
+            tokenizer_json_path);
+  const json& model = j["model"];
+  const std::string model_type = str_or(model, "type", model.contains("merges") ? "BPE" : "");
+  DHS_CHECK(model_type == "BPE", "tokenizer.json: model type '{}' is not supported (only BPE)",
+            model_type);
+  HfVocab vocab = read_hf_vocab(j, model);
 
   const json pre = j.value("pre_tokenizer", json());
   const json norm = j.value("normalizer", json());
@@ -190,98 +285,22 @@ std::unique_ptr<Tokenizer> load_hf_files(const std::string& tokenizer_json_path,
   std::unique_ptr<TokenizerBase> tok;
   if (byte_level) {
     ByteLevelBpeSpec spec;
-    spec.vocab = Vocab(std::move(tokens), std::move(types));
+    spec.vocab = Vocab(std::move(vocab.tokens), std::move(vocab.types));
     spec.merges = parse_merges(model);
-    spec.added = std::move(added);
+    spec.added = std::move(vocab.added);
     spec.pre = parse_byte_level_pre(pre);
     spec.pre_name = "tokenizer.json";
     spec.ignore_merges = bool_or(model, "ignore_merges", false);
     tok = std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
   } else if (byte_fallback || metaspace || prepend || replaces_space) {
-    SentencePieceSpec spec;
-    spec.merges = parse_merges(model);
-    spec.added = std::move(added);
-    spec.byte_fallback = byte_fallback;
-    spec.fuse_unk = bool_or(model, "fuse_unk", false);
-    if (metaspace) {
-      for_each_component(pre, [&](const json& c) {
-        const std::string type = str_or(c, "type", "");
-        DHS_CHECK(type == "Metaspace",
-                  "tokenizer.json: unsupported pre_tokenizer '{}' with Metaspace", type);
-        DHS_CHECK(str_or(c, "replacement", "\xE2\x96\x81") == "\xE2\x96\x81",
-                  "tokenizer.json: Metaspace replacement other than U+2581 is not supported");
-        // Older files: add_prefix_space; newer: prepend_scheme always / first / never.
-        const std::string scheme =
-            str_or(c, "prepend_scheme", bool_or(c, "add_prefix_space", true) ? "always" : "never");
-        spec.prefix = scheme == "first"   ? SpacePrefix::First
-                      : scheme == "never" ? SpacePrefix::Never
-                                          : SpacePrefix::Always;
-        spec.split_words = bool_or(c, "split", true);
-      });
-      spec.prefix_before_space = false;
-    } else {
-      DHS_CHECK(pre.is_null(),
-                "tokenizer.json: unsupported pre_tokenizer for SentencePiece-style BPE");
-      spec.prefix = prepend ? SpacePrefix::Always : SpacePrefix::Never;
-      spec.prefix_before_space = true;
-    }
-    const std::string unk = str_or(model, "unk_token", "");
-    if (!unk.empty()) {
-      for (size_t i = 0; i < tokens.size(); ++i)
-        if (tokens[i] == unk) {
-          spec.unk_id = static_cast<int32_t>(i);
-          if (types[i] == TokenType::Control || types[i] == TokenType::Normal)
-            types[i] = TokenType::Unknown;
-          break;
-        }
-    }
-    if (byte_fallback) {
-      for (size_t i = 0; i < tokens.size(); ++i)
-        if (types[i] == TokenType::Normal && tokens[i].size() == 6 &&
-            tokens[i].starts_with("<0x") && tokens[i].ends_with(">"))
-          types[i] = TokenType::Byte;
-    }
-    spec.vocab = Vocab(std::move(tokens), std::move(types));
-    tok = std::make_unique<SentencePieceTokenizer>(std::move(spec));
+    tok = sentencepiece_from_hf(model, pre, std::move(vocab), byte_fallback, metaspace, prepend);
   } else {
     throw Error(fmt::format(
         "tokenizer.json: {} is neither byte-level BPE (ByteLevel pre-tokenizer/decoder) nor "
         "SentencePiece-style BPE (byte_fallback, Metaspace or a Prepend normalizer)",
         tokenizer_json_path));
   }
-
-  // Special tokens and the chat template from tokenizer_config.json; BOS falls back to
-  // what the post-processor template puts first.
-  TokenizerMeta meta;
-  const std::string post_bos = template_bos(j.value("post_processor", json()));
-  std::string bos = post_bos, eos;
-  meta.add_bos = !post_bos.empty();
-  if (!tokenizer_config_path.empty()) {
-    const json cfg = read_json(tokenizer_config_path);
-    if (cfg.contains("bos_token")) bos = token_content(cfg["bos_token"]);
-    if (cfg.contains("eos_token")) eos = token_content(cfg["eos_token"]);
-    meta.add_bos = bool_or(cfg, "add_bos_token", meta.add_bos);
-    if (cfg.contains("chat_template")) {
-      const json& ct = cfg["chat_template"];
-      if (ct.is_string()) {
-        meta.chat_template = ct.get<std::string>();
-      } else if (ct.is_array()) {  // named templates: take "default", else the first
-        for (const json& t : ct) {
-          if (meta.chat_template.empty() || str_or(t, "name", "") == "default")
-            meta.chat_template = str_or(t, "template", "");
-        }
-      }
-    }
-  }
-  if (!bos.empty()) {
-    meta.bos_id = tok->token_id(bos);
-    DHS_CHECK(meta.bos_id >= 0, "tokenizer: bos token '{}' is not in the vocabulary", bos);
-  }
-  if (!eos.empty()) {
-    meta.eos_id = tok->token_id(eos);
-    DHS_CHECK(meta.eos_id >= 0, "tokenizer: eos token '{}' is not in the vocabulary", eos);
-  }
-  tok->set_meta(meta);
+  tok->set_meta(read_hf_meta(j, tokenizer_config_path, *tok));
   return tok;
 }
 
