@@ -140,61 +140,99 @@ bool needs_minmax(const std::string& spec) {
 
 }  // namespace
 
-int run_e2e_bench(const E2eBenchOptions& opts) {
-  cuda::set_pdl_chain(opts.pdl);
-  const cuda::GemvKernel gemv_kernel{.tensor_cores = opts.gemv_tc};  // every model's (LlamaCuda::gemm)
-  const auto& ctxs = opts.ctx;
-  const auto& batches = opts.batch;
-  const auto& prefills = opts.prefill;
-  const std::string& out = opts.out;
-  const std::string& commit = opts.commit;
-  if (cuda::device_count() == 0) {
-    std::printf("SKIP: no GPU\n");
-    return 77;
+// A bench policy: the engine's PolicySpec plus what only the bench has (traced per-head budget
+// fractions, Quest's token budget), read from its spelling (--policies).
+struct BenchPolicy {
+  PolicySpec spec;
+  std::vector<float> frac;  // per (layer, KV head) budget fractions of a trace, or empty
+  double gamma = 1.0;
+  std::string budgets = "all pages";
+  int reselect_every = 1;
+  bool dense_label = false;  // spelled "dense": the step other rows are compared with
+};
+
+BenchPolicy parse_bench_policy(const std::string& pol_spec, const E2eBenchOptions& opts, const ModelConfig& cfg) {
+  BenchPolicy bp;
+  // "/R" last: each layer selects every R steps (staggered), reusing its lists between.
+  std::string spec = pol_spec;
+  if (const size_t sl = spec.rfind('/'); sl != std::string::npos) {
+    bp.reselect_every = std::stoi(spec.substr(sl + 1));
+    spec = spec.substr(0, sl);
   }
-  cudaDeviceProp prop;
-  cudaGetDeviceProperties(&prop, 0);
-  const double copy_gbps = measure_copy_gbps();
-  std::printf("gpu %s, device copy %.0f GB/s (read+write)\n", prop.name, copy_gbps);
-  std::ofstream jl(out, std::ios::app);
-  const ModelConfig cfg = model_shape("llama3-8b");
+  // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
+  const bool sketch = chosen_by_sketch(spec);
+  const std::string pol = sketch ? spec.substr(0, spec.size() - kSketchSuffix.size()) : spec;
+  PolicySpec& pc = bp.spec;
+  pc.reselect_every = bp.reselect_every;
+  pc.estimator = sketch ? "sketch4" : "minmax";
+  bp.dense_label = pol == "dense";
+  if (pol == "dense") {
+    pc.rule = SelectRule::Dense;
+  } else if (pol.rfind("trace:", 0) == 0) {
+    const BudgetTrace tr = load_budget_trace(opts.trace, pol.substr(6), opts.trace_len);
+    pc.rule = SelectRule::TopK;
+    bp.frac = tr.mapped(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv));
+    if (tr.label.rfind("coverage-", 0) == 0) bp.gamma = std::stod(tr.label.substr(9));
+    bp.budgets = "per-(layer, KV head) fractions replayed from " + tr.model + " at " + std::to_string(tr.length) + " tokens";
+  } else if (pol.rfind("quest:", 0) == 0) {
+    pc.rule = SelectRule::TopK;
+    pc.budget = std::stoi(pol.substr(6)) / 16;
+    bp.budgets = "top-k, " + pol.substr(6) + " tokens per list";
+  } else {
+    // Any rule of the engine's grammar (sparse/policy_spec.h) with its value, e.g. coverage:0.99 or
+    // topfrac:0.3, in the bench's spelling: "@sketch4" then "/R" after it (read above), minmax otherwise.
+    pc = PolicySpec::parse(pol, pc);
+    bp.budgets = pc.str();
+  }
+  return bp;
+}
+
+// The weight GEMMs of one layer per batch size and kernel path (--gemm-batch), rows to --gemm-out.
+void time_weight_gemms(const E2eBenchOptions& opts, const ModelConfig& cfg, const cudaDeviceProp& prop, double copy_gbps) {
+  const std::string& commit = opts.commit;
+  std::ofstream gl(opts.gemm_out, std::ios::app);
+  cudaStream_t s;
+  DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cuda::Gemm gemm;
+  const double layer_bytes = 2.0 * cfg.hidden * ((cfg.n_heads_q + 2 * cfg.n_heads_kv) * cfg.head_dim +
+                                                 cfg.n_heads_q * cfg.head_dim + 3 * cfg.ffn_hidden);
+  std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
+  for (int64_t b : opts.gemm_batch)
+    for (int path = 0; path < 2 + static_cast<int>(opts.gemv_tc_shapes.size()); ++path) {
+      // cuBLASLt for every shape, the CUDA-core GEMV, the tensor-core GEMV per ring shape
+      const bool gemv = path != 0;
+      if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernels' limit)
+      gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
+      const int ring = path >= 2 ? opts.gemv_tc_shapes[static_cast<size_t>(path - 2)] : 0;
+      gemm.set_gemv_kernel(cuda::GemvKernel{.tensor_cores = path >= 2, .tc_shape = ring});
+      const std::string impl_s = path == 0   ? "dhisparse-cublaslt"
+                                 : path == 1 ? "dhisparse-gemv-cudacore"
+                                 : ring == 0 ? "dhisparse-gemv"
+                                             : "dhisparse-gemv-ring" + std::to_string(ring);
+      const char* impl = impl_s.c_str();
+      const double us = time_layer_gemms(cfg, b, gemm, s);
+      std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
+      gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
+         << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
+         << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (gemm.gemv_kernel().tensor_cores ? "true" : "false")
+         << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
+    }
+  DHS_CUDA_CHECK(cudaStreamDestroy(s));
+
+}
+
+// TPOT per (context, batch, policy) on random weights and random KV, rows to --out.
+void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, const cudaDeviceProp& prop, double copy_gbps,
+                       std::ofstream& jl) {
+  const cuda::GemvKernel gemv_kernel{.tensor_cores = opts.gemv_tc};  // every model's (LlamaCuda::gemm)
+  const std::string& commit = opts.commit;
   size_t free_b, total_b;
   cudaMemGetInfo(&free_b, &total_b);
   const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
   const double weights_est = 16.06e9;
-  if (!opts.gemm_batch.empty()) {
-    std::ofstream gl(opts.gemm_out, std::ios::app);
-    cudaStream_t s;
-    DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cuda::Gemm gemm;
-    const double layer_bytes = 2.0 * cfg.hidden * ((cfg.n_heads_q + 2 * cfg.n_heads_kv) * cfg.head_dim +
-                                                   cfg.n_heads_q * cfg.head_dim + 3 * cfg.ffn_hidden);
-    std::printf("%-26s %-5s %10s %9s\n", "weight GEMMs of one layer", "batch", "us", "GB/s");
-    for (int64_t b : opts.gemm_batch)
-      for (int path = 0; path < 2 + static_cast<int>(opts.gemv_tc_shapes.size()); ++path) {
-        // cuBLASLt for every shape, the CUDA-core GEMV, the tensor-core GEMV per ring shape
-        const bool gemv = path != 0;
-        if (gemv && b > cuda::kGemvMaxTok) continue;  // (the kernels' limit)
-        gemm.set_gemv_max_tok(gemv ? cuda::kGemvMaxTok : 0);
-        const int ring = path >= 2 ? opts.gemv_tc_shapes[static_cast<size_t>(path - 2)] : 0;
-        gemm.set_gemv_kernel(cuda::GemvKernel{.tensor_cores = path >= 2, .tc_shape = ring});
-        const std::string impl_s = path == 0   ? "dhisparse-cublaslt"
-                                   : path == 1 ? "dhisparse-gemv-cudacore"
-                                   : ring == 0 ? "dhisparse-gemv"
-                                               : "dhisparse-gemv-ring" + std::to_string(ring);
-        const char* impl = impl_s.c_str();
-        const double us = time_layer_gemms(cfg, b, gemm, s);
-        std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
-        gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
-           << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
-           << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (gemm.gemv_kernel().tensor_cores ? "true" : "false")
-           << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
-      }
-    DHS_CUDA_CHECK(cudaStreamDestroy(s));
-  }
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
-  for (int64_t ctx : ctxs)
-    for (int64_t batch : batches) {
+  for (int64_t ctx : opts.ctx)
+    for (int64_t batch : opts.batch) {
       const double kv = kv_per_token * static_cast<double>(ctx + 64) * static_cast<double>(batch);
       if (weights_est + kv + 6e9 > static_cast<double>(free_b)) {
         std::printf("%-7lld %-5lld  KV %.0f GB does not fit\n", static_cast<long long>(ctx), static_cast<long long>(batch), kv / 1e9);
@@ -230,67 +268,41 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       }
       double dense_ms = 0;
       for (const std::string& pol_spec : opts.policies) {
-        // "/R" last: each layer selects every R steps (staggered), reusing its lists between.
-        std::string spec = pol_spec;
-        int reselect_every = 1;
-        if (const size_t sl = spec.rfind('/'); sl != std::string::npos) {
-          reselect_every = std::stoi(spec.substr(sl + 1));
-          spec = spec.substr(0, sl);
-        }
-        // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
-        const bool sketch = chosen_by_sketch(spec);
-        const std::string pol = sketch ? spec.substr(0, spec.size() - kSketchSuffix.size()) : spec;
-        PolicySpec pc;
-        pc.reselect_every = reselect_every;
-        pc.estimator = sketch ? "sketch4" : "minmax";
-        std::vector<float> frac;
-        double gamma = 1.0;
-        std::string budgets = "all pages";
-        if (pol == "dense") {
-          pc.rule = SelectRule::Dense;
-        } else if (pol.rfind("trace:", 0) == 0) {
-          const BudgetTrace tr = load_budget_trace(opts.trace, pol.substr(6), opts.trace_len);
-          pc.rule = SelectRule::TopK;
-          frac = tr.mapped(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv));
-          if (tr.label.rfind("coverage-", 0) == 0) gamma = std::stod(tr.label.substr(9));
-          budgets = "per-(layer, KV head) fractions replayed from " + tr.model + " at " + std::to_string(tr.length) + " tokens";
-        } else if (pol.rfind("quest:", 0) == 0) {
-          pc.rule = SelectRule::TopK;
-          pc.budget = std::stoi(pol.substr(6)) / 16;
-          budgets = "top-k, " + pol.substr(6) + " tokens per list";
-        } else {
-          // Any rule of the engine's grammar (sparse/policy_spec.h) with its value, e.g. coverage:0.99 or
-          // topfrac:0.3, in the bench's spelling: "@sketch4" then "/R" after it (read above), minmax otherwise.
-          pc = PolicySpec::parse(pol, pc);
-          budgets = pc.str();
-        }
-        m->set_sparsity(pc, frac);
+        const BenchPolicy bp = parse_bench_policy(pol_spec, opts, cfg);
+        const PolicySpec& pc = bp.spec;
+        m->set_sparsity(pc, bp.frac);
         // time_decode_step hands the step's page back when it rolls the step back: room again.
         for (auto& t : ts)
           if (t.capacity_tokens() < t.n_tokens() + 1) t.reserve(m->allocator(), 1);
         const double ms = m->time_decode_step(b, 50);
         const double read_frac = pc.dense() ? 1.0 : m->sparsity_stats().read_frac();
         m->reset_sparsity_stats();
-        if (pol == "dense") dense_ms = ms;
+        if (bp.dense_label) dense_ms = ms;
         const double bytes = static_cast<double>(m->weight_bytes()) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
         const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
         std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-24s pages %.3f%s\n", static_cast<long long>(ctx),
                     static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
                     pol_spec.c_str(), read_frac,
-                    dense_ms > 0 && pol != "dense" ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
+                    dense_ms > 0 && !bp.dense_label ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
         jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
-           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << gamma
-           << ",\"reselect_every\":" << reselect_every << ",\"budgets\":\"" << budgets
+           << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << bp.gamma
+           << ",\"reselect_every\":" << bp.reselect_every << ",\"budgets\":\"" << bp.budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"gemv_tc\":" << (opts.gemv_tc ? "true" : "false") << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
       }
       for (auto& t : ts) t.release(m->allocator());
     }
+}
+
+// TTFT: a real chunked prefill of one request per --prefill length, rows to --out.
+void time_prefill(const E2eBenchOptions& opts, const ModelConfig& cfg, const cudaDeviceProp& prop, std::ofstream& jl) {
+  const cuda::GemvKernel gemv_kernel{.tensor_cores = opts.gemv_tc};
+  const std::string& commit = opts.commit;
   // Prefill: a real chunked prefill of one request (2048-token chunks), timed whole; the prefill
   // attention on mma.sync (variant 0), on warpgroup MMAs (1), warp-specialized (2) and with ping-pong
   // consumers and a 3-tile ring (3, the default; sm_90, head_dim 128), alternated twice: the A/B.
-  for (int64_t n : prefills) {
+  for (int64_t n : opts.prefill) {
     if (n <= 0) continue;  // --prefill 0: no TTFT run
     CudaModelOptions o;
     o.gemv_max_tok = opts.gemv_max_tok;
@@ -326,6 +338,23 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
       t.release(m->allocator());
     }
   }
+}
+
+int run_e2e_bench(const E2eBenchOptions& opts) {
+  cuda::set_pdl_chain(opts.pdl);
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const double copy_gbps = measure_copy_gbps();
+  std::printf("gpu %s, device copy %.0f GB/s (read+write)\n", prop.name, copy_gbps);
+  std::ofstream jl(opts.out, std::ios::app);
+  const ModelConfig cfg = model_shape("llama3-8b");
+  if (!opts.gemm_batch.empty()) time_weight_gemms(opts, cfg, prop, copy_gbps);
+  time_decode_steps(opts, cfg, prop, copy_gbps, jl);
+  time_prefill(opts, cfg, prop, jl);
   cuda::set_prefill_wgmma(true);
   cuda::set_prefill_sm90_shape(cuda::kPrefillSm90Default);
   return 0;
