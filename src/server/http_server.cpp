@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "server/connection_reaper.h"
+#include "server/connection_socket.h"
 #include "server/openai_protocol.h"
 #include "server/sse_stream.h"
 
@@ -55,7 +55,7 @@ void reply_error(httplib::Response& res, const ApiError& e) { reply_json(res, e.
 
 // An error after which the connection must end: the rest of the request (a body past its deadline,
 // or one we will not read) must not be parsed as the next request. The socket's reading side is
-// shut once the answer is written (connection_reaper.h): before it, httplib would take the
+// shut once the answer is written (connection_socket.h): before it, httplib would take the
 // connection for closed and not answer.
 void reply_error_and_close(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
   res.status = e.status;
@@ -129,7 +129,8 @@ struct HttpServer::Impl {
   void tokenize(const httplib::Request& req, httplib::Response& res);
   void detokenize(const httplib::Request& req, httplib::Response& res);
   void generate(Endpoint ep, const httplib::Request& req, httplib::Response& res);
-  void answer_whole(ServedModel& m, const ResponseMeta& meta, uint64_t id, RequestStream& stream, httplib::Response& res);
+  void answer_whole(ServedModel& m, const ResponseMeta& meta, uint64_t id, RequestStream& stream,
+                    const httplib::Request& req, httplib::Response& res);
   void answer_stream(ServedModel& m, const ResponseMeta& meta, bool include_usage, uint64_t id,
                      std::shared_ptr<RequestStream> stream, httplib::Response& res);
   HttpCounters counters() const {
@@ -339,18 +340,30 @@ void HttpServer::Impl::generate(Endpoint ep, const httplib::Request& req, httpli
   if (cr.stream)
     answer_stream(*m, meta, cr.include_usage, sr.id, std::move(stream), res);
   else
-    answer_whole(*m, meta, sr.id, *stream, res);
+    answer_whole(*m, meta, sr.id, *stream, req, res);
 }
 
 void HttpServer::Impl::answer_whole(ServedModel& m, const ResponseMeta& meta, uint64_t id, RequestStream& stream,
-                                    httplib::Response& res) {
+                                    const httplib::Request& req, httplib::Response& res) {
   // The scheduler ends every accepted request (shutdown aborts what is left), so this returns.
-  // A client that leaves meanwhile is not noticed here (httplib gives a handler no socket):
-  // its request runs to max_tokens; streaming clients are noticed (answer_stream).
+  // A client that leaves meanwhile is noticed on the connection's socket (connection_socket.h)
+  // at the next poll: its request is cancelled, as a stream's is, and the pages go back.
   ++n_generating;
+  const int fd = find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  bool cancelled = false;
+  auto next_check = std::chrono::steady_clock::now() + kPoll;
   StreamUpdate all, u;
   while (!all.finished) {
-    if (!stream.take(u, kPoll)) continue;
+    const bool got = stream.take(u, kPoll);
+    if (!cancelled && fd >= 0 && std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + kPoll;
+      if (peer_has_closed(fd)) {
+        m.scheduler().cancel(id);
+        cancelled = true;
+        ++n_disconnects;
+      }
+    }
+    if (!got) continue;
     all.text += u.text;
     all.n_prompt = u.n_prompt;
     all.n_generated = u.n_generated;

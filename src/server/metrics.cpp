@@ -98,7 +98,7 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.counter("dhisparse:http_requests_total", "HTTP requests answered.", static_cast<double>(http.n_http_requests));
   w.counter("dhisparse:http_client_errors_total", "HTTP requests answered with a 4xx.",
             static_cast<double>(http.n_client_errors));
-  w.counter("dhisparse:http_stream_disconnects_total", "Streams whose client left before the end (request cancelled).",
+  w.counter("dhisparse:http_stream_disconnects_total", "Requests whose client left before the end (streaming or not; the request is cancelled).",
             static_cast<double>(http.n_disconnects));
   w.gauge("dhisparse:http_open_streams", "SSE streams open now.", static_cast<double>(http.n_open_streams));
   return w.take();

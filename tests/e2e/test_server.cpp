@@ -6,6 +6,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -262,6 +267,37 @@ TEST_F(ServerTest, ClientLeavingMidStreamCancels) {
   const auto m = client_->Get("/metrics");
   ASSERT_EQ(m->status, 200);
   EXPECT_NE(m->body.find("dhisparse:kv_check_ok{model_name=\"smol\"} 1"), std::string::npos);
+}
+
+TEST_F(ServerTest, ClientLeavingWholeRequestCancels) {
+  start();
+  const uint64_t aborts_before = engine_->scheduler().stats().n_finished_abort;
+  const uint64_t gen_before = engine_->scheduler().stats().generation_tokens;
+  // A non-streaming request whose client closes its socket while the answer is generated.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"ignore_eos", true}}.dump();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(send(fd, (head + body).data(), head.size() + body.size(), 0), static_cast<ssize_t>(head.size() + body.size()));
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (engine_->scheduler().stats().generation_tokens < gen_before + 5 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(engine_->scheduler().stats().generation_tokens, gen_before + 5) << "the request did not start";
+  close(fd);
+  // Noticed at the handler's next poll (200 ms): the request ends as "abort", its pages return
+  // (TearDown checks the pool) before its 400 tokens.
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (engine_->scheduler().stats().n_finished_abort == aborts_before && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(engine_->scheduler().stats().n_finished_abort, aborts_before + 1);
+  EXPECT_EQ(server_->counters().n_disconnects, 1u);
+  EXPECT_LT(engine_->scheduler().stats().generation_tokens, gen_before + 400);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
-// stop_reading_connection (connection_reaper.h): a scan of /proc/self/fd for the socket whose
-// addresses match, then shutdown(SHUT_RD). Runs only on a failed body read, so the scan's cost
-// (one getsockname/getpeername pair per open descriptor) is not on any request's path.
-#include "server/connection_reaper.h"
+// connection_socket.h: the socket found by a scan of /proc/self/fd for the one whose addresses
+// match.
+#include "server/connection_socket.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -9,6 +8,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 namespace dhs::server {
@@ -47,12 +47,12 @@ bool ends_match(int fd, const std::string& local_addr, int local_port, const std
 
 }  // namespace
 
-bool stop_reading_connection(const std::string& local_addr, int local_port, const std::string& remote_addr,
-                             int remote_port) {
+int find_connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
+                           int remote_port) {
   DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return false;
+  if (!dir) return -1;
   const int dir_fd = dirfd(dir);
-  bool found = false;
+  int found = -1;
   while (const dirent* e = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
@@ -60,12 +60,24 @@ bool stop_reading_connection(const std::string& local_addr, int local_port, cons
     struct stat st{};
     if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     if (ends_match(static_cast<int>(fd), local_addr, local_port, remote_addr, remote_port)) {
-      found = shutdown(static_cast<int>(fd), SHUT_RD) == 0;
+      found = static_cast<int>(fd);
       break;
     }
   }
   closedir(dir);
   return found;
+}
+
+bool peer_has_closed(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+bool stop_reading_connection(const std::string& local_addr, int local_port, const std::string& remote_addr,
+                             int remote_port) {
+  const int fd = find_connection_socket(local_addr, local_port, remote_addr, remote_port);
+  return fd >= 0 && shutdown(fd, SHUT_RD) == 0;
 }
 
 }  // namespace dhs::server
