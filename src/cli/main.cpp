@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   dhs::cli::StdoutWriter out;
   std::string oom_while = "loading the model";  // what an std::bad_alloc interrupted, for its message
   try {
-    if (bench.parsed()) return bench.run();
+    if (bench.parsed()) return bench.run(argv[0]);
     if (info->parsed()) {
       std::cout << dhs::describe_model(dhs::cli::resolve_model(model, info->count("model") > 0));
       return dhs::cli::stdout_status(0);

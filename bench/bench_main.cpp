@@ -1,0 +1,56 @@
+// dhisparse-bench: time per output token and prefill of a Llama-3.1-8B-shaped model with random
+// bf16 weights on the GPU (e2e_bench.h). A tool apart from the product binary, which runs it for
+// `dhisparse bench ARGS` (src/cli/bench_command.cpp) when it sits next to it.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "bench/e2e_bench.h"
+#include "cli/cli_common.h"
+#include "cli/option_checks.h"
+
+int main(int argc, char** argv) {
+  using dhs::cli::int_in;
+  using dhs::cli::kMaxTokens;
+  CLI::App app{"GPU: time per output token and prefill of a Llama-3.1-8B-shaped model (random bf16 weights) at each "
+               "context x batch that fits in HBM",
+               "dhisparse bench"};
+  dhs::E2eBenchOptions bo;
+  bo.ctx = {8192, 32768, 131072};
+  bo.batch = {1, 4, 8, 32};
+  bo.prefill = {32768};
+  bo.out = "bench/results/decode_e2e.jsonl";
+  bo.commit = "unknown";
+  bo.policies = {"dense"};
+  bo.gemm_batch = {1, 4, 8, 32};
+  bo.gemm_out = "bench/results/weight_gemm.jsonl";
+  bo.gemv_max_tok = 8;
+  bo.gemv_tc_shapes = {0};
+  bool no_gemm = false, no_pdl = false, no_gemv_tc = false;
+  app.add_option("--ctx", bo.ctx, "Context lengths")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
+  app.add_option("--batch", bo.batch, "Batch sizes")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
+  app.add_option("--prefill", bo.prefill, "Prompt lengths for the TTFT runs (0: none)")->delimiter(',')->check(int_in(0, kMaxTokens))->capture_default_str();
+  app.add_option("--out", bo.out, "JSON lines are appended here")->capture_default_str();
+  app.add_option("--commit", bo.commit, "Commit recorded in each row");
+  app.add_option("--policies", bo.policies, "dense, trace:LABEL (per-head budgets from --trace), quest:TOKENS, or any --sparse-policy rule with its value (coverage:0.99, topfrac:0.3, ...); each optionally @sketch4 (chosen by the key sketch, else MinMax summaries), then /R (select every R steps)")->delimiter(',')->capture_default_str();
+  app.add_option("--trace", bo.trace, "Budget trace of a real model (dhisparse eval --trace-out)");
+  app.add_option("--trace-len", bo.trace_len, "Prompt length of the trace to replay (0: its longest)")->check(int_in(0, kMaxTokens));
+  app.add_option("--gemm-batch", bo.gemm_batch, "Batch sizes of the one-layer weight GEMM timing")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
+  app.add_option("--gemm-out", bo.gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
+  app.add_flag("--no-gemm", no_gemm, "Skip the weight GEMM timing");
+  app.add_flag("--no-pdl", no_pdl, "Launch the decode step's kernels plainly, not as programmatic dependents");
+  app.add_option("--gemv-max-tok", bo.gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(int_in(0, 8))->capture_default_str();
+  app.add_option("--gemv-tc-shapes", bo.gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(int_in(0, 4));
+  app.add_flag("--no-gemv-tc", no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
+  CLI11_PARSE(app, argc, argv);
+  if (no_gemm) bo.gemm_batch.clear();
+  bo.pdl = !no_pdl;
+  bo.gemv_tc = !no_gemv_tc;
+  try {
+    return dhs::run_e2e_bench(bo);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
