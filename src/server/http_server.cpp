@@ -81,6 +81,7 @@ struct HttpServer::Impl {
   ServerOptions opts;
   httplib::Server svr;
   std::atomic<ServedModel*> model{nullptr};
+  std::set<std::string> routed_paths;  // filled by route() before the server starts; read only after
   std::atomic<bool> shutting_down{false};
   std::atomic<bool> stopped{false};
   std::mutex shutdown_mu;
@@ -205,6 +206,7 @@ void HttpServer::Impl::route(const Route& r, const httplib::Server::Handler& h) 
     wrapped(full, res);
   };
   const std::string pattern = r.path;  // literal paths: no regex metacharacters in them
+  routed_paths.insert(pattern);
   svr.Get(pattern, wrapped);  // GET and OPTIONS with a body are refused before it is read (install_routes)
   svr.Options(pattern, wrapped);
   svr.Post(pattern, with_body);
@@ -238,13 +240,18 @@ void HttpServer::Impl::install_routes() {
     reply_error(res, ApiError{res.status, msg, ""});
     return httplib::Server::HandlerResponse::Handled;
   }));
-  // A body on a method whose body httplib reads itself (GET, OPTIONS, HEAD) would escape the
-  // body deadline: none of our routes takes one, so refuse it before it is read.
-  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-    const bool reads_own_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+  // A body that httplib would read itself escapes the body deadline: one on GET, OPTIONS or HEAD
+  // (none of our routes takes one), or any on a path we do not route. Refused before it is read.
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool has_body = req.has_header("Transfer-Encoding") ||
                           (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
-    if (reads_own_body || !has_body) return httplib::Server::HandlerResponse::Unhandled;
+    if (!has_body) return httplib::Server::HandlerResponse::Unhandled;
+    if (routed_paths.count(req.path) == 0) {
+      reply_error_and_close(req, res, ApiError{404, "no route " + req.method + " " + req.path, ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool reads_own_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+    if (reads_own_body) return httplib::Server::HandlerResponse::Unhandled;
     reply_error_and_close(req, res, ApiError{400, req.method + " takes no request body", ""});
     return httplib::Server::HandlerResponse::Handled;
   });
