@@ -370,6 +370,21 @@ def test_get_with_a_body_is_refused_and_closed(server):
     assert b"takes no request body" in got
 
 
+def test_body_to_an_unknown_path_is_refused_and_closed(server):
+    # httplib would read it itself, outside the body deadline: 404 before reading, then close.
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(b"POST /v1/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\nab")
+    got = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    s.close()
+    assert got.startswith(b"HTTP/1.1 404"), got[:200]
+    assert b'"error"' in got
+
+
 def test_sigterm_exits_with_a_trickling_client():
     srv = Server([], name="trickle").start()
     stop = threading.Event()
