@@ -63,7 +63,10 @@ def test_queue_full_is_429(server):
     results = asyncio.run(burst())
     n429 = results.count("429")
     print(f"\n10 at once with --max-num-seqs 1 --max-waiting 2: {results.count('ok')} ok, {n429} got 429")
-    assert results.count("ok") >= 3 and n429 >= 1, results
+    # The queue holds 2, so the first two arrivals are always taken; whether the scheduler thread has
+    # moved one into the single running slot before the third arrives is timing (a loaded CI machine
+    # gave 2 ok), so 2 is the bound that holds, and 10 at once must overflow 1 + 2.
+    assert results.count("ok") >= 2 and n429 >= 1, results
     m = server.wait_idle()
     assert_pool_clean(m)
     rejected = m["dhisparse:requests_rejected_queue_full_total"] - before["dhisparse:requests_rejected_queue_full_total"]
