@@ -79,6 +79,11 @@ struct GenerateOptions {
   int64_t max_tokens = 256;
   std::vector<std::string> stop;    // stop strings (not included in the output)
   bool ignore_eos = false;
+  // This request's own sparse policy (PolicySpec's grammar, e.g. "coverage:0.95", "dense",
+  // "sinkwindow:64"), over the engine's: a request may choose its rule and the rule's values;
+  // the estimator, combine, reselect schedule and dense thresholds stay the engine's
+  // (PolicySpec::as_request_policy says why). Empty: the engine's policy.
+  std::string sparse_policy;
 };
 
 struct GenerateResult {

@@ -65,6 +65,8 @@ struct ContinuousScheduler::Request {
   double t_arrival = 0.0, t_first = -1.0, t_last = 0.0;
   bool cancelled = false;
   bool counted_prompt = false;   // prompt tokens counted in the stats (once, not again on recompute)
+  bool own_policy = false;       // options.sparse_policy given: `policy` is the request's own
+  PolicySpec policy;             // (as_request_policy over the runner's at submit)
   RequestEvent event;            // what this step has for the sink
   bool finished = false;
 
@@ -128,6 +130,14 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
   } catch (const Error& e) {
     return invalid(e.what());
   }
+  PolicySpec own_policy;
+  if (!params.options.sparse_policy.empty()) {
+    try {
+      own_policy = PolicySpec::parse(params.options.sparse_policy, runner_.policy()).as_request_policy(runner_.policy());
+    } catch (const Error& e) {
+      return invalid(e.what());
+    }
+  }
   // The pages its prompt and first token take, against the whole pool: a request that can
   // never be admitted is refused now rather than waiting forever.
   const int64_t page_size = runner_.pages().page_size();
@@ -154,6 +164,8 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
   auto r = std::make_unique<Request>(next_id_++, std::move(params), std::move(sink), tok_, runner_.config(),
                                      static_cast<int>(page_size));
   r->t_arrival = clock_->now();
+  r->own_policy = !r->params.options.sparse_policy.empty();
+  r->policy = own_policy;
   res.id = r->id;
   waiting_.push_back(std::move(r));
   lk.unlock();
@@ -372,7 +384,9 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
     Request& r = *row.req;
     const bool at_end = row.n == r.remaining();
     const bool sample = at_end && r.n_generated < r.params.options.max_tokens;
-    batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history});
+    // (The runner's policy may have changed since submit: eval sets one per run, between runs.)
+    const PolicySpec* own = r.own_policy && !(r.policy == runner_.policy()) ? &r.policy : nullptr;
+    batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});
   }
   std::string failure;
   try {

@@ -1,4 +1,7 @@
 // StepRunner on the CPU backend.
+#include <map>
+#include <string>
+
 #include "core/error.h"
 #include "engine/host_sampling.h"
 #include "engine/step_runner.h"
@@ -38,10 +41,13 @@ class CpuRunner final : public StepRunner {
     DHS_CHECK(!spec.scores() || summaries_, "--sparse-policy {}: the engine was loaded dense, without page summaries",
               spec.str());
     policy_ = spec.dense() ? nullptr : make_policy(spec);
+    spec_ = spec;
+    own_.clear();
     if (policy_ && summaries_ && spec.scores() && make_estimator(spec.estimator)->needs_two_bit_codes())
       summaries_->enable_two_bit_codes(*pool_);  // (re-encodes the rows already appended)
     model_->set_sparsity(policy_.get(), summaries_.get(), spec.reselect_every, spec.min_step_tokens, spec.dense_below);
   }
+  const PolicySpec& policy() const override { return spec_; }
   const ModelConfig& config() const override { return model_->config(); }
   PagePool& pages() override { return *pool_; }
   // The CPU forward takes any batch; the pool's size is what limits it.
@@ -100,7 +106,7 @@ class CpuRunner final : public StepRunner {
     std::vector<LlamaCpu::Seq> seqs;
     bool any_sample = false;
     for (const StepRequest& r : batch) {
-      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new});
+      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new, r.policy ? own_policy(*r.policy) : nullptr});
       any_sample = any_sample || r.sample;
     }
     out->logits.clear();
@@ -114,7 +120,19 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<HostSampling> sampling_;
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;
+  // A request's own policy (StepRequest::policy), made once per spelling while the engine's stays.
+  const SelectionPolicy* own_policy(const PolicySpec& spec) {
+    auto& p = own_[spec.key()];
+    if (!p) {
+      DHS_CHECK(policy_ != nullptr, "a request's own sparse policy on a dense engine");  // (as_request_policy refuses it)
+      p = make_policy(spec);
+    }
+    return p.get();
+  }
+
   std::unique_ptr<SelectionPolicy> policy_;
+  PolicySpec spec_;
+  std::map<std::string, std::unique_ptr<SelectionPolicy>> own_;
   std::unique_ptr<PageSummaryStore> summaries_;
   std::vector<std::vector<float>> queries_;  // [n_layers][T, Hq, D] while capturing
 };

@@ -57,7 +57,11 @@ class CudaRunner final : public StepRunner {
     begun_.assign(static_cast<size_t>(max_batch_), false);
     if (!o.policy.dense()) set_policy(o.policy);
   }
-  void set_policy(const PolicySpec& spec) override { model_->set_sparsity(spec); }
+  void set_policy(const PolicySpec& spec) override {
+    model_->set_sparsity(spec);
+    policy_ = spec;
+  }
+  const PolicySpec& policy() const override { return policy_; }
   double fit_key_basis(const PageTable&, int64_t, int, bool) override {
     throw Error("the projected key sketch (psketch4:R, qsketch4:R) is a CPU experiment so far: --device cpu");
   }
@@ -106,6 +110,7 @@ class CudaRunner final : public StepRunner {
       const size_t s = static_cast<size_t>(r.slot);
       DHS_CHECK(!r.sample || begun_[s], "sampling slot {} before begin_request", r.slot);
       LlamaCuda::Seq q{r.table, r.slot, r.tokens, r.n_new};
+      q.policy = r.policy;
       if (r.sample) {
         q.sampling = &rows_[s];
         q.rng_offset = rng_[s];
@@ -131,6 +136,7 @@ class CudaRunner final : public StepRunner {
   }
 
   int max_batch_ = 1;
+  PolicySpec policy_;
   std::unique_ptr<LlamaCuda> model_;
   std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters
   std::vector<uint64_t> rng_;            // [max_batch] draws made in each slot's stream

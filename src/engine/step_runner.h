@@ -28,6 +28,9 @@ struct StepRequest {
   // history: its tokens so far, prompt included (the repetition penalty reads them).
   bool sample = false;
   const std::vector<int32_t>* history = nullptr;
+  // This request's own sparse policy where it differs from the runner's (as_request_policy
+  // checked it against policy()); null: the runner's. Read by decode steps.
+  const PolicySpec* policy = nullptr;
 };
 
 struct StepOutput {
@@ -57,6 +60,8 @@ class StepRunner {
   // The policy of the following decode steps (prefill stays dense). Scoring policies
   // need page summaries, kept when the runner was built with a sparse policy.
   virtual void set_policy(const PolicySpec& spec) = 0;
+  // The policy set last (the engine's; requests may carry their own, StepRequest::policy).
+  virtual const PolicySpec& policy() const = 0;
   // Fits and installs the projected sketch's key basis from the first n_tokens keys of `table`
   // (Engine::calibrate_key_basis); returns the mean variance fraction kept.
   // query_aware: from the queries recorded since capture_queries(true) too (fit_qk_basis).

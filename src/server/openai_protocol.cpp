@@ -342,6 +342,10 @@ std::optional<ApiError> parse_completion_request(Endpoint endpoint, std::string_
   if (auto e = parse_sampling(f, out)) return e;
   if (auto e = parse_stop(f, out.options.stop)) return e;
   if (auto e = f.boolean("ignore_eos", out.options.ignore_eos)) return e;
+  // dhisparse's own field: the request's sparse policy (PolicySpec's grammar, "coverage:0.95");
+  // what it may choose is checked against the server's at submit (a 400 saying why).
+  if (auto e = f.string("sparse_policy", out.options.sparse_policy)) return e;
+  if (out.options.sparse_policy.size() > 256) return bad("'sparse_policy' is longer than 256 characters", "sparse_policy");
   std::optional<int64_t> max_tokens, max_completion_tokens;
   if (auto e = f.integer("max_tokens", 1, kIntLimit, max_tokens)) return e;
   if (auto e = f.integer("max_completion_tokens", 1, kIntLimit, max_completion_tokens)) return e;

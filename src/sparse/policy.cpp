@@ -100,15 +100,20 @@ std::vector<int32_t> top_k_set(const std::vector<double>& mass, int n_sink, int 
 }
 
 PageLists SelectionPolicy::select(const SelectionInput& in) const {
+  DHS_ASSERT(in.tables);
+  return select_each(in, std::vector<const SelectionPolicy*>(in.tables->size(), this));
+}
+
+PageLists select_each(const SelectionInput& in, const std::vector<const SelectionPolicy*>& policies) {
   DHS_ASSERT(in.tables && in.seq_len && in.q_indptr && !in.tables->empty());
-  DHS_ASSERT(in.tables->size() == in.seq_len->size());
+  DHS_ASSERT(in.tables->size() == in.seq_len->size() && policies.size() == in.tables->size());
   const int n_req = static_cast<int>(in.tables->size());
   const int hkv = (*in.tables)[0]->n_heads_kv();
   std::vector<RequestPages> chosen(static_cast<size_t>(n_req));
   ThreadPool::global().parallel_for(n_req, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) {
       DHS_ASSERT((*in.seq_len)[static_cast<size_t>(r)] <= (*in.tables)[static_cast<size_t>(r)]->capacity_tokens());
-      select_request(in, static_cast<int>(r), &chosen[static_cast<size_t>(r)]);
+      policies[static_cast<size_t>(r)]->select_request(in, static_cast<int>(r), &chosen[static_cast<size_t>(r)]);
     }
   });
 

@@ -146,6 +146,10 @@ class DenseBelowPolicy final : public SelectionPolicy {
 // reselect_every are read by the runners.
 std::unique_ptr<SelectionPolicy> make_policy(const PolicySpec& spec);
 
+// One layer's page lists with each request's own policy (policies[r], one per request of
+// in.tables); SelectionPolicy::select is this with one policy for all.
+PageLists select_each(const SelectionInput& in, const std::vector<const SelectionPolicy*>& policies);
+
 // Whether a decode step whose requests hold seq_len tokens (this step's included) runs the policy:
 // not when every request is shorter than dense_below (> 0), nor when they hold fewer than
 // min_step_tokens in all. Such a step reads every page and selects nothing; both backends ask

@@ -68,6 +68,17 @@ struct PolicySpec {
   // Throws dhs::Error for a field out of range or a combination that means nothing.
   void validate() const;
 
+  // A request's own policy on an engine running `engine` (the server's --sparse-policy): what a
+  // request may change is its rule and the rule's values (gamma, budget, frac, sinks, recents);
+  // the rest is the engine's, because it is what the engine keeps or how its step is built:
+  // the estimator (the page data appended for it), combine, reselect_every (one schedule per
+  // step), the dense thresholds (one decision per step). A scoring rule needs a scoring engine
+  // policy (its page data and scoring kernels); SoloHead shares one set over the heads (a
+  // different select launch on the GPU), so it is neither asked for nor overridden per request.
+  // Throws dhs::Error saying which field is the engine's. Returns the request's spec with the
+  // engine's fields filled in.
+  PolicySpec as_request_policy(const PolicySpec& engine) const;
+
   bool dense() const { return rule == SelectRule::Dense; }
   bool scores() const { return rule_info(rule).scores; }
   const char* rule_name() const { return rule_info(rule).name; }

@@ -289,6 +289,105 @@ TEST(CudaServing, RunnerSamplesOnDevice) {
   expect_pool_empty(run->pages(), "RunnerSamplesOnDevice");
 }
 
+// Requests with their own sparse policy (StepRequest::policy) in one graph-captured decode step:
+// each reads the pages its policy gives (counted exactly for dense and sink + window rows) and
+// gets the logits it gets alone on a runner of its policy (the tolerance of BatchedDecodeEqualsSolo:
+// 2% of the largest |logit|; a row read with another request's pages moves its logits by units).
+TEST(CudaServing, RequestPoliciesInOneStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const ModelConfig cfg = tiny_config();
+  ConfigSource src(cfg);
+  const char* engine_policy = "coverage:0.9@sketch4";
+  auto make = [&](const char* policy) {
+    EngineOptions o;
+    o.device = "cuda";
+    o.load_format = "dummy";
+    o.max_batch = 4;
+    o.kv_blocks = 4 * 24;  // four requests of up to 384 tokens
+    o.policy = PolicySpec::parse(policy);
+    return make_cuda_runner(src, o, 384);
+  };
+  const std::vector<std::string> own = {"dense", "sinkwindow:3", "sinkwindow:6", ""};  // "": the engine's
+  std::mt19937 rng(23);
+  std::vector<std::vector<int32_t>> prompts, decode;
+  for (size_t i = 0; i < own.size(); ++i) {
+    prompts.push_back(random_ids(300 + 7 * static_cast<int>(i), static_cast<int>(cfg.vocab_size), rng));
+    decode.push_back(random_ids(3, static_cast<int>(cfg.vocab_size), rng));
+  }
+  const int64_t V = cfg.vocab_size;
+  // Prefill alone, then the decode steps of all requests together; logits [step][n_req * V] and
+  // the pages the decode steps read.
+  auto run = [&](StepRunner& r, const std::vector<size_t>& which, const std::vector<const PolicySpec*>& policies,
+                 uint64_t* read) {
+    std::vector<PageTable> tables;
+    for (size_t i = 0; i < which.size(); ++i) tables.emplace_back(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
+    StepOutput out;
+    for (size_t i = 0; i < which.size(); ++i) {
+      const std::vector<int32_t>& p = prompts[which[i]];
+      EXPECT_TRUE(tables[i].reserve(r.pages(), static_cast<int64_t>(p.size())));
+      r.step({StepRequest{&tables[i], static_cast<int>(i), p.data(), static_cast<int64_t>(p.size())}}, &out, false);
+    }
+    (void)r.take_page_counts();
+    std::vector<std::vector<float>> logits;
+    for (size_t k = 0; k < 3; ++k) {
+      std::vector<StepRequest> batch;
+      for (size_t i = 0; i < which.size(); ++i) {
+        EXPECT_TRUE(tables[i].reserve(r.pages(), 1));
+        StepRequest q{&tables[i], static_cast<int>(i), &decode[which[i]][k], 1};
+        q.policy = policies[i];
+        batch.push_back(q);
+      }
+      r.step(batch, &out, true);
+      logits.push_back(out.logits);
+    }
+    *read = r.take_page_counts().read;
+    for (PageTable& t : tables) t.release(r.pages());
+    expect_pool_empty(r.pages(), "RequestPoliciesInOneStep");
+    return logits;
+  };
+  auto mixed_runner = make(engine_policy);
+  std::vector<PolicySpec> specs;
+  std::vector<const PolicySpec*> ptrs;
+  for (const std::string& s : own)
+    specs.push_back(s.empty() ? mixed_runner->policy()
+                              : PolicySpec::parse(s, mixed_runner->policy()).as_request_policy(mixed_runner->policy()));
+  for (size_t i = 0; i < own.size(); ++i) ptrs.push_back(own[i].empty() ? nullptr : &specs[i]);
+  uint64_t mixed_read = 0;
+  const auto mixed = run(*mixed_runner, {0, 1, 2, 3}, ptrs, &mixed_read);
+
+  const int64_t lh = cfg.n_layers * cfg.n_heads_kv;
+  uint64_t coverage_solo = 0, exact_rows = 0;
+  for (size_t i = 0; i < own.size(); ++i) {
+    auto solo_runner = make(own[i].empty() ? engine_policy : own[i].c_str());
+    uint64_t solo_read = 0;
+    const auto solo = run(*solo_runner, {i}, {nullptr}, &solo_read);
+    if (i == 3) coverage_solo = solo_read;
+    for (size_t k = 0; k < 3; ++k) {
+      const float* got = mixed[k].data() + static_cast<int64_t>(i) * V;
+      float scale = 0.0f, diff = 0.0f;
+      for (int64_t v = 0; v < V; ++v) {
+        scale = std::max(scale, std::fabs(solo[k][static_cast<size_t>(v)]));
+        diff = std::max(diff, std::fabs(got[v] - solo[k][static_cast<size_t>(v)]));
+      }
+      EXPECT_LE(diff, 0.02f * scale) << "request " << i << " (" << (own[i].empty() ? engine_policy : own[i]) << ") step " << k;
+    }
+    // Pages of the dense and sink + window rows: every page, or min(budget, pages), per layer and head.
+    if (i < 3) {
+      uint64_t want = 0;
+      for (int64_t k = 0; k < 3; ++k) {
+        const int64_t pages = (static_cast<int64_t>(prompts[i].size()) + k + 1 + 15) / 16;
+        want += static_cast<uint64_t>(lh * (i == 0 ? pages : std::min<int64_t>(i == 1 ? 3 : 6, pages)));
+      }
+      if (i > 0) EXPECT_EQ(solo_read, want) << "request " << i << " alone";  // (a dense engine counts nothing)
+      exact_rows += want;
+    }
+  }
+  // The coverage row's count may move by a page where batched bf16 scores cross the cut.
+  const double slack = 0.02 * static_cast<double>(lh) * 3 * 20;
+  EXPECT_NEAR(static_cast<double>(mixed_read), static_cast<double>(exact_rows + coverage_solo), slack);
+  EXPECT_GT(mixed_read, exact_rows) << "the coverage row read nothing";
+}
+
 // Decode step time against batch size, 8B shape, 8k context, one model of max batch 64: each batch
 // size runs its bucket's graph (17 -> 32 rows: the padding's cost shows as 17 against 16 and 32).
 TEST(CudaServing, DecodeBatchTiming) {

@@ -246,12 +246,12 @@ _alone_lock = threading.Lock()
 
 def generate_alone(prompt: str, max_tokens: int, *, chat: bool = False, stop: list[str] | None = None,
                    ignore_eos: bool = False, sampling: dict | None = None, threads: int = 1,
-                   timeout: float = 300) -> str:
+                   timeout: float = 300, args: list[str] | None = None) -> str:
     """What `dhisparse generate -q` prints for this prompt run alone (greedy unless `sampling` says
-    otherwise, in the server's field names): the text, then a
+    otherwise, in the server's field names; `args`: more flags of generate): the text, then a
     newline unless the text is empty or already ends in one. Compare with as_cli_prints(text)."""
     sampling = dict(sampling or {})
-    key = (prompt, max_tokens, chat, tuple(stop or ()), ignore_eos, tuple(sorted(sampling.items())))
+    key = (prompt, max_tokens, chat, tuple(stop or ()), ignore_eos, tuple(sorted(sampling.items())), tuple(args or ()))
     with _alone_lock:
         if key in _alone_cache:
             return _alone_cache[key]
@@ -276,6 +276,7 @@ def generate_alone(prompt: str, max_tokens: int, *, chat: bool = False, stop: li
             cmd += ["--stop", s]
         if ignore_eos:
             cmd.append("--ignore-eos")
+        cmd += list(args or [])  # e.g. --sparse-policy
         r = subprocess.run(cmd, capture_output=True, timeout=timeout)
     finally:
         os.unlink(prompt_file)

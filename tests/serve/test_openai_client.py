@@ -164,6 +164,17 @@ def test_unsupported_fields_are_400(client):
         client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=10**9)
 
 
+def test_request_policy_on_a_dense_server(client):
+    # This server runs dense and keeps no page data: a request may ask for dense, nothing that selects.
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0,
+                                  extra_body={"sparse_policy": "dense"})
+    assert r.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4,
+                                  extra_body={"sparse_policy": "coverage:0.9"})
+    assert "dense" in str(e.value)
+
+
 def test_token_id_prompt(client, server):
     status, tok = server.post_json("/tokenize", {"prompt": PROMPT})
     assert status == 200, tok

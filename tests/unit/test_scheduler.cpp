@@ -6,6 +6,8 @@
 // through the scheduler: tests/e2e/test_engine.cpp.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <map>
 #include <set>
@@ -57,6 +59,7 @@ class ScriptRunner final : public StepRunner {
       for (int64_t k = 0; k < r.n_new; ++k) EXPECT_EQ(r.tokens[k], (*r.history)[static_cast<size_t>(r.table->n_tokens() + k)]);
       r.table->commit(r.n_new);
       tokens += r.n_new;
+      if (r.sample) policies_seen.push_back(r.policy ? r.policy->str() : std::string("-"));
       if (r.sample) {
         EXPECT_EQ(r.table->n_tokens(), static_cast<int64_t>(r.history->size())) << "sampled before the last row";
         out->sampled[i] = script_[r.history->size() % script_.size()];
@@ -67,15 +70,18 @@ class ScriptRunner final : public StepRunner {
     if (clock_) clock_->t = clock_->t + 1.0;  // a step takes a second
   }
   PageCounts take_page_counts() override { return {}; }
-  void set_policy(const PolicySpec&) override {}
+  void set_policy(const PolicySpec& spec) override { policy_ = spec; }
+  const PolicySpec& policy() const override { return policy_; }
   double fit_key_basis(const PageTable&, int64_t, int, bool) override { return 0.0; }
   void capture_queries(bool) override {}
 
   std::vector<int> step_sizes;
+  std::vector<std::string> policies_seen;  // per sampled row: its own policy's spelling, "-" for the runner's
   std::vector<int64_t> step_tokens;
   std::vector<int> begun;
 
  private:
+  PolicySpec policy_;
   ModelConfig cfg_;
   std::unique_ptr<PagePool> pool_;
   std::vector<int32_t> script_;
@@ -227,6 +233,38 @@ TEST_F(SchedulerTest, PreemptionResumesWithTheSameTokens) {
   EXPECT_GT(st.n_preemptions, 0u);
   EXPECT_EQ(st.prompt_tokens, 8u * 6u) << "a recompute is not new prompt tokens";
   EXPECT_EQ(st.generation_tokens, 8u * 30u);
+  expect_pool_clean(*r, *s);
+}
+
+// A request's own sparse policy (GenerateOptions::sparse_policy) reaches the runner with its
+// rows, checked at submit against the runner's (PolicySpec::as_request_policy).
+TEST_F(SchedulerTest, RequestPoliciesAreCheckedAndReachTheRunner) {
+  auto r = runner(256);
+  auto s = sched(*r, SchedulerOptions{});
+  auto with = [](const char* policy) {
+    RequestParams p = req(3, 1);
+    p.options.sparse_policy = policy;
+    return p;
+  };
+  // A dense runner keeps no page data: no request may select.
+  const SubmitResult on_dense = s->submit(with("coverage:0.9"), {});
+  EXPECT_EQ(on_dense.status, SubmitStatus::Invalid);
+  EXPECT_NE(on_dense.error.find("dense"), std::string::npos) << on_dense.error;
+  r->set_policy(PolicySpec::parse("coverage:0.99@sketch4"));
+  for (const char* bad : {"coverage:0.9@minmax", "coverage:0.9/2", "solohead:0.9", "nonsense", "coverage:1.5"}) {
+    const SubmitResult res = s->submit(with(bad), {});
+    EXPECT_EQ(res.status, SubmitStatus::Invalid) << bad;
+    EXPECT_FALSE(res.error.empty()) << bad;
+  }
+  EXPECT_EQ(s->stats().n_submitted, 0u) << "a refused request was queued";
+  // Accepted: another rule, dense, the runner's own spelled out, and none.
+  for (const char* ok : {"sinkwindow:4", "dense", "coverage:0.99", "topk:3", ""})
+    EXPECT_EQ(s->submit(with(ok), {}).status, SubmitStatus::Accepted) << ok;
+  run_to_idle(*s);
+  std::vector<std::string> seen = r->policies_seen;
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::string>{"-", "-", "dense", "sinkwindow:4", "topk:3@sketch4"}))
+      << "the runner's own policy and no policy both reach it as null";
   expect_pool_clean(*r, *s);
 }
 

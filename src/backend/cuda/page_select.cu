@@ -274,18 +274,22 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   };
   mark(0);
   const int per = (n + stride - 1) / stride;  // rounds
-  const int sink = min(p.n_sink, n), recent_from = max(sink, n - p.n_recent);
+  // The request's rule: its own (row_rules) or the launch's.
+  RowRule rr{0, p.rule, p.gamma, p.budget, p.frac, p.n_sink, p.n_recent};
+  if (p.row_rules != nullptr) rr = p.row_rules[req];
+  const int sink = min(rr.n_sink, n), recent_from = max(sink, n - rr.n_recent);
   auto forced = [&](int i) { return i < sink || i >= recent_from; };
 
   enum Mode { kAll, kForced, kCut } mode = kCut;
   int k_top = 0;
-  if (n == 0 || q_len == 0 || seq < p.dense_below) mode = kAll;
-  else if (p.rule == SelectRule::SinkWindow) mode = kForced;
-  else if (p.rule == SelectRule::Coverage && p.gamma >= 1.0f) mode = kAll;
-  else if (p.rule == SelectRule::TopK) {
-    k_top = p.budget_frac && !p.share_heads ? static_cast<int>(ceilf(p.budget_frac[h] * static_cast<float>(n)))
-            : p.frac > 0.0f                 ? static_cast<int>(ceilf(p.frac * static_cast<float>(n)))
-                                            : p.budget;
+  if (n == 0 || q_len == 0 || seq < p.dense_below || rr.all_pages) mode = kAll;
+  else if (rr.rule == SelectRule::SinkWindow) mode = kForced;
+  else if (rr.rule == SelectRule::Coverage && rr.gamma >= 1.0f) mode = kAll;
+  else if (rr.rule == SelectRule::TopK) {
+    k_top = p.budget_frac && !p.share_heads && p.row_rules == nullptr
+                ? static_cast<int>(ceilf(p.budget_frac[h] * static_cast<float>(n)))
+            : rr.frac > 0.0f ? static_cast<int>(ceilf(rr.frac * static_cast<float>(n)))
+                             : rr.budget;
     if (k_top >= n) mode = kAll;
   }
 
@@ -557,8 +561,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
       return true;
     };
 
-    if (p.rule == SelectRule::Coverage) {
-      const float need = p.gamma - f2[0];
+    if (rr.rule == SelectRule::Coverage) {
+      const float need = rr.gamma - f2[0];
       if (need <= 0.0f) mode = kForced;
       else if (f2[1] < need) mode = kAll;  // rounding shortfall: every page
       else {

@@ -36,6 +36,18 @@ namespace dhs::cuda {
 
 enum class SelectRule { Coverage, TopK, SinkWindow };
 
+// One request's own rule (PageSelectParams::row_rules): the values a request may choose
+// (PolicySpec::as_request_policy); the estimator, combine and dense_below stay the launch's.
+struct RowRule {
+  int32_t all_pages = 0;  // 1: every page (a dense request in a selecting step)
+  SelectRule rule = SelectRule::Coverage;
+  float gamma = 0.99f;
+  int32_t budget = 0;
+  float frac = 0.0f;
+  int32_t n_sink = 1;
+  int32_t n_recent = 1;
+};
+
 struct PageSelectParams {
   // This layer's dense lists: every page of each (request, KV head), ascending page_pos (so page i
   // of a list is its request's page i: the select kernel takes the positions as such).
@@ -65,6 +77,10 @@ struct PageSelectParams {
   bool combine_max = false;              // q vectors of a group: false = mean, true = max
   bool share_heads = false;              // SoloHead: one set per request from all heads' masses
   int dense_below = 0;                   // requests with seq_len < this read every page
+  // [n_requests] each request's own rule, replacing rule, gamma, budget, frac, n_sink and
+  // n_recent above (and budget_frac) for its lists; null: the launch's for all. The score
+  // kernel runs for every request as the launch's rule says.
+  const RowRule* row_rules = nullptr;
 
   // Workspace (PageSelectWorkspace).
   float* scores = nullptr;        // [q_stride, score_stride]: q vector j of dense page i at j * score_stride + i

@@ -38,6 +38,8 @@ PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
   sel_slots_d_ = ints(n_lists * s.max_pages_per_seq);
   sel_page_pos_d_ = ints(n_lists * s.max_pages_per_seq);
   budget_frac_d_ = static_cast<float*>(alloc(static_cast<size_t>(L * Hkv) * 4));
+  row_rules_d_ = static_cast<RowRule*>(alloc(static_cast<size_t>(s.max_batch) * sizeof(RowRule)));
+  DHS_CUDA_CHECK(cudaMallocHost(&row_rules_h_, static_cast<size_t>(s.max_batch) * sizeof(RowRule)));
   stats_d_ = static_cast<unsigned long long*>(alloc(static_cast<size_t>(L * Hkv * 2) * 8));
   DHS_CUDA_CHECK(cudaMemset(stats_d_, 0, static_cast<size_t>(L * Hkv * 2) * 8));
   // A reused selection is written where every layer's fresh one is (per launch: the layer's
@@ -49,6 +51,7 @@ PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
 
 PageSelector::~PageSelector() {
   for (void* p : allocs_) cudaFree(p);
+  if (row_rules_h_) cudaFreeHost(row_rules_h_);
 }
 
 void PageSelector::allocate_stored_lists() {
@@ -68,6 +71,7 @@ void PageSelector::set_policy(const PolicySpec& spec, const std::vector<float>& 
   }
   // Everything a captured step bakes in (the select kernels' parameters) is in the key.
   policy_key_ = fmt::format("{} budget_frac={}", spec.key(), budget_frac.empty() ? 0 : 1);
+  spec_ = spec;
   sparse_ = !spec.dense();
   dense_below_ = spec.dense_below;
   min_step_tokens_ = spec.min_step_tokens;
@@ -119,7 +123,25 @@ PageSelectParams PageSelector::rule_params(const PolicySpec& spec, const std::ve
   return p;
 }
 
-SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool decode) {
+RowRule PageSelector::row_rule(const PolicySpec& spec) {
+  RowRule r;
+  if (spec.dense()) {
+    r.all_pages = 1;
+    return r;
+  }
+  PageSelectParams p;
+  (void)set_rule(spec, &p);
+  DHS_CHECK(!p.share_heads, "a request's own policy cannot be solohead");
+  r.rule = p.rule;
+  r.gamma = p.gamma;
+  r.budget = p.budget;
+  r.frac = p.frac;
+  r.n_sink = p.n_sink;
+  r.n_recent = p.n_recent;
+  return r;
+}
+
+SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool decode, cudaStream_t stream) {
   SelectPlan plan;
   std::vector<int> req_slots;
   for (const Request& r : batch) req_slots.push_back(r.req_slot);
@@ -149,6 +171,16 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     }
     if (req_slots != last_req_slots_) schedule_.invalidate();
     plan.phase = schedule_.begin_step(ids, n_before);
+    // Requests with their own rule: every row's rule goes to the select kernel (the engine's
+    // for the others; rows past the batch are padding with no pages).
+    for (const Request& r : batch) plan.per_request = plan.per_request || (r.policy && !(*r.policy == spec_));
+    if (plan.per_request) {
+      DHS_CHECK(static_cast<int>(batch.size()) <= sz_.max_batch, "a step of {} requests (max {})", batch.size(), sz_.max_batch);
+      for (size_t i = 0; i < batch.size(); ++i) row_rules_h_[i] = row_rule(batch[i].policy ? *batch[i].policy : spec_);
+      for (int i = static_cast<int>(batch.size()); i < sz_.max_batch; ++i) row_rules_h_[i] = RowRule{1};
+      DHS_CUDA_CHECK(cudaMemcpyAsync(row_rules_d_, row_rules_h_, static_cast<size_t>(sz_.max_batch) * sizeof(RowRule),
+                                     cudaMemcpyHostToDevice, stream));
+    }
   } else {
     schedule_.invalidate();
   }
@@ -192,6 +224,7 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   }
   p.stats = stats;
   p.n_requests = n_req;
+  if (plan.per_request) p.row_rules = row_rules_d_;
   launch_page_select(p, stream);
   return {p.indptr, p.slots, p.page_pos};
 }
@@ -199,13 +232,15 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
 std::string PageSelector::graph_key(const SelectPlan& plan) const {
   // A threshold-dense step of a sparse policy runs the dense step's kernels: one graph for all.
   const std::string base = plan.runs_policy || !sparse_ ? policy_key_ : std::string("dense-step");
-  return plan.phase == ReselectSchedule::kFull ? base : fmt::format("{}#{}", base, plan.phase);
+  const std::string rows = plan.per_request ? base + "+rows" : base;
+  return plan.phase == ReselectSchedule::kFull ? rows : fmt::format("{}#{}", rows, plan.phase);
 }
 
 std::vector<SelectPlan> PageSelector::replay_cycle(const SelectPlan& last) const {
-  if (!last.runs_policy || schedule_.every() == 1) return {SelectPlan{last.runs_policy, ReselectSchedule::kFull}};
+  if (!last.runs_policy || schedule_.every() == 1)
+    return {SelectPlan{last.runs_policy, ReselectSchedule::kFull, last.per_request}};
   std::vector<SelectPlan> cycle;
-  for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(SelectPlan{true, ph});
+  for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(SelectPlan{true, ph, last.per_request});
   return cycle;
 }
 

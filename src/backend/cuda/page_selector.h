@@ -39,6 +39,7 @@ struct SparsityStats {
 struct SelectPlan {
   bool runs_policy = false;             // scores and selects (a decode step under a sparse policy)
   int phase = ReselectSchedule::kFull;  // the layers that select at this step (kFull: all)
+  bool per_request = false;             // some request has its own rule (PageSelectParams::row_rules)
 };
 
 class PageSelector {
@@ -69,6 +70,9 @@ class PageSelector {
     const void* id = nullptr;  // what identifies its sequence between steps (its page table)
     int req_slot = 0;          // its row of the device page table
     int64_t n_before = 0;      // tokens in KV before the step
+    // Its own policy (PolicySpec::as_request_policy checked it against set_policy's); null:
+    // set_policy's.
+    const PolicySpec* policy = nullptr;
   };
 
   PageSelector(const Sizes& sizes, const Inputs& in);
@@ -84,7 +88,9 @@ class PageSelector {
   // Start of a step: whether it runs the policy (a decode step under a sparse policy, unless
   // every request is shorter than --dense-below or they hold fewer than --sparse-min-tokens:
   // then it is counted as a dense step) and which layers select (the reselect schedule).
-  SelectPlan begin_step(const std::vector<Request>& batch, bool decode);
+  // Requests with their own policy have their rules uploaded on `stream` for this step's select
+  // launches (the graph reads them from a fixed buffer: one graph for any mix).
+  SelectPlan begin_step(const std::vector<Request>& batch, bool decode, cudaStream_t stream);
   // The next step selects at every layer.
   void restart_schedule() { schedule_.invalidate(); }
 
@@ -107,6 +113,8 @@ class PageSelector {
 
  private:
   PageSelectParams rule_params(const PolicySpec& spec, const std::vector<float>& budget_frac) const;
+  // A request's rule as the select kernel takes it.
+  static RowRule row_rule(const PolicySpec& spec);
   void allocate_stored_lists();
   void* alloc(size_t bytes);
 
@@ -125,6 +133,9 @@ class PageSelector {
 
   // Device buffers (allocated with the workspace).
   float* budget_frac_d_ = nullptr;              // [n_layers, n_heads_kv] or unused
+  RowRule* row_rules_d_ = nullptr;              // [max_batch] this step's per-request rules
+  RowRule* row_rules_h_ = nullptr;              // (pinned staging of the same)
+  PolicySpec spec_;                             // set_policy's
   unsigned long long* stats_d_ = nullptr;       // [n_layers, n_heads_kv, 2] (read, total)
   int32_t *sel_indptr_d_ = nullptr, *sel_slots_d_ = nullptr, *sel_page_pos_d_ = nullptr;  // selected lists
   // --reselect-every R > 1: each layer's last selection, read (grown by the pages written since)

@@ -191,7 +191,9 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     if (select_step) {
       if (schedule_.selects(l, phase)) {
         SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
-        lists = policy_->select(in);
+        std::vector<const SelectionPolicy*> policies;
+        for (const Seq& s : batch) policies.push_back(s.policy ? s.policy : policy_);
+        lists = select_each(in, policies);
         if (schedule_.every() > 1) selected_[static_cast<size_t>(l)] = lists;
       } else {
         lists = reuse_selection(selected_[static_cast<size_t>(l)], tables, l, seq_len);

@@ -51,6 +51,9 @@ class LlamaCpu {
     PageTable* table = nullptr;      // KV of this request; capacity reserved for the new tokens
     const int32_t* tokens = nullptr; // [n_new] appended at positions table->n_tokens() ...
     int64_t n_new = 0;
+    // Its own policy at sparse decode steps (PolicySpec::as_request_policy checked it against
+    // the engine's); null: set_sparsity's.
+    const SelectionPolicy* policy = nullptr;
   };
   // Runs the new tokens of every sequence through the model, appends their K/V
   // and commits them to each table. logits: [n_seqs, vocab] for each sequence's

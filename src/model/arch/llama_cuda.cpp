@@ -532,8 +532,8 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   step.n_req = n_rows;
   upload_step(batch, n_rows);
   std::vector<cuda::PageSelector::Request> reqs;
-  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens()});
-  step.plan = selector_->begin_step(reqs, step.decode);
+  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.policy});
+  step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
   if (graph) {
     DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(step), stream_));

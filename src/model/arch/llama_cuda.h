@@ -94,6 +94,9 @@ class LlamaCuda {
     uint64_t rng_offset = 0;
     const std::vector<int32_t>* history = nullptr;
     int history_window = 0;
+    // Its own sparse policy at decode steps (PolicySpec::as_request_policy checked it against
+    // set_sparsity's); null: set_sparsity's.
+    const PolicySpec* policy = nullptr;
   };
   // Prefill (any n_new) or decode (n_new == 1 for all) of a batch. Commits the
   // tables. logits (host, optional): [n_seqs, vocab] of each sequence's last token.
