@@ -47,7 +47,10 @@ B=/tmp/dhs/bin
 export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-} DHS_TEST_DATA=$PWD/tests/data DHS_MODELS_DIR=$PWD/models
 C=${DHS_COMMIT:-unknown}
 summary=()
-run() { local name=$1; shift; echo "== $name"; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$(printf '%-34s rc=%s  %s' "$name" "$rc" "$(grep -m1 -E 'PASSED|FAILED|passed|failed|ERROR SUMMARY|RACECHECK SUMMARY|Skipped' "$OUT/$name.log" | cut -c1-80)")"); tail -3 "$OUT/$name.log"; }
+# A step's summary line: a sanitizer's verdict where there is one (GTest prints its own verdict, and
+# "Skipped" for cases DHS_TEST_QUICK leaves out, before it), else the first verdict of the log.
+verdict() { grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" || grep -m1 -E 'PASSED|FAILED|passed|failed|Skipped' "$1"; }
+run() { local name=$1; shift; echo "== $name"; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$(printf '%-34s rc=%s  %s' "$name" "$rc" "$(verdict "$OUT/$name.log" | cut -c1-80)")"); tail -3 "$OUT/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 [ -x $B/dhisparse ] || { echo "no binaries: run bench/prebuild.sh and carry .devcarry/bin.tar.xz"; exit 0; }
 

@@ -1,8 +1,9 @@
 // GoogleTest where it is installed; with -DDHS_NO_GTEST (the lent GPU machine has no
 // GTest) a minimal stand-in with the same macros, so one test file builds both ways.
-// The stand-in's main() runs every TEST, prints "SKIP: <why>" for skipped ones, and
-// exits 1 if any check failed, else 0. It supports TEST, EXPECT_/ASSERT_ TRUE, FALSE,
-// EQ, NE, LT, LE, GT, GE, NEAR, GTEST_SKIP and `<< message` after each of them.
+// The stand-in's main() runs every TEST (or those --gtest_filter=POS[-NEG] selects: ':'-
+// separated patterns with * and ?, as GoogleTest reads them), prints "SKIP: <why>" for
+// skipped ones, and exits 1 if any check failed, else 0. It supports TEST, EXPECT_/ASSERT_
+// TRUE, FALSE, EQ, NE, LT, LE, GT, GE, NEAR, GTEST_SKIP and `<< message` after each of them.
 #pragma once
 
 #if !defined(DHS_NO_GTEST) && __has_include(<gtest/gtest.h>)
@@ -14,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -85,6 +87,28 @@ Result cmp(const A& a, const B& b, F f, const char* expr) {
   return {false, std::string(expr) + " (" + show(a) + " vs " + show(b) + ")"};
 }
 
+// GoogleTest's filter: glob `pattern` (* any run, ? one character) against `name`.
+inline bool glob(std::string_view pattern, std::string_view name) {
+  if (pattern.empty()) return name.empty();
+  if (pattern[0] == '*') return glob(pattern.substr(1), name) || (!name.empty() && glob(pattern, name.substr(1)));
+  return !name.empty() && (pattern[0] == '?' || pattern[0] == name[0]) && glob(pattern.substr(1), name.substr(1));
+}
+inline bool any_glob(std::string_view patterns, std::string_view name) {  // ':'-separated
+  while (true) {
+    const size_t colon = patterns.find(':');
+    if (glob(patterns.substr(0, colon), name)) return true;
+    if (colon == std::string_view::npos) return false;
+    patterns.remove_prefix(colon + 1);
+  }
+}
+// --gtest_filter=POS[-NEG]: runs the tests POS matches (empty POS: all) and NEG does not.
+inline bool selected(std::string_view filter, std::string_view name) {
+  const size_t dash = filter.find('-');
+  const std::string_view pos = filter.substr(0, dash);
+  if (!pos.empty() && !any_glob(pos, name)) return false;
+  return dash == std::string_view::npos || !any_glob(filter.substr(dash + 1), name);
+}
+
 }  // namespace dhs_shim
 
 #define DHS_SHIM_FAIL_(kind, text) ::dhs_shim::Helper{__FILE__, __LINE__, (text), (kind)} = ::dhs_shim::Message()
@@ -126,9 +150,14 @@ Result cmp(const A& a, const B& b, F f, const char* expr) {
   static ::dhs_shim::Registrar dhs_shim_reg_##suite##_##name(#suite "." #name, &dhs_shim_##suite##_##name); \
   static void dhs_shim_##suite##_##name()
 
-int main() {
-  int n_fail_tests = 0;
+int main(int argc, char** argv) {
+  std::string_view filter = "*";
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view a = argv[i]; a.substr(0, 15) == "--gtest_filter=") filter = a.substr(15);
+  int n_fail_tests = 0, n_run = 0;
   for (const auto& t : ::dhs_shim::registry()) {
+    if (!::dhs_shim::selected(filter, t.name)) continue;
+    ++n_run;
     const int before = ::dhs_shim::failures();
     ::dhs_shim::skipped() = false;
     std::printf("[ RUN      ] %s\n", t.name);
@@ -144,7 +173,7 @@ int main() {
     std::printf("[ %s ] %s\n", failed ? " FAILED " : (::dhs_shim::skipped() ? " SKIPPED" : "      OK"), t.name);
     std::fflush(stdout);
   }
-  std::printf("%d test(s), %d failed\n", static_cast<int>(::dhs_shim::registry().size()), n_fail_tests);
+  std::printf("%d test(s), %d failed\n", n_run, n_fail_tests);
   return n_fail_tests ? 1 : 0;
 }
 #endif

@@ -3,9 +3,10 @@
 // (random subsets, empty lists), q_len 1, 5, 8 and mixed, GQA 32/8 d128 and 9/3 d64,
 // plus CUDA-graph capture replayed over lists of other lengths.
 //
-// A standalone program (no GTest: the device machine has none): exits 0 when every case
-// passes, 1 on any failure, 77 (ctest SKIP_RETURN_CODE) when there is no GPU.
-// DHS_TEST_QUICK=1 skips the long-context cases (for compute-sanitizer runs).
+// GTest binary through gtest_shim.h (ctest label cuda; with -DDHS_NO_GTEST a plain executable
+// with the same TESTs, for the device machine, which has no GTest): one TEST per case, each
+// skipped where there is no GPU. DHS_TEST_QUICK=1 skips the long-context cases (for
+// compute-sanitizer runs).
 //
 // Tolerance, per output element: |gpu - ref| <= 4e-3 + 1e-2 * |ref|, every element.
 // The reference runs in fp32 on the SAME bf16-rounded q, k, v, so only the kernel's own
@@ -35,6 +36,7 @@
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_page_pool.h"
 #include "core/fp16.h"
+#include "gtest_shim.h"
 #include "kv/page_lists.h"
 #include "kv/page_pool.h"
 
@@ -58,7 +60,6 @@ struct Case {
   ListKind lists;
   int min_pages_per_worker = 8;
   float q_amp = 3.0f;  // q ~ U(-q_amp, q_amp): larger makes attention peakier
-  bool quick = true;   // part of the DHS_TEST_QUICK set
 };
 
 // Host side of one problem: pool (bf16-rounded fp32), page ids per (request, head), q.
@@ -260,8 +261,9 @@ int64_t compare(const std::string& what, const DeviceProblem& dp, const Referenc
 int max_of(const std::vector<int>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // One case: CPU reference vs the op, then the op captured in a CUDA graph and replayed
-// over other lists (other lengths) uploaded in place.
-int64_t run_case(const Case& c, std::mt19937& rng) {
+// over other lists (other lengths) uploaded in place. Every comparison must find no element
+// out of tolerance.
+void run_case(const Case& c, std::mt19937& rng) {
   std::printf("[case] %s: %zu requests, heads %d/%d, d %d, q_len max %d, min_pages %d\n", c.name.c_str(),
               c.seq_len.size(), c.n_heads_q, c.n_heads_kv, c.head_dim, max_of(c.q_len), c.min_pages_per_worker);
   const Problem pr = make_problem(c, rng);
@@ -286,11 +288,10 @@ int64_t run_case(const Case& c, std::mt19937& rng) {
   a.lse_d = dp.lse_d;
   a.min_pages_per_worker = c.min_pages_per_worker;
 
-  int64_t bad = 0;
   poison(dp);
   dhs::cuda::decode_attention(a, dlists, pool, ws, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
-  bad += compare("stream launch, nnz " + std::to_string(lists.nnz()), dp, ref);
+  EXPECT_EQ(compare("stream launch, nnz " + std::to_string(lists.nnz()), dp, ref), 0) << c.name << ": stream launch";
 
   // Graph: capture once, replay over the same lists, then over dense lists of other lengths.
   cudaStream_t s;
@@ -304,19 +305,19 @@ int64_t run_case(const Case& c, std::mt19937& rng) {
   poison(dp);
   DHS_CUDA_CHECK(cudaGraphLaunch(exec, s));
   DHS_CUDA_CHECK(cudaStreamSynchronize(s));
-  bad += compare("graph replay, same lists", dp, ref);
+  EXPECT_EQ(compare("graph replay, same lists", dp, ref), 0) << c.name << ": graph replay, same lists";
   if (c.lists != ListKind::Dense) {
     dlists.upload(dense);
     const Reference ref_dense = run_cpu(pr, dense);
     poison(dp);
     DHS_CUDA_CHECK(cudaGraphLaunch(exec, s));
     DHS_CUDA_CHECK(cudaStreamSynchronize(s));
-    bad += compare("graph replay, dense lists, nnz " + std::to_string(dense.nnz()), dp, ref_dense);
+    EXPECT_EQ(compare("graph replay, dense lists, nnz " + std::to_string(dense.nnz()), dp, ref_dense), 0)
+        << c.name << ": graph replay over dense lists";
   }
   DHS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   DHS_CUDA_CHECK(cudaGraphDestroy(graph));
   DHS_CUDA_CHECK(cudaStreamDestroy(s));
-  return bad;
 }
 
 // 17 requests of awkward lengths: 97 (last page 1/16), 99 (3/16), 1, 16, 17, ... up to ~600.
@@ -329,79 +330,133 @@ std::vector<int> awkward_lengths(std::mt19937& rng, int n, int min_len) {
   return v;
 }
 
+bool have_gpu() { return dhs::cuda::device_count() > 0; }
+bool quick_mode() { return std::getenv("DHS_TEST_QUICK") != nullptr; }
+
+// Each case draws its lengths and data from its own generator (kSeed + the case's number), so
+// it sees the same inputs alone (--gtest_filter) as in the whole run.
+constexpr uint32_t kSeed = 20261129;
+const std::vector<int> kQ1(17, 1), kQ5(17, 5);
+std::vector<int> q_mixed() {  // 1..5 rows per request
+  std::vector<int> q(17);
+  for (int i = 0; i < 17; ++i) q[static_cast<size_t>(i)] = 1 + i % 5;
+  return q;
+}
+
 }  // namespace
 
-int main() {
-  if (dhs::cuda::device_count() == 0) {
-    std::printf("SKIP: no GPU (test_decode_attention needs a CUDA device)\n");
-    return 77;
-  }
-  const bool quick = std::getenv("DHS_TEST_QUICK") != nullptr;
-  std::mt19937 rng(20261129);
-  std::vector<Case> cases;
-  const std::vector<int> q1(17, 1), q5(17, 5);
-  std::vector<int> qmix(17);
-  for (int i = 0; i < 17; ++i) qmix[static_cast<size_t>(i)] = 1 + i % 5;
-  cases.push_back({"llama 32/8 d128 q1 dense", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Dense});
-  cases.push_back({"llama 32/8 d128 q1 sparse", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Sparse});
-  cases.push_back({"llama 32/8 d128 q5 sparse", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse});
-  cases.push_back({"llama 32/8 d128 q5 dense", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Dense});
-  cases.push_back({"llama 32/8 d128 q1..5 shuffled, 1 page/worker", 32, 8, 128, awkward_lengths(rng, 17, 5), qmix,
-                   ListKind::SparseShuffled, 1});
-  cases.push_back({"llama 32/8 d128 q8 sparse", 32, 8, 128, awkward_lengths(rng, 5, 8), std::vector<int>(5, 8),
-                   ListKind::Sparse, 2});
-  cases.push_back({"gqa 9/3 d64 q1 dense", 9, 3, 64, awkward_lengths(rng, 17, 1), q1, ListKind::Dense});
-  cases.push_back({"gqa 9/3 d64 q5 sparse", 9, 3, 64, awkward_lengths(rng, 17, 5), q5, ListKind::Sparse});
-  cases.push_back({"gqa 9/3 d64 q1..5 sparse, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 17, 5), qmix,
-                   ListKind::Sparse, 1});
-  cases.push_back({"llama all lists empty", 32, 8, 128, awkward_lengths(rng, 17, 5), q5, ListKind::Empty});
-  Case peaky{"llama 32/8 d128 q1 dense, peaky scores", 32, 8, 128, awkward_lengths(rng, 17, 1), q1, ListKind::Dense};
-  peaky.q_amp = 24.0f;
-  cases.push_back(peaky);
-  // Long lists split over many workers: the merge kernel's path.
-  Case lng{"llama long 20000/5001/97 q1 dense", 32, 8, 128, {20000, 5001, 97}, {1, 1, 1}, ListKind::Dense};
-  lng.quick = false;
-  cases.push_back(lng);
-  Case lng5{"llama long 12000/3000/99 q5 sparse", 32, 8, 128, {12000, 3000, 99}, {5, 5, 5}, ListKind::Sparse};
-  lng5.quick = false;
-  cases.push_back(lng5);
-  // One request of 8 lists (~132 partials per list on an H200: the 32-warp merge) and two (~67:
-  // the 16-warp merge).
-  Case one{"llama long 30001 q1 dense, one request", 32, 8, 128, {30001}, {1}, ListKind::Dense};
-  one.quick = false;
-  cases.push_back(one);
-  Case two{"llama long 16000/9000 q1 sparse, two requests", 32, 8, 128, {16000, 9000}, {1, 1}, ListKind::Sparse};
-  two.quick = false;
-  cases.push_back(two);
-  Case lng64{"gqa 9/3 d64 long 9001 q5 dense", 9, 3, 64, {9001, 17}, {5, 2}, ListKind::Dense};
-  lng64.quick = false;
-  cases.push_back(lng64);
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no GPU (test_decode_attention needs a CUDA device)"
+// The long-context cases: left out under DHS_TEST_QUICK (compute-sanitizer runs).
+#define SKIP_LONG_IF_QUICK() \
+  if (quick_mode()) GTEST_SKIP() << "DHS_TEST_QUICK: long-context case left out"
 
-  int passed = 0, failed = 0;
-  for (const Case& c : cases) {
-    if (quick && !c.quick) continue;
-    int64_t bad = 0;
-    try {
-      bad = run_case(c, rng);
-    } catch (const std::exception& e) {
-      std::printf("  exception: %s\n", e.what());
-      bad = 1;
-    }
-    std::printf("%s %s\n", bad == 0 ? "PASS" : "FAIL", c.name.c_str());
-    (bad == 0 ? passed : failed) += 1;
+TEST(DecodeAttention, Llama32x8D128Q1Dense) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 1);
+  run_case({"llama 32/8 d128 q1 dense", 32, 8, 128, awkward_lengths(rng, 17, 1), kQ1, ListKind::Dense}, rng);
+}
+TEST(DecodeAttention, Llama32x8D128Q1Sparse) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 2);
+  run_case({"llama 32/8 d128 q1 sparse", 32, 8, 128, awkward_lengths(rng, 17, 1), kQ1, ListKind::Sparse}, rng);
+}
+TEST(DecodeAttention, Llama32x8D128Q5Sparse) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 3);
+  run_case({"llama 32/8 d128 q5 sparse", 32, 8, 128, awkward_lengths(rng, 17, 5), kQ5, ListKind::Sparse}, rng);
+}
+TEST(DecodeAttention, Llama32x8D128Q5Dense) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 4);
+  run_case({"llama 32/8 d128 q5 dense", 32, 8, 128, awkward_lengths(rng, 17, 5), kQ5, ListKind::Dense}, rng);
+}
+TEST(DecodeAttention, Llama32x8D128MixedQShuffledOnePagePerWorker) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 5);
+  run_case({"llama 32/8 d128 q1..5 shuffled, 1 page/worker", 32, 8, 128, awkward_lengths(rng, 17, 5), q_mixed(),
+            ListKind::SparseShuffled, 1},
+           rng);
+}
+TEST(DecodeAttention, Llama32x8D128Q8Sparse) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 6);
+  run_case({"llama 32/8 d128 q8 sparse", 32, 8, 128, awkward_lengths(rng, 5, 8), std::vector<int>(5, 8),
+            ListKind::Sparse, 2},
+           rng);
+}
+TEST(DecodeAttention, Gqa9x3D64Q1Dense) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 7);
+  run_case({"gqa 9/3 d64 q1 dense", 9, 3, 64, awkward_lengths(rng, 17, 1), kQ1, ListKind::Dense}, rng);
+}
+TEST(DecodeAttention, Gqa9x3D64Q5Sparse) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 8);
+  run_case({"gqa 9/3 d64 q5 sparse", 9, 3, 64, awkward_lengths(rng, 17, 5), kQ5, ListKind::Sparse}, rng);
+}
+TEST(DecodeAttention, Gqa9x3D64MixedQSparseOnePagePerWorker) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 9);
+  run_case({"gqa 9/3 d64 q1..5 sparse, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 17, 5), q_mixed(),
+            ListKind::Sparse, 1},
+           rng);
+}
+TEST(DecodeAttention, AllListsEmpty) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 10);
+  run_case({"llama all lists empty", 32, 8, 128, awkward_lengths(rng, 17, 5), kQ5, ListKind::Empty}, rng);
+}
+TEST(DecodeAttention, PeakyScores) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 11);
+  Case c{"llama 32/8 d128 q1 dense, peaky scores", 32, 8, 128, awkward_lengths(rng, 17, 1), kQ1, ListKind::Dense};
+  c.q_amp = 24.0f;
+  run_case(c, rng);
+}
+// Long lists split over many workers: the merge kernel's path.
+TEST(DecodeAttention, LongListsDense) {
+  SKIP_WITHOUT_GPU();
+  SKIP_LONG_IF_QUICK();
+  std::mt19937 rng(kSeed + 12);
+  run_case({"llama long 20000/5001/97 q1 dense", 32, 8, 128, {20000, 5001, 97}, {1, 1, 1}, ListKind::Dense}, rng);
+}
+TEST(DecodeAttention, LongListsQ5Sparse) {
+  SKIP_WITHOUT_GPU();
+  SKIP_LONG_IF_QUICK();
+  std::mt19937 rng(kSeed + 13);
+  run_case({"llama long 12000/3000/99 q5 sparse", 32, 8, 128, {12000, 3000, 99}, {5, 5, 5}, ListKind::Sparse}, rng);
+}
+// One request of 8 lists (~132 partials per list on an H200: the 32-warp merge) and two (~67:
+// the 16-warp merge).
+TEST(DecodeAttention, LongOneRequest) {
+  SKIP_WITHOUT_GPU();
+  SKIP_LONG_IF_QUICK();
+  std::mt19937 rng(kSeed + 14);
+  run_case({"llama long 30001 q1 dense, one request", 32, 8, 128, {30001}, {1}, ListKind::Dense}, rng);
+}
+TEST(DecodeAttention, LongTwoRequestsSparse) {
+  SKIP_WITHOUT_GPU();
+  SKIP_LONG_IF_QUICK();
+  std::mt19937 rng(kSeed + 15);
+  run_case({"llama long 16000/9000 q1 sparse, two requests", 32, 8, 128, {16000, 9000}, {1, 1}, ListKind::Sparse},
+           rng);
+}
+TEST(DecodeAttention, Gqa9x3D64Long) {
+  SKIP_WITHOUT_GPU();
+  SKIP_LONG_IF_QUICK();
+  std::mt19937 rng(kSeed + 16);
+  run_case({"gqa 9/3 d64 long 9001 q5 dense", 9, 3, 64, {9001, 17}, {5, 2}, ListKind::Dense}, rng);
+}
+// Shape checks fail loudly: an unsupported head_dim throws, naming head_dim.
+TEST(DecodeAttention, RejectsUnsupportedHeadDim) {
+  SKIP_WITHOUT_GPU();
+  std::string what = "(nothing thrown)";
+  try {
+    dhs::cuda::DecodeAttentionWorkspace ws(4, 32, 8, 96, 1);
+  } catch (const std::exception& e) {
+    what = e.what();
   }
-  // Shape checks fail loudly.
-  {
-    bool threw = false;
-    try {
-      dhs::cuda::DecodeAttentionWorkspace ws(4, 32, 8, 96, 1);
-    } catch (const std::exception& e) {
-      threw = std::string(e.what()).find("head_dim") != std::string::npos;
-      std::printf("  head_dim 96 rejected: %s\n", e.what());
-    }
-    std::printf("%s unsupported head_dim is rejected\n", threw ? "PASS" : "FAIL");
-    (threw ? passed : failed) += 1;
-  }
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  std::printf("  head_dim 96: %s\n", what.c_str());
+  EXPECT_NE(what.find("head_dim"), std::string::npos) << "head_dim 96 must be rejected naming head_dim: " << what;
 }

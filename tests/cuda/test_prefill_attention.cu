@@ -15,8 +15,9 @@
 // a peaked softmax moves the output by O(0.1)). LSE: fp32 throughout, so
 // |gpu - ref| <= 1e-4 * (1 + |ref|).
 //
-// GTest binary (ctest label cuda; skips with "SKIP: no GPU" where there is
-// none). Compiled with -DDHS_PLAIN_TEST it is a plain executable instead.
+// GTest binary through gtest_shim.h (ctest label cuda; every GPU case skips where there is
+// no GPU). With -DDHS_NO_GTEST it builds as a plain executable with the same TESTs; the small
+// cases alone (for compute-sanitizer): --gtest_filter='*Small*'.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/prefill_attention_sm90.h"
 #include "core/fp16.h"
+#include "gtest_shim.h"
 #include "kv/page_lists.h"
 #include "kv/page_pool.h"
 
@@ -357,47 +359,9 @@ std::string check_shape_setter() {
 
 }  // namespace
 
-#ifdef DHS_PLAIN_TEST
-// Plain executable, for a machine without GTest: exit 1 on failure, 0 with
-// "SKIP: no GPU" where there is none. --small runs only the small cases.
-int main(int argc, char** argv) {
-  if (!have_gpu()) {
-    std::printf("SKIP: no GPU\n");
-    return 0;
-  }
-  const bool small_only = argc > 1 && std::string(argv[1]) == "--small";
-  std::vector<Case> cases = {small_case(), small_case_d64()};
-  if (!small_only)
-    for (const Case& c : {gqa32x8_d128(), gqa9x3_d64(), sparse_d128(), long_chunk(), long_gqa(), long_gqa_sparse(),
-                          edge_lists_case()})
-      cases.push_back(c);
-  int failed = 0;
-  try {
-    for (const Case& c : cases) {
-      const std::string err = run_case(c);
-      if (!err.empty()) {
-        std::printf("FAIL %s\n", err.c_str());
-        ++failed;
-      }
-    }
-    const std::string err = check_rejects() + check_shape_setter();
-    if (!err.empty()) {
-      std::printf("FAIL %s\n", err.c_str());
-      ++failed;
-    }
-  } catch (const std::exception& e) {
-    std::printf("FAIL exception: %s\n", e.what());
-    ++failed;
-  }
-  std::printf(failed ? "FAILED %d\n" : "PASSED\n", failed);
-  return failed ? 1 : 0;
-}
-#else
-#include <gtest/gtest.h>
-
 // Small enough for compute-sanitizer: --gtest_filter=PrefillAttention.Small
 #define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "SKIP: no GPU (cuda test)"
+  if (!have_gpu()) GTEST_SKIP() << "no GPU (test_prefill_attention needs a CUDA device)"
 
 TEST(PrefillAttention, Small) {
   SKIP_WITHOUT_GPU();
@@ -435,4 +399,3 @@ TEST(PrefillAttention, RejectsUnsupportedShapes) {
 }
 // Runs without a GPU too: the setter validates before it records.
 TEST(PrefillAttention, ShapeSetterRejectsInvalidShapes) { EXPECT_EQ(check_shape_setter(), ""); }
-#endif
