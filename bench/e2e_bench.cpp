@@ -179,7 +179,7 @@ BenchPolicy parse_bench_policy(const std::string& pol_spec, const E2eBenchOption
     pc.budget = std::stoi(pol.substr(6)) / 16;
     bp.budgets = "top-k, " + pol.substr(6) + " tokens per list";
   } else {
-    // Any rule of the engine's grammar (sparse/policy_spec.h) with its value, e.g. coverage:0.99 or
+    // Any rule of the engine's grammar (dhisparse/policy.h) with its value, e.g. coverage:0.99 or
     // topfrac:0.3, in the bench's spelling: "@sketch4" then "/R" after it (read above), minmax otherwise.
     pc = PolicySpec::parse(pol, pc);
     bp.budgets = pc.str();

@@ -7,18 +7,18 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "engine/sampler.h"
-#include "kv/page_pool.h"
-#include "model/model_config.h"
-#include "sparse/policy_spec.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "dhisparse/error.h"
+#include "dhisparse/kv_stats.h"
+#include "dhisparse/model_config.h"
+#include "dhisparse/policy.h"
+#include "dhisparse/sampling.h"
+#include "dhisparse/chat.h"
 
 namespace dhs {
 
 class Scheduler;  // dhisparse/scheduler.h
 struct SchedulerOptions;
+class Tokenizer;  // the engine's tokenizer, for code inside dhisparse (tokenizer/tokenizer.h)
 
 struct EngineOptions {
   std::string model_path;           // GGUF file or Hugging Face directory
@@ -30,7 +30,7 @@ struct EngineOptions {
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step
-  // (sparse/policy_spec.h; PolicySpec::parse reads the grammar "coverage:0.99/2@sketch4").
+  // (dhisparse/policy.h; PolicySpec::parse reads the grammar "coverage:0.99/2@sketch4").
   // A decode step whose batch holds fewer than policy.min_step_tokens tokens of context in all
   // reads every page, no selection: where selection costs more than it saves (H200, 8B shape:
   // from ~96k tokens a step; docs/benchmarks.md).
@@ -54,12 +54,6 @@ struct EngineOptions {
   std::string dummy_shape;
 };
 
-// KV pages read by sparse decode vs all pages, summed over decode steps.
-struct PageCounts {
-  uint64_t read = 0, total = 0;
-  std::vector<uint64_t> layer_head_read, layer_head_total;  // [n_layers * n_heads_kv], or empty
-  double read_frac() const { return total > 0 ? static_cast<double>(read) / static_cast<double>(total) : 1.0; }
-};
 
 // One request's KV kept between calls: for evaluation and tools that branch from one
 // prefix (decode under several policies from the same prefill). Frees its pages when
@@ -103,11 +97,19 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual const ModelConfig& config() const = 0;
+  // Opaque to users of this header (the text functions below are the public way); code inside
+  // dhisparse that needs more includes tokenizer/tokenizer.h.
   virtual const Tokenizer& tokenizer() const = 0;
   virtual int64_t max_context() const = 0;
 
-  // Text -> ids, with BOS when the model asks for it.
+  // Text -> ids, special-token spellings parsed, with BOS when the model asks for it.
   virtual std::vector<int32_t> tokenize(const std::string& text) const = 0;
+  // The same without BOS.
+  virtual std::vector<int32_t> tokenize_no_bos(const std::string& text) const = 0;
+  // Ids -> text (special tokens written out unless skip_special).
+  virtual std::string detokenize(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
+  // Ids the tokenizer knows: [0, n) (the embedding may have padding rows past it).
+  virtual int64_t vocab_size() const = 0;
   // Renders the chat template (the model's own, or the override).
   virtual std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const = 0;
   // Renders the chat template and tokenizes it, reading every message string as plain text:

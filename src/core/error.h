@@ -1,19 +1,10 @@
-// Errors: one exception type for everything a user can get wrong (bad files,
-// bad flags, bad requests). Front ends catch it and print / return its message.
+// Errors: dhs::Error (public: dhisparse/error.h) and the checks that throw it.
 #pragma once
-#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
 
-namespace dhs {
-
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
-};
-
-}  // namespace dhs
+#include "dhisparse/error.h"
 
 // Throws dhs::Error with a fmt-formatted message when `cond` is false.
 #define DHS_CHECK(cond, ...)                                  \

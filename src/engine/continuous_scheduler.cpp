@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "kv/page_table.h"

@@ -10,6 +10,7 @@
 #include "model/dequant.h"
 #include "model/hf_source.h"
 #include "model/model_loader.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dhs {
 

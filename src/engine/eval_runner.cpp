@@ -12,6 +12,7 @@
 #include "dhisparse/eval.h"
 #include "eval/ruler_tasks.h"
 #include "sparse/mass_estimator.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dhs {
 

@@ -11,6 +11,8 @@
 
 #include "backend/cpu/cpu_matrix.h"
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "core/thread_pool.h"
 #include "dhisparse/engine.h"
 #include "engine/continuous_scheduler.h"
@@ -111,6 +113,14 @@ class LocalEngine final : public Engine {
     ids.insert(ids.end(), rest.begin(), rest.end());
     return ids;
   }
+
+  std::vector<int32_t> tokenize_no_bos(const std::string& text) const override {
+    return tok_->encode(text, /*parse_special=*/true);
+  }
+  std::string detokenize(const std::vector<int32_t>& ids, bool skip_special) const override {
+    return tok_->decode(ids, skip_special);
+  }
+  int64_t vocab_size() const override { return tok_->vocab_size(); }
 
   std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const override {
     DHS_CHECK(chat_ != nullptr, "{}", chat_error_.empty() ? "this model has no chat template; pass --chat-template"

@@ -5,17 +5,9 @@
 #include <random>
 #include <vector>
 
-namespace dhs {
+#include "dhisparse/sampling.h"
 
-struct SamplingParams {
-  float temperature = 0.0f;        // 0: greedy
-  int top_k = 0;                   // 0: off
-  float top_p = 1.0f;              // 1: off
-  float min_p = 0.0f;              // 0: off
-  float repetition_penalty = 1.0f; // 1: off; >1 discourages tokens already in the context
-  int repetition_window = 64;      // last N tokens the penalty looks at (0: whole context)
-  uint64_t seed = 0;
-};
+namespace dhs {
 
 class Sampler {
  public:
@@ -30,7 +22,5 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;  // scratch: (logit, id)
 };
 
-// Throws dhs::Error with a clear message for out-of-range parameters.
-void validate(const SamplingParams& p);
 
 }  // namespace dhs

@@ -1,6 +1,7 @@
 // Page pool of one tier: storage for n_pages head-pages, K and V apart, plus the
 // allocator (a free stack) and ownership accounting. Storage is fp32 on the CPU
-// backend (exact oracle); the CUDA backend will keep bf16 pools in HBM.
+// backend (exact oracle); the CUDA backend keeps its bf16 pages in HBM
+// (backend/cuda/device_page_pool.h) and uses this pool without storage, for allocation.
 //
 //   k_: [n_pages, page_size, head_dim]   v_: [n_pages, page_size, head_dim]
 #pragma once
@@ -8,15 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "dhisparse/kv_stats.h"
 #include "kv/page_ref.h"
 
 namespace dhs {
 
-struct PoolStats {
-  int64_t n_total = 0;
-  int64_t n_free = 0;
-  int64_t n_used = 0;
-};
 
 class PagePool {
  public:

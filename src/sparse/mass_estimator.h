@@ -14,7 +14,7 @@
 
 #include "kv/page_table.h"
 #include "sparse/page_summary.h"
-#include "sparse/policy_spec.h"
+#include "dhisparse/policy.h"
 
 namespace dhs {
 
@@ -148,7 +148,7 @@ class ProjectedSketchEstimator final : public MassEstimator {
 // Throws dhs::Error on another name.
 std::shared_ptr<const MassEstimator> make_estimator(const std::string& name);
 
-// GroupCombine: sparse/policy_spec.h.
+// GroupCombine: dhisparse/policy.h.
 
 struct MassQuery {
   const float* q = nullptr;  // [n_rows, n_heads_q, head_dim]; rows of this request at row_begin..row_end

@@ -16,7 +16,7 @@
 #include "kv/page_table.h"
 #include "sparse/mass_estimator.h"
 #include "sparse/page_summary.h"
-#include "sparse/policy_spec.h"
+#include "dhisparse/policy.h"
 
 namespace dhs {
 
@@ -141,7 +141,7 @@ class DenseBelowPolicy final : public SelectionPolicy {
   DensePolicy dense_;
 };
 
-// The policy a spec names (sparse/policy_spec.h): nullptr-free; DensePolicy for dense. Validates
+// The policy a spec names (dhisparse/policy.h): nullptr-free; DensePolicy for dense. Validates
 // the spec (dhs::Error). dense_below wraps the rule in DenseBelowPolicy; min_step_tokens and
 // reselect_every are read by the runners.
 std::unique_ptr<SelectionPolicy> make_policy(const PolicySpec& spec);

@@ -1,5 +1,5 @@
-// PolicySpec (see policy_spec.h): the grammar, the checks and the canonical spellings.
-#include "sparse/policy_spec.h"
+// PolicySpec (see dhisparse/policy.h): the grammar, the checks and the canonical spellings.
+#include "dhisparse/policy.h"
 
 #include <fmt/format.h>
 

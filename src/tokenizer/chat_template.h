@@ -11,12 +11,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-namespace dhs {
+#include "dhisparse/chat.h"
 
-struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", "tool"
-  std::string content;
-};
+namespace dhs {
 
 // Parsed once, rendered many times; render() is const and may run concurrently.
 class ChatTemplate {

@@ -71,7 +71,7 @@ expect nonzero "sparse-min-tokens" -- generate -m "$model" -p hi --sparse-min-to
 long="$(printf 'The quick brown fox jumps over the lazy dog %s. ' $(seq 1 30))"
 expect zero "KV pages read: [0-9]\\.|KV pages read: [1-8][0-9]\\." -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5
 expect zero "KV pages read: 100(\\.0)?%" -- generate -m "$model" -p "$long" -n 8 --sparse-policy coverage --gamma 0.5 --sparse-min-tokens 100000
-# The policy grammar (sparse/policy_spec.h) in --sparse-policy: topfrac keeps ceil(0.25 x pages) of each
+# The policy grammar (dhisparse/policy.h) in --sparse-policy: topfrac keeps ceil(0.25 x pages) of each
 # list's 24-25 pages (25-28%); a rule with its value, reselect count and estimator in one word; bad values named.
 expect zero "KV pages read: 2[5-8]\\." -- generate -m "$model" -p "$long" -n 8 --sparse-policy topfrac:0.25
 expect zero "KV pages read: [0-9]+\\.[0-9]%" -- generate -m "$model" -p "$long" -n 4 --sparse-policy coverage:0.5/2@minmax

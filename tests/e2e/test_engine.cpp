@@ -12,6 +12,7 @@
 
 #include "dhisparse/engine.h"
 #include "test_paths.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dhs {
 namespace {

@@ -4,6 +4,7 @@
 // exercises safetensors, config parsing, name mapping, half-split RoPE on HF
 // weights and the tokenizer.json loader on a real model.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>

@@ -1,4 +1,4 @@
-// PolicySpec (sparse/policy_spec.h): the one grammar of sparse policies. Every rule parses from
+// PolicySpec (dhisparse/policy.h): the one grammar of sparse policies. Every rule parses from
 // its canonical spelling and back; bad text fails with a message naming it; defaults supply the
 // fields the text leaves out; keys differ exactly when policies do.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "sparse/policy_spec.h"
+#include "dhisparse/policy.h"
 
 namespace dhs {
 namespace {

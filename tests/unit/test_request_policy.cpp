@@ -16,7 +16,7 @@
 #include "engine/step_runner.h"
 #include "kv/page_table.h"
 #include "model/model_loader.h"
-#include "sparse/policy_spec.h"
+#include "dhisparse/policy.h"
 
 namespace dhs {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "backend/cpu/cpu_matrix.h"
-#include "core/rope_style.h"
+#include "dhisparse/rope_style.h"
 
 namespace dhs::cpu {
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "core/rope_style.h"
+#include "dhisparse/rope_style.h"
 
 namespace dhs::cuda {
 

@@ -1,10 +1,10 @@
-// A sparse policy (sparse/policy_spec.h) as the select kernels' rule fields: the GPU statement of
+// A sparse policy (dhisparse/policy.h) as the select kernels' rule fields: the GPU statement of
 // each rule, beside its CPU statement in sparse/policy.cpp. Adding a rule: its row in
 // sparse/policy_spec.cpp, its SelectionPolicy, a case here and, where the kernel needs a new cut,
 // a branch in page_select.cu. The PageSelector and the model never name a rule.
 #pragma once
 #include "backend/cuda/page_select.h"
-#include "sparse/policy_spec.h"
+#include "dhisparse/policy.h"
 
 namespace dhs::cuda {
 

@@ -1,4 +1,4 @@
-// One spelling of a sparse-decode policy for every front end (CLI, eval, bench, server) and every
+// dhisparse public API: one spelling of a sparse-decode policy for every front end (CLI, eval, bench, server) and every
 // consumer (the CPU policies, the GPU selector, the decode graph's key).
 //
 // Grammar (what `--sparse-policy`, eval's `--policies` and a server request take):

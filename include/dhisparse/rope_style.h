@@ -1,5 +1,6 @@
-// How RoPE pairs the dimensions of a head: a property of a model's weight layout that the
-// backends' RoPE kernels take, kept here so that backend/ needs nothing from model/.
+// dhisparse public API: how RoPE pairs the dimensions of a head, a property of a model's weight
+// layout (ModelConfig::rope_style) that the backends' RoPE kernels take; its own header so that
+// backend/ needs nothing from model/.
 #pragma once
 
 namespace dhs {
