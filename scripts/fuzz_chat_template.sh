@@ -45,7 +45,7 @@ fi
 if [ "$stale" = 1 ]; then
   echo "building $bin"
   "$cxx" -std=c++20 -O1 -g -march=x86-64-v3 -fsanitize=fuzzer,address,undefined \
-    -fno-sanitize-recover=undefined -I"$root/src" "${srcs[@]}" -lfmt -o "$bin"
+    -fno-sanitize-recover=undefined -I"$root/src" -I"$root/include" "${srcs[@]}" -lfmt -o "$bin"
 fi
 
 # The first corpus directory collects what the fuzzer finds; the seeds stay read-only:
