@@ -22,7 +22,6 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/prefill_attention.h"
-#include "backend/cuda/prefill_attention_sm90.h"
 #include "backend/cuda/pdl_launch.h"
 #include "eval/budget_trace.h"
 #include "bench/e2e_bench.h"
@@ -317,9 +316,8 @@ void time_prefill(const E2eBenchOptions& opts, const ModelConfig& cfg, const cud
     // at 128k before, 17.6 s and ~15 s a run.)
     const std::vector<int> variants = n > 32768 ? std::vector<int>{2, 3, 2, 3} : std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3};
     for (const int variant : variants) {  // one model; a new request each time
-      const bool wgmma = variant > 0;
-      cuda::set_prefill_wgmma(wgmma);
-      cuda::set_prefill_sm90_shape({128, variant >= 2, variant == 3, variant == 3 ? 3 : 2});
+      m->set_prefill_kernel({.wgmma = variant > 0,
+                             .sm90_shape = {128, variant >= 2, variant == 3, variant == 3 ? 3 : 2}});
       PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
       cudaDeviceSynchronize();
       const auto t0 = std::chrono::steady_clock::now();
@@ -341,7 +339,8 @@ void time_prefill(const E2eBenchOptions& opts, const ModelConfig& cfg, const cud
 }
 
 int run_e2e_bench(const E2eBenchOptions& opts) {
-  cuda::set_pdl_chain(opts.pdl);
+  // Every launch and graph capture below runs on this thread, inside this scope.
+  const cuda::ScopedPdlChain pdl_scope(opts.pdl);
   if (cuda::device_count() == 0) {
     std::printf("SKIP: no GPU\n");
     return 77;
@@ -355,8 +354,6 @@ int run_e2e_bench(const E2eBenchOptions& opts) {
   if (!opts.gemm_batch.empty()) time_weight_gemms(opts, cfg, prop, copy_gbps);
   time_decode_steps(opts, cfg, prop, copy_gbps, jl);
   time_prefill(opts, cfg, prop, jl);
-  cuda::set_prefill_wgmma(true);
-  cuda::set_prefill_sm90_shape(cuda::kPrefillSm90Default);
   return 0;
 }
 

@@ -24,7 +24,6 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/prefill_attention.h"
-#include "backend/cuda/prefill_attention_sm90.h"
 
 namespace {
 
@@ -187,17 +186,18 @@ int main(int argc, char** argv) {
       p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
       return p;
     };
-    auto run_single = [&] { dhs::cuda::launch_prefill_attention(params(n_chunks), nullptr); };
+    dhs::cuda::PrefillKernel kernel;  // the mode's, set in the loop below
+    auto run_single = [&] { dhs::cuda::launch_prefill_attention(params(n_chunks), nullptr, kernel); };
     auto run_chunked = [&] {
-      for (int c = 0; c < n_chunks; ++c) dhs::cuda::launch_prefill_attention(params(c), nullptr);
+      for (int c = 0; c < n_chunks; ++c) dhs::cuda::launch_prefill_attention(params(c), nullptr, kernel);
     };
 
     const double flops = 2.0 * kHeadsQ * kHeadDim * static_cast<double>(ctx) * ctx;  // 4*S^2*h*d / 2 (causal)
     const int reps = ctx <= 32768 ? 30 : 3;
-    // Mode 2 first: the mma.sync kernel (set_prefill_wgmma(false)) in one call, for the A/B against
+    // Mode 2 first: the mma.sync kernel (PrefillKernel::wgmma false) in one call, for the A/B against
     // the default (wgmma on sm_90); then the default in one call and in chunks, whose outputs the
     // checks below read.
-    // Modes 3-8: the wgmma kernel's other shapes (set_prefill_sm90_shape): 64 and 128 keys per tile
+    // Modes 3-8: the wgmma kernel's other shapes (PrefillKernel::sm90_shape): 64 and 128 keys per tile
     // with every thread gathering, 64 warp-specialized, and at 128 keys warp-specialized with ping-pong
     // consumers alone, with a 3-tile ring alone and with neither (modes 0 and 1: the default, 128
     // keys with both, in one call and in chunks).
@@ -208,8 +208,7 @@ int main(int argc, char** argv) {
     const char* names[] = {"single", "chunked", "single-mmasync", "single-wgmma64", "single-wgmma128", "single-wgmma64ws",
                            "single-wgmma128ws-pp", "single-wgmma128ws-s3", "single-wgmma128ws"};
     for (int mode : {2, 3, 4, 5, 6, 7, 8, 0, 1}) {
-      dhs::cuda::set_prefill_wgmma(mode != 2);
-      dhs::cuda::set_prefill_sm90_shape(shapes[mode]);
+      kernel = {.wgmma = mode != 2, .sm90_shape = shapes[mode]};
       auto fn = [&] { mode == 1 ? run_chunked() : run_single(); };
       fn();  // warm-up (module load, smem attribute)
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -228,8 +227,6 @@ int main(int argc, char** argv) {
                          ctx, us,
                          flops / us * 1e-6, samples});
     }
-    dhs::cuda::set_prefill_wgmma(true);
-    dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
 
     // The chunked run must produce exactly the single run's output (same tiles, same key order).
     unsigned long long* n_diff_d = dev_alloc<unsigned long long>(1);

@@ -35,8 +35,8 @@ fi
 
 mkdir -p "$out"
 bin="$out/fuzz_chat_template"
-srcs=("$root"/tests/fuzz/fuzz_chat_template.cpp "$root"/src/tokenizer/jinja_*.cpp "$root"/src/tokenizer/utf8.cpp)
-hdrs=("$root"/src/tokenizer/jinja_*.h "$root"/src/tokenizer/utf8.h "$root"/src/core/error.h)
+srcs=("$root"/tests/fuzz/fuzz_chat_template.cpp "$root"/src/template/jinja_*.cpp "$root"/src/core/utf8.cpp)
+hdrs=("$root"/src/template/jinja_*.h "$root"/src/core/utf8.h "$root"/src/core/error.h)
 stale=1
 if [ -x "$bin" ]; then
   stale=0

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace dhs::cli {
 

@@ -11,7 +11,7 @@
 
 #include "backend/cpu/cpu_matrix.h"
 #include "core/error.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "core/thread_pool.h"
 #include "dhisparse/engine.h"

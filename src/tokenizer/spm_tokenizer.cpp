@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace dhs {
 namespace {

@@ -2,7 +2,7 @@
 // incomplete UTF-8 character wait for the next token; invalid bytes become U+FFFD,
 // so every returned chunk is valid UTF-8 on its own.
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace dhs {
 

@@ -203,12 +203,8 @@ std::string run_case_on(const Case& c, bool wgmma, dhs::cuda::PrefillSm90Shape s
   p.head_dim = d;
   p.page_size = kPageSize;
   p.scale = cp.scale;
-  dhs::cuda::set_prefill_wgmma(wgmma);
-  dhs::cuda::set_prefill_sm90_shape(shape);
-  dhs::cuda::launch_prefill_attention(p, nullptr);
+  dhs::cuda::launch_prefill_attention(p, nullptr, {.wgmma = wgmma, .sm90_shape = shape});
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
-  dhs::cuda::set_prefill_wgmma(true);
-  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
 
   std::vector<uint16_t> out_dev(n_q);
   std::vector<float> lse_dev(lse_ref.size());
@@ -331,8 +327,8 @@ std::string check_rejects() {
   return "";
 }
 
-// Kernel shapes the setter must refuse (it only records a valid one; no GPU needed): "" or what
-// it wrongly accepted.
+// Kernel shapes check_prefill_sm90_shape (the launcher's check) must refuse (no GPU needed): "" or
+// what it wrongly accepted.
 std::string check_shape_setter() {
   using Shape = dhs::cuda::PrefillSm90Shape;
   const Shape bad[] = {{96, true, true, 3}, {128, true, true, 4}, {128, false, true, 2}, {128, false, false, 3},
@@ -340,7 +336,7 @@ std::string check_shape_setter() {
   std::string err;
   for (const Shape& s : bad) {
     try {
-      dhs::cuda::set_prefill_sm90_shape(s);
+      dhs::cuda::check_prefill_sm90_shape(s);
       err += "accepted {" + std::to_string(s.block_n) + ", " + std::to_string(s.warp_specialized) + ", " +
              std::to_string(s.ping_pong) + ", " + std::to_string(s.stages) + "}; ";
     } catch (const std::exception&) {
@@ -348,12 +344,11 @@ std::string check_shape_setter() {
   }
   for (const Shape& s : {Shape{64, false, false, 2}, Shape{128, true, true, 2}, Shape{64, true, false, 3}}) {
     try {
-      dhs::cuda::set_prefill_sm90_shape(s);
+      dhs::cuda::check_prefill_sm90_shape(s);
     } catch (const std::exception& e) {
       err += std::string("refused a valid shape: ") + e.what() + "; ";
     }
   }
-  dhs::cuda::set_prefill_sm90_shape(dhs::cuda::kPrefillSm90Default);
   return err;
 }
 
@@ -397,5 +392,5 @@ TEST(PrefillAttention, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   EXPECT_EQ(check_rejects(), "");
 }
-// Runs without a GPU too: the setter validates before it records.
+// Runs without a GPU too: the shape check needs none.
 TEST(PrefillAttention, ShapeSetterRejectsInvalidShapes) { EXPECT_EQ(check_shape_setter(), ""); }

@@ -7,7 +7,7 @@
 // Build (clang with libFuzzer: Debian's libclang-rt-14-dev; from the repository root):
 //   clang++ -std=c++20 -O1 -g -march=x86-64-v3 -fsanitize=fuzzer,address,undefined \
 //     -fno-sanitize-recover=undefined -Isrc tests/fuzz/fuzz_chat_template.cpp \
-//     src/tokenizer/jinja_*.cpp src/tokenizer/utf8.cpp -lfmt -o /tmp/fuzz_chat_template
+//     src/template/jinja_*.cpp src/core/utf8.cpp -lfmt -o /tmp/fuzz_chat_template
 //   /tmp/fuzz_chat_template /tmp/jinja_corpus tests/fuzz/chat_template_corpus tests/data/chat_templates \
 //     -dict=tests/fuzz/jinja.dict -max_len=4096 -timeout=2 -rss_limit_mb=2048 -max_total_time=300
 // Replay findings without libFuzzer (g++ works too): add -DDHS_FUZZ_STANDALONE, drop
@@ -28,8 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "tokenizer/jinja_interpreter.h"
-#include "tokenizer/jinja_parser.h"
+#include "template/jinja_interpreter.h"
+#include "template/jinja_parser.h"
 
 namespace {
 

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "template/chat_template.h"
+#include "template/jinja_interpreter.h"
+#include "template/jinja_parser.h"
 #include "test_paths.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/jinja_interpreter.h"
-#include "tokenizer/jinja_parser.h"
 
 namespace {
 

@@ -22,10 +22,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "template/chat_template.h"
+#include "template/jinja_limits.h"
+#include "template/jinja_text.h"
 #include "test_paths.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/jinja_limits.h"
-#include "tokenizer/jinja_text.h"
 
 namespace {
 

@@ -6,11 +6,11 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe_merges.h"
 #include "tokenizer/byte_unicode.h"
 #include "tokenizer/pretokenizer.h"
-#include "tokenizer/utf8.h"
 
 namespace dhs {
 namespace {

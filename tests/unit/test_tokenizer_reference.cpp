@@ -14,11 +14,11 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "model/gguf_file.h"
 #include "test_paths.h"
 #include "tokenizer/byte_unicode.h"
 #include "tokenizer/tokenizer.h"
-#include "tokenizer/utf8.h"
 
 namespace dhs {
 namespace {

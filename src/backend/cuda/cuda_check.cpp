@@ -1,7 +1,5 @@
 #include "backend/cuda/cuda_check.h"
 
-#include <atomic>
-
 #include "backend/cuda/pdl_launch.h"
 
 #include "core/error.h"
@@ -23,10 +21,14 @@ int device_count() {
 }
 
 namespace {
-std::atomic<bool> g_pdl_chain{true};
+// Per thread: a launch reads the value of the thread that issues it (and a stream capture records
+// on that thread too), so a benchmark's scope never reaches another thread's launches.
+thread_local bool t_pdl_chain = true;
 }  // namespace
 
-void set_pdl_chain(bool on) { g_pdl_chain.store(on); }
-bool pdl_chain() { return g_pdl_chain.load(); }
+bool pdl_chain() { return t_pdl_chain; }
+
+ScopedPdlChain::ScopedPdlChain(bool on) : previous_(t_pdl_chain) { t_pdl_chain = on; }
+ScopedPdlChain::~ScopedPdlChain() { t_pdl_chain = previous_; }
 
 }  // namespace dhs::cuda

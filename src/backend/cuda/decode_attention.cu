@@ -580,7 +580,7 @@ void launch_merge(const DecodeAttentionParams& p, cudaStream_t stream) {
   const int q_vecs = (p.n_heads_q / p.n_heads_kv) * p.max_q_len;
   const dim3 grid(static_cast<unsigned>(p.n_requests * p.n_heads_kv), static_cast<unsigned>(q_vecs));
   // The merge grid is scheduled while the split-KV grid drains and waits for it with
-  // griddepcontrol.wait (a programmatic edge in CUDA graphs: always, whatever set_pdl_chain says).
+  // griddepcontrol.wait (a programmatic edge in CUDA graphs: always, whatever pdl_chain() says).
   // Partials per list, about (the longest list of a sparse step may hold more: more rounds).
   const int per_list = p.n_workers / std::max(1, p.n_requests * p.n_heads_kv) + 1;
   if (per_list > 16 * kMergeUnroll)

@@ -21,12 +21,27 @@
 
 namespace dhs::cuda {
 
-// Process-wide switch (default on): off, launch_pdl launches plainly (the benchmarks' A/B).
-// Graphs keep what was in force when they were captured.
-void set_pdl_chain(bool on);
+// Whether launch_pdl launches programmatically on this thread: yes, unless a ScopedPdlChain(false)
+// is alive on it.
 bool pdl_chain();
 
-// A programmatic dependent launch whatever set_pdl_chain says (a kernel that always follows its
+// The benchmarks' A/B (dhisparse bench --no-pdl): while alive, launch_pdl on this thread launches
+// programmatically or not as `on` says; the destructor restores what was in force before (scopes
+// nest). Thread-local, so nothing else in the process sees it; the library itself never sets it.
+// A captured CUDA graph keeps what was in force at its capture: a graph captured inside the scope
+// replays with the scope's choice after it ends, and one captured before keeps the earlier choice.
+class ScopedPdlChain {
+ public:
+  explicit ScopedPdlChain(bool on);
+  ~ScopedPdlChain();
+  ScopedPdlChain(const ScopedPdlChain&) = delete;
+  ScopedPdlChain& operator=(const ScopedPdlChain&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// A programmatic dependent launch whatever pdl_chain() says (a kernel that always follows its
 // own primary: the attention merge after the split-KV grid, compact after select), or a plain
 // one when `programmatic` is false.
 template <typename... KArgs, typename... Args>
@@ -45,7 +60,7 @@ void launch_programmatic(bool programmatic, void (*kernel)(KArgs...), dim3 grid,
   DHS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// A kernel of the step's chain: programmatic while set_pdl_chain is on.
+// A kernel of the step's chain: programmatic while pdl_chain() says so.
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   launch_programmatic(pdl_chain(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);

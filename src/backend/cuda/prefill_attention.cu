@@ -9,7 +9,6 @@
 // owning 32 rows (two m16 tiles); K/V tiles are kBlockN = 64 keys = 4 pages.
 #include "backend/cuda/prefill_attention.h"
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -388,14 +387,9 @@ void require(bool ok, const std::string& what) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-std::atomic<bool> g_wgmma{true};
-
 }  // namespace
 
-void set_prefill_wgmma(bool on) { g_wgmma.store(on, std::memory_order_relaxed); }
-bool prefill_wgmma_enabled() { return g_wgmma.load(std::memory_order_relaxed); }
-
-void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {
+void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream, const PrefillKernel& kernel) {
   require(p.page_size == kPageSize, "page_size " + std::to_string(p.page_size) + " (supported: 16)");
   require(p.n_heads_kv > 0 && p.n_heads_q > 0 && p.n_heads_q % p.n_heads_kv == 0,
           "n_heads_q " + std::to_string(p.n_heads_q) + " not a multiple of n_heads_kv " +
@@ -404,6 +398,7 @@ void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stre
   require(group <= kBlockM, "query heads per KV head " + std::to_string(group) + " > 128");
   require(p.n_requests >= 0 && p.n_rows >= 0, "negative sizes");
   require(p.scale > 0.0f, "scale must be > 0");
+  check_prefill_sm90_shape(kernel.sm90_shape);
   if (p.n_requests == 0 || p.n_rows == 0) return;
   require(p.q && p.out && p.k_pool && p.v_pool && p.q_indptr && p.kv_indptr && p.slots && p.page_pos && p.seq_len,
           "null pointer");
@@ -417,7 +412,7 @@ void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stre
   switch (p.head_dim) {
     case 64: launch_for_head_dim<64>(p, grid, stream); break;
     case 128:
-      if (prefill_wgmma_enabled() && prefill_sm90_available()) launch_prefill_attention_sm90(p, grid, stream);
+      if (kernel.wgmma && prefill_sm90_available()) launch_prefill_attention_sm90(p, kernel.sm90_shape, grid, stream);
       else launch_for_head_dim<128>(p, grid, stream);
       break;
     default: require(false, "head_dim " + std::to_string(p.head_dim) + " (supported: 64, 128)");

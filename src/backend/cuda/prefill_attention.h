@@ -41,15 +41,36 @@ struct PrefillAttentionParams {
   float scale = 0.0f;  // usually 1/sqrt(head_dim)
 };
 
-// Checks the shape preconditions (throws dhs::Error, through cuda::check, so
-// this header and the .cu stay free of fmt) and launches on `stream`.
-// A row that sees no key gets output 0 and lse -inf.
-void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream);
+// The warpgroup-MMA kernel's shape (prefill_attention_sm90.h): keys per K/V tile, 64 or 128;
+// warp-specialized: a third warpgroup gathers the K/V tiles into an mbarrier ring and the two
+// consumer warpgroups run each at its own pace, else all threads gather and meet once per tile;
+// ping-pong (warp-specialized only): the two consumers instead take turns at the tensor cores, one's
+// softmax under the other's MMAs; stages: K/V tiles in the ring, 2 or 3 (3: warp-specialized only).
+// The default is the fastest measured (docs/kernels/prefill_attention_NOTES.md); every shape is
+// tested.
+struct PrefillSm90Shape {
+  int block_n = 128;
+  bool warp_specialized = true;
+  bool ping_pong = true;
+  int stages = 3;
+};
+inline constexpr PrefillSm90Shape kPrefillSm90Default{};
 
-// head_dim 128 on an sm_90 device runs the warpgroup-MMA kernel (prefill_attention_sm90.h) unless
-// this process-wide switch is off (then the mma.sync kernel: the benchmark's A/B and the tests).
-// Default on.
-void set_prefill_wgmma(bool on);
-bool prefill_wgmma_enabled();
+// Which kernel launch_prefill_attention runs for head_dim 128: the warpgroup-MMA one where the device
+// and build allow (sm_90a; elsewhere, and for head_dim 64, the mma.sync kernel whatever this says),
+// in the default shape. The mma.sync kernel on Hopper and the other shapes are for the benchmarks'
+// A/B (LlamaCuda::set_prefill_kernel, prefill_bench) and the tests.
+struct PrefillKernel {
+  bool wgmma = true;                                // false: the mma.sync kernel
+  PrefillSm90Shape sm90_shape = kPrefillSm90Default;  // the wgmma kernel's shape
+};
+
+// Throws dhs::Error (through cuda::check) unless `shape` is one of the compiled forms; needs no GPU.
+void check_prefill_sm90_shape(const PrefillSm90Shape& shape);
+
+// Checks the shape preconditions and the kernel's shape (throws dhs::Error, through cuda::check,
+// so this header and the .cu stay free of fmt) and launches on `stream`.
+// A row that sees no key gets output 0 and lse -inf.
+void launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream, const PrefillKernel& kernel = {});
 
 }  // namespace dhs::cuda

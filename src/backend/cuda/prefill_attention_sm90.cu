@@ -21,7 +21,6 @@
 // this engine pages each KV head separately; CUTLASS/FA3 are not Debian packages.
 #include "backend/cuda/prefill_attention_sm90.h"
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -526,9 +525,6 @@ __global__ void __launch_bounds__(kThreadsOf<WS>, 1) prefill_attention_sm90_kern
   }
 }
 
-std::atomic<int> g_block_n{kPrefillSm90Default.block_n}, g_stages{kPrefillSm90Default.stages};
-std::atomic<bool> g_ws{kPrefillSm90Default.warp_specialized}, g_pp{kPrefillSm90Default.ping_pong};
-
 template <int BN, bool WS, bool PP, int ST>
 void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
   static const bool attr_set = [] {
@@ -542,26 +538,22 @@ void launch_shape(const PrefillAttentionParams& p, dim3 grid, cudaStream_t strea
 }
 
 template <int BN>
-void launch_block_n(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  const bool three = g_stages.load(std::memory_order_relaxed) == 3;
-  if (!g_ws.load(std::memory_order_relaxed)) launch_shape<BN, false, false, 2>(p, grid, stream);
-  else if (g_pp.load(std::memory_order_relaxed))
+void launch_block_n(const PrefillAttentionParams& p, const PrefillSm90Shape& shape, dim3 grid, cudaStream_t stream) {
+  const bool three = shape.stages == 3;
+  if (!shape.warp_specialized) launch_shape<BN, false, false, 2>(p, grid, stream);
+  else if (shape.ping_pong)
     three ? launch_shape<BN, true, true, 3>(p, grid, stream) : launch_shape<BN, true, true, 2>(p, grid, stream);
   else three ? launch_shape<BN, true, false, 3>(p, grid, stream) : launch_shape<BN, true, false, 2>(p, grid, stream);
 }
 
 }  // namespace
 
-void set_prefill_sm90_shape(const PrefillSm90Shape& shape) {
+void check_prefill_sm90_shape(const PrefillSm90Shape& shape) {
   auto fail = [](const char* what) { check(cudaErrorInvalidValue, what, __FILE__, __LINE__); };
-  if (shape.block_n != 64 && shape.block_n != 128) fail("set_prefill_sm90_shape: 64 or 128 keys");
-  if (shape.stages != 2 && shape.stages != 3) fail("set_prefill_sm90_shape: a ring of 2 or 3 K/V tiles");
+  if (shape.block_n != 64 && shape.block_n != 128) fail("prefill_attention_sm90 shape: 64 or 128 keys");
+  if (shape.stages != 2 && shape.stages != 3) fail("prefill_attention_sm90 shape: a ring of 2 or 3 K/V tiles");
   if (!shape.warp_specialized && (shape.ping_pong || shape.stages != 2))
-    fail("set_prefill_sm90_shape: ping-pong and a 3-tile ring need the warp-specialized form");
-  g_block_n.store(shape.block_n, std::memory_order_relaxed);
-  g_stages.store(shape.stages, std::memory_order_relaxed);
-  g_ws.store(shape.warp_specialized, std::memory_order_relaxed);
-  g_pp.store(shape.ping_pong, std::memory_order_relaxed);
+    fail("prefill_attention_sm90 shape: ping-pong and a 3-tile ring need the warp-specialized form");
 }
 
 bool prefill_sm90_available() {
@@ -576,9 +568,10 @@ bool prefill_sm90_available() {
   return ok;
 }
 
-void launch_prefill_attention_sm90(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  if (g_block_n.load(std::memory_order_relaxed) == 128) launch_block_n<128>(p, grid, stream);
-  else launch_block_n<64>(p, grid, stream);
+void launch_prefill_attention_sm90(const PrefillAttentionParams& p, const PrefillSm90Shape& shape, dim3 grid,
+                                   cudaStream_t stream) {
+  if (shape.block_n == 128) launch_block_n<128>(p, shape, grid, stream);
+  else launch_block_n<64>(p, shape, grid, stream);
 }
 
 }  // namespace dhs::cuda

@@ -494,7 +494,7 @@ void LlamaCuda::attention_prefill(int n_tok, int n_req) {
   cuda::PrefillAttentionParams p = prefill_attn_;
   p.n_requests = n_req;
   p.n_rows = n_tok;
-  cuda::launch_prefill_attention(p, stream_);
+  cuda::launch_prefill_attention(p, stream_, prefill_kernel_);
 }
 
 void LlamaCuda::swiglu(int n_tok) {

@@ -135,6 +135,9 @@ class LlamaCuda {
   // The weight GEMMs, for the benchmarks' choice of GEMV kernel (Gemm::set_gemv_kernel): set it
   // before the first forward, since a captured graph keeps the kernels it was captured with.
   cuda::Gemm& gemm() { return *gemm_; }
+  // The prefill attention kernel, for the benchmarks' A/B (the default otherwise: warpgroup MMAs
+  // where the device allows). Prefill steps are never captured: it applies from the next forward.
+  void set_prefill_kernel(const cuda::PrefillKernel& k) { prefill_kernel_ = k; }
 
   // Times: the decode step (graph replay) for the current batch, in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
@@ -245,6 +248,7 @@ class LlamaCuda {
   cuda::DenseListsParams dense_lists_;
   cuda::DecodeAttentionParams decode_attn_;            // (lists per launch)
   cuda::PrefillAttentionParams prefill_attn_;
+  cuda::PrefillKernel prefill_kernel_;
   cuda::SwiGluParams swiglu_;
   cuda::GatherRowsParams last_rows_;
   cuda::AddRmsNormParams final_norm_;

@@ -3,9 +3,7 @@
 // outside it keep their case (Python would map a few more, e.g. Armenian).
 // Everything here runs in time linear in its input and allocates no more than its
 // result (checked against the render's limits), since templates feed it user text.
-#include "tokenizer/jinja_text.h"
-
-#include "tokenizer/utf8.h"
+#include "template/jinja_text.h"
 
 #include <string.h>  // memmem
 
@@ -13,7 +11,8 @@
 #include <optional>
 
 #include "core/error.h"
-#include "tokenizer/jinja_value.h"
+#include "core/utf8.h"
+#include "template/jinja_value.h"
 
 namespace dhs::jinja {
 

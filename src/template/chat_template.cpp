@@ -1,13 +1,13 @@
 // Chat templates (see chat_template.h): the public face of the Jinja
 // interpreter in jinja_*.{h,cpp}. Builds the render context the way
 // transformers' apply_chat_template does and runs the parsed template.
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "tokenizer/jinja_interpreter.h"
-#include "tokenizer/jinja_parser.h"
+#include "template/jinja_interpreter.h"
+#include "template/jinja_parser.h"
 
 namespace dhs {
 

@@ -12,9 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_limits.h"
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_ast.h"
+#include "template/jinja_limits.h"
+#include "template/jinja_value.h"
 
 namespace dhs::jinja {
 

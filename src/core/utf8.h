@@ -1,6 +1,7 @@
 // UTF-8 decoding with the replacement rules of Unicode §3.9 (maximal subparts
 // become one U+FFFD each). Used by the SentencePiece tokenizer to split text into
-// characters and by StreamDecoder to emit only whole characters.
+// characters, by StreamDecoder to emit only whole characters, and by the chat-template
+// interpreter and the CLI's escapes to encode code points (hence core/, below both).
 #pragma once
 #include <cstddef>
 #include <string>

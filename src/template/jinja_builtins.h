@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_value.h"
 
 namespace dhs::jinja {
 

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/jinja_limits.h"
+#include "template/jinja_limits.h"
 
 namespace dhs::jinja {
 

@@ -6,14 +6,14 @@
 // evaluator after it bounded: statement nesting, the parser's recursion inside an
 // expression, and the height of each expression tree, which left-associative
 // chains ("1+1+1...", "a|f|f|f...", "a.b.c...") grow without any recursion.
-#include "tokenizer/jinja_parser.h"
+#include "template/jinja_parser.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_limits.h"
+#include "template/jinja_limits.h"
 
 namespace dhs::jinja {
 namespace {

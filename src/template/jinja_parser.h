@@ -4,7 +4,7 @@
 #include <memory>
 #include <string_view>
 
-#include "tokenizer/jinja_ast.h"
+#include "template/jinja_ast.h"
 
 namespace dhs::jinja {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/jinja_lexer.h"
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_lexer.h"
+#include "template/jinja_value.h"
 
 namespace dhs::jinja {
 

@@ -1,7 +1,7 @@
 // Values of the chat-template interpreter (see jinja_value.h): construction,
 // Python's str/repr/==/<, len and iteration, json.dumps and JSON import, and the
 // render budget's bookkeeping (jinja_limits.h).
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "tokenizer/jinja_text.h"
+#include "template/jinja_text.h"
 
 namespace dhs::jinja {
 

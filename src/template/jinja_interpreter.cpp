@@ -3,7 +3,7 @@
 // `and`/`or` return an operand, `/` is true division, `//` and `%` floor,
 // comparisons chain, and operations on undefined raise (except printing it,
 // testing it, iterating it and passing it to |default).
-#include "tokenizer/jinja_interpreter.h"
+#include "template/jinja_interpreter.h"
 
 #include <cmath>
 #include <iterator>
@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_text.h"
+#include "template/jinja_builtins.h"
+#include "template/jinja_text.h"
 
 namespace dhs::jinja {
 

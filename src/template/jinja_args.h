@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "tokenizer/jinja_value.h"
+#include "template/jinja_value.h"
 
 namespace dhs::jinja {
 

@@ -9,7 +9,7 @@
 // The lexer is a state machine the parser pulls tokens from: in data it finds the
 // next tag; inside a tag it makes one token per step. Every byte is looked at a
 // bounded number of times, and positions advance incrementally.
-#include "tokenizer/jinja_lexer.h"
+#include "template/jinja_lexer.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -19,8 +19,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_limits.h"
-#include "tokenizer/jinja_text.h"
+#include "template/jinja_limits.h"
+#include "template/jinja_text.h"
 
 namespace dhs::jinja {
 

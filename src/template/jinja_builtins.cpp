@@ -10,10 +10,10 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_args.h"
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_interpreter.h"
-#include "tokenizer/jinja_text.h"
+#include "template/jinja_args.h"
+#include "template/jinja_builtins.h"
+#include "template/jinja_interpreter.h"
+#include "template/jinja_text.h"
 
 namespace dhs::jinja {
 namespace {

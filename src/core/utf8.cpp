@@ -1,5 +1,5 @@
 // UTF-8 decoding and sanitizing (see utf8.h).
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace dhs::utf8 {
 
