@@ -69,8 +69,9 @@ struct PolicySpec {
   void validate() const;
 
   // A request's own policy on an engine running `engine` (the server's --sparse-policy): what a
-  // request may change is its rule and the rule's values (gamma, budget, frac, sinks, recents);
-  // the rest is the engine's, because it is what the engine keeps or how its step is built:
+  // request may change is its rule and the rule's value (gamma, budget or frac; the grammar
+  // spells nothing else, so sinks and recents are the engine's too); the rest is the engine's,
+  // because it is what the engine keeps or how its step is built:
   // the estimator (the page data appended for it), combine, reselect_every (one schedule per
   // step), the dense thresholds (one decision per step). A scoring rule needs a scoring engine
   // policy (its page data and scoring kernels); SoloHead shares one set over the heads (a

@@ -103,6 +103,7 @@ class CpuRunner final : public StepRunner {
     return c;
   }
   void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {
+    if (own_.size() > 64) own_.clear();  // a bound on requests' policies kept (made again on use), between steps
     std::vector<LlamaCpu::Seq> seqs;
     bool any_sample = false;
     for (const StepRequest& r : batch) {

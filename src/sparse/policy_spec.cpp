@@ -150,20 +150,23 @@ PolicySpec PolicySpec::as_request_policy(const PolicySpec& engine) const {
   validate();
   PolicySpec r = *this;
   if (r == engine) return r;
-  DHS_CHECK(rule != SelectRule::SoloHead && engine.rule != SelectRule::SoloHead,
-            "a request's sparse policy {}: solohead shares one page set over the KV heads and is the server's choice "
-            "only (the server runs {})", str(), engine.str());
+  DHS_CHECK(engine.rule != SelectRule::SoloHead,
+            "a request's sparse policy {}: the engine runs {}, one page set shared over the KV heads, which takes no "
+            "per-request policy", str(), engine.str());
+  DHS_CHECK(rule != SelectRule::SoloHead,
+            "a request's sparse policy {}: solohead shares one page set over the KV heads and is the engine's choice "
+            "only (it runs {})", str(), engine.str());
   DHS_CHECK(r.dense() || !engine.dense(),
-            "a request's sparse policy {}: the server runs dense and keeps no page data; start it with "
-            "--sparse-policy to let requests choose theirs", str());
+            "a request's sparse policy {}: the engine runs dense, with no selection step and no page data; start it "
+            "with a sparse policy (--sparse-policy) to let requests choose theirs", str());
   DHS_CHECK(!scores() || engine.scores(),
-            "a request's sparse policy {}: it scores pages, and the server's policy {} does not (no page data or "
+            "a request's sparse policy {}: it scores pages, and the engine's policy {} does not (no page data or "
             "scoring kernels)", str(), engine.str());
   DHS_CHECK(!scores() || estimator == engine.estimator,
-            "a request's sparse policy {}: the estimator is the server's ({}); leave @ESTIMATOR out or give that one",
+            "a request's sparse policy {}: the estimator is the engine's ({}); leave @ESTIMATOR out or give that one",
             str(), engine.estimator);
   DHS_CHECK(reselect_every == engine.reselect_every || r.dense(),
-            "a request's sparse policy {}: --reselect-every is the server's ({}); leave /R out or give that one",
+            "a request's sparse policy {}: --reselect-every is the engine's ({}); leave /R out or give that one",
             str(), engine.reselect_every);
   // The fields a request cannot spell are the engine's.
   r.estimator = engine.estimator;

@@ -175,6 +175,8 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     // for the others; rows past the batch are padding with no pages).
     for (const Request& r : batch) plan.per_request = plan.per_request || (r.policy && !(*r.policy == spec_));
     if (plan.per_request) {
+      // (Per-head budget fractions are the bench's, never with requests' own rules.)
+      DHS_CHECK(select_.budget_frac == nullptr, "per-request policies with per-head budget fractions");
       DHS_CHECK(static_cast<int>(batch.size()) <= sz_.max_batch, "a step of {} requests (max {})", batch.size(), sz_.max_batch);
       for (size_t i = 0; i < batch.size(); ++i) row_rules_h_[i] = row_rule(batch[i].policy ? *batch[i].policy : spec_);
       for (int i = static_cast<int>(batch.size()); i < sz_.max_batch; ++i) row_rules_h_[i] = RowRule{1};

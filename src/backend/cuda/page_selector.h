@@ -89,7 +89,9 @@ class PageSelector {
   // every request is shorter than --dense-below or they hold fewer than --sparse-min-tokens:
   // then it is counted as a dense step) and which layers select (the reselect schedule).
   // Requests with their own policy have their rules uploaded on `stream` for this step's select
-  // launches (the graph reads them from a fixed buffer: one graph for any mix).
+  // launches (the graph reads them from a fixed buffer: one graph per bucket for any mix). The
+  // pinned staging buffer is rewritten here with no wait: it relies on the model waiting for the
+  // stream once per step (LlamaCuda::forward), so no copy of the previous step is pending.
   SelectPlan begin_step(const std::vector<Request>& batch, bool decode, cudaStream_t stream);
   // The next step selects at every layer.
   void restart_schedule() { schedule_.invalidate(); }
