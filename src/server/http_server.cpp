@@ -430,6 +430,7 @@ HttpServer::HttpServer(ServerOptions opts) : impl_(std::make_unique<Impl>(std::m
   s.svr.set_read_timeout(s.opts.read_timeout_s, 0);
   s.svr.set_write_timeout(s.opts.write_timeout_s, 0);
   s.svr.set_keep_alive_max_count(1000);
+  s.svr.set_keep_alive_timeout(s.opts.keep_alive_timeout_s);
   s.svr.set_tcp_nodelay(true);  // an SSE chunk is small and should leave at once
   s.install_routes();
 }

@@ -18,6 +18,11 @@ struct ServerOptions {
   // variable costs no CPU (docs/serving.md has the measurement). 0: max_num_seqs + max_waiting + 64.
   int http_threads = 0;
   int read_timeout_s = 10;           // a stalled request (no byte for this long) is dropped
+  // A connection with no request begun for this long is closed. cpp-httplib waits this long for a
+  // fresh connection's first request as well as between kept-alive requests, so its default (5 s)
+  // dropped, unanswered, clients slow to send on a loaded host (CI: 64 requests at once on 2 busy
+  // cores); it is the read timeout's bound instead.
+  int keep_alive_timeout_s = 10;
   int body_timeout_s = 20;           // a request body not whole after this long gets 408, then close
   int write_timeout_s = 10;          // a client that stops reading its stream is dropped after this
   double shutdown_timeout_s = 10.0;  // SIGTERM: running requests get this long to finish, then abort

@@ -71,3 +71,19 @@ def test_queue_full_is_429(server):
     assert_pool_clean(m)
     rejected = m["dhisparse:requests_rejected_queue_full_total"] - before["dhisparse:requests_rejected_queue_full_total"]
     assert rejected == n429, (rejected, n429)
+
+
+def test_slow_first_request_is_answered(server):
+    # A client that connects and takes 7 s to send its request (a starved process on a loaded
+    # host) is answered: the server waits for a fresh connection's first request as long as for a
+    # stalled one (10 s, server_options.h), not cpp-httplib's 5 s keep-alive default, which closed
+    # such connections without an answer (CI saw httpx ReadErrors with 64 requests at once).
+    import socket
+    import time
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        time.sleep(7)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200"), data[:200]
