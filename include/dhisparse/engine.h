@@ -78,6 +78,13 @@ struct GenerateOptions {
   // the estimator, combine, reselect schedule and dense thresholds stay the engine's
   // (PolicySpec::as_request_policy says why). Empty: the engine's policy.
   std::string sparse_policy;
+  // Speculative decoding (issue 24; the CPU backend and greedy requests so far): each cycle drafts
+  // up to speculative_k tokens with the same model on draft_policy (a small page set), then
+  // verifies them with the request's own policy in one step of k + 1 rows, each row reading the
+  // pages its own decode step would. Accepted: the longest prefix the verifier agrees with, then
+  // the verifier's next token, so the output equals decoding without it. 0: off.
+  int speculative_k = 0;
+  std::string draft_policy = "sinkwindow:16";  // the draft's pages (PolicySpec's grammar, no scoring rule)
 };
 
 struct GenerateResult {
@@ -88,6 +95,9 @@ struct GenerateResult {
   double prompt_seconds = 0.0;      // prefill time
   double decode_seconds = 0.0;      // time for tokens after the first
   double pages_read_frac = 1.0;     // KV pages read by decode attention / all pages (sparse policies)
+  int64_t spec_verifies = 0;        // speculative decoding: verification steps,
+  int64_t spec_drafted = 0;         // draft tokens they checked,
+  int64_t spec_accepted = 0;        // and how many of them were accepted
 };
 
 class Engine {

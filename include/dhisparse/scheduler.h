@@ -48,6 +48,8 @@ struct RequestEvent {
   std::string error;            // finish_reason "error": why
   int64_t n_prompt = 0;         // prompt tokens
   int64_t n_generated = 0;      // tokens generated so far (the stop token not included)
+  // Speculative decoding so far: verification steps, draft tokens checked, accepted.
+  int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
 };
 using RequestSink = std::function<void(const RequestEvent&)>;
 
@@ -91,6 +93,8 @@ struct SchedulerStats {
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)
   uint64_t generation_tokens = 0;  // tokens generated
+  // Speculative decoding: verification steps, the draft tokens they checked, those accepted.
+  uint64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
   PoolStats kv;                    // the KV pool now
   std::string kv_check;            // "" when the pool's accounting holds
   PageCounts pages;                // sparse decode's pages read / all, since start

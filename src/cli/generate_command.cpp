@@ -46,6 +46,12 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
       ->check(int_in(0, kNoLimit));
   policy_.add(app_, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian", false);
   app_->add_option("--reselect-every", policy_.spec.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(int_in(1, 64))->capture_default_str();
+  app_->add_option("--speculative-k", go_.speculative_k,
+                  "Speculative decoding: draft up to K tokens per cycle on --draft-policy, verify them in one step "
+                  "(greedy; the output equals decoding without it; CPU backend so far); 0 = off")
+      ->check(int_in(0, 16))->capture_default_str();
+  app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages)")
+      ->capture_default_str();
   app_->add_option("--device", eo_.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app_->add_option("-t,--threads", eo_.n_threads, "CPU threads; 0 = all (more than the machine's hardware threads are not started)")->check(int_in(0, 4096));
   app_->add_option("-c,--ctx-size", eo_.max_context, "Context size in tokens, at most the model's trained context; 0 = the model's (capped at 8192 on CPU)")->check(int_in(0, kMaxTokens));
@@ -120,6 +126,11 @@ int GenerateCommand::run(StdoutWriter& out, std::string& oom_while) {
     std::fprintf(stderr, "prompt: %lld tokens, %.1f tokens/s | decode: %zu tokens, %.1f tokens/s | finish: %s",
                  static_cast<long long>(res.n_prompt), pp, res.tokens.size(), tg, res.finish_reason.c_str());
     if (!eo_.policy.dense()) std::fprintf(stderr, " | KV pages read: %.1f%%", 100.0 * res.pages_read_frac);
+    if (res.spec_verifies > 0)
+      std::fprintf(stderr, " | speculative: %lld verifies, %.2f of %.2f drafts accepted per verify",
+                   static_cast<long long>(res.spec_verifies),
+                   static_cast<double>(res.spec_accepted) / static_cast<double>(res.spec_verifies),
+                   static_cast<double>(res.spec_drafted) / static_cast<double>(res.spec_verifies));
     std::fprintf(stderr, " | seed: %llu\n", static_cast<unsigned long long>(go_.sampling.seed));
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "engine/continuous_scheduler.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "template/chat_template.h"
@@ -71,6 +72,14 @@ struct ContinuousScheduler::Request {
   PolicySpec policy;             // (as_request_policy over the runner's at submit)
   RequestEvent event;            // what this step has for the sink
   bool finished = false;
+  // Speculative decoding (options.speculative_k > 0, checked at submit): a cycle appends its
+  // drafts to history (not emitted) while the table takes their KV on the draft's pages; the
+  // verify row then writes tokens spec_base.. again with the request's policy.
+  PolicySpec draft;                 // the draft's pages
+  std::optional<Sampler> verifier;  // the verify rows' tokens (greedy, with the request's penalty)
+  int64_t spec_base = -1;           // table tokens when the cycle began (history[spec_base] feeds its first row); -1: none
+  int k_cycle = 0, n_draft = 0;     // drafts this cycle aims for, and has
+  int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
 
   int64_t remaining() const { return static_cast<int64_t>(history.size()) - table.n_tokens(); }
 };
@@ -110,6 +119,26 @@ int64_t ContinuousScheduler::pages_per_token() const {
   return runner_.config().n_layers * runner_.config().n_heads_kv;
 }
 
+std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, PolicySpec* draft) const {
+  if (o.speculative_k < 0 || o.speculative_k > kMaxSpeculativeK)
+    return fmt::format("speculative_k must be in [0, {}], got {}", kMaxSpeculativeK, o.speculative_k);
+  if (!runner_.verifies()) return "speculative decoding runs on the CPU backend only so far";
+  if (o.sampling.temperature != 0.0f)
+    return "speculative decoding takes greedy requests only so far (temperature 0); rejection sampling is not built yet";
+  if (runner_.policy().reselect_every != 1)
+    return fmt::format("speculative decoding needs a policy that selects at every step (the engine's reselects every {})",
+                       runner_.policy().reselect_every);
+  try {
+    *draft = PolicySpec::parse(o.draft_policy, runner_.policy());
+  } catch (const Error& e) {
+    return std::string("draft policy: ") + e.what();
+  }
+  if (draft->rule != SelectRule::SinkWindow)
+    return fmt::format("draft policy {}: the draft reads sink and recent pages (sinkwindow:PAGES); scoring drafts are not built yet",
+                       draft->str());
+  return "";
+}
+
 SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink) {
   SubmitResult res;
   auto invalid = [&](std::string why) {
@@ -140,6 +169,10 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
       return invalid(e.what());
     }
   }
+  PolicySpec draft;
+  if (params.options.speculative_k != 0) {
+    if (std::string why = check_speculation(params.options, &draft); !why.empty()) return invalid(why);
+  }
   // The pages its prompt and first token take, against the whole pool: a request that can
   // never be admitted is refused now rather than waiting forever.
   const int64_t page_size = runner_.pages().page_size();
@@ -168,6 +201,8 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
   r->t_arrival = clock_->now();
   r->own_policy = !r->params.options.sparse_policy.empty();
   r->policy = own_policy;
+  r->draft = draft;
+  if (r->params.options.speculative_k > 0) r->verifier.emplace(r->params.options.sampling);
   res.id = r->id;
   waiting_.push_back(std::move(r));
   lk.unlock();
@@ -274,6 +309,10 @@ void ContinuousScheduler::drop_cancelled(std::vector<Owned>* done) {
 void ContinuousScheduler::preempt_newest() {
   Owned r = remove_running(running_.back().get());
   r->table.release(runner_.pages());  // recompute: its tokens are prefilled again on resume
+  if (r->spec_base >= 0) {  // its drafts go; a new cycle starts after the recompute
+    r->history.resize(static_cast<size_t>(r->spec_base + 1));
+    r->spec_base = -1;
+  }
   {
     std::lock_guard sl(stats_mu_);
     ++stats_.n_preemptions;
@@ -282,26 +321,100 @@ void ContinuousScheduler::preempt_newest() {
   waiting_.push_front(std::move(r));
 }
 
+bool ContinuousScheduler::reserve_or_preempt(Request& r, int64_t n) {
+  while (!r.table.reserve(runner_.pages(), n)) {
+    const bool self = running_.back().get() == &r;
+    preempt_newest();
+    if (self) return false;
+  }
+  return true;
+}
+
+bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget) {
+  if (r.spec_base < 0) {
+    // A new cycle: as many drafts as the request may still emit (a verify emits up to k + 1
+    // tokens), the context holds, and a step's budget holds.
+    const int64_t room = std::min({r.params.options.max_tokens - r.n_generated - 1,
+                                   opt_.max_model_len - 1 - static_cast<int64_t>(r.history.size()), step_tokens_ - 1});
+    r.k_cycle = static_cast<int>(std::clamp<int64_t>(room, 0, r.params.options.speculative_k));
+    if (r.k_cycle > 0) {
+      r.spec_base = r.table.n_tokens();
+      r.n_draft = 0;
+    }
+  }
+  if (r.spec_base < 0 || r.n_draft < r.k_cycle) {  // a plain decode row (no room to speculate), or a draft
+    if (!reserve_or_preempt(r, 1)) return false;
+    rows->push_back({&r, 1, r.spec_base < 0 ? RowKind::Normal : RowKind::Draft});
+    --*budget;
+    return true;
+  }
+  // The verify: the drafts' KV (computed on the draft's pages) is written again by its rows.
+  const int64_t n = r.k_cycle + 1;
+  if (n > *budget) return true;  // the step is full: next step
+  runner_.truncate(r.table, r.spec_base);
+  if (!reserve_or_preempt(r, n)) return false;
+  rows->push_back({&r, n, RowKind::Verify});
+  *budget -= n;
+  return true;
+}
+
+void ContinuousScheduler::accept_verified(Request& r, float* logits, double now) {
+  static const std::vector<int32_t> kNoHistory;
+  const int64_t V = runner_.config().vocab_size;
+  const int64_t n_vocab = std::min<int64_t>(V, tok_.vocab_size());
+  const bool penalty = r.params.options.sampling.repetition_penalty != 1.0f;
+  const std::vector<int32_t> drafts(r.history.begin() + r.spec_base + 1, r.history.end());
+  DHS_ASSERT(static_cast<int>(drafts.size()) == r.k_cycle);
+  // Row j's token is what decoding would sample after history[..spec_base + j]: the drafts
+  // are accepted while they equal it; the first that does not is replaced by it (or, all
+  // accepted, the last row's token follows them).
+  int a = 0;
+  int32_t next = -1;
+  std::vector<int32_t> prefix;
+  for (int j = 0; j <= r.k_cycle; ++j) {
+    if (penalty) prefix.assign(r.history.begin(), r.history.begin() + r.spec_base + j + 1);
+    const int32_t t = r.verifier->sample(logits + j * V, n_vocab, penalty ? prefix : kNoHistory);
+    if (j < r.k_cycle && t == drafts[static_cast<size_t>(j)]) {
+      ++a;
+      continue;
+    }
+    next = t;
+    break;
+  }
+  r.history.resize(static_cast<size_t>(r.spec_base + 1));
+  runner_.truncate(r.table, r.spec_base + 1 + a);  // the rejected drafts' KV and page data go
+  r.spec_base = -1;
+  ++r.spec_verifies;
+  r.spec_drafted += r.k_cycle;
+  r.spec_accepted += a;
+  {
+    std::lock_guard sl(stats_mu_);
+    ++stats_.spec_verifies;
+    stats_.spec_drafted += static_cast<uint64_t>(r.k_cycle);
+    stats_.spec_accepted += static_cast<uint64_t>(a);
+  }
+  for (int j = 0; j < a && !r.finished; ++j) take_token(r, drafts[static_cast<size_t>(j)], now);
+  if (!r.finished) take_token(r, next, now);
+}
+
 void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>*) {
-  PagePool& pool = runner_.pages();
   // Decode rows first, oldest first; preemption takes the newest, so rows already placed stay.
+  // (A row that does not fit what verify rows left of the budget waits a step.)
   for (size_t i = 0; i < running_.size(); ++i) {
     Request* r = running_[i].get();
-    if (r->remaining() != 1) continue;
-    bool preempted_self = false;
-    while (!r->table.reserve(pool, 1)) {
-      preempted_self = running_.back().get() == r;
-      preempt_newest();
-      if (preempted_self) break;
+    if (r->remaining() != 1 || *budget < 1) continue;
+    if (r->params.options.speculative_k > 0) {
+      if (!place_speculative(*r, rows, budget)) break;  // r was the newest: nothing after it runs either
+      continue;
     }
-    if (preempted_self) break;  // r was the newest: nothing after it runs either
+    if (!reserve_or_preempt(*r, 1)) break;
     rows->push_back({r, 1});
     --*budget;
   }
   // Then prefill chunks of the requests still prefilling (their pages were reserved at admission).
   for (const Owned& o : running_) {
     if (*budget <= 0) break;
-    if (o->remaining() <= 1) continue;
+    if (o->remaining() <= 1 || o->spec_base >= 0) continue;  // (a verify row was placed above)
     const int64_t n = std::min(o->remaining(), *budget);
     rows->push_back({o.get(), n});
     *budget -= n;
@@ -388,7 +501,14 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
     const bool sample = at_end && r.n_generated < r.params.options.max_tokens;
     // (The runner's policy may have changed since submit: eval sets one per run, between runs.)
     const PolicySpec* own = r.own_policy && !(r.policy == runner_.policy()) ? &r.policy : nullptr;
-    batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});
+    if (row.kind == RowKind::Verify) {
+      batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.spec_base, row.n, false, &r.history, own});
+      batch.back().verify = true;
+    } else if (row.kind == RowKind::Draft) {
+      batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), 1, true, &r.history, &r.draft});
+    } else {
+      batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});
+    }
   }
   std::string failure;
   try {
@@ -413,7 +533,15 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
   }
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i].req;
-    if (batch[i].sample) take_token(r, out_.sampled.at(i), now);
+    if (rows[i].kind == RowKind::Draft) {
+      r.history.push_back(out_.sampled.at(i));  // not emitted: the verify decides
+      ++r.n_draft;
+    } else if (rows[i].kind == RowKind::Verify) {
+      const size_t V = static_cast<size_t>(runner_.config().vocab_size);
+      accept_verified(r, out_.verify_logits.data() + static_cast<size_t>(out_.verify_row.at(i)) * V, now);
+    } else if (batch[i].sample) {
+      take_token(r, out_.sampled.at(i), now);
+    }
     else if (r.remaining() == 0) finish(r, "length", "", now);  // max_tokens 0: the prompt only
     if (r.finished) done->push_back(remove_running(&r));
   }
@@ -438,6 +566,9 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
     r.event.id = r.id;
     r.event.n_prompt = r.n_prompt;
     r.event.n_generated = r.n_generated;
+    r.event.spec_verifies = r.spec_verifies;
+    r.event.spec_drafted = r.spec_drafted;
+    r.event.spec_accepted = r.spec_accepted;
     out.emplace_back(&r.sink, std::move(r.event));
     r.event = RequestEvent{};
   };

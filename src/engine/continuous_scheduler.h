@@ -50,9 +50,13 @@ class ContinuousScheduler final : public Scheduler {
 
  private:
   struct Request;
+  // A decode row, a prefill chunk, a speculative draft row (a decode row on the draft policy whose
+  // token is not emitted) or a verify row (k + 1 tokens: the cycle's first token and its drafts).
+  enum class RowKind { Normal, Draft, Verify };
   struct Row {
     Request* req;
     int64_t n;
+    RowKind kind = RowKind::Normal;
   };
   struct Delivery {
     RequestSink* sink;
@@ -67,6 +71,14 @@ class ContinuousScheduler final : public Scheduler {
   void admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done);
   void run_rows(const std::vector<Row>& rows, std::vector<Owned>* done);
   void take_token(Request& r, int32_t id, double now);
+  // Speculation: the row a decoding request with speculative_k runs next (a draft, or the verify
+  // once its drafts are in); false when it must preempt itself. The verify's outcome after the step.
+  bool place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget);
+  void accept_verified(Request& r, float* logits, double now);
+  // Why a request's speculative options cannot run here ("" when they can); the draft's policy.
+  std::string check_speculation(const GenerateOptions& o, PolicySpec* draft) const;
+  static constexpr int kMaxSpeculativeK = 16;
+  bool reserve_or_preempt(Request& r, int64_t n);
   void preempt_newest();
   void finish(Request& r, const std::string& reason, const std::string& error, double now);
   Owned remove_running(Request* r);

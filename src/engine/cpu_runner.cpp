@@ -1,4 +1,5 @@
 // StepRunner on the CPU backend.
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -55,6 +56,7 @@ class CpuRunner final : public StepRunner {
   int64_t max_step_tokens() const override { return 512; }
   void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
   void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
+  bool verifies() const override { return true; }
   void truncate(PageTable& table, int64_t n_tokens) override {
     table.truncate(*pool_, n_tokens);
     if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
@@ -105,13 +107,37 @@ class CpuRunner final : public StepRunner {
   void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {
     if (own_.size() > 64) own_.clear();  // a bound on requests' policies kept (made again on use), between steps
     std::vector<LlamaCpu::Seq> seqs;
-    bool any_sample = false;
+    bool any_sample = false, any_verify = false;
     for (const StepRequest& r : batch) {
-      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new, r.policy ? own_policy(*r.policy) : nullptr});
+      DHS_CHECK(!(r.verify && r.sample), "a verify request is not sampled by the runner");
+      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new, r.policy ? own_policy(*r.policy) : nullptr, r.verify});
       any_sample = any_sample || r.sample;
+      any_verify = any_verify || r.verify;
     }
     out->logits.clear();
-    model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
+    out->verify_logits.clear();
+    out->verify_row.assign(batch.size(), -1);
+    if (!any_verify) {
+      model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
+    } else {
+      // The model's rows: one per request, every row of a verify request; split into the
+      // last rows (sampling, want_logits) and the verify rows.
+      std::vector<float> rows;
+      model_->forward(seqs, *pool_, &rows);
+      const size_t V = static_cast<size_t>(model_->config().vocab_size);
+      out->logits.resize(batch.size() * V);
+      size_t at = 0;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const size_t n = batch[i].verify ? static_cast<size_t>(batch[i].n_new) : 1;
+        if (batch[i].verify) {
+          out->verify_row[i] = static_cast<int64_t>(out->verify_logits.size() / V);
+          out->verify_logits.insert(out->verify_logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(at * V),
+                                    rows.begin() + static_cast<std::ptrdiff_t>((at + n) * V));
+        }
+        std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>((at + n - 1) * V), V, out->logits.begin() + static_cast<std::ptrdiff_t>(i * V));
+        at += n;
+      }
+    }
     sampling_->sample(batch, out, want_logits);
   }
 
@@ -125,7 +151,8 @@ class CpuRunner final : public StepRunner {
   const SelectionPolicy* own_policy(const PolicySpec& spec) {
     auto& p = own_[spec.key()];
     if (!p) {
-      DHS_CHECK(policy_ != nullptr, "a request's own sparse policy on a dense engine");  // (as_request_policy refuses it)
+      // (as_request_policy refuses it for requests; a speculative draft's sink + window needs no page data.)
+      DHS_CHECK(policy_ != nullptr || !spec.scores(), "a request's own scoring policy {} on a dense engine", spec.str());
       p = make_policy(spec);
     }
     return p.get();

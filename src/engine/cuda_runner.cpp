@@ -109,6 +109,7 @@ class CudaRunner final : public StepRunner {
       check_slot(r.slot);
       const size_t s = static_cast<size_t>(r.slot);
       DHS_CHECK(!r.sample || begun_[s], "sampling slot {} before begin_request", r.slot);
+      DHS_CHECK(!r.verify, "speculative decoding runs on the CPU backend only so far (issue 24)");
       LlamaCuda::Seq q{r.table, r.slot, r.tokens, r.n_new};
       q.policy = r.policy;
       if (r.sample) {

@@ -177,6 +177,9 @@ class LocalEngine final : public Engine {
       if (!e.tokens.empty()) t_end = Clock::now();
       res.tokens.insert(res.tokens.end(), e.tokens.begin(), e.tokens.end());
       res.text += e.text;
+      res.spec_verifies = e.spec_verifies;
+      res.spec_drafted = e.spec_drafted;
+      res.spec_accepted = e.spec_accepted;
       if (!e.text.empty() && on_text && !on_text(e.text) && !e.finished) {
         sched_->cancel(e.id);
       }

@@ -31,11 +31,20 @@ struct StepRequest {
   // This request's own sparse policy where it differs from the runner's (as_request_policy
   // checked it against policy()); null: the runner's. Read by decode steps.
   const PolicySpec* policy = nullptr;
+  // Speculative verification: the n_new tokens are this request's next decode steps (the token
+  // after its last committed one, then the draft's), each row reading the pages its own decode
+  // step would, so row j's logits equal decoding them one at a time; every row's logits come
+  // back (StepOutput::verify_logits). Not sampled by the runner (sample false).
+  bool verify = false;
 };
 
 struct StepOutput {
   std::vector<float> logits;     // [n_requests, vocab] last-row logits, when the step was asked for them
   std::vector<int32_t> sampled;  // [n_requests] next token of each request that asked, -1 elsewhere
+  // The verify requests' rows: [sum of their n_new, vocab]; request i's first row at
+  // verify_row[i] (-1 for the others).
+  std::vector<float> verify_logits;
+  std::vector<int64_t> verify_row;
 };
 
 class StepRunner {
@@ -53,6 +62,8 @@ class StepRunner {
   // Runs every request's new tokens (each table has room for them), commits them, samples
   // where asked, and copies the last-row logits to the host when want_logits.
   virtual void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) = 0;
+  // Whether step() takes verify requests (StepRequest::verify): speculative decoding.
+  virtual bool verifies() const { return false; }
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
   // Pages read by sparse decode steps since the last call, then reset.

@@ -4,3 +4,4 @@ dhs_test(test_step_batch LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_step_
 dhs_test(test_scheduler LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler.cpp LIBS dhs_engine)
 dhs_test(test_batch_invariance LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_batch_invariance.cpp LIBS dhs_engine)
 dhs_test(test_request_policy LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_request_policy.cpp LIBS dhs_engine)
+dhs_test(test_speculative LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_speculative.cpp LIBS dhs_engine)

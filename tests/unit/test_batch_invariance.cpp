@@ -22,8 +22,6 @@
 namespace dhs {
 namespace {
 
-bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
-
 // Index of the first element whose bits differ, for the failure message; n when none.
 size_t first_diff(const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i)

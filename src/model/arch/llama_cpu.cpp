@@ -134,11 +134,22 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     tables.push_back(s.table);
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
+  const bool has_verify = std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify; });
+  const bool any_policy = policy_ || std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return s.policy; });
   const bool decode_step = T == static_cast<int64_t>(batch.size());
   // The policy runs on the decode steps step_runs_policy allows; the others read every page
-  // (counted as read when a policy is set).
-  const bool select_step = policy_ && decode_step &&
+  // (counted as read when a policy is set). A step with verify sequences plans its own
+  // (plan_verify_step); its attention requests are then rows, not sequences.
+  const bool select_step = !has_verify && any_policy && decode_step &&
                            step_runs_policy(std::vector<int64_t>(seq_len.begin(), seq_len.end()), dense_below_, min_step_tokens_);
+  std::vector<int32_t> a_indptr = q_indptr, a_seq_len = seq_len;
+  std::vector<const PageTable*> a_tables = tables;
+  std::vector<AttnReq> areq;
+  if (has_verify) {
+    DHS_CHECK(schedule_.every() == 1, "speculative verification with reselect every {} steps (> 1) is not supported",
+              schedule_.every());
+    areq = plan_verify_step(batch, q_indptr, &a_indptr, &a_seq_len, &a_tables);
+  }
   int phase = ReselectSchedule::kFull;
   if (select_step) {
     std::vector<const void*> ids(tables.begin(), tables.end());
@@ -180,7 +191,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     for (size_t s = 0; s < batch.size(); ++s) {
       cpu::append_kv(*batch[s].table, pool, l, k.data() + q_indptr[s] * Hkv * D, v.data() + q_indptr[s] * Hkv * D,
                      pos.data() + q_indptr[s], batch[s].n_new);
-      if (summaries_)
+      if (summaries_ && !has_verify)  // (a verify step appends page data stage by stage)
         append_summaries(*batch[s].table, *summaries_, l, k.data() + q_indptr[s] * Hkv * D, pos.data() + q_indptr[s],
                          batch[s].n_new);
     }
@@ -188,11 +199,13 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     PageLists lists;
     // Sparse selection serves decode steps; prefill reads every page (a chunk's
     // queries span the whole prompt, and its own pages are not summarised yet).
-    if (select_step) {
+    if (has_verify) {
+      lists = verify_step_lists(batch, areq, l, a_indptr, a_seq_len, a_tables, q.data(), k.data(), pos, scale);
+    } else if (select_step) {
       if (schedule_.selects(l, phase)) {
         SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
         std::vector<const SelectionPolicy*> policies;
-        for (const Seq& s : batch) policies.push_back(s.policy ? s.policy : policy_);
+        for (const Seq& s : batch) policies.push_back(s.policy ? s.policy : policy_ ? policy_ : &dense_);
         lists = select_each(in, policies);
         if (schedule_.every() > 1) selected_[static_cast<size_t>(l)] = lists;
       } else {
@@ -211,7 +224,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     cpu::AttentionParams ap;
     ap.q = q.data();
     ap.out = att.data();
-    ap.q_indptr = q_indptr.data();
+    ap.q_indptr = a_indptr.data();
     ap.lists = &lists;
     ap.pool = &pool;
     ap.n_heads_q = static_cast<int>(Hq);
@@ -238,10 +251,11 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
 
   // Rows whose logits are wanted: all, or each sequence's last token.
   std::vector<int64_t> rows;
-  if (all_logits) {
-    for (int64_t t = 0; t < T; ++t) rows.push_back(t);
-  } else {
-    for (size_t s = 0; s < batch.size(); ++s) rows.push_back(q_indptr[s + 1] - 1);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (all_logits || batch[s].verify)
+      for (int64_t t = q_indptr[s]; t < q_indptr[s + 1]; ++t) rows.push_back(t);
+    else
+      rows.push_back(q_indptr[s + 1] - 1);
   }
   const int64_t R = static_cast<int64_t>(rows.size());
   std::vector<float> hr(static_cast<size_t>(R * H));  // [R, hidden]
@@ -251,6 +265,107 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   dump("result_norm", -1, hr.data(), R, H);
   logits->resize(static_cast<size_t>(R * V));
   cpu::matmul(cfg_.tied_embeddings ? tok_embd_ : output_, hr.data(), logits->data(), R);
+}
+
+std::vector<LlamaCpu::AttnReq> LlamaCpu::plan_verify_step(const std::vector<Seq>& batch,
+                                                          const std::vector<int32_t>& q_indptr,
+                                                          std::vector<int32_t>* a_indptr,
+                                                          std::vector<int32_t>* a_seq_len,
+                                                          std::vector<const PageTable*>* a_tables) const {
+  // The other sequences select as in a decode step of theirs alone (each a decode row,
+  // step_runs_policy over them); a verify row as its request's decode step at its position
+  // would, alone (generate's batch of one: the same decision as decoding one token at a time).
+  bool plain_decode = true;
+  std::vector<int64_t> plain_len;
+  for (const Seq& s : batch) {
+    if (s.verify) continue;
+    plain_decode = plain_decode && s.n_new == 1;
+    plain_len.push_back(s.table->n_tokens() + s.n_new);
+  }
+  const bool plain_selects = plain_decode && !plain_len.empty() &&
+                             step_runs_policy(plain_len, dense_below_, min_step_tokens_);
+  std::vector<AttnReq> areq;
+  a_indptr->assign(1, 0);
+  a_seq_len->clear();
+  a_tables->clear();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const Seq& sq = batch[s];
+    const bool has_policy = sq.policy || policy_;
+    const int64_t n_rows = sq.verify ? sq.n_new : 1;
+    for (int64_t j = 0; j < n_rows; ++j) {
+      const int64_t len = sq.verify ? sq.table->n_tokens() + j + 1 : sq.table->n_tokens() + sq.n_new;
+      const bool selects = has_policy && (sq.verify ? step_runs_policy({len}, dense_below_, min_step_tokens_) : plain_selects);
+      areq.push_back(AttnReq{s, q_indptr[s] + j, static_cast<int>(j), selects});
+      a_indptr->push_back(sq.verify ? q_indptr[s] + static_cast<int32_t>(j) + 1 : q_indptr[s + 1]);
+      a_seq_len->push_back(static_cast<int32_t>(len));
+      a_tables->push_back(sq.table);
+    }
+  }
+  return areq;
+}
+
+PageLists LlamaCpu::verify_step_lists(const std::vector<Seq>& batch, const std::vector<AttnReq>& areq, int layer,
+                                      const std::vector<int32_t>& a_indptr, const std::vector<int32_t>& a_seq_len,
+                                      const std::vector<const PageTable*>& a_tables, const float* q, const float* k,
+                                      const std::vector<int32_t>& pos, float scale) {
+  const int64_t Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, D = cfg_.head_dim;
+  int n_stages = 0;
+  for (const AttnReq& a : areq) n_stages = std::max(n_stages, a.stage + 1);
+  // Stage by stage: the page data of the stage's rows, then the stage's selections in one call,
+  // so that a verify row's estimate sees no key past its own position.
+  std::vector<PageLists> parts(static_cast<size_t>(n_stages));
+  std::vector<std::pair<int, int>> where(areq.size());  // (stage, index in its part)
+  for (int st = 0; st < n_stages; ++st) {
+    std::vector<const PageTable*> t;
+    std::vector<int32_t> len, qi{0};
+    std::vector<float> qrows;  // [rows of the selecting requests, Hq, D]
+    std::vector<const SelectionPolicy*> pol;
+    for (size_t i = 0; i < areq.size(); ++i) {
+      const AttnReq& a = areq[i];
+      if (a.stage != st) continue;
+      const Seq& s = batch[a.seq];
+      const int64_t n_new = a_indptr[i + 1] - a_indptr[i];
+      if (summaries_)
+        append_summaries(*s.table, *summaries_, layer, k + a.first_row * Hkv * D, pos.data() + a.first_row, n_new);
+      where[i] = {st, static_cast<int>(t.size())};
+      t.push_back(a_tables[i]);
+      len.push_back(a_seq_len[i]);
+      if (a.selects) qrows.insert(qrows.end(), q + a.first_row * Hq * D, q + (a.first_row + n_new) * Hq * D);
+      qi.push_back(qi.back() + (a.selects ? static_cast<int32_t>(n_new) : 0));  // (the dense rule reads no query)
+      pol.push_back(a.selects ? (s.policy ? s.policy : policy_) : &dense_);
+    }
+    SelectionInput in{&t, layer, &len, qrows.data(), qi.data(), static_cast<int>(Hq), scale, summaries_};
+    parts[static_cast<size_t>(st)] = select_each(in, pol);
+  }
+  // In the attention's order (the requests' rows ascending), with the page counts.
+  PageLists out;
+  out.n_requests = static_cast<int>(areq.size());
+  out.n_heads_kv = static_cast<int>(Hkv);
+  out.seq_len = a_seq_len;
+  out.indptr.push_back(0);
+  const int ps = summaries_ ? summaries_->page_size() : a_tables[0]->page_size();
+  for (size_t i = 0; i < areq.size(); ++i) {
+    const PageLists& p = parts[static_cast<size_t>(where[i].first)];
+    const int r = where[i].second;
+    const int64_t before = out.nnz();
+    for (int h = 0; h < Hkv; ++h) {
+      for (int32_t e = p.row_begin(r, h); e < p.row_end(r, h); ++e) {
+        out.slots.push_back(p.slots[static_cast<size_t>(e)]);
+        out.page_pos.push_back(p.page_pos[static_cast<size_t>(e)]);
+      }
+      out.indptr.push_back(static_cast<int32_t>(out.slots.size()));
+    }
+    const int64_t read = out.nnz() - before;
+    const bool decode_row = a_indptr[i + 1] - a_indptr[i] == 1;
+    if (areq[i].selects) {
+      stats_.pages_read += read;
+      stats_.pages_total += Hkv * ((a_seq_len[i] + ps - 1) / ps);
+    } else if (policy_ && decode_row) {
+      stats_.pages_read += read;
+      stats_.pages_total += read;
+    }
+  }
+  return out;
 }
 
 }  // namespace dhs

@@ -54,10 +54,17 @@ class LlamaCpu {
     // Its own policy at sparse decode steps (PolicySpec::as_request_policy checked it against
     // the engine's); null: set_sparsity's.
     const SelectionPolicy* policy = nullptr;
+    // Speculative verification: the rows are this request's next n_new decode steps (the token
+    // after the last committed one, then the draft's tokens). Each row reads the pages its own
+    // decode step would read: its own selection on a selecting step, over page data up to its
+    // own position (rows are appended and selected in stages), so each row's logits equal
+    // decoding the tokens one at a time. Needs reselect_every 1.
+    bool verify = false;
   };
   // Runs the new tokens of every sequence through the model, appends their K/V
-  // and commits them to each table. logits: [n_seqs, vocab] for each sequence's
-  // last token, or [sum n_new, vocab] when all_logits; null: no output head.
+  // and commits them to each table. logits: per sequence in order, its last row's
+  // logits, or every row's for a verify sequence or when all_logits ([rows, vocab]);
+  // null: no output head.
   void forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
                bool all_logits = false);
 
@@ -72,6 +79,22 @@ class LlamaCpu {
   void dump(const char* name, int layer, const float* data, int64_t n_tok, int64_t n) const {
     if (debug_) debug_(name, layer, data, n_tok, n);
   }
+  // A step with verify sequences: one attention request per prefill chunk or decode row, and
+  // one per row of a verify sequence (its own position and pages).
+  struct AttnReq {
+    size_t seq;         // index in the batch
+    int64_t first_row;  // its first row among the step's tokens
+    int stage;          // the verify row's index (0 for the others): appended and selected in this order
+    bool selects;       // runs a policy (else every page up to its position)
+  };
+  std::vector<AttnReq> plan_verify_step(const std::vector<Seq>& batch, const std::vector<int32_t>& q_indptr,
+                                        std::vector<int32_t>* a_indptr, std::vector<int32_t>* a_seq_len,
+                                        std::vector<const PageTable*>* a_tables) const;
+  // One layer's appends of page data and lists of such a step, stage by stage.
+  PageLists verify_step_lists(const std::vector<Seq>& batch, const std::vector<AttnReq>& areq, int layer,
+                              const std::vector<int32_t>& a_indptr, const std::vector<int32_t>& a_seq_len,
+                              const std::vector<const PageTable*>& a_tables, const float* q, const float* k,
+                              const std::vector<int32_t>& pos, float scale);
 
   ModelConfig cfg_;
   CpuMatrix tok_embd_;   // [vocab, hidden]
@@ -81,6 +104,7 @@ class LlamaCpu {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   DebugHook debug_;
   const SelectionPolicy* policy_ = nullptr;
+  DensePolicy dense_;  // the lists of rows that read every page, in a step whose others select
   ReselectSchedule schedule_;
   std::vector<PageLists> selected_;  // [n_layers] each layer's last selection (reselect_every > 1)
  public:
