@@ -7,6 +7,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -81,6 +82,7 @@ struct HttpServer::Impl {
   ServerOptions opts;
   httplib::Server svr;
   std::atomic<ServedModel*> model{nullptr};
+  int listen_fd = -1;  // the listening socket (HttpServer::bind widens its backlog)
   std::set<std::string> routed_paths;  // filled by route() before the server starts; read only after
   std::atomic<bool> shutting_down{false};
   std::atomic<bool> stopped{false};
@@ -432,6 +434,12 @@ HttpServer::HttpServer(ServerOptions opts) : impl_(std::make_unique<Impl>(std::m
   s.svr.set_keep_alive_max_count(1000);
   s.svr.set_keep_alive_timeout(s.opts.keep_alive_timeout_s);
   s.svr.set_tcp_nodelay(true);  // an SSE chunk is small and should leave at once
+  // httplib's own options for the listening socket, and its descriptor kept (the last one made
+  // is the one bound).
+  s.svr.set_socket_options([&s](socket_t sock) {
+    httplib::default_socket_options(sock);
+    s.listen_fd = static_cast<int>(sock);
+  });
   s.install_routes();
 }
 
@@ -447,6 +455,13 @@ int HttpServer::bind() {
     throw Error("cannot listen on " + s.opts.host + ":" + std::to_string(s.opts.port) +
                 " (in use, or not an address of this machine)");
   }
+  // cpp-httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the
+  // Debian library): when many clients connect at once and the accept thread is slow to run (a
+  // loaded host), handshakes overflow the queue and some connections end unanswered (CI: httpx
+  // ReadErrors with 64 requests at once beside another test). listen() again on the bound socket
+  // only changes its backlog (Linux); the kernel caps it at net.core.somaxconn.
+  if (s.listen_fd < 0 || ::listen(s.listen_fd, SOMAXCONN) != 0)
+    throw Error("cannot widen the listen backlog of " + s.opts.host + ":" + std::to_string(s.opts.port));
   return s.opts.port;
 }
 

@@ -87,3 +87,18 @@ def test_slow_first_request_is_answered(server):
         while chunk := s.recv(4096):
             data += chunk
     assert data.startswith(b"HTTP/1.1 200"), data[:200]
+
+
+def test_listen_backlog_holds_many_connections_at_once(server):
+    # cpp-httplib 0.11 listens with a backlog of 5; with 64 clients connecting at once and the accept
+    # thread slow to run on a loaded host, the queue overflowed and some connections ended
+    # unanswered (CI: httpx ReadErrors). The server widens it (http_server.cpp): the kernel's view
+    # of the listening socket (ss's Send-Q is a listener's backlog) must hold at least 64.
+    import shutil
+    import subprocess
+    if shutil.which("ss") is None:
+        pytest.skip("no ss (iproute2) to read the listen backlog")
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert rows, f"no listening socket on port {server.port}: {out!r}"
+    assert int(rows[0][2]) >= 64, f"listen backlog {rows[0][2]} (ss: {out!r})"
