@@ -82,9 +82,10 @@ struct GenerateOptions {
   // up to speculative_k tokens with the same model on draft_policy (a small page set), then
   // verifies them with the request's own policy in one step of k + 1 rows, each row reading the
   // pages its own decode step would. Accepted: the longest prefix the verifier agrees with, then
-  // the verifier's next token, so the output equals decoding without it. 0: off.
-  int speculative_k = 0;
-  std::string draft_policy = "sinkwindow:16";  // the draft's pages (PolicySpec's grammar, no scoring rule)
+  // the verifier's next token, so the output equals decoding without it. 0: off; -1: the
+  // scheduler's (SchedulerOptions::speculative_k, serve's --speculative-k).
+  int speculative_k = -1;
+  std::string draft_policy;  // the draft's pages (sinkwindow:PAGES); empty: the scheduler's
 };
 
 struct GenerateResult {

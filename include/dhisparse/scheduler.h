@@ -27,6 +27,10 @@ struct SchedulerOptions {
   int64_t max_num_batched_tokens = 2048;  // tokens of one step: decode rows + prefill chunks
   int64_t max_model_len = 0;              // prompt + generated tokens per request; 0: the engine's context
   int max_waiting = 1024;                 // requests queued beyond this are refused (HTTP 429)
+  // Speculative decoding for requests that do not choose (GenerateOptions::speculative_k -1):
+  // drafts per cycle (0: off) and the draft's pages.
+  int speculative_k = 0;
+  std::string draft_policy = "sinkwindow:16";
 };
 
 struct RequestParams {

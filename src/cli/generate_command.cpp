@@ -8,6 +8,7 @@
 #include "cli/escapes.h"
 #include "cli/option_checks.h"
 #include "cli/prompt_input.h"
+#include "dhisparse/scheduler.h"
 
 namespace dhs::cli {
 
@@ -46,6 +47,8 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
       ->check(int_in(0, kNoLimit));
   policy_.add(app_, "Page mass estimate: sketch4 (per-token 4-bit keys: the accurate one), minmax, meanspread, gaussian", false);
   app_->add_option("--reselect-every", policy_.spec.reselect_every, "A layer selects its pages every N decode steps (staggered over layers) and reads its last selection plus the pages written since in between")->check(int_in(1, 64))->capture_default_str();
+  go_.speculative_k = 0;
+  go_.draft_policy = SchedulerOptions{}.draft_policy;
   app_->add_option("--speculative-k", go_.speculative_k,
                   "Speculative decoding: draft up to K tokens per cycle on --draft-policy, verify them in one step "
                   "(greedy; the output equals decoding without it; CPU backend so far); 0 = off")

@@ -95,6 +95,14 @@ ContinuousScheduler::ContinuousScheduler(StepRunner& runner, const Tokenizer& to
   DHS_CHECK(opt_.max_model_len >= 0 && opt_.max_model_len <= max_context,
             "--max-model-len {} is larger than the engine's context of {} tokens", opt_.max_model_len, max_context);
   if (opt_.max_model_len == 0) opt_.max_model_len = max_context;
+  if (opt_.speculative_k != 0) {  // (greedy requests only: a sampled one is refused at submit)
+    GenerateOptions probe;
+    probe.speculative_k = opt_.speculative_k;
+    probe.draft_policy = opt_.draft_policy;
+    PolicySpec draft;
+    const std::string why = check_speculation(probe, &draft);
+    DHS_CHECK(why.empty(), "--speculative-k {}: {}", opt_.speculative_k, why);
+  }
   cap_ = std::min(opt_.max_num_seqs, runner_.max_batch());
   step_tokens_ = std::min(opt_.max_num_batched_tokens, runner_.max_step_tokens());
   // A step must hold a decode row of every running request.
@@ -170,6 +178,9 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
     }
   }
   PolicySpec draft;
+  if (params.options.speculative_k == -1)  // the scheduler's, for the requests it can serve so (greedy)
+    params.options.speculative_k = params.options.sampling.temperature == 0.0f ? opt_.speculative_k : 0;
+  if (params.options.draft_policy.empty()) params.options.draft_policy = opt_.draft_policy;
   if (params.options.speculative_k != 0) {
     if (std::string why = check_speculation(params.options, &draft); !why.empty()) return invalid(why);
   }

@@ -73,6 +73,10 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.counter("vllm:prompt_tokens_total", "Prompt tokens of requests that started (recompute not counted).",
             static_cast<double>(s.prompt_tokens));
   w.counter("vllm:generation_tokens_total", "Tokens generated.", static_cast<double>(s.generation_tokens));
+  // Speculative decoding, as vLLM names its counters: verifications, draft tokens checked, accepted.
+  w.counter("vllm:spec_decode_num_drafts_total", "Speculative verifications.", static_cast<double>(s.spec_verifies));
+  w.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.", static_cast<double>(s.spec_drafted));
+  w.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", static_cast<double>(s.spec_accepted));
   w.family("vllm:request_success_total", "counter", "Requests finished, by finish reason.");
   w.sample("vllm:request_success_total", static_cast<double>(s.n_finished_stop), "finished_reason=\"stop\"");
   w.sample("vllm:request_success_total", static_cast<double>(s.n_finished_length), "finished_reason=\"length\"");

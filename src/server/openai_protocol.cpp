@@ -346,6 +346,10 @@ std::optional<ApiError> parse_completion_request(Endpoint endpoint, std::string_
   // what it may choose is checked against the server's at submit (a 400 saying why).
   if (auto e = f.string("sparse_policy", out.options.sparse_policy)) return e;
   if (out.options.sparse_policy.size() > 256) return bad("'sparse_policy' is longer than 256 characters", "sparse_policy");
+  // dhisparse's own field too: drafts per speculative cycle (0 off), over the server's --speculative-k.
+  std::optional<int64_t> spec_k;
+  if (auto e = f.integer("speculative_k", 0, 16, spec_k)) return e;
+  if (spec_k) out.options.speculative_k = static_cast<int>(*spec_k);
   std::optional<int64_t> max_tokens, max_completion_tokens;
   if (auto e = f.integer("max_tokens", 1, kIntLimit, max_tokens)) return e;
   if (auto e = f.integer("max_completion_tokens", 1, kIntLimit, max_completion_tokens)) return e;

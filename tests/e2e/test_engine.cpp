@@ -204,6 +204,48 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
   EXPECT_THROW(Engine::load(o), Error);
 }
 
+// Speculative decoding (greedy): every token equals decoding without it, on a dense engine and on
+// coverage 0.99, for chat questions (whose few pages the draft reads all of) and a long list (on
+// which a draft of 2 pages guesses wrong), and the draft both hits and misses over the prompts.
+TEST(EngineSpeculative, GreedyOutputEqualsDecodingWithoutIt) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  std::string items;
+  for (int i = 1; i <= 60; ++i) items += "Item " + std::to_string(i) + ": the number " + std::to_string(i * 7) + ". ";
+  int64_t drafted = 0, accepted = 0;
+  for (const char* policy : {"dense", "coverage:0.99"}) {
+    SCOPED_TRACE(policy);
+    EngineOptions o;
+    o.model_path = test::default_model_path();
+    o.policy = PolicySpec::parse(policy);
+    auto e = Engine::load(o);
+    std::vector<std::vector<int32_t>> prompts = {
+        e->tokenize(items + "Item 61:"),
+        e->tokenize_chat({{"user", "What is the capital of France?"}}, true),
+        e->tokenize_chat({{"user", "Write a haiku about the sea."}}, true),
+    };
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerateOptions go;
+      go.max_tokens = 24;
+      const GenerateResult plain = e->generate(prompts[i], go);
+      for (const int k : {3, 6}) {
+        go.speculative_k = k;
+        go.draft_policy = "sinkwindow:2";
+        const GenerateResult spec = e->generate(prompts[i], go);
+        EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ", k " << k;
+        EXPECT_EQ(spec.finish_reason, plain.finish_reason);
+        EXPECT_GT(spec.spec_verifies, 0);
+        EXPECT_LE(spec.spec_drafted, spec.spec_verifies * k);
+        drafted += spec.spec_drafted;
+        accepted += spec.spec_accepted;
+      }
+    }
+    EXPECT_EQ(e->kv_stats().n_used, 0);
+    EXPECT_EQ(e->kv_check(), "");
+  }
+  EXPECT_GT(accepted, 0) << "no draft accepted: the accepting path was not run";
+  EXPECT_LT(accepted, drafted) << "every draft accepted: the rollback path was not run";
+}
+
 // A Hugging Face directory made of the tiny random Qwen2 (300-row embedding) and the 266-token
 // synthetic Llama-3 tokenizer; removed with the object.
 struct TinyQwenDir {
