@@ -248,8 +248,13 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   }
   for (const Seq& s : batch) s.table->commit(s.n_new);
   if (!logits) return;  // a prefill chunk before the last: no output head
+  output_head(batch, q_indptr, x, all_logits, logits);
+}
 
-  // Rows whose logits are wanted: all, or each sequence's last token.
+void LlamaCpu::output_head(const std::vector<Seq>& batch, const std::vector<int32_t>& q_indptr,
+                           const std::vector<float>& x, bool all_logits, std::vector<float>* logits) const {
+  const int64_t H = cfg_.hidden, V = cfg_.vocab_size;
+  // Rows whose logits are wanted: all, or each sequence's last token (every row of a verify one).
   std::vector<int64_t> rows;
   for (size_t s = 0; s < batch.size(); ++s) {
     if (all_logits || batch[s].verify)

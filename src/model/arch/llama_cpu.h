@@ -79,6 +79,9 @@ class LlamaCpu {
   void dump(const char* name, int layer, const float* data, int64_t n_tok, int64_t n) const {
     if (debug_) debug_(name, layer, data, n_tok, n);
   }
+  // The final norm and the output matrix over the rows forward() returns logits for.
+  void output_head(const std::vector<Seq>& batch, const std::vector<int32_t>& q_indptr, const std::vector<float>& x,
+                   bool all_logits, std::vector<float>* logits) const;
   // A step with verify sequences: one attention request per prefill chunk or decode row, and
   // one per row of a verify sequence (its own position and pages).
   struct AttnReq {
