@@ -78,11 +78,12 @@ struct GenerateOptions {
   // the estimator, combine, reselect schedule and dense thresholds stay the engine's
   // (PolicySpec::as_request_policy says why). Empty: the engine's policy.
   std::string sparse_policy;
-  // Speculative decoding (issue 24; the CPU backend and greedy requests so far): each cycle drafts
+  // Speculative decoding (issue 24; the CPU backend so far): each cycle drafts
   // up to speculative_k tokens with the same model on draft_policy (a small page set), then
   // verifies them with the request's own policy in one step of k + 1 rows, each row reading the
-  // pages its own decode step would. Accepted: the longest prefix the verifier agrees with, then
-  // the verifier's next token, so the output equals decoding without it. 0: off; -1: the
+  // pages its own decode step would. Greedy: the longest prefix the verifier agrees with, then
+  // its next token, so the output equals decoding without it; sampled: speculative sampling's
+  // acceptance rule (engine/spec_accept.h), the same distribution as without it. 0: off; -1: the
   // scheduler's (SchedulerOptions::speculative_k, serve's --speculative-k).
   int speculative_k = -1;
   std::string draft_policy;  // the draft's pages (sinkwindow:PAGES); empty: the scheduler's

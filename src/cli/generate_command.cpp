@@ -51,7 +51,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   go_.draft_policy = SchedulerOptions{}.draft_policy;
   app_->add_option("--speculative-k", go_.speculative_k,
                   "Speculative decoding: draft up to K tokens per cycle on --draft-policy, verify them in one step "
-                  "(greedy; the output equals decoding without it; CPU backend so far); 0 = off")
+                  "(greedy: the tokens of decoding without it; sampled: its distribution; CPU backend so far); 0 = off")
       ->check(int_in(0, 16))->capture_default_str();
   app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages)")
       ->capture_default_str();

@@ -42,8 +42,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
   app_->add_option("--http-threads", http_.http_threads, "HTTP worker threads = connections served at once, SSE streams included (0 = max-num-seqs + max-waiting + 64, at most 1000)")->check(int_in(0, 1 << 14));
   app_->add_option("--shutdown-timeout", http_.shutdown_timeout_s, "SIGTERM/SIGINT: seconds running requests get to finish before they are aborted")->check(real_in(0.0, End::Closed, 86400.0, End::Closed))->capture_default_str();
   app_->add_option("--speculative-k", so_.speculative_k,
-                  "Speculative decoding for greedy requests: drafts per cycle on --draft-policy, verified in one step "
-                  "(output equal to decoding without it; CPU backend so far); a request's 'speculative_k' overrides; 0 = off")
+                  "Speculative decoding: drafts per cycle on --draft-policy, verified in one step (greedy: the tokens "
+                  "of decoding without it; sampled: its distribution; CPU backend so far); a request's 'speculative_k' "
+                  "overrides; 0 = off")
       ->check(int_in(0, 16))->capture_default_str();
   app_->add_option("--draft-policy", so_.draft_policy, "The draft's pages: sinkwindow:PAGES")->capture_default_str();
   // The sparse flags of generate (generate_command.cpp), same names and meaning.

@@ -7,6 +7,7 @@
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "engine/sampler.h"
+#include "engine/spec_accept.h"
 #include "engine/stop_matcher.h"
 #include "kv/page_table.h"
 
@@ -76,7 +77,8 @@ struct ContinuousScheduler::Request {
   // drafts to history (not emitted) while the table takes their KV on the draft's pages; the
   // verify row then writes tokens spec_base.. again with the request's policy.
   PolicySpec draft;                 // the draft's pages
-  std::optional<Sampler> verifier;  // the verify rows' tokens (greedy, with the request's penalty)
+  std::optional<Sampler> verifier;  // the drafts' and verify rows' draws (the request's parameters and seed)
+  std::vector<TokenDist> draft_q;   // sampled requests: the distribution each draft was drawn from
   int64_t spec_base = -1;           // table tokens when the cycle began (history[spec_base] feeds its first row); -1: none
   int k_cycle = 0, n_draft = 0;     // drafts this cycle aims for, and has
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
@@ -131,8 +133,6 @@ std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, Pol
   if (o.speculative_k < 0 || o.speculative_k > kMaxSpeculativeK)
     return fmt::format("speculative_k must be in [0, {}], got {}", kMaxSpeculativeK, o.speculative_k);
   if (!runner_.verifies()) return "speculative decoding runs on the CPU backend only so far";
-  if (o.sampling.temperature != 0.0f)
-    return "speculative decoding takes greedy requests only so far (temperature 0); rejection sampling is not built yet";
   if (runner_.policy().reselect_every != 1)
     return fmt::format("speculative decoding needs a policy that selects at every step (the engine's reselects every {})",
                        runner_.policy().reselect_every);
@@ -178,8 +178,7 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
     }
   }
   PolicySpec draft;
-  if (params.options.speculative_k == -1)  // the scheduler's, for the requests it can serve so (greedy)
-    params.options.speculative_k = params.options.sampling.temperature == 0.0f ? opt_.speculative_k : 0;
+  if (params.options.speculative_k == -1) params.options.speculative_k = opt_.speculative_k;  // the scheduler's
   if (params.options.draft_policy.empty()) params.options.draft_policy = opt_.draft_policy;
   if (params.options.speculative_k != 0) {
     if (std::string why = check_speculation(params.options, &draft); !why.empty()) return invalid(why);
@@ -322,6 +321,7 @@ void ContinuousScheduler::preempt_newest() {
   r->table.release(runner_.pages());  // recompute: its tokens are prefilled again on resume
   if (r->spec_base >= 0) {  // its drafts go; a new cycle starts after the recompute
     r->history.resize(static_cast<size_t>(r->spec_base + 1));
+    r->draft_q.clear();
     r->spec_base = -1;
   }
   {
@@ -373,26 +373,40 @@ void ContinuousScheduler::accept_verified(Request& r, float* logits, double now)
   static const std::vector<int32_t> kNoHistory;
   const int64_t V = runner_.config().vocab_size;
   const int64_t n_vocab = std::min<int64_t>(V, tok_.vocab_size());
-  const bool penalty = r.params.options.sampling.repetition_penalty != 1.0f;
+  const SamplingParams& sp = r.params.options.sampling;
+  const bool penalty = sp.repetition_penalty != 1.0f;
   const std::vector<int32_t> drafts(r.history.begin() + r.spec_base + 1, r.history.end());
   DHS_ASSERT(static_cast<int>(drafts.size()) == r.k_cycle);
-  // Row j's token is what decoding would sample after history[..spec_base + j]: the drafts
-  // are accepted while they equal it; the first that does not is replaced by it (or, all
-  // accepted, the last row's token follows them).
+  // Row j is what decoding would sample from after history[..spec_base + j].
+  std::vector<int32_t> prefix;
+  auto row_history = [&](int j) -> const std::vector<int32_t>& {
+    if (!penalty) return kNoHistory;
+    prefix.assign(r.history.begin(), r.history.begin() + r.spec_base + j + 1);
+    return prefix;
+  };
   int a = 0;
   int32_t next = -1;
-  std::vector<int32_t> prefix;
-  for (int j = 0; j <= r.k_cycle; ++j) {
-    if (penalty) prefix.assign(r.history.begin(), r.history.begin() + r.spec_base + j + 1);
-    const int32_t t = r.verifier->sample(logits + j * V, n_vocab, penalty ? prefix : kNoHistory);
-    if (j < r.k_cycle && t == drafts[static_cast<size_t>(j)]) {
-      ++a;
-      continue;
+  if (sp.temperature == 0.0f) {
+    // Greedy: the drafts are kept while they equal each row's token; the first that does not is
+    // replaced by it (or, all kept, the last row's token follows them).
+    for (int j = 0; j <= r.k_cycle; ++j) {
+      const int32_t t = r.verifier->sample(logits + j * V, n_vocab, row_history(j));
+      if (j < r.k_cycle && t == drafts[static_cast<size_t>(j)]) {
+        ++a;
+        continue;
+      }
+      next = t;
+      break;
     }
-    next = t;
-    break;
+  } else {
+    std::vector<TokenDist> p(static_cast<size_t>(r.k_cycle + 1));
+    for (int j = 0; j <= r.k_cycle; ++j) r.verifier->distribution(logits + j * V, n_vocab, row_history(j), &p[static_cast<size_t>(j)]);
+    const SpecVerdict v = accept_sampled(drafts, r.draft_q, p, *r.verifier);
+    a = v.accepted;
+    next = v.next;
   }
   r.history.resize(static_cast<size_t>(r.spec_base + 1));
+  r.draft_q.clear();
   runner_.truncate(r.table, r.spec_base + 1 + a);  // the rejected drafts' KV and page data go
   r.spec_base = -1;
   ++r.spec_verifies;
@@ -506,6 +520,7 @@ void ContinuousScheduler::take_token(Request& r, int32_t id, double now) {
 void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Owned>* done) {
   std::vector<StepRequest> batch;
   batch.reserve(rows.size());
+  bool want_logits = false;
   for (const Row& row : rows) {
     Request& r = *row.req;
     const bool at_end = row.n == r.remaining();
@@ -516,14 +531,18 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.spec_base, row.n, false, &r.history, own});
       batch.back().verify = true;
     } else if (row.kind == RowKind::Draft) {
-      batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), 1, true, &r.history, &r.draft});
+      // A sampled request's draft is drawn here, from the draft's logits (its distribution q is
+      // kept for the acceptance test); a greedy one's by the runner.
+      const bool greedy = r.params.options.sampling.temperature == 0.0f;
+      want_logits = want_logits || !greedy;
+      batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), 1, greedy, &r.history, &r.draft});
     } else {
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});
     }
   }
   std::string failure;
   try {
-    runner_.step(batch, &out_, /*want_logits=*/false);
+    runner_.step(batch, &out_, want_logits);
   } catch (const Error& e) {
     failure = e.what();
   }
@@ -545,7 +564,15 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
   for (size_t i = 0; i < rows.size(); ++i) {
     Request& r = *rows[i].req;
     if (rows[i].kind == RowKind::Draft) {
-      r.history.push_back(out_.sampled.at(i));  // not emitted: the verify decides
+      int32_t d = out_.sampled.at(i);
+      if (!batch[i].sample) {
+        const size_t V = static_cast<size_t>(runner_.config().vocab_size);
+        TokenDist& q = r.draft_q.emplace_back();
+        r.verifier->distribution(out_.logits.data() + i * V, std::min<int64_t>(static_cast<int64_t>(V), tok_.vocab_size()),
+                                 r.history, &q);
+        d = r.verifier->draw(q);
+      }
+      r.history.push_back(d);  // not emitted: the verify decides
       ++r.n_draft;
     } else if (rows[i].kind == RowKind::Verify) {
       const size_t V = static_cast<size_t>(runner_.config().vocab_size);

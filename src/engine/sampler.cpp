@@ -20,23 +20,44 @@ void validate(const SamplingParams& p) {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
 
-int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history) {
-  if (p_.repetition_penalty != 1.0f && !history.empty()) {
-    // CTRL-style penalty (as in HF/vLLM): divide positive logits, multiply negative ones.
-    const size_t from = p_.repetition_window > 0 && history.size() > static_cast<size_t>(p_.repetition_window)
-                            ? history.size() - static_cast<size_t>(p_.repetition_window)
-                            : 0;
-    std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from), history.end());
-    for (int32_t id : seen) {
-      if (id < 0 || id >= vocab) continue;
-      float& l = logits[id];
-      l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
-    }
+namespace {
+
+void apply_penalty(const SamplingParams& p, float* logits, int64_t vocab, const std::vector<int32_t>& history) {
+  if (p.repetition_penalty == 1.0f || history.empty()) return;
+  // CTRL-style penalty (as in HF/vLLM): divide positive logits, multiply negative ones.
+  const size_t from = p.repetition_window > 0 && history.size() > static_cast<size_t>(p.repetition_window)
+                          ? history.size() - static_cast<size_t>(p.repetition_window)
+                          : 0;
+  std::unordered_set<int32_t> seen(history.begin() + static_cast<std::ptrdiff_t>(from), history.end());
+  for (int32_t id : seen) {
+    if (id < 0 || id >= vocab) continue;
+    float& l = logits[id];
+    l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
   }
+}
+
+}  // namespace
+
+double TokenDist::prob(int32_t id) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return w[i] / total;
+  return 0.0;
+}
+
+int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history) {
   if (p_.temperature == 0.0f) {
+    apply_penalty(p_, logits, vocab, history);
     // Greedy; ties go to the lowest id so results do not depend on scan order.
     return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   }
+  TokenDist d;
+  distribution(logits, vocab, history, &d);
+  return draw(d);
+}
+
+void Sampler::distribution(float* logits, int64_t vocab, const std::vector<int32_t>& history, TokenDist* out) {
+  DHS_CHECK(p_.temperature > 0.0f, "a sampling distribution needs temperature > 0");
+  apply_penalty(p_, logits, vocab, history);
   cand_.resize(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) cand_[static_cast<size_t>(i)] = {logits[i] / p_.temperature, static_cast<int32_t>(i)};
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
@@ -49,7 +70,8 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
   }
   // Softmax over the survivors (sorted descending).
   const float m = cand_[0].first;
-  std::vector<double> prob(n);
+  std::vector<double>& prob = out->w;
+  prob.assign(n, 0.0);
   double sum = 0.0;
   for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp(static_cast<double>(cand_[i].first - m));
   for (auto& x : prob) x /= sum;
@@ -69,15 +91,26 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
     while (keep < n && prob[keep] >= thr) ++keep;
     n = keep;
   }
-  double total = 0.0;
-  for (size_t i = 0; i < n; ++i) total += prob[i];
-  std::uniform_real_distribution<double> u(0.0, total);
-  double r = u(rng_), c = 0.0;
+  prob.resize(n);
+  out->ids.resize(n);
+  out->total = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    c += prob[i];
-    if (r < c) return cand_[i].second;
+    out->ids[i] = cand_[i].second;
+    out->total += prob[i];
   }
-  return cand_[n - 1].second;
 }
+
+int32_t Sampler::draw(const TokenDist& d) {
+  DHS_ASSERT(!d.ids.empty());
+  std::uniform_real_distribution<double> u(0.0, d.total);
+  double r = u(rng_), c = 0.0;
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    c += d.w[i];
+    if (r < c) return d.ids[i];
+  }
+  return d.ids.back();
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
 }  // namespace dhs
