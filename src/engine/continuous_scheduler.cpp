@@ -97,7 +97,7 @@ ContinuousScheduler::ContinuousScheduler(StepRunner& runner, const Tokenizer& to
   DHS_CHECK(opt_.max_model_len >= 0 && opt_.max_model_len <= max_context,
             "--max-model-len {} is larger than the engine's context of {} tokens", opt_.max_model_len, max_context);
   if (opt_.max_model_len == 0) opt_.max_model_len = max_context;
-  if (opt_.speculative_k != 0) {  // (greedy requests only: a sampled one is refused at submit)
+  if (opt_.speculative_k != 0) {
     GenerateOptions probe;
     probe.speculative_k = opt_.speculative_k;
     probe.draft_policy = opt_.draft_policy;
@@ -360,8 +360,14 @@ bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, 
     return true;
   }
   // The verify: the drafts' KV (computed on the draft's pages) is written again by its rows.
+  // What older rows left of the budget bounds it: the drafts past that are dropped unverified
+  // (a verify of one row is the cycle's first token decoded), so a request always progresses.
+  if (r.k_cycle + 1 > *budget) {
+    r.k_cycle = static_cast<int>(*budget - 1);
+    r.history.resize(static_cast<size_t>(r.spec_base + 1 + r.k_cycle));
+    if (!r.draft_q.empty()) r.draft_q.resize(static_cast<size_t>(r.k_cycle));
+  }
   const int64_t n = r.k_cycle + 1;
-  if (n > *budget) return true;  // the step is full: next step
   runner_.truncate(r.table, r.spec_base);
   if (!reserve_or_preempt(r, n)) return false;
   rows->push_back({&r, n, RowKind::Verify});
