@@ -6,7 +6,7 @@
 // flushed before it (a kernel reads a 256 MiB buffer; L2 is 60 MB). GB/s = KV bytes read / time.
 // Appends JSON lines to --out; the PyTorch anchor (anchors/sdpa_anchor.py) appends its
 // rows to the same file in the same device call (bench/device_run.sh).
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -214,8 +214,8 @@ struct Bench {
   int n_sm = 0;
   dhs::cuda::DevicePagePool* pool = nullptr;
   dhs::cuda::DevicePageLists* lists = nullptr;
-  __nv_bfloat16* q_d = nullptr;
-  __nv_bfloat16* out_d = nullptr;
+  __half* q_d = nullptr;
+  __half* out_d = nullptr;
   int32_t* q_indptr_d = nullptr;
   uint8_t* flush_d = nullptr;
   cudaStream_t stream = nullptr;
@@ -282,7 +282,7 @@ struct Bench {
     std::vector<uint16_t> h(static_cast<size_t>(batch) * kHq * kD);
     DHS_CUDA_CHECK(cudaMemcpy(h.data(), out_d, h.size() * 2, cudaMemcpyDeviceToHost));
     for (uint16_t x : h)
-      if (!std::isfinite(dhs::bf16_to_f32(x))) return false;
+      if (!std::isfinite(dhs::fp16_to_f32(x))) return false;
     return true;
   }
 
@@ -290,7 +290,7 @@ struct Bench {
             const dhs::cuda::DecodeAttentionWorkspace& ws, int min_pages) {
     if (f == nullptr) return;
     std::fprintf(f,
-                 "{\"commit\":\"%s\",\"run_id\":\"%s\",\"gpu\":\"%s\",\"impl\":\"%s\",\"ctx\":%d,\"batch\":%d,"
+                 "{\"commit\":\"%s\",\"run_id\":\"%s\",\"gpu\":\"%s\",\"impl\":\"%s\",\"dtype\":\"f16\",\"ctx\":%d,\"batch\":%d,"
                  "\"q_len\":1,\"n_heads_q\":%d,\"n_heads_kv\":%d,\"head_dim\":%d,\"page_size\":%d,"
                  "\"us\":%.2f,\"GBps\":%.1f,\"kv_bytes\":%.0f,\"pages_read_frac\":%.4f,\"n_workers\":%d,"
                  "\"stages\":%d,\"min_pages_per_worker\":%d,\"page_layout\":\"%s\",\"timing\":\"cuda graph replay, events, L2 flushed "
@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
   DHS_CUDA_CHECK(cudaMalloc(&b.q_indptr_d, 33 * 4));
   DHS_CUDA_CHECK(cudaMalloc(&b.flush_d, kFlushBytes));
   DHS_CUDA_CHECK(cudaMemset(b.flush_d, 0x11, kFlushBytes));
-  dhs::cuda::fill_random_bf16(b.q_d, size_t{32} * kHq * kD, 7, -3.0f, 3.0f, nullptr);
+  dhs::cuda::fill_random_f16(b.q_d, size_t{32} * kHq * kD, 7, -3.0f, 3.0f, nullptr);
   std::vector<int32_t> qi(33);
   std::iota(qi.begin(), qi.end(), 0);
   DHS_CUDA_CHECK(cudaMemcpy(b.q_indptr_d, qi.data(), 33 * 4, cudaMemcpyHostToDevice));
@@ -583,10 +583,10 @@ int main(int argc, char** argv) {
     for (int tok : opt.quest_tokens) pols.push_back({"dhisparse-quest-" + std::to_string(tok), {}, tok / kPage});
     const std::vector<int> sctx = opt.quick ? std::vector<int>{131072} : std::vector<int>{32768, 131072};
     dhs::cuda::DevicePageSummaries sums(max_pages, kD, dhs::cuda::SummaryKind::MinMax);
-    dhs::cuda::fill_random_bf16(sums.data_d(), static_cast<size_t>(max_pages) * 2 * kD, 5, -1.0f, 1.0f, nullptr);
+    dhs::cuda::fill_random_f16(sums.data_d(), static_cast<size_t>(max_pages) * 2 * kD, 5, -1.0f, 1.0f, nullptr);
     // The 4-bit key sketch (random codes; steps 0.1: q.k^ of order 1): what sketch4 scoring reads.
     dhs::cuda::DeviceKeySketch sketch(max_pages, kPage, kD);
-    dhs::cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(sketch.codes_d()), sketch.code_bytes() / 2, 6, -1.0f, 1.0f,
+    dhs::cuda::fill_random_f16(reinterpret_cast<__half*>(sketch.codes_d()), sketch.code_bytes() / 2, 6, -1.0f, 1.0f,
                                 nullptr);
     {
       const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
@@ -596,7 +596,7 @@ int main(int argc, char** argv) {
     // does not depend on their values); its q projection runs inside the timed selection.
     constexpr int kRank = 32;
     dhs::cuda::DeviceKeySketch psketch(max_pages, kPage, kRank);
-    dhs::cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(psketch.codes_d()), psketch.code_bytes() / 2, 7, -1.0f, 1.0f,
+    dhs::cuda::fill_random_f16(reinterpret_cast<__half*>(psketch.codes_d()), psketch.code_bytes() / 2, 7, -1.0f, 1.0f,
                                 nullptr);
     {
       const std::vector<float> steps(static_cast<size_t>(max_pages) * kPage, 0.1f);
@@ -608,7 +608,7 @@ int main(int argc, char** argv) {
       for (float& x : pb) x = nd(rng);
     }
     dhs::cuda::DeviceKeyBasis pbasis(1, kHkv, kD, kRank, pb.data(), pm.data());
-    __nv_bfloat16* qp_d = nullptr;
+    __half* qp_d = nullptr;
     DHS_CUDA_CHECK(cudaMalloc(&qp_d, static_cast<size_t>(32) * kHq * kRank * 2));
     dhs::cuda::DevicePageLists dense_lists(32, kHkv, max_pages);
     int32_t *sel_indptr, *sel_slots, *sel_pos;

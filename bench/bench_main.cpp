@@ -1,5 +1,5 @@
 // dhisparse-bench: time per output token and prefill of a Llama-3.1-8B-shaped model with random
-// bf16 weights on the GPU (e2e_bench.h). A tool apart from the product binary, which runs it for
+// f16 weights on the GPU (e2e_bench.h). A tool apart from the product binary, which runs it for
 // `dhisparse bench ARGS` (src/cli/bench_command.cpp) when it sits next to it.
 #include <CLI/CLI.hpp>
 
@@ -13,7 +13,7 @@
 int main(int argc, char** argv) {
   using dhs::cli::int_in;
   using dhs::cli::kMaxTokens;
-  CLI::App app{"GPU: time per output token and prefill of a Llama-3.1-8B-shaped model (random bf16 weights) at each "
+  CLI::App app{"GPU: time per output token and prefill of a Llama-3.1-8B-shaped model (random f16 weights) at each "
                "context x batch that fits in HBM",
                "dhisparse bench"};
   dhs::E2eBenchOptions bo;

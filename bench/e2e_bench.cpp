@@ -1,4 +1,4 @@
-// End-to-end decode on the Llama-3.1-8B shape with random bf16 weights (speed
+// End-to-end decode on the Llama-3.1-8B shape with random f16 weights (speed
 // does not depend on weight values): time per output token (one captured decode
 // step: all 32 layers, logits and sampling) at each context x batch whose KV fits
 // in HBM, next to the floor (weight bytes + KV bytes) / measured read bandwidth;
@@ -57,7 +57,7 @@ double measure_copy_gbps() {
   return 2.0 * static_cast<double>(n) / (best * 1e-3) / 1e9;
 }
 
-// One layer's weight GEMMs as the decode step runs them (gemm.h: fused QKV and gate/up to bf16,
+// One layer's weight GEMMs as the decode step runs them (gemm.h: fused QKV and gate/up to f16,
 // O and down accumulated into the fp32 residual), over kLayers distinct weight sets in one
 // captured graph (3.5 GB: nothing stays in L2 between replays), per layer = graph time /
 // kLayers. Median of 30 replays. Returns µs per layer.
@@ -65,27 +65,27 @@ double time_layer_gemms(const ModelConfig& c, int64_t batch, cuda::Gemm& gemm, c
   constexpr int kLayers = 8;
   const int64_t H = c.hidden, F = c.ffn_hidden, QKV = (c.n_heads_q + 2 * c.n_heads_kv) * c.head_dim;
   const int64_t shapes[4][2] = {{QKV, H}, {H, c.n_heads_q * c.head_dim}, {2 * F, H}, {H, F}};  // [out, in]
-  std::vector<__nv_bfloat16*> w;
+  std::vector<__half*> w;
   for (int l = 0; l < kLayers; ++l)
     for (const auto& s : shapes) {
-      __nv_bfloat16* p = nullptr;
+      __half* p = nullptr;
       DHS_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(s[0] * s[1]) * 2));
-      cuda::fill_random_bf16(p, static_cast<size_t>(s[0] * s[1]), 1000 + w.size(), -0.02f, 0.02f, stream);
+      cuda::fill_random_f16(p, static_cast<size_t>(s[0] * s[1]), 1000 + w.size(), -0.02f, 0.02f, stream);
       w.push_back(p);
     }
   const int64_t widest = std::max<int64_t>(2 * F, QKV);
-  __nv_bfloat16 *x = nullptr, *y = nullptr;
+  __half *x = nullptr, *y = nullptr;
   float* acc = nullptr;
   DHS_CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(batch * widest) * 2));
   DHS_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(batch * widest) * 2));
   DHS_CUDA_CHECK(cudaMalloc(&acc, static_cast<size_t>(batch * H) * 4));
-  cuda::fill_random_bf16(x, static_cast<size_t>(batch * widest), 7, -1.0f, 1.0f, stream);
+  cuda::fill_random_f16(x, static_cast<size_t>(batch * widest), 7, -1.0f, 1.0f, stream);
   DHS_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(batch * H) * 4, stream));
   auto layers = [&] {
     for (int l = 0; l < kLayers; ++l) {
-      gemm.run(w[l * 4 + 0], x, y, batch, H, QKV, cuda::GemmOut::BF16, stream);
+      gemm.run(w[l * 4 + 0], x, y, batch, H, QKV, cuda::GemmOut::F16, stream);
       gemm.run(w[l * 4 + 1], x, acc, batch, shapes[1][1], H, cuda::GemmOut::F32, stream, 1.0f);
-      gemm.run(w[l * 4 + 2], x, y, batch, H, 2 * F, cuda::GemmOut::BF16, stream);
+      gemm.run(w[l * 4 + 2], x, y, batch, H, 2 * F, cuda::GemmOut::F16, stream);
       gemm.run(w[l * 4 + 3], x, acc, batch, F, H, cuda::GemmOut::F32, stream, 1.0f);
     }
   };
@@ -211,7 +211,7 @@ void time_weight_gemms(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       const char* impl = impl_s.c_str();
       const double us = time_layer_gemms(cfg, b, gemm, s);
       std::printf("%-26s %-5lld %10.1f %9.1f\n", impl, static_cast<long long>(b), us, layer_bytes / us / 1e3);
-      gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"batch\":" << b
+      gl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"impl\":\"" << impl << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"batch\":" << b
          << ",\"us\":" << us << ",\"weight_bytes\":" << layer_bytes << ",\"GBps\":" << layer_bytes / us / 1e3
          << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_tc\":" << (gemm.gemv_kernel().tensor_cores ? "true" : "false")
          << ",\"method\":\"graph of 8 distinct layers, median of 30 replays / 8\"}\n";
@@ -250,9 +250,9 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       m->gemm().set_gemv_kernel(gemv_kernel);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost
-        cuda::fill_random_bf16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
+        cuda::fill_random_f16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
       if (auto* sk = m->key_sketch()) {  // random codes, steps of 0 (any finite value costs the same)
-        cuda::fill_random_bf16(reinterpret_cast<__nv_bfloat16*>(sk->codes_d()), sk->code_bytes() / 2, 97, -1.0f, 1.0f, m->stream());
+        cuda::fill_random_f16(reinterpret_cast<__half*>(sk->codes_d()), sk->code_bytes() / 2, 97, -1.0f, 1.0f, m->stream());
         DHS_CUDA_CHECK(cudaMemsetAsync(sk->steps_d(), 0, sk->bytes() - sk->code_bytes(), m->stream()));
       }
       std::vector<PageTable> ts;
@@ -283,7 +283,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
                     static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
                     pol_spec.c_str(), read_frac,
                     dense_ms > 0 && !bp.dense_label ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
-        jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"ctx\":" << ctx
+        jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":" << ctx
            << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << bp.gamma
            << ",\"reselect_every\":" << bp.reselect_every << ",\"budgets\":\"" << bp.budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
@@ -330,7 +330,7 @@ void time_prefill(const E2eBenchOptions& opts, const ModelConfig& cfg, const cud
       const char* kernel = variant == 0 ? "mma.sync" : variant == 1 ? "wgmma" : variant == 2 ? "wgmma-ws" : "wgmma-ws-pp-s3";
       std::printf("prefill %lld tokens (attention on %s where it applies): TTFT %.2f s, %.0f tokens/s\n",
                   static_cast<long long>(n), kernel, sec, n / sec);
-      jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"prefill_tokens\":" << n
+      jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"prefill_tokens\":" << n
          << ",\"chunk\":2048,\"prefill_attention\":\"" << kernel << "\",\"ttft_s\":" << sec
          << ",\"prefill_tok_s\":" << n / sec << "}\n";
       t.release(m->allocator());

@@ -8,7 +8,9 @@
 //
 //   prefill_bench [--ctx 32768,131072] [--chunk 8192] [--out FILE]
 //   (commit from $DHS_COMMIT)
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/fp16.h"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,7 +31,7 @@ namespace {
 
 constexpr int kHeadsQ = 32, kHeadsKv = 8, kHeadDim = 128, kPageSize = 16;
 
-__global__ void fill_uniform_kernel(__nv_bfloat16* x, size_t n, uint64_t seed, float lo, float hi) {
+__global__ void fill_uniform_kernel(__half* x, size_t n, uint64_t seed, float lo, float hi) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed + i * 0x9e3779b97f4a7c15ull;  // splitmix64
@@ -37,7 +39,7 @@ __global__ void fill_uniform_kernel(__nv_bfloat16* x, size_t n, uint64_t seed, f
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-    x[i] = __float2bfloat16(lo + (hi - lo) * u);
+    x[i] = __float2half_rn(lo + (hi - lo) * u);
   }
 }
 
@@ -49,17 +51,12 @@ __global__ void count_diff_kernel(const uint16_t* a, const uint16_t* b, size_t n
   if (local) atomicAdd(n_diff, local);
 }
 
-void fill(__nv_bfloat16* x, size_t n, uint64_t seed, float lo, float hi) {
+void fill(__half* x, size_t n, uint64_t seed, float lo, float hi) {
   fill_uniform_kernel<<<1024, 256>>>(x, n, seed, lo, hi);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
-float bf16_to_float(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float f16_to_float(uint16_t h) { return dhs::fp16_to_f32(h); }
 
 template <class T>
 T* dev_alloc(size_t n) {
@@ -132,11 +129,11 @@ int main(int argc, char** argv) {
     const int64_t n_pages = static_cast<int64_t>(pages_per_head) * kHeadsKv;
     const size_t pool_elems = static_cast<size_t>(n_pages) * kPageSize * kHeadDim;
     const size_t q_elems = static_cast<size_t>(ctx) * kHeadsQ * kHeadDim;
-    __nv_bfloat16* k_pool = dev_alloc<__nv_bfloat16>(pool_elems);
-    __nv_bfloat16* v_pool = dev_alloc<__nv_bfloat16>(pool_elems);
-    __nv_bfloat16* q = dev_alloc<__nv_bfloat16>(q_elems);
-    __nv_bfloat16* out = dev_alloc<__nv_bfloat16>(q_elems);
-    __nv_bfloat16* out_chunked = dev_alloc<__nv_bfloat16>(q_elems);
+    __half* k_pool = dev_alloc<__half>(pool_elems);
+    __half* v_pool = dev_alloc<__half>(pool_elems);
+    __half* q = dev_alloc<__half>(q_elems);
+    __half* out = dev_alloc<__half>(q_elems);
+    __half* out_chunked = dev_alloc<__half>(q_elems);
     fill(k_pool, pool_elems, 1, -1.0f, 1.0f);
     fill(v_pool, pool_elems, 2, -1.0f, 1.0f);
     fill(q, q_elems, 3, -2.0f, 2.0f);
@@ -256,7 +253,7 @@ int main(int argc, char** argv) {
           const size_t kr = (static_cast<size_t>(perm[static_cast<size_t>(hk * pages_per_head + t / kPageSize)]) * kPageSize +
                              t % kPageSize) * kHeadDim;
           double s = 0.0;
-          for (int x = 0; x < kHeadDim; ++x) s += bf16_to_float(qr[static_cast<size_t>(x)]) * bf16_to_float(k_h[kr + x]);
+          for (int x = 0; x < kHeadDim; ++x) s += f16_to_float(qr[static_cast<size_t>(x)]) * f16_to_float(k_h[kr + x]);
           sc[static_cast<size_t>(t)] = s / std::sqrt(static_cast<double>(kHeadDim));
           mx = std::max(mx, sc[static_cast<size_t>(t)]);
         }
@@ -265,10 +262,10 @@ int main(int argc, char** argv) {
                              t % kPageSize) * kHeadDim;
           const double w = std::exp(sc[static_cast<size_t>(t)] - mx);
           den += w;
-          for (int x = 0; x < kHeadDim; ++x) acc[static_cast<size_t>(x)] += w * bf16_to_float(v_h[kr + x]);
+          for (int x = 0; x < kHeadDim; ++x) acc[static_cast<size_t>(x)] += w * f16_to_float(v_h[kr + x]);
         }
         for (int x = 0; x < kHeadDim; ++x) {
-          const double r = acc[static_cast<size_t>(x)] / den, g = bf16_to_float(orow[static_cast<size_t>(x)]);
+          const double r = acc[static_cast<size_t>(x)] / den, g = f16_to_float(orow[static_cast<size_t>(x)]);
           const double err = std::fabs(g - r) / (1.0 + std::fabs(r));
           max_err = std::max(max_err, std::isfinite(g) ? err : 1e30);
         }
@@ -284,7 +281,7 @@ int main(int argc, char** argv) {
       std::string samples;
       for (double s : r.samples_us) samples += (samples.empty() ? "" : ",") + std::to_string(static_cast<int64_t>(s));
       std::fprintf(jf,
-                   "{\"commit\":\"%s\",\"gpu\":\"%s\",\"impl\":\"dhisparse-prefill\",\"mode\":\"%s\",\"ctx\":%d,"
+                   "{\"commit\":\"%s\",\"gpu\":\"%s\",\"impl\":\"dhisparse-prefill\",\"dtype\":\"f16\",\"mode\":\"%s\",\"ctx\":%d,"
                    "\"batch\":1,\"wgmma\":%s,\"n_heads_q\":%d,\"n_heads_kv\":%d,\"head_dim\":%d,\"us\":%.1f,\"tflops\":%.1f,"
                    "\"checked\":%s,\"samples_us\":[%s]}\n",
                    commit.c_str(), prop.name, r.mode.c_str(), r.ctx, r.mode == "single-mmasync" ? "false" : "true", kHeadsQ,

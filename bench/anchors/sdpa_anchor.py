@@ -1,7 +1,7 @@
 """Anchor for decode attention: PyTorch SDPA (cuDNN and FlashAttention-2 backends) on the
 shapes of bench/attention_bench.cu, timed by the same method, in the same device call.
 
-Per-layer decode attention, q_len 1, GQA 32 q / 8 KV heads, d 128, bf16, contiguous KV
+Per-layer decode attention, q_len 1, GQA 32 q / 8 KV heads, d 128, f16 (as dhisparse since session 19; bf16 before: the same bytes and kernel speed), contiguous KV
 [batch, 8, ctx, 128] (the best case for SDPA: no paging). Each sample is one CUDA-graph
 replay of the SDPA call (eager if capture fails), timed with events, with L2 flushed by
 reading a 256 MiB buffer before it; the median is reported. GB/s = K+V bytes / time.
@@ -78,11 +78,11 @@ def main():
     for L in ctxs:
         for B in batches:
             kv_bytes = 2 * B * HKV * L * D * 2
-            q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.bfloat16)
-            k = torch.randn(B, HKV, L, D, device=dev, dtype=torch.bfloat16)
-            v = torch.randn(B, HKV, L, D, device=dev, dtype=torch.bfloat16)
+            q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.float16)
+            k = torch.randn(B, HKV, L, D, device=dev, dtype=torch.float16)
+            v = torch.randn(B, HKV, L, D, device=dev, dtype=torch.float16)
             for name, be in backends.items():
-                row = {"commit": args.commit, "run_id": args.run_id, "gpu": gpu, "impl": name, "ctx": L,
+                row = {"commit": args.commit, "run_id": args.run_id, "gpu": gpu, "impl": name, "dtype": "f16", "ctx": L,
                        "batch": B, "q_len": 1, "n_heads_q": HQ, "n_heads_kv": HKV, "head_dim": D}
                 try:
                     with sdpa_kernel([be]):

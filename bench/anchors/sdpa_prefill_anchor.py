@@ -46,11 +46,11 @@ def main():
     for S in [int(x) for x in args.ctx.split(",")]:
         flops = 4.0 * S * S * HQ * D / 2
         reps = 30 if S <= 32768 else 3
-        q = torch.empty(1, HQ, S, D, device="cuda", dtype=torch.bfloat16).uniform_(-2, 2)
-        k = torch.empty(1, HKV, S, D, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
-        v = torch.empty(1, HKV, S, D, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+        q = torch.empty(1, HQ, S, D, device="cuda", dtype=torch.float16).uniform_(-2, 2)
+        k = torch.empty(1, HKV, S, D, device="cuda", dtype=torch.float16).uniform_(-1, 1)
+        v = torch.empty(1, HKV, S, D, device="cuda", dtype=torch.float16).uniform_(-1, 1)
         for name, backend in (("cudnn-sdpa", SDPBackend.CUDNN_ATTENTION), ("flash-sdpa", SDPBackend.FLASH_ATTENTION)):
-            row = dict(commit=commit, gpu=gpu, impl=name, ctx=S, batch=1, n_heads_q=HQ, n_heads_kv=HKV, head_dim=D,
+            row = dict(commit=commit, gpu=gpu, impl=name, dtype="f16", ctx=S, batch=1, n_heads_q=HQ, n_heads_kv=HKV, head_dim=D,
                        torch=torch.__version__)
             try:
                 with sdpa_kernel([backend]):

@@ -12,7 +12,7 @@ namespace dhs::cli {
 
 BenchCommand::BenchCommand(CLI::App& app) {
   app_ = app.add_subcommand("bench", "GPU: time per output token and prefill of a Llama-3.1-8B-shaped model "
-                                     "(random bf16 weights); runs dhisparse-bench (`dhisparse bench --help`)");
+                                     "(random f16 weights); runs dhisparse-bench (`dhisparse bench --help`)");
   app_->prefix_command();    // every argument after "bench" goes to the tool as it is
   app_->set_help_flag();     // --help included
 }

@@ -10,7 +10,7 @@ namespace {
 // with Llama-3 RoPE scaling; the shape `dhisparse bench` times.
 ModelConfig llama3_8b() {
   ModelConfig c;
-  c.name = "llama-3.1-8b-shape (random bf16)";
+  c.name = "llama-3.1-8b-shape (random f16)";
   c.n_layers = 32;
   c.hidden = 4096;
   c.n_heads_q = 32;

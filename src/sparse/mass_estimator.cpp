@@ -211,7 +211,7 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
             est.query_aware() ? "query-aware " : "", rank);
   const int pkeep = est.projected_keep();
   std::vector<float> mask, pmask, qm(static_cast<size_t>(d));
-  // B q of every q head and row of the group, rounded to bf16 as the device stores it.
+  // B q of every q head and row of the group, rounded to f16 as the device stores it.
   std::vector<float> qps(static_cast<size_t>(group * std::max<int64_t>(q_len, 0) * rank));
   for (int hk : kv_heads) {
     if (kept < d) group_channel_mask(mq, d, group, hk, kept, &mask);
@@ -223,7 +223,7 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
           float* out = qps.data() + (static_cast<size_t>(g) * q_len + (row - mq.row_begin)) * rank;
           kb.project_query(layer, hk, mq.q + (static_cast<int64_t>(row) * mq.n_heads_q + hk * group + g) * d, out);
           for (int i = 0; i < rank; ++i) {
-            out[i] = bf16_to_f32(f32_to_bf16(out[i]));
+            out[i] = fp16_to_f32(f32_to_fp16(out[i]));
             w[static_cast<size_t>(i)] += std::fabs(out[i]) * std::sqrt(static_cast<double>(kb.variance(layer, hk)[i]));
           }
         }

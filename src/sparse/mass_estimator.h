@@ -116,8 +116,8 @@ class KeySketch2Estimator final : public MassEstimator {
 
 // The key sketch in a low-rank key basis ("psketch4:R"): sketch4's log-mean-exp of the page's
 // tokens' exp-scores, on R coordinates per token (PageSummaryStore::projected_codes, the store
-// needs a key basis of rank R) and q projected on the same basis and rounded to bf16 (the device
-// keeps it so), q^ = int8(bf16(B q)). Scores are
+// needs a key basis of rank R) and q projected on the same basis and rounded to f16 (the device
+// keeps it so), q^ = int8(f16(B q)). Scores are
 // q·k up to the common q·mean term (key_basis.h), which cancels in the normalised masses.
 // A device would read R / head_dim of sketch4's code bytes.
 //

@@ -1,22 +1,23 @@
 // CUDA glue ops (backend/cuda/ops.h) against the CPU reference (backend/cpu/ops.h) on
 // awkward sizes: n_tok 1, 17, 97; hidden 576, 1003 (not a multiple of 8), 4096;
 // head_dim 64 and 128; positions up to 131071; scattered page slots, last page 3/16 full.
-// Every element is checked. The reference is fed the same bf16-rounded inputs.
+// Every element is checked. The reference is fed the same f16-rounded inputs.
 //
 // Tolerances (per element; ref = CPU fp32 value):
 //  * fp32 outputs that are a plain copy or one fp32 add (embedding, residual x): exact.
-//  * bf16 outputs: |gpu - ref| <= 2^-7 |ref| + abs_err. The GPU rounds its fp32 value to
-//    bf16 (<= 2^-8 |v|, half an ulp); its fp32 value differs from the CPU's by fp32
+//  * f16 outputs: |gpu - ref| <= 2^-10 |ref| + 2^-24 + abs_err (2^-24: one step of f16's
+//    subnormals, below 2^-14). The GPU rounds its fp32 value to
+//    f16 (<= 2^-11 |v|, half an ulp); its fp32 value differs from the CPU's by fp32
 //    accumulation order (norms: sum of squares over <= 4096 terms, ~1e-6 relative) and
-//    expf vs std::exp (2 ulp). One full bf16 ulp (2^-7) covers both with margin.
+//    expf vs std::exp (2 ulp). One full f16 ulp (2^-10) covers both with margin.
 //    abs_err: 0 for products (norm, SwiGLU); for RoPE, 1e-5 (|x0| + |x1|) of the rotated
 //    pair, because x0 c - x1 s can cancel: the fp32 terms carry ~1e-7 of their size, and
 //    cos/sin of the same double angle may differ by one fp32 ulp between CPU and GPU.
 //  * RoPE angle: both sides compute pos * inv_freq in double (GPU: sincos() in double),
 //    so positions up to 131071 need no extra tolerance. (An fp32 angle would be off by
-//    up to 0.0078 rad there: ~1 bf16 ulp on every element — the test catches it.)
+//    up to 0.0078 rad there: ~8 f16 ulps on every element — the test catches it.)
 // DHS_TEST_SMALL=1 (or DHS_TEST_QUICK=1) shrinks the sizes (for compute-sanitizer runs).
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,7 +57,7 @@ bool small_mode() {  // DHS_TEST_SMALL or the project's DHS_TEST_QUICK (sanitize
 
 // ---- host helpers ----------------------------------------------------------------
 
-float round_bf16(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
+float round_f16(float x) { return dhs::fp16_to_f32(dhs::f32_to_fp16(x)); }
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float s = 1.0f, float mean = 0.0f) {
   std::normal_distribution<float> d(mean, s);
@@ -65,17 +66,17 @@ std::vector<float> randn(size_t n, std::mt19937& rng, float s = 1.0f, float mean
   return v;
 }
 std::vector<float> rounded(std::vector<float> v) {
-  for (auto& x : v) x = round_bf16(x);
+  for (auto& x : v) x = round_f16(x);
   return v;
 }
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+std::vector<uint16_t> to_f16(const std::vector<float>& v) {
   std::vector<uint16_t> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = dhs::f32_to_bf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) r[i] = dhs::f32_to_fp16(v[i]);
   return r;
 }
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+std::vector<float> from_f16(const std::vector<uint16_t>& v) {
   std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = dhs::bf16_to_f32(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) r[i] = dhs::fp16_to_f32(v[i]);
   return r;
 }
 
@@ -101,7 +102,7 @@ struct Dev {
     return h;
   }
 };
-using bf16 = __nv_bfloat16;
+using f16 = __half;
 
 // Every element: |got - ref| <= rel |ref| + abs_i. Returns "" or the first failures.
 std::string compare(const std::vector<float>& got, const std::vector<float>& ref, double rel,
@@ -128,7 +129,10 @@ std::string compare(const std::vector<float>& got, const std::vector<float>& ref
 
 bool have_gpu() { return dc::device_count() > 0; }
 
-constexpr double kBf16Rel = 1.0 / 128.0;  // one bf16 ulp, relative (see header)
+constexpr double kF16Rel = 1.0 / 1024.0;  // one f16 ulp, relative (see header)
+// Below 2^-14 f16 values are subnormal, spaced 2^-24 apart whatever their size: one such step is
+// allowed on top of the relative bound (bf16 had no such range at these magnitudes).
+constexpr double kF16Sub = 0x1p-24;
 
 // ---- embedding ------------------------------------------------------------------------
 
@@ -139,7 +143,7 @@ TEST(CudaOps, EmbeddingGather) {
   std::vector<int64_t> hiddens = small_mode() ? std::vector<int64_t>{576, 1003} : std::vector<int64_t>{576, 1003, 4096};
   for (int64_t hidden : hiddens) {
     const auto table = rounded(randn(static_cast<size_t>(vocab * hidden), rng));
-    Dev<bf16> table_d(to_bf16(table));
+    Dev<f16> table_d(to_f16(table));
     for (int64_t n_tok : {1, 17, 97}) {
       std::vector<int32_t> ids(static_cast<size_t>(n_tok));
       std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
@@ -154,9 +158,9 @@ TEST(CudaOps, EmbeddingGather) {
       for (int64_t t = 0; t < n_tok; ++t)
         if (ids[t] >= 0 && ids[t] < vocab)
           std::copy_n(table.begin() + ids[t] * hidden, hidden, ref.begin() + t * hidden);
-      for (DType dt : {DType::F32, DType::BF16}) {
+      for (DType dt : {DType::F32, DType::F16}) {
         Dev<float> out_f(static_cast<size_t>(n_tok * hidden));
-        Dev<bf16> out_b(static_cast<size_t>(n_tok * hidden));
+        Dev<f16> out_b(static_cast<size_t>(n_tok * hidden));
         dc::EmbeddingParams p;
         p.table = table_d.p;
         p.ids = ids_d.p;
@@ -166,7 +170,7 @@ TEST(CudaOps, EmbeddingGather) {
         p.vocab = vocab;
         p.hidden = hidden;
         dc::embedding(p, nullptr);
-        const auto got = dt == DType::F32 ? out_f.get() : from_bf16(out_b.get<uint16_t>());
+        const auto got = dt == DType::F32 ? out_f.get() : from_f16(out_b.get<uint16_t>());
         EXPECT_EQ(compare(got, ref, 0.0), "") << "hidden " << hidden << " n_tok " << n_tok;
       }
     }
@@ -181,7 +185,7 @@ TEST(CudaOps, AddRmsNorm) {
   std::vector<int64_t> hiddens = small_mode() ? std::vector<int64_t>{576, 1003} : std::vector<int64_t>{576, 1003, 4096};
   for (int64_t n : hiddens) {
     for (int64_t rows : {1, 17, 97}) {
-      for (int variant = 0; variant < 3; ++variant) {  // delta bf16, delta fp32, no delta
+      for (int variant = 0; variant < 3; ++variant) {  // delta f16, delta fp32, no delta
         const auto x0 = randn(static_cast<size_t>(rows * n), rng, 3.0f);
         auto delta = randn(static_cast<size_t>(rows * n), rng, 1.0f);
         if (variant == 0) delta = rounded(delta);
@@ -193,11 +197,11 @@ TEST(CudaOps, AddRmsNorm) {
         dhs::cpu::rms_norm(x_ref.data(), w.data(), y_ref.data(), rows, n, eps);
 
         Dev<float> x_d(x0), w_d(w), delta_f(delta);
-        Dev<bf16> delta_b(to_bf16(delta)), y_d(static_cast<size_t>(rows * n));
+        Dev<f16> delta_b(to_f16(delta)), y_d(static_cast<size_t>(rows * n));
         dc::AddRmsNormParams p;
         p.x = x_d.p;
         p.delta = variant == 0 ? static_cast<const void*>(delta_b.p) : variant == 1 ? delta_f.p : nullptr;
-        p.delta_dtype = variant == 0 ? DType::BF16 : DType::F32;
+        p.delta_dtype = variant == 0 ? DType::F16 : DType::F32;
         p.weight = w_d.p;
         p.y = y_d.p;
         p.n_rows = rows;
@@ -205,7 +209,7 @@ TEST(CudaOps, AddRmsNorm) {
         p.eps = eps;
         dc::add_rms_norm(p, nullptr);
         EXPECT_EQ(compare(x_d.get(), x_ref, 0.0), "") << "x, n " << n << " rows " << rows << " variant " << variant;
-        EXPECT_EQ(compare(from_bf16(y_d.get<uint16_t>()), y_ref, kBf16Rel), "")
+        EXPECT_EQ(compare(from_f16(y_d.get<uint16_t>()), y_ref, kF16Rel, nullptr, kF16Sub), "")
             << "y, n " << n << " rows " << rows << " variant " << variant;
       }
     }
@@ -222,25 +226,25 @@ TEST(CudaOps, RmsNormRowsAndHeads) {
   const std::vector<Shape> shapes = {{1, 576}, {17, 1003}, {97, 4096}, {17 * 8, 128}, {97 * 3, 64}, {1, 64}};
   for (const Shape& s : shapes) {
     if (small_mode() && s.n == 4096) continue;
-    for (int variant = 0; variant < 3; ++variant) {  // bf16 in, fp32 in, bf16 in place
+    for (int variant = 0; variant < 3; ++variant) {  // f16 in, fp32 in, f16 in place
       auto x = randn(static_cast<size_t>(s.rows * s.n), rng, 2.0f);
       if (variant != 1) x = rounded(x);
       const auto w = rounded(randn(static_cast<size_t>(s.n), rng, 0.2f, 1.0f));
       std::vector<float> ref(x.size());
       dhs::cpu::rms_norm(x.data(), w.data(), ref.data(), s.rows, s.n, 1e-6f);
       Dev<float> x_f(x), w_d(w);
-      Dev<bf16> x_b(to_bf16(x)), y_d(x.size());
+      Dev<f16> x_b(to_f16(x)), y_d(x.size());
       dc::RmsNormParams p;
       p.in = variant == 1 ? static_cast<const void*>(x_f.p) : x_b.p;
-      p.in_dtype = variant == 1 ? DType::F32 : DType::BF16;
+      p.in_dtype = variant == 1 ? DType::F32 : DType::F16;
       p.weight = w_d.p;
       p.out = variant == 2 ? x_b.p : y_d.p;
       p.n_rows = s.rows;
       p.n = s.n;
       p.eps = 1e-6f;
       dc::rms_norm(p, nullptr);
-      const auto got = from_bf16(variant == 2 ? x_b.get<uint16_t>() : y_d.get<uint16_t>());
-      EXPECT_EQ(compare(got, ref, kBf16Rel), "") << "rows " << s.rows << " n " << s.n << " variant " << variant;
+      const auto got = from_f16(variant == 2 ? x_b.get<uint16_t>() : y_d.get<uint16_t>());
+      EXPECT_EQ(compare(got, ref, kF16Rel, nullptr, kF16Sub), "") << "rows " << s.rows << " n " << s.n << " variant " << variant;
     }
   }
 }
@@ -299,13 +303,13 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
     if (n_tok > 1) dst[0] = -1;
   }
 
-  // Inputs: q, k, v as fp32 GEMM outputs or bf16, in one fused buffer or three.
+  // Inputs: q, k, v as fp32 GEMM outputs or f16, in one fused buffer or three.
   const int64_t q_w = int64_t{hq} * hd, kv_w = int64_t{hkv} * hd;
   const int64_t ld_fused = q_w + 2 * kv_w;
   auto q = randn(static_cast<size_t>(n_tok * q_w), rng, 1.5f);
   auto k = randn(static_cast<size_t>(n_tok * kv_w), rng, 1.5f);
   auto v = randn(static_cast<size_t>(n_tok * kv_w), rng, 1.5f);
-  if (rc.in_dtype == DType::BF16) {
+  if (rc.in_dtype == DType::F16) {
     q = rounded(q);
     k = rounded(k);
     v = rounded(v);
@@ -365,7 +369,7 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
     if (esz == 4) {
       std::memcpy(b.data(), x.data(), b.size());
     } else {
-      const auto h = to_bf16(x);
+      const auto h = to_f16(x);
       std::memcpy(b.data(), h.data(), b.size());
     }
     return b;
@@ -385,10 +389,10 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
   Dev<uint8_t> fused_d(fused), q_d(pack(q)), k_d(pack(k)), v_d(pack(v));
   Dev<float> qb_d(q_bias), kb_d(k_bias), vb_d(v_bias), qn_d(q_norm), kn_d(k_norm), inv_d(inv_freq);
   Dev<int32_t> pos_d(pos), dst_d(dst);
-  Dev<bf16> q_out_d(static_cast<size_t>(n_tok * q_w));
+  Dev<f16> q_out_d(static_cast<size_t>(n_tok * q_w));
   const size_t pool_elems = static_cast<size_t>(n_pages) * page_size * hd;
   std::vector<uint16_t> sentinel(pool_elems, 0x7fc1u);  // a NaN pattern: any stray write shows
-  Dev<bf16> k_pool(sentinel), v_pool(sentinel);
+  Dev<f16> k_pool(sentinel), v_pool(sentinel);
 
   dc::RopeAppendParams p;
   uint8_t* base = rc.fused_qkv ? fused_d.p : nullptr;
@@ -405,7 +409,7 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
   p.k_norm = rc.qk_norm ? kn_d.p : nullptr;
   p.norm_eps = 1e-6f;
   if (rc.in_place) {
-    p.q_out = reinterpret_cast<bf16*>(const_cast<void*>(p.q));
+    p.q_out = reinterpret_cast<f16*>(const_cast<void*>(p.q));
     p.q_out_ld = p.q_ld;
   } else {
     p.q_out = q_out_d.p;
@@ -435,12 +439,12 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
       for (int64_t i = 0; i < q_w; ++i) {
         uint16_t h;
         std::memcpy(&h, &raw[static_cast<size_t>(t * ld + i) * 2], 2);
-        q_got[static_cast<size_t>(t * q_w + i)] = dhs::bf16_to_f32(h);
+        q_got[static_cast<size_t>(t * q_w + i)] = dhs::fp16_to_f32(h);
       }
   } else {
-    q_got = from_bf16(q_out_d.get<uint16_t>());
+    q_got = from_f16(q_out_d.get<uint16_t>());
   }
-  EXPECT_EQ(compare(q_got, q_ref, kBf16Rel, &q_tol), "") << tag << " q";
+  EXPECT_EQ(compare(q_got, q_ref, kF16Rel, &q_tol, kF16Sub), "") << tag << " q";
 
   // k, v rows in the pools; every other row untouched.
   const auto kp = k_pool.get<uint16_t>(), vp = v_pool.get<uint16_t>();
@@ -455,16 +459,16 @@ void run_rope_case(const RopeCase& rc, int64_t n_tok, std::mt19937& rng) {
       const size_t off = (static_cast<size_t>(slot) * page_size + row) * hd;
       const size_t src = static_cast<size_t>((t * hkv + h) * hd);
       for (int i = 0; i < hd; ++i) {
-        k_got.push_back(dhs::bf16_to_f32(kp[off + i]));
-        v_got.push_back(dhs::bf16_to_f32(vp[off + i]));
+        k_got.push_back(dhs::fp16_to_f32(kp[off + i]));
+        v_got.push_back(dhs::fp16_to_f32(vp[off + i]));
         k_exp.push_back(k_ref[src + i]);
         v_exp.push_back(v_ref[src + i]);
         k_tol_sel.push_back(k_tol[src + i]);
       }
     }
-  EXPECT_EQ(compare(k_got, k_exp, kBf16Rel, &k_tol_sel), "") << tag << " k pool";
-  // v: bf16 in, no bias -> exact copy; else one rounding of an fp32 sum.
-  EXPECT_EQ(compare(v_got, v_exp, kBf16Rel), "") << tag << " v pool";
+  EXPECT_EQ(compare(k_got, k_exp, kF16Rel, &k_tol_sel, kF16Sub), "") << tag << " k pool";
+  // v: f16 in, no bias -> exact copy; else one rounding of an fp32 sum.
+  EXPECT_EQ(compare(v_got, v_exp, kF16Rel, nullptr, kF16Sub), "") << tag << " v pool";
   size_t stray = 0;
   for (size_t r = 0; r < written.size(); ++r) {
     if (written[r]) continue;
@@ -483,15 +487,15 @@ TEST(CudaOps, RopeAppend) {
   const std::vector<RopeCase> cases = {
       // name, hq, hkv, hd, style, dtype, bias, qk_norm, in_place, fused, far, theta, llama3
       {"llama31 d128 half fp32 far", 8, 2, 128, S::Half, DType::F32, false, false, false, false, true, 500000.0f, true},
-      {"llama31 d128 half bf16 fused in-place", 8, 2, 128, S::Half, DType::BF16, false, false, true, true, false,
+      {"llama31 d128 half f16 fused in-place", 8, 2, 128, S::Half, DType::F16, false, false, true, true, false,
        500000.0f, true},
-      {"gguf d128 interleaved bf16 far", 4, 4, 128, S::Interleaved, DType::BF16, false, false, false, false, true,
+      {"gguf d128 interleaved f16 far", 4, 4, 128, S::Interleaved, DType::F16, false, false, false, false, true,
        10000.0f, false},
       {"qwen2 d64 half fp32 bias fused", 6, 2, 64, S::Half, DType::F32, true, false, false, true, false, 1000000.0f,
        false},
-      {"qwen3 d128 half bf16 qknorm far", 4, 2, 128, S::Half, DType::BF16, false, true, false, false, true, 1000000.0f,
+      {"qwen3 d128 half f16 qknorm far", 4, 2, 128, S::Half, DType::F16, false, true, false, false, true, 1000000.0f,
        false},
-      {"qwen3 d64 interleaved bf16 qknorm+bias in-place", 3, 1, 64, S::Interleaved, DType::BF16, true, true, true,
+      {"qwen3 d64 interleaved f16 qknorm+bias in-place", 3, 1, 64, S::Interleaved, DType::F16, true, true, true,
        false, false, 10000.0f, false},
   };
   for (const auto& rc : cases)
@@ -510,7 +514,7 @@ TEST(CudaOps, SwiGlu) {
   for (int64_t n : ns)
     for (int64_t n_tok : {1, 17, 97}) {
       if (n == 14336 && n_tok == 97 && small_mode()) continue;
-      for (int variant = 0; variant < 4; ++variant) {  // {bf16, fp32} x {fused gate|up, two buffers}
+      for (int variant = 0; variant < 4; ++variant) {  // {f16, fp32} x {fused gate|up, two buffers}
         const bool f32 = variant & 1, fused = variant & 2;
         auto g = randn(static_cast<size_t>(n_tok * n), rng, 3.0f);
         auto u = randn(static_cast<size_t>(n_tok * n), rng, 1.0f);
@@ -529,7 +533,7 @@ TEST(CudaOps, SwiGlu) {
           }
         }
         Dev<float> gf(g), uf(u), buf_f(buf);
-        Dev<bf16> gb(to_bf16(g)), ub(to_bf16(u)), buf_b(to_bf16(buf)), out(static_cast<size_t>(n_tok * n));
+        Dev<f16> gb(to_f16(g)), ub(to_f16(u)), buf_b(to_f16(buf)), out(static_cast<size_t>(n_tok * n));
         dc::SwiGluParams p;
         if (fused) {
           p.gate = f32 ? static_cast<const void*>(buf_f.p) : buf_b.p;
@@ -540,13 +544,13 @@ TEST(CudaOps, SwiGlu) {
           p.up = f32 ? static_cast<const void*>(uf.p) : ub.p;
           p.in_ld = n;
         }
-        p.in_dtype = f32 ? DType::F32 : DType::BF16;
+        p.in_dtype = f32 ? DType::F32 : DType::F16;
         p.out = out.p;
         p.out_ld = n;
         p.n_tok = n_tok;
         p.n = n;
         dc::swiglu(p, nullptr);
-        EXPECT_EQ(compare(from_bf16(out.get<uint16_t>()), ref, kBf16Rel, nullptr, 1e-30), "")
+        EXPECT_EQ(compare(from_f16(out.get<uint16_t>()), ref, kF16Rel, nullptr, kF16Sub), "")
             << "n " << n << " n_tok " << n_tok << " variant " << variant;
       }
     }

@@ -1,6 +1,6 @@
 // The CUDA backend at serving sizes, on random weights of a small Llama shape (no model file):
 //  * batched decode at batch 1, 3, 17 and 64 (padded to the graph buckets 1, 4, 32, 64) gives
-//    each request the logits and greedy id it gets alone, within a stated bf16 tolerance, and
+//    each request the logits and greedy id it gets alone, within a stated f16 tolerance, and
 //    the device's greedy id is exactly the host argmax of the logits it returned;
 //  * the CUDA runner (make_cuda_runner, --load-format dummy) samples on the device with each
 //    request's parameters: greedy rows equal dhs::Sampler on the returned logits exactly
@@ -45,7 +45,7 @@ bool have_gpu() { return cuda::device_count() > 0; }
 // A small Llama: GQA 8/2 at head_dim 128 (the decode kernel's), 4 layers.
 ModelConfig tiny_config() {
   ModelConfig c;
-  c.name = "tiny-llama (random bf16)";
+  c.name = "tiny-llama (random f16)";
   c.n_layers = 4;
   c.hidden = 1024;
   c.n_heads_q = 8;
@@ -92,7 +92,7 @@ void expect_pool_empty(PagePool& pool, const char* where) {
 
 // Batched decode vs each request alone. Tolerance: the random weights give logits of unit scale
 // (|logit| <= ~5); a batched step runs other GEMM shapes (GEMV up to 8 rows, cuBLASLt beyond, and
-// the bucket's padding rows), so bf16 roundings of activations may differ: all logits of every
+// the bucket's padding rows), so f16 roundings of activations may differ: all logits of every
 // request and step within 2% of the largest |logit| (a wrong page, row or mask moves them by
 // units). Greedy ids must match unless the solo top-2 gap is below twice the measured difference.
 TEST(CudaServing, BatchedDecodeEqualsSolo) {
@@ -294,7 +294,7 @@ TEST(CudaServing, RunnerSamplesOnDevice) {
 // those rows get the logits they get alone on a runner of their policy (the tolerance of
 // BatchedDecodeEqualsSolo: 2% of the largest |logit|; a row read with another request's pages
 // moves its logits by units). The coverage row (the engine's policy) is checked by its page count
-// only: its set depends on bf16 scores that differ between batched and solo GEMM shapes, and on
+// only: its set depends on f16 scores that differ between batched and solo GEMM shapes, and on
 // these random weights (near-uniform attention, ~90% of pages kept) one page across the cut moved
 // its logits by 0.14 against the 0.08 tolerance on the H200 (248d666).
 TEST(CudaServing, RequestPoliciesInOneStep) {
@@ -386,7 +386,7 @@ TEST(CudaServing, RequestPoliciesInOneStep) {
       exact_rows += want;
     }
   }
-  // The coverage row's count may move by a page where batched bf16 scores cross the cut.
+  // The coverage row's count may move by a page where batched f16 scores cross the cut.
   const double slack = 0.02 * static_cast<double>(lh) * 3 * 20;
   EXPECT_NEAR(static_cast<double>(mixed_read), static_cast<double>(exact_rows + coverage_solo), slack);
   EXPECT_GT(mixed_read, exact_rows) << "the coverage row read nothing";

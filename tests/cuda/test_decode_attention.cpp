@@ -8,15 +8,16 @@
 // skipped where there is no GPU. DHS_TEST_QUICK=1 skips the long-context cases (for
 // compute-sanitizer runs).
 //
-// Tolerance, per output element: |gpu - ref| <= 4e-3 + 1e-2 * |ref|, every element.
-// The reference runs in fp32 on the SAME bf16-rounded q, k, v, so only the kernel's own
-// rounding remains: (1) the output is stored as bf16: <= 2^-9 |ref| (inside the 1e-2 rtol);
-// (2) P is rounded to bf16 before the P V product. The denominator sums the same rounded
-// weights, so out = sum w~_i v_i with w~_i = w_i (1 + e_i), |e_i| <= 2^-9, and
-// |out - ref| <= 2^-9 * max_i |v_i - ref| <= 2^-9 * 2 = 3.9e-3 for |v| <= 1 (inside atol).
-// fp32 accumulation order and exp2f vs expf add ~1e-6. LSE: |gpu - ref| <= 4e-3 (the same
-// 2^-9 relative error of the denominator, as a log), and -inf exactly where ref is -inf.
-#include <cuda_bf16.h>
+// Tolerance, per output element: |gpu - ref| <= 1.5e-3 + 4e-3 * |ref|, every element.
+// The reference runs in fp32 on the SAME f16-rounded q, k, v, so only the kernel's own
+// rounding remains: (1) the output is stored as f16: <= 2^-11 |ref| (inside the 4e-3 rtol,
+// which also covers a split's partial output stored once more); (2) P is rounded to f16
+// before the P V product. The denominator sums the same rounded weights, so
+// out = sum w~_i v_i with w~_i = w_i (1 + e_i), |e_i| <= 2^-11, and
+// |out - ref| <= 2^-11 * max_i |v_i - ref| <= 2^-11 * 2 = 9.8e-4 for |v| <= 1 (inside atol).
+// fp32 accumulation order and exp2f vs expf add ~1e-6. LSE: |gpu - ref| <= 1.5e-3 (the same
+// 2^-11 relative error of the denominator, as a log), and -inf exactly where ref is -inf.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,9 +47,9 @@ using dhs::PageLists;
 using dhs::PagePool;
 
 constexpr int kPage = 16;
-constexpr double kAtol = 4e-3, kRtol = 1e-2, kLseAtol = 4e-3;
+constexpr double kAtol = 1.5e-3, kRtol = 4e-3, kLseAtol = 1.5e-3;
 
-float round_bf16(float x) { return dhs::bf16_to_f32(dhs::f32_to_bf16(x)); }
+float round_f16(float x) { return dhs::fp16_to_f32(dhs::f32_to_fp16(x)); }
 
 enum class ListKind { Dense, Sparse, SparseShuffled, Empty };
 
@@ -62,13 +63,13 @@ struct Case {
   float q_amp = 3.0f;  // q ~ U(-q_amp, q_amp): larger makes attention peakier
 };
 
-// Host side of one problem: pool (bf16-rounded fp32), page ids per (request, head), q.
+// Host side of one problem: pool (f16-rounded fp32), page ids per (request, head), q.
 struct Problem {
   int n_requests = 0, n_heads_q = 0, n_heads_kv = 0, head_dim = 0;
   std::vector<int32_t> seq_len, q_indptr;
   std::vector<std::vector<int32_t>> slots_of;  // [req * n_heads_kv + h][logical page] -> slot
   std::unique_ptr<PagePool> pool;
-  std::vector<float> q;  // [n_rows, n_heads_q, head_dim], bf16-rounded
+  std::vector<float> q;  // [n_rows, n_heads_q, head_dim], f16-rounded
 };
 
 Problem make_problem(const Case& c, std::mt19937& rng) {
@@ -105,8 +106,8 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
           const bool valid = i * kPage + t < c.seq_len[r];
           for (int j = 0; j < d; ++j) {
             // Rows past seq_len hold NaN: the kernel must never let them reach the output.
-            kp[t * d + j] = valid ? round_bf16(u(rng)) : nan;
-            vp[t * d + j] = valid ? round_bf16(u(rng)) : nan;
+            kp[t * d + j] = valid ? round_f16(u(rng)) : nan;
+            vp[t * d + j] = valid ? round_f16(u(rng)) : nan;
           }
         }
       }
@@ -121,7 +122,7 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
   }
   std::uniform_real_distribution<float> uq(-c.q_amp, c.q_amp);
   pr.q.resize(static_cast<size_t>(pr.q_indptr.back()) * c.n_heads_q * d);
-  for (auto& x : pr.q) x = round_bf16(uq(rng));
+  for (auto& x : pr.q) x = round_f16(uq(rng));
   return pr;
 }
 
@@ -186,8 +187,8 @@ Reference run_cpu(const Problem& pr, const PageLists& L) {
 
 // Device buffers of one problem.
 struct DeviceProblem {
-  __nv_bfloat16* q_d = nullptr;
-  __nv_bfloat16* out_d = nullptr;
+  __half* q_d = nullptr;
+  __half* out_d = nullptr;
   float* lse_d = nullptr;
   int32_t* q_indptr_d = nullptr;
   size_t n_out = 0, n_lse = 0;
@@ -203,7 +204,7 @@ void upload_problem(const Problem& pr, DeviceProblem& dp) {
   dp.n_out = pr.q.size();
   dp.n_lse = dp.n_out / static_cast<size_t>(pr.head_dim);
   std::vector<uint16_t> qb(dp.n_out);
-  for (size_t i = 0; i < dp.n_out; ++i) qb[i] = dhs::f32_to_bf16(pr.q[i]);
+  for (size_t i = 0; i < dp.n_out; ++i) qb[i] = dhs::f32_to_fp16(pr.q[i]);
   DHS_CUDA_CHECK(cudaMalloc(&dp.q_d, dp.n_out * 2));
   DHS_CUDA_CHECK(cudaMalloc(&dp.out_d, dp.n_out * 2));
   DHS_CUDA_CHECK(cudaMalloc(&dp.lse_d, dp.n_lse * 4));
@@ -228,7 +229,7 @@ int64_t compare(const std::string& what, const DeviceProblem& dp, const Referenc
   double worst = 0.0, worst_lse = 0.0, num = 0.0, den = 0.0;
   size_t first_bad = SIZE_MAX;
   for (size_t i = 0; i < dp.n_out; ++i) {
-    const double g = dhs::bf16_to_f32(ob[i]), r = ref.out[i];
+    const double g = dhs::fp16_to_f32(ob[i]), r = ref.out[i];
     const double err = std::fabs(g - r);
     if (!(err <= kAtol + kRtol * std::fabs(r))) {  // NaN fails
       if (first_bad == SIZE_MAX) first_bad = i;
@@ -254,7 +255,7 @@ int64_t compare(const std::string& what, const DeviceProblem& dp, const Referenc
               worst_lse, static_cast<long long>(bad_lse), dp.n_lse);
   if (first_bad != SIZE_MAX)
     std::printf("    first bad element %zu: gpu %g ref %g\n", first_bad,
-                static_cast<double>(dhs::bf16_to_f32(ob[first_bad])), static_cast<double>(ref.out[first_bad]));
+                static_cast<double>(dhs::fp16_to_f32(ob[first_bad])), static_cast<double>(ref.out[first_bad]));
   return bad + bad_lse;
 }
 

@@ -203,7 +203,7 @@ TEST(ProjectedSketch, MassMatchesDefinitionAndSurvivesReencoding) {
         std::vector<float> qp(rank);
         for (int r = 0; r < rank; ++r)
           for (int e = 0; e < d; ++e) qp[r] = std::fma(b[r * d + e], qv[e], qp[r]);
-        for (float& v : qp) v = bf16_to_f32(f32_to_bf16(v));  // the device keeps B q in bf16
+        for (float& v : qp) v = fp16_to_f32(f32_to_fp16(v));  // the device keeps B q in f16
         return qp;
       };
       int best_block = -1;  // keep 4: the block kept

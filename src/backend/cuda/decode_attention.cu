@@ -10,7 +10,7 @@
 //   The merge kernel recomputes the owners of each list's first and last page and merges
 //   their partials with dhs::merge().
 // Per page (16 tokens) a warp runs S = Q K^T and O += P V on the tensor cores
-// (mma.m16n8k16 bf16, fp32 accumulation) for up to 32 query vectors (GQA group x q rows),
+// (mma.m16n8k16 f16, fp32 accumulation) for up to 32 query vectors (GQA group x q rows),
 // K/V staged through a per-warp cp.async ring of STAGES pages.
 #include "backend/cuda/decode_attention.h"
 
@@ -97,7 +97,7 @@ template <int HEAD_DIM, int M_TILES, int STAGES>
 struct SplitKvShape {
   static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 256, "head_dim must be a multiple of 16");
   static constexpr int kChunks = HEAD_DIM / 8;            // 16-byte chunks per token row
-  static constexpr int kRowBytes = HEAD_DIM * 2;          // bf16
+  static constexpr int kRowBytes = HEAD_DIM * 2;          // f16
   static constexpr int kTileBytes = kPage * kRowBytes;    // one K (or V) head-page
   static constexpr int kQBytes = M_TILES * 16 * kRowBytes;
   static constexpr int kWarpSmem = STAGES * 2 * kTileBytes + kQBytes;
@@ -122,11 +122,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 using ptx::cp_async_16;  // backend/cuda/ptx.cuh
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
-using ptx::mma_bf16_16816;
+using ptx::mma_f16_16816;
 using ptx::smem_u32;
-using ptx::pack_bf16x2;
+using ptx::pack_f16x2;
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][HEAD_DIM] bf16 tile. The chunk
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][HEAD_DIM] f16 tile. The chunk
 // index is XOR-swizzled with row % 8 so that the 8 row addresses of one ldmatrix 8x8 matrix
 // (and the cp.async stores) hit 8 different 16-byte bank groups.
 template <int HEAD_DIM>
@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int n_valid = __shfl_sync(0xffffffffu, w_valid, j);
       // NOTE: size_t: slot * page elements exceeds 2^31 in a 128k x 32 pool.
       const size_t base = static_cast<size_t>(slot) * (kPage * HEAD_DIM);
-      const __nv_bfloat16* k_src = p.k_pool + base;
-      const __nv_bfloat16* v_src = p.v_pool + base;
+      const __half* k_src = p.k_pool + base;
+      const __half* v_src = p.v_pool + base;
       const uint32_t k_dst = s_stage + st * 2 * Shape::kTileBytes;
       const uint32_t v_dst = k_dst + Shape::kTileBytes;
 #pragma unroll
@@ -325,11 +325,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (whole) {
           const float inv = d > 0.0f ? 1.0f / d : 0.0f;
           const size_t orow = static_cast<size_t>(q0 + r / group) * p.n_heads_q + kvh * group + r % group;
-          __nv_bfloat16* dst = p.out + orow * HEAD_DIM + 2 * t;
+          __half* dst = p.out + orow * HEAD_DIM + 2 * t;
 #pragma unroll
           for (int dn = 0; dn < kDTiles; ++dn)
-            *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-                __floats2bfloat162_rn(o[mt][dn][2 * h] * inv, o[mt][dn][2 * h + 1] * inv);
+            *reinterpret_cast<__half2*>(dst + dn * 8) =
+                __floats2half2_rn(o[mt][dn][2 * h] * inv, o[mt][dn][2 * h + 1] * inv);
           if (t == 0 && p.lse != nullptr) p.lse[orow] = d > 0.0f ? m_nat + logf(d) : -INFINITY;
         } else {
           const size_t prow = static_cast<size_t>(part) * p.ws_q_vecs + r;
@@ -367,8 +367,8 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (mt * 16 >= nq) continue;  // warp-uniform
         uint32_t a[4];
         ldmatrix_x4(a, s_q_u + swz<HEAD_DIM>(mt * 16 + (mi & 1) * 8 + rr, 2 * ks + (mi >> 1)));
-        mma_bf16_16816(s[mt][0], a, kb[0], kb[1]);
-        mma_bf16_16816(s[mt][1], a, kb[2], kb[3]);
+        mma_f16_16816(s[mt][0], a, kb[0], kb[1]);
+        mma_f16_16816(s[mt][1], a, kb[2], kb[3]);
       }
     }
 
@@ -393,14 +393,14 @@ __global__ void __launch_bounds__(kWarps * 32)
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row that has seen nothing yet
         const float alpha = exp2f(m[mt][h] - m_use);
         m[mt][h] = m_new;
-        // P is rounded to bf16 for the MMA; the denominator sums the same rounded values, so
+        // P is rounded to f16 for the MMA; the denominator sums the same rounded values, so
         // the output stays an exact convex combination of the V rows.
-        __nv_bfloat16 pb[4];
+        __half pb[4];
         float sum = 0.0f;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          pb[e] = __float2bfloat16_rn(exp2f(v[e] - m_use));
-          sum += __bfloat162float(pb[e]);
+          pb[e] = __float2half_rn(exp2f(v[e] - m_use));
+          sum += __half2float(pb[e]);
         }
         l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
@@ -408,8 +408,8 @@ __global__ void __launch_bounds__(kWarps * 32)
           o[mt][dn][2 * h] *= alpha;
           o[mt][dn][2 * h + 1] *= alpha;
         }
-        pa[mt][h] = pack_bf16x2(pb[0], pb[1]);      // A rows g / g+8, k = 2t, 2t+1
-        pa[mt][2 + h] = pack_bf16x2(pb[2], pb[3]);  // k = 8+2t, 9+2t
+        pa[mt][h] = pack_f16x2(pb[0], pb[1]);      // A rows g / g+8, k = 2t, 2t+1
+        pa[mt][2 + h] = pack_f16x2(pb[2], pb[3]);  // k = 8+2t, 9+2t
       }
     }
 
@@ -421,8 +421,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
         if (mt * 16 >= nq) continue;
-        mma_bf16_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-        mma_bf16_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        mma_f16_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+        mma_f16_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
       }
     }
   };
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   ptx::griddep_launch_dependents();  // the next kernel (the O projection) may stream its weights
 
   if (hi == lo) {  // empty list: nothing attended
-    if (threadIdx.x < HEAD_DIM) p.out[orow * HEAD_DIM + threadIdx.x] = __float2bfloat16_rn(0.0f);
+    if (threadIdx.x < HEAD_DIM) p.out[orow * HEAD_DIM + threadIdx.x] = __float2half_rn(0.0f);
     if (threadIdx.x == 0 && p.lse != nullptr) p.lse[orow] = -INFINITY;
     return;
   }
@@ -539,8 +539,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   const float inv = a.d > 0.0f ? 1.0f / a.d : 0.0f;
 #pragma unroll
   for (int i = 0; i < kVec; i += 2)
-    *reinterpret_cast<__nv_bfloat162*>(p.out + orow * HEAD_DIM + lane * kVec + i) =
-        __floats2bfloat162_rn(out[i] * inv, out[i + 1] * inv);
+    *reinterpret_cast<__half2*>(p.out + orow * HEAD_DIM + lane * kVec + i) =
+        __floats2half2_rn(out[i] * inv, out[i + 1] * inv);
   if (lane == 0 && p.lse != nullptr) p.lse[orow] = a.lse();
 }
 

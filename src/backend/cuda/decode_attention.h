@@ -15,7 +15,7 @@
 // <= its own that are in its list. Rows whose list is empty (or sees no key)
 // get output 0 and lse -inf.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,16 +31,16 @@ inline constexpr int kDecodeWarpsPerBlock = 4;  // workers per thread block
 
 // Everything the kernels read, by value (__grid_constant__).
 struct DecodeAttentionParams {
-  const __nv_bfloat16* q = nullptr;       // [n_rows, n_heads_q, head_dim]; request r's rows at q_indptr[r]..
-  __nv_bfloat16* out = nullptr;           // [n_rows, n_heads_q, head_dim]
+  const __half* q = nullptr;       // [n_rows, n_heads_q, head_dim]; request r's rows at q_indptr[r]..
+  __half* out = nullptr;           // [n_rows, n_heads_q, head_dim]
   float* lse = nullptr;                   // [n_rows, n_heads_q] natural-log LSE of scaled scores, or null
   const int32_t* q_indptr = nullptr;      // [n_requests + 1]
   const int32_t* kv_indptr = nullptr;     // [n_requests * n_heads_kv + 1]
   const int32_t* kv_slots = nullptr;      // [nnz]
   const int32_t* kv_page_pos = nullptr;   // [nnz]
   const int32_t* seq_len = nullptr;       // [n_requests]
-  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
-  const __nv_bfloat16* v_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* k_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* v_pool = nullptr;  // [n_pages, page_size, head_dim]
   float* ws_o = nullptr;                  // [n_workers + n_requests * n_heads_kv, ws_q_vecs, head_dim]
   MergeState* ws_state = nullptr;         // [n_workers + n_requests * n_heads_kv, ws_q_vecs]
   int n_requests = 0;
@@ -98,11 +98,11 @@ class DecodeAttentionWorkspace {
 };
 
 struct DecodeAttentionArgs {
-  const __nv_bfloat16* q_d = nullptr;   // [n_rows, n_heads_q, head_dim]
+  const __half* q_d = nullptr;   // [n_rows, n_heads_q, head_dim]
   const int32_t* q_indptr_d = nullptr;  // [n_requests + 1], q_len >= 1 each
   int max_q_len = 1;                    // host-known bound on q_len (spec decode: k + 1)
   float scale = 0.0f;
-  __nv_bfloat16* out_d = nullptr;  // [n_rows, n_heads_q, head_dim]
+  __half* out_d = nullptr;  // [n_rows, n_heads_q, head_dim]
   float* lse_d = nullptr;          // [n_rows, n_heads_q] or null
   int min_pages_per_worker = 8;
   // The K/V page copies stream through L2 with an evict_first policy (each byte is read once):

@@ -1,7 +1,7 @@
 // Per-token 4-bit key sketch; see device_key_sketch.h.
 #include "backend/cuda/device_key_sketch.h"
 
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl_launch.h"
@@ -40,13 +40,13 @@ __global__ void __launch_bounds__(32) sketch_keys_kernel(const __grid_constant__
   if (slot < 0 || slot >= p.n_pages) return;
   const int row = p.pos[t] % p.page_size;
   const int D = p.head_dim;
-  const __nv_bfloat16* k = p.k_pool + (static_cast<int64_t>(slot) * p.page_size + row) * D;
+  const __half* k = p.k_pool + (static_cast<int64_t>(slot) * p.page_size + row) * D;
   const int C = p.basis != nullptr ? p.code_dims : D;  // entries per code row
   const int KS = C / 32;
   if (p.basis != nullptr) {
     // y_r = B_r . (k - mean): one fp32 fma chain over d ascending, k - mean rounded first (the
     // CPU's KeyBasis::project_key, so that both quantize the same y).
-    for (int d = lane; d < D; d += 32) s_row[d] = __fsub_rn(__bfloat162float(k[d]), p.basis_mean[h * D + d]);
+    for (int d = lane; d < D; d += 32) s_row[d] = __fsub_rn(__half2float(k[d]), p.basis_mean[h * D + d]);
     __syncwarp();
     float y[8];
 #pragma unroll
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(32) sketch_keys_kernel(const __grid_constant__
     for (int i = 0; i < 8; ++i)
       if (lane + 32 * i < C) s_row[lane + 32 * i] = y[i];
   } else {
-    for (int d = lane; d < D; d += 32) s_row[d] = __bfloat162float(k[d]);
+    for (int d = lane; d < D; d += 32) s_row[d] = __half2float(k[d]);
   }
   __syncwarp();
   float amax = 0.0f;
@@ -96,15 +96,15 @@ __global__ void __launch_bounds__(32) project_queries_kernel(const __grid_consta
   const int64_t row = blockIdx.x;
   const int hq = static_cast<int>(blockIdx.y), lane = static_cast<int>(threadIdx.x);
   const int D = p.head_dim, R = p.rank;
-  const __nv_bfloat16* q = p.q + (row * p.n_heads_q + hq) * D;
-  for (int d = lane; d < D; d += 32) s_q[d] = __bfloat162float(q[d]);
+  const __half* q = p.q + (row * p.n_heads_q + hq) * D;
+  for (int d = lane; d < D; d += 32) s_q[d] = __half2float(q[d]);
   __syncwarp();
   const int hk = hq / (p.n_heads_q / p.n_heads_kv);
   const float* b = p.basis + static_cast<int64_t>(hk) * R * D;
   for (int r = lane; r < R; r += 32) {
     float acc = 0.0f;  // the fma chain of KeyBasis::project_query
     for (int d = 0; d < D; ++d) acc = __fmaf_rn(b[r * D + d], s_q[d], acc);
-    p.qp[(row * p.n_heads_q + hq) * R + r] = __float2bfloat16_rn(acc);
+    p.qp[(row * p.n_heads_q + hq) * R + r] = __float2half_rn(acc);
   }
 }
 

@@ -20,7 +20,7 @@
 // page needs no repair: the next append overwrites the rolled-back rows, and rows past a
 // request's length are never read (they are not visible to any query).
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -73,7 +73,7 @@ class DeviceKeySketch {
 
 // Same token/slot arguments as SummarizePagesParams (device_page_summary.h), after the append.
 struct SketchKeysParams {
-  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* k_pool = nullptr;  // [n_pages, page_size, head_dim]
   uint8_t* codes = nullptr;               // [n_pages, page_size, C / 2], C = code_dims with a basis, else head_dim
   float* steps = nullptr;                 // [n_pages, page_size]
   const int32_t* pos = nullptr;           // [n_tok]
@@ -119,11 +119,11 @@ class DeviceKeyBasis {
   float* qbasis_d_ = nullptr;
 };
 
-// qp = bf16(A q) per (row, q head), A the query map of the head's KV head (query_basis_d): what the projected
+// qp = f16(A q) per (row, q head), A the query map of the head's KV head (query_basis_d): what the projected
 // sketch's scores take as q (PageSelectParams::q with head_dim = rank).
 struct ProjectQueriesParams {
-  const __nv_bfloat16* q = nullptr;  // [n_rows, n_heads_q, head_dim]
-  __nv_bfloat16* qp = nullptr;       // [n_rows, n_heads_q, rank]
+  const __half* q = nullptr;  // [n_rows, n_heads_q, head_dim]
+  __half* qp = nullptr;       // [n_rows, n_heads_q, rank]
   const float* basis = nullptr;      // [n_heads_kv, rank, head_dim] (this layer's query map)
   int64_t n_rows = 0;
   int n_heads_q = 0, n_heads_kv = 0, head_dim = 0, rank = 0;

@@ -1,4 +1,4 @@
-// HBM page pool (bf16 head-pages) and device page lists; see device_page_pool.h.
+// HBM page pool (f16 head-pages) and device page lists; see device_page_pool.h.
 #include "backend/cuda/device_page_pool.h"
 
 #include <string>
@@ -24,12 +24,12 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
-__global__ void fill_random_bf16_kernel(__nv_bfloat16* x, size_t n, uint64_t seed, float lo, float hi) {
+__global__ void fill_random_f16_kernel(__half* x, size_t n, uint64_t seed, float lo, float hi) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + i);
     const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    x[i] = __float2bfloat16_rn(lo + (hi - lo) * u);
+    x[i] = __float2half_rn(lo + (hi - lo) * u);
   }
 }
 
@@ -42,9 +42,9 @@ T* device_alloc(size_t n) {
 
 }  // namespace
 
-void fill_random_bf16(__nv_bfloat16* x_d, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+void fill_random_f16(__half* x_d, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {
   if (n == 0) return;
-  fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(x_d, n, seed, lo, hi);
+  fill_random_f16_kernel<<<1024, 256, 0, stream>>>(x_d, n, seed, lo, hi);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -54,8 +54,8 @@ DevicePagePool::DevicePagePool(int64_t n_pages, int page_size, int head_dim)
   require(page_size > 0 && head_dim > 0 && head_dim % 8 == 0, "DevicePagePool: bad page shape");
   // NOTE: size_t: a 128k x 32 pool holds 2^33 elements.
   const size_t n = static_cast<size_t>(n_pages) * page_elems();
-  k_d_ = device_alloc<__nv_bfloat16>(n);
-  v_d_ = device_alloc<__nv_bfloat16>(n);
+  k_d_ = device_alloc<__half>(n);
+  v_d_ = device_alloc<__half>(n);
 }
 
 DevicePagePool::~DevicePagePool() {
@@ -72,16 +72,16 @@ void DevicePagePool::upload(const PagePool& host) {
   const float* k = host.k_page(PageRef{host.tier(), 0});
   const float* v = host.v_page(PageRef{host.tier(), 0});
   std::vector<uint16_t> buf(n);
-  for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(k[i]);
+  for (size_t i = 0; i < n; ++i) buf[i] = f32_to_fp16(k[i]);
   DHS_CUDA_CHECK(cudaMemcpy(k_d_, buf.data(), n * 2, cudaMemcpyHostToDevice));
-  for (size_t i = 0; i < n; ++i) buf[i] = f32_to_bf16(v[i]);
+  for (size_t i = 0; i < n; ++i) buf[i] = f32_to_fp16(v[i]);
   DHS_CUDA_CHECK(cudaMemcpy(v_d_, buf.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
 void DevicePagePool::fill_random(uint64_t seed, float lo, float hi, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(n_pages_) * page_elems();
-  fill_random_bf16(k_d_, n, seed * 2 + 0, lo, hi, stream);
-  fill_random_bf16(v_d_, n, seed * 2 + 1, lo, hi, stream);
+  fill_random_f16(k_d_, n, seed * 2 + 0, lo, hi, stream);
+  fill_random_f16(v_d_, n, seed * 2 + 1, lo, hi, stream);
 }
 
 DevicePageLists::DevicePageLists(int max_requests, int n_heads_kv, int64_t max_nnz)

@@ -1,15 +1,15 @@
 // The HBM tier's storage and the page lists that attention reads from it:
-// a bf16 head-page pool (K and V apart) and a device copy of one layer's CSR
+// a f16 head-page pool (K and V apart) and a device copy of one layer's CSR
 // page lists. Selection kernels will write lists in place; upload() is for
 // tests, benchmarks and the CPU-planned path.
 //
-//   k, v:     [n_pages, page_size, head_dim] bf16
+//   k, v:     [n_pages, page_size, head_dim] f16
 //   indptr:   [n_requests * n_heads_kv + 1]   row = req * n_heads_kv + kv_head
 //   slots:    [nnz]  page slot in the pool
 //   page_pos: [nnz]  logical page index in the sequence (tokens page_pos*page_size ..)
 //   seq_len:  [n_requests]
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -31,12 +31,12 @@ class DevicePagePool {
   int head_dim() const { return head_dim_; }
   size_t page_elems() const { return static_cast<size_t>(page_size_) * static_cast<size_t>(head_dim_); }
 
-  __nv_bfloat16* k_d() { return k_d_; }
-  __nv_bfloat16* v_d() { return v_d_; }
-  const __nv_bfloat16* k_d() const { return k_d_; }
-  const __nv_bfloat16* v_d() const { return v_d_; }
+  __half* k_d() { return k_d_; }
+  __half* v_d() { return v_d_; }
+  const __half* k_d() const { return k_d_; }
+  const __half* v_d() const { return v_d_; }
 
-  // Copies every page of a host pool of the same shape, rounding fp32 to bf16
+  // Copies every page of a host pool of the same shape, rounding fp32 to f16
   // (nearest even). Synchronous.
   void upload(const PagePool& host);
   // Fills K and V with uniform values in [lo, hi) from a counter hash (benchmarks:
@@ -46,8 +46,8 @@ class DevicePagePool {
  private:
   int64_t n_pages_;
   int page_size_, head_dim_;
-  __nv_bfloat16* k_d_ = nullptr;
-  __nv_bfloat16* v_d_ = nullptr;
+  __half* k_d_ = nullptr;
+  __half* v_d_ = nullptr;
 };
 
 // Device copy of a PageLists; capacity fixed at construction so replays of a
@@ -80,7 +80,7 @@ class DevicePageLists {
   int32_t* seq_len_d_ = nullptr;
 };
 
-// Fills n bf16 values with uniform values in [lo, hi) (same hash as DevicePagePool::fill_random).
-void fill_random_bf16(__nv_bfloat16* x_d, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
+// Fills n f16 values with uniform values in [lo, hi) (same hash as DevicePagePool::fill_random).
+void fill_random_f16(__half* x_d, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
 
 }  // namespace dhs::cuda

@@ -33,30 +33,30 @@ __global__ void summarize_pages_kernel(const __grid_constant__ SummarizePagesPar
   // Only the step's last writer of this page summarizes it (no two blocks write one summary).
   const bool last = row == p.page_size - 1 || t + 1 == p.n_tok || p.dst_slot[(t + 1) * p.n_heads_kv + h] != slot;
   if (!last || d >= p.head_dim) return;
-  const __nv_bfloat16* k = p.k_pool + static_cast<int64_t>(slot) * p.page_size * p.head_dim + d;
-  __nv_bfloat16* out = p.summaries + static_cast<int64_t>(slot) * 2 * p.head_dim + d;
+  const __half* k = p.k_pool + static_cast<int64_t>(slot) * p.page_size * p.head_dim + d;
+  __half* out = p.summaries + static_cast<int64_t>(slot) * 2 * p.head_dim + d;
   const int n = row + 1;
   if (p.kind == SummaryKind::MinMax) {
     float mn = INFINITY, mx = -INFINITY;
     for (int r = 0; r < n; ++r) {
-      const float x = __bfloat162float(k[r * p.head_dim]);
+      const float x = __half2float(k[r * p.head_dim]);
       mn = fminf(mn, x);
       mx = fmaxf(mx, x);
     }
-    // The pool holds bf16, so these round exactly; the directed modes say what must hold.
-    out[0] = __float2bfloat16_rd(mn);
-    out[p.head_dim] = __float2bfloat16_ru(mx);
+    // The pool holds f16, so these round exactly; the directed modes say what must hold.
+    out[0] = __float2half_rd(mn);
+    out[p.head_dim] = __float2half_ru(mx);
   } else {
     float s = 0.0f;
-    for (int r = 0; r < n; ++r) s += __bfloat162float(k[r * p.head_dim]);
+    for (int r = 0; r < n; ++r) s += __half2float(k[r * p.head_dim]);
     const float mean = s / static_cast<float>(n);
     float m2 = 0.0f;  // two passes: no cancellation, and the rows are in L1 anyway
     for (int r = 0; r < n; ++r) {
-      const float e = __bfloat162float(k[r * p.head_dim]) - mean;
+      const float e = __half2float(k[r * p.head_dim]) - mean;
       m2 += e * e;
     }
-    out[0] = __float2bfloat16_rn(mean);
-    out[p.head_dim] = __float2bfloat16_rn(m2 / static_cast<float>(n));
+    out[0] = __float2half_rn(mean);
+    out[p.head_dim] = __float2half_rn(m2 / static_cast<float>(n));
   }
 }
 

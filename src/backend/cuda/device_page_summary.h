@@ -1,19 +1,19 @@
 // Per-page key summaries in HBM (DESIGN.md §1.1), the device twin of
-// sparse/page_summary.h: two bf16 vectors per head-page slot, the statistics one
+// sparse/page_summary.h: two f16 vectors per head-page slot, the statistics one
 // mass estimator needs. In the step: RoPE + K/V append -> summarize_pages ->
 // score + select (page_select.h) -> attention.
 //
-//   summaries: [n_pages, 2, head_dim] bf16
+//   summaries: [n_pages, 2, head_dim] f16
 //     MinMax:     (min, max) per dimension, min rounded down and max rounded up, so
 //                 sum_d max(q_d min_d, q_d max_d) stays an upper bound of q.k (Quest)
 //     MeanSpread: (mean, population variance) per dimension
 //
-// Two vectors of bf16 are 512 B per 4 KiB K page (128 dims): scoring reads 1/16 of
+// Two vectors of f16 are 512 B per 4 KiB K page (128 dims): scoring reads 1/16 of
 // what dense attention reads. The summary of a page is recomputed from the page's
 // rows in the pool by the last token written to it in a step, so a truncated page
 // (rejected speculation) is repaired by its next append, with no separate hook.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,20 +33,20 @@ class DevicePageSummaries {
   int head_dim() const { return head_dim_; }
   SummaryKind kind() const { return kind_; }
   size_t bytes() const { return static_cast<size_t>(n_pages_) * 2 * head_dim_ * 2; }
-  __nv_bfloat16* data_d() { return data_d_; }
-  const __nv_bfloat16* data_d() const { return data_d_; }
+  __half* data_d() { return data_d_; }
+  const __half* data_d() const { return data_d_; }
 
  private:
   int64_t n_pages_;
   int head_dim_;
   SummaryKind kind_;
-  __nv_bfloat16* data_d_ = nullptr;
+  __half* data_d_ = nullptr;
 };
 
 // Same token/slot arguments as RopeAppendParams (ops.h), launched after the append.
 struct SummarizePagesParams {
-  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
-  __nv_bfloat16* summaries = nullptr;     // [n_pages, 2, head_dim]
+  const __half* k_pool = nullptr;  // [n_pages, page_size, head_dim]
+  __half* summaries = nullptr;     // [n_pages, 2, head_dim]
   const int32_t* pos = nullptr;           // [n_tok]
   const int32_t* dst_slot = nullptr;      // [n_tok * n_heads_kv]; outside [0, n_pages): skipped
   SummaryKind kind = SummaryKind::MinMax;

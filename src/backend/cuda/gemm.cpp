@@ -40,9 +40,9 @@ const Gemm::Plan& Gemm::plan(int64_t n_tok, int64_t in, int64_t out, GemmOut out
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
-  const cudaDataType_t ct = out_type == GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  lt_check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, static_cast<uint64_t>(in), static_cast<uint64_t>(out), in), "A");
-  lt_check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, static_cast<uint64_t>(in), static_cast<uint64_t>(n_tok), in), "B");
+  const cudaDataType_t ct = out_type == GemmOut::F16 ? CUDA_R_16F : CUDA_R_32F;
+  lt_check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16F, static_cast<uint64_t>(in), static_cast<uint64_t>(out), in), "A");
+  lt_check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16F, static_cast<uint64_t>(in), static_cast<uint64_t>(n_tok), in), "B");
   lt_check(cublasLtMatrixLayoutCreate(&p.c, ct, static_cast<uint64_t>(out), static_cast<uint64_t>(n_tok), out), "C");
   cublasLtMatmulPreference_t pref;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "pref");
@@ -58,7 +58,7 @@ const Gemm::Plan& Gemm::plan(int64_t n_tok, int64_t in, int64_t out, GemmOut out
   return plans_.emplace(key, p).first->second;
 }
 
-void Gemm::run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
+void Gemm::run(const __half* w_d, const __half* x_d, void* y_d, int64_t n_tok, int64_t in,
                int64_t out, GemmOut out_type, cudaStream_t stream, float beta) {
   DHS_CHECK(beta == 0.0f || out_type == GemmOut::F32, "GEMM accumulation needs fp32 output");
   DHS_CHECK(beta == 0.0f || beta == 1.0f, "GEMM beta must be 0 or 1, got {}", beta);

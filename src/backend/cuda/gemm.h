@@ -1,11 +1,11 @@
-// Weight GEMMs: y[n_tok, out] = x[n_tok, in] · W[out, in]^T, bf16 inputs, fp32
-// accumulation, bf16 or fp32 output. Shapes of n_tok <= gemv_max_tok (default 8: decode steps up
+// Weight GEMMs: y[n_tok, out] = x[n_tok, in] · W[out, in]^T, f16 inputs, fp32
+// accumulation, f16 or fp32 output. Shapes of n_tok <= gemv_max_tok (default 8: decode steps up
 // to batch 8) go to a bandwidth-bound kernel of our own (gemv.h), the rest to cuBLASLt. Plans (layouts + the
 // heuristic's algorithm) are cached per shape; the workspace is allocated once,
 // so calls are graph-capturable.
 #pragma once
 #include <cublasLt.h>
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 
 namespace dhs::cuda {
 
-enum class GemmOut { BF16, F32 };
+enum class GemmOut { F16, F32 };
 
 class Gemm {
  public:
@@ -25,9 +25,9 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // w_d: [out, in] bf16 row-major; x_d: [n_tok, in] bf16; y_d: [n_tok, out] (bf16 or fp32).
+  // w_d: [out, in] f16 row-major; x_d: [n_tok, in] f16; y_d: [n_tok, out] (f16 or fp32).
   // beta = 1 accumulates into y (fp32 output only; residual adds).
-  void run(const __nv_bfloat16* w_d, const __nv_bfloat16* x_d, void* y_d, int64_t n_tok, int64_t in,
+  void run(const __half* w_d, const __half* x_d, void* y_d, int64_t n_tok, int64_t in,
            int64_t out, GemmOut out_type, cudaStream_t stream, float beta = 0.0f);
   // Rows of activations up to which gemv.h is used (0: every shape through cuBLASLt; at most
   // kGemvMaxTok). Measured: docs/kernels/ops_NOTES.md.

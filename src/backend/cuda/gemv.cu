@@ -15,12 +15,12 @@ namespace {
 constexpr int kWarps = 8;  // per block
 constexpr int kUnroll = 4; // 16-byte weight loads per row in flight per lane
 
-// 8 bf16 (one 16-byte word) as floats.
+// 8 f16 (one 16-byte word) as floats.
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 t = __bfloat1622float2(h[i]);
+    const float2 t = __half22float2(h[i]);
     f[2 * i] = t.x;
     f[2 * i + 1] = t.y;
   }
@@ -100,13 +100,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
           float* y = static_cast<float*>(p.y);
           y[at] = p.accumulate ? y[at] + acc[r][t] : acc[r][t];
         } else {
-          static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(acc[r][t]);
+          static_cast<__half*>(p.y)[at] = __float2half_rn(acc[r][t]);
         }
       }
 }
 
 // ---- 1 .. 8 rows of activations on tensor cores ------------------------------------------------
-// At 2-8 rows the CUDA-core kernel above spends more on its FMAs and bf16 unpacking than on the
+// At 2-8 rows the CUDA-core kernel above spends more on its FMAs and f16 unpacking than on the
 // bytes (1.3x / 1.9x cuBLASLt at 4 / 8 rows, ops_NOTES.md), and cuBLASLt streams the weights at
 // ~3.7 TB/s. Here a block owns 16 output rows and its 4 or 8 warps split `in` into contiguous ranges;
 // each warp streams its 16 row segments into a private shared-memory ring with cp.async, whole
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
       const uint4 hi = lds128(slot + tc_at<kRow>(g + 8, 4 * j + t));
       const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
       const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-      ptx::mma_bf16_16816(acc, a0, xv.x, xv.y);
-      ptx::mma_bf16_16816(acc, a1, xv.z, xv.w);
+      ptx::mma_f16_16816(acc, a0, xv.x, xv.y);
+      ptx::mma_f16_16816(acc, a1, xv.z, xv.w);
     }
     __syncwarp();  // every lane is done with slot s before the next iteration refills it
   }
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) gemv_tc_kernel(const __grid_co
         float* y = static_cast<float*>(p.y);
         y[at] = p.accumulate ? y[at] + v : v;
       } else {
-        static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(v);
+        static_cast<__half*>(p.y)[at] = __float2half_rn(v);
       }
     }
   }

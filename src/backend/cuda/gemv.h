@@ -1,11 +1,11 @@
 // Weight GEMMs of decode steps (a few rows of activations against a whole weight matrix) as a
-// bandwidth-bound kernel: y[n_tok, out] (=|+=) x[n_tok, in] · W[out, in]^T for n_tok <= 8, bf16
+// bandwidth-bound kernel: y[n_tok, out] (=|+=) x[n_tok, in] · W[out, in]^T for n_tok <= 8, f16
 // in, fp32 accumulation. cuBLASLt (and PyTorch's cuBLAS) stream an 8B layer's weights at ~3.6
 // TB/s on the H200, 79% of what a plain read kernel reaches (docs/benchmarks.md, weight GEMMs);
 // no maintained library we can use here does better for these shapes, so this one is written by
 // hand. Gemm::run (gemm.h) sends the shapes it supports here and everything else to cuBLASLt.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,9 +13,9 @@
 namespace dhs::cuda {
 
 struct GemvParams {
-  const __nv_bfloat16* w = nullptr;  // [out, in] row-major
-  const __nv_bfloat16* x = nullptr;  // [n_tok, in] row-major
-  void* y = nullptr;                 // [n_tok, out]: bf16 (y_f32 false) or fp32
+  const __half* w = nullptr;  // [out, in] row-major
+  const __half* x = nullptr;  // [n_tok, in] row-major
+  void* y = nullptr;                 // [n_tok, out]: f16 (y_f32 false) or fp32
   bool y_f32 = false;
   bool accumulate = false;           // fp32 only: y += x W^T (the residual stream)
   int n_tok = 0;                     // 1 .. kGemvMaxTok

@@ -1,5 +1,5 @@
 // Embedding, residual add + RMSNorm, RoPE + K/V append and SwiGLU kernels; see ops.h.
-// All memory-bound: one pass over their inputs, fp32 math, bf16 rounding at the store.
+// All memory-bound: one pass over their inputs, fp32 math, f16 rounding at the store.
 #include "backend/cuda/ops.h"
 
 #include <string>
@@ -17,14 +17,14 @@ void require(bool cond, const char* what) {
   if (!cond) check(cudaErrorInvalidValue, what, __FILE__, __LINE__);
 }
 
-bool is_act_dtype(DType t) { return t == DType::F32 || t == DType::BF16; }
+bool is_act_dtype(DType t) { return t == DType::F32 || t == DType::F16; }
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T v);
 template <>
 __device__ __forceinline__ float to_f32<float>(float v) { return v; }
 template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
 
 // Sum over the block; every thread gets the same value (fixed order: deterministic).
 __device__ float block_sum(float v, float* s_part /*[32]*/) {
@@ -57,10 +57,10 @@ __global__ void embedding_kernel(const __grid_constant__ EmbeddingParams p) {
   for (int64_t t = blockIdx.y; t < p.n_tok; t += gridDim.y) {
     const int32_t id = p.ids[t];
     const bool valid = id >= 0 && id < p.vocab;
-    const __nv_bfloat16* src = p.table + static_cast<int64_t>(valid ? id : 0) * p.hidden;
+    const __half* src = p.table + static_cast<int64_t>(valid ? id : 0) * p.hidden;
     TOut* dst = out + t * p.hidden;
     if constexpr (VEC) {
-      // 8 bf16 per 16-byte load; hidden % 8 == 0 and 16-byte aligned rows (checked by the launcher).
+      // 8 f16 per 16-byte load; hidden % 8 == 0 and 16-byte aligned rows (checked by the launcher).
       const int64_t n8 = p.hidden / 8;
       for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n8;
            j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -68,11 +68,11 @@ __global__ void embedding_kernel(const __grid_constant__ EmbeddingParams p) {
         if constexpr (sizeof(TOut) == 2) {
           reinterpret_cast<uint4*>(dst)[j] = raw;
         } else {
-          const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
-          float4 a = make_float4(__bfloat162float(h[0]), __bfloat162float(h[1]), __bfloat162float(h[2]),
-                                 __bfloat162float(h[3]));
-          float4 b = make_float4(__bfloat162float(h[4]), __bfloat162float(h[5]), __bfloat162float(h[6]),
-                                 __bfloat162float(h[7]));
+          const __half* h = reinterpret_cast<const __half*>(&raw);
+          float4 a = make_float4(__half2float(h[0]), __half2float(h[1]), __half2float(h[2]),
+                                 __half2float(h[3]));
+          float4 b = make_float4(__half2float(h[4]), __half2float(h[5]), __half2float(h[6]),
+                                 __half2float(h[7]));
           reinterpret_cast<float4*>(dst)[2 * j] = a;
           reinterpret_cast<float4*>(dst)[2 * j + 1] = b;
         }
@@ -80,9 +80,9 @@ __global__ void embedding_kernel(const __grid_constant__ EmbeddingParams p) {
     } else {
       for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < p.hidden;
            j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const __nv_bfloat16 v = valid ? src[j] : __float2bfloat16(0.0f);
+        const __half v = valid ? src[j] : __float2half_rn(0.0f);
         if constexpr (sizeof(TOut) == 2) dst[j] = v;
-        else dst[j] = __bfloat162float(v);
+        else dst[j] = __half2float(v);
       }
     }
   }
@@ -110,8 +110,8 @@ __global__ void add_rms_norm_kernel(const __grid_constant__ AddRmsNormParams p) 
   ss = block_sum(ss, s_part);
   // Same expression as cpu::rms_norm (which sums in double; fp32 here is ~1e-6 relative).
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.n) + p.eps);
-  __nv_bfloat16* y = p.y + r * p.n;
-  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = __float2bfloat16_rn(x[i] * inv * p.weight[i]);
+  __half* y = p.y + r * p.n;
+  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = __float2half_rn(x[i] * inv * p.weight[i]);
 }
 
 template <typename TIn>
@@ -126,9 +126,9 @@ __global__ void rms_norm_kernel(const __grid_constant__ RmsNormParams p) {
   }
   ss = block_sum(ss, s_part);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(p.n) + p.eps);
-  __nv_bfloat16* y = p.out + r * p.n;
+  __half* y = p.out + r * p.n;
   // out may alias in: each element is read and written by the same thread.
-  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = __float2bfloat16_rn(to_f32(x[i]) * inv * p.weight[i]);
+  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = __float2half_rn(to_f32(x[i]) * inv * p.weight[i]);
 }
 
 // ---- RoPE + append -------------------------------------------------------------
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_append_kernel(const __gr
       x1[j] = a * s + b * c;
     }
   }
-  __nv_bfloat16* dst;
+  __half* dst;
   if (kind == 0) {
     dst = p.q_out + t * p.q_out_ld + h * HEAD_DIM;
   } else {
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32) rope_append_kernel(const __gr
   }
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
-    dst[ia[j]] = __float2bfloat16_rn(x0[j]);
-    dst[ib[j]] = __float2bfloat16_rn(x1[j]);
+    dst[ia[j]] = __float2half_rn(x0[j]);
+    dst[ib[j]] = __float2half_rn(x1[j]);
   }
 }
 
@@ -249,7 +249,7 @@ __global__ void swiglu_kernel(const __grid_constant__ SwiGluParams p) {
       const float g = to_f32(gate[t * p.in_ld + i]);
       const float u = to_f32(up[t * p.in_ld + i]);
       // Same expression as cpu::silu_mul.
-      p.out[t * p.out_ld + i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+      p.out[t * p.out_ld + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
     }
   }
 }
@@ -272,8 +272,8 @@ void launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
     if (vec) embedding_kernel<float, true><<<grid, threads, 0, stream>>>(p);
     else embedding_kernel<float, false><<<grid, threads, 0, stream>>>(p);
   } else {
-    if (vec) embedding_kernel<__nv_bfloat16, true><<<grid, threads, 0, stream>>>(p);
-    else embedding_kernel<__nv_bfloat16, false><<<grid, threads, 0, stream>>>(p);
+    if (vec) embedding_kernel<__half, true><<<grid, threads, 0, stream>>>(p);
+    else embedding_kernel<__half, false><<<grid, threads, 0, stream>>>(p);
   }
   DHS_CUDA_CHECK(cudaGetLastError());
 }
@@ -281,7 +281,7 @@ void launch_embedding(const EmbeddingParams& p, cudaStream_t stream) {
 void embedding(const EmbeddingParams& p, cudaStream_t stream) {
   require(p.table && p.ids && p.out, "embedding: null pointer");
   require(p.n_tok >= 0 && p.vocab > 0 && p.hidden > 0, "embedding: bad shape");
-  require(is_act_dtype(p.out_dtype), "embedding: out dtype must be F32 or BF16");
+  require(is_act_dtype(p.out_dtype), "embedding: out dtype must be F32 or F16");
   launch_embedding(p, stream);
 }
 
@@ -290,14 +290,14 @@ void launch_add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   const int threads = norm_threads(p.n);
   const dim3 grid(static_cast<unsigned>(p.n_rows));
   if (p.delta_dtype == DType::F32) launch_pdl(add_rms_norm_kernel<float>, grid, dim3(threads), 0, stream, p);
-  else launch_pdl(add_rms_norm_kernel<__nv_bfloat16>, grid, dim3(threads), 0, stream, p);
+  else launch_pdl(add_rms_norm_kernel<__half>, grid, dim3(threads), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream) {
   require(p.x && p.weight && p.y, "add_rms_norm: null pointer");
   require(p.n_rows >= 0 && p.n_rows < (int64_t{1} << 31) && p.n > 0, "add_rms_norm: bad shape");
-  require(is_act_dtype(p.delta_dtype), "add_rms_norm: delta dtype must be F32 or BF16");
+  require(is_act_dtype(p.delta_dtype), "add_rms_norm: delta dtype must be F32 or F16");
   require(p.eps >= 0.0f, "add_rms_norm: eps must be >= 0");
   launch_add_rms_norm(p, stream);
 }
@@ -306,15 +306,15 @@ void launch_rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.n_rows == 0) return;
   const int threads = norm_threads(p.n);
   if (p.in_dtype == DType::F32) rms_norm_kernel<float><<<static_cast<unsigned>(p.n_rows), threads, 0, stream>>>(p);
-  else rms_norm_kernel<__nv_bfloat16><<<static_cast<unsigned>(p.n_rows), threads, 0, stream>>>(p);
+  else rms_norm_kernel<__half><<<static_cast<unsigned>(p.n_rows), threads, 0, stream>>>(p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   require(p.in && p.weight && p.out, "rms_norm: null pointer");
   require(p.n_rows >= 0 && p.n_rows < (int64_t{1} << 31) && p.n > 0, "rms_norm: bad shape");
-  require(is_act_dtype(p.in_dtype), "rms_norm: in dtype must be F32 or BF16");
-  require(p.in_dtype == DType::BF16 || p.in != static_cast<const void*>(p.out), "rms_norm: fp32 in cannot alias bf16 out");
+  require(is_act_dtype(p.in_dtype), "rms_norm: in dtype must be F32 or F16");
+  require(p.in_dtype == DType::F16 || p.in != static_cast<const void*>(p.out), "rms_norm: fp32 in cannot alias f16 out");
   launch_rms_norm(p, stream);
 }
 
@@ -334,7 +334,7 @@ void launch_rope_append(const RopeAppendParams& p, cudaStream_t stream) {
   const int threads = kRopeWarps * 32;
   DHS_DISPATCH_HEAD_DIM(p.head_dim, {
     if (p.in_dtype == DType::F32) launch_pdl(rope_append_kernel<HEAD_DIM, float>, grid, dim3(threads), 0, stream, p);
-    else launch_pdl(rope_append_kernel<HEAD_DIM, __nv_bfloat16>, grid, dim3(threads), 0, stream, p);
+    else launch_pdl(rope_append_kernel<HEAD_DIM, __half>, grid, dim3(threads), 0, stream, p);
   });
   DHS_CUDA_CHECK(cudaGetLastError());
 }
@@ -348,8 +348,8 @@ void rope_append(const RopeAppendParams& p, cudaStream_t stream) {
   require(p.q_ld >= int64_t{p.n_heads_q} * p.head_dim && p.k_ld >= int64_t{p.n_heads_kv} * p.head_dim &&
               p.v_ld >= int64_t{p.n_heads_kv} * p.head_dim && p.q_out_ld >= int64_t{p.n_heads_q} * p.head_dim,
           "rope_append: leading dimension smaller than a token's heads");
-  require(is_act_dtype(p.in_dtype), "rope_append: in dtype must be F32 or BF16");
-  require(p.in_dtype == DType::BF16 || p.q != static_cast<const void*>(p.q_out), "rope_append: fp32 q cannot be rotated in place");
+  require(is_act_dtype(p.in_dtype), "rope_append: in dtype must be F32 or F16");
+  require(p.in_dtype == DType::F16 || p.q != static_cast<const void*>(p.q_out), "rope_append: fp32 q cannot be rotated in place");
   require(p.q != static_cast<const void*>(p.q_out) || p.q_ld == p.q_out_ld, "rope_append: in-place q needs q_ld == q_out_ld");
   launch_rope_append(p, stream);
 }
@@ -359,14 +359,14 @@ void launch_swiglu(const SwiGluParams& p, cudaStream_t stream) {
   const int threads = 256;
   const dim3 grid(static_cast<unsigned>((p.n + threads - 1) / threads), grid_y(p.n_tok));
   if (p.in_dtype == DType::F32) launch_pdl(swiglu_kernel<float>, grid, dim3(threads), 0, stream, p);
-  else launch_pdl(swiglu_kernel<__nv_bfloat16>, grid, dim3(threads), 0, stream, p);
+  else launch_pdl(swiglu_kernel<__half>, grid, dim3(threads), 0, stream, p);
   DHS_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu(const SwiGluParams& p, cudaStream_t stream) {
   require(p.gate && p.up && p.out, "swiglu: null pointer");
   require(p.n_tok >= 0 && p.n > 0 && p.in_ld >= p.n && p.out_ld >= p.n, "swiglu: bad shape");
-  require(is_act_dtype(p.in_dtype), "swiglu: in dtype must be F32 or BF16");
+  require(is_act_dtype(p.in_dtype), "swiglu: in dtype must be F32 or F16");
   launch_swiglu(p, stream);
 }
 

@@ -4,10 +4,10 @@
 // Each op: `<op>_kernel` (math), `launch_<op>(Params, stream)` (launch shape, no
 // checks) and `<op>(Params, stream)` (checks the Params, then launches). No op
 // allocates or synchronises, so all of them can be captured in a CUDA graph.
-// Activations are bf16 (or fp32 where a GEMM writes fp32); the residual stream is
-// fp32; norm weights and biases are fp32 (small, and exact copies of bf16 ones).
+// Activations are f16 (or fp32 where a GEMM writes fp32); the residual stream is
+// fp32; norm weights and biases are fp32 (small, and exact copies of f16 ones).
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,10 +19,10 @@ namespace dhs::cuda {
 
 // ---- embedding gather --------------------------------------------------------
 struct EmbeddingParams {
-  const __nv_bfloat16* table = nullptr;  // [vocab, hidden]
+  const __half* table = nullptr;  // [vocab, hidden]
   const int32_t* ids = nullptr;          // [n_tok]; an id outside [0, vocab) gives a zero row
   void* out = nullptr;                   // [n_tok, hidden] in out_dtype
-  DType out_dtype = DType::F32;          // F32 (residual stream) or BF16
+  DType out_dtype = DType::F32;          // F32 (residual stream) or F16
   int64_t n_tok = 0;
   int64_t vocab = 0;
   int64_t hidden = 0;
@@ -36,9 +36,9 @@ void embedding(const EmbeddingParams& p, cudaStream_t stream);
 struct AddRmsNormParams {
   float* x = nullptr;            // [n_rows, n] fp32 residual stream (updated in place)
   const void* delta = nullptr;   // [n_rows, n] in delta_dtype, or null: plain RMSNorm of x
-  DType delta_dtype = DType::BF16;  // BF16 or F32
+  DType delta_dtype = DType::F16;  // F16 or F32
   const float* weight = nullptr; // [n]
-  __nv_bfloat16* y = nullptr;    // [n_rows, n] (the next GEMM's input)
+  __half* y = nullptr;    // [n_rows, n] (the next GEMM's input)
   int64_t n_rows = 0;
   int64_t n = 0;
   float eps = 1e-5f;
@@ -48,12 +48,12 @@ void add_rms_norm(const AddRmsNormParams& p, cudaStream_t stream);
 
 // ---- plain RMSNorm over contiguous rows --------------------------------------------
 // Also the per-head norm (Qwen3 q/k norm) on [n_tok, n_heads, head_dim] with
-// n_rows = n_tok * n_heads, n = head_dim. out may equal in when in is bf16.
+// n_rows = n_tok * n_heads, n = head_dim. out may equal in when in is f16.
 struct RmsNormParams {
   const void* in = nullptr;      // [n_rows, n] in in_dtype
-  DType in_dtype = DType::BF16;  // BF16 or F32
+  DType in_dtype = DType::F16;  // F16 or F32
   const float* weight = nullptr; // [n]
-  __nv_bfloat16* out = nullptr;  // [n_rows, n]
+  __half* out = nullptr;  // [n_rows, n]
   int64_t n_rows = 0;
   int64_t n = 0;
   float eps = 1e-5f;
@@ -72,7 +72,7 @@ struct RopeAppendParams {
   const void* q = nullptr;       // [n_tok, q_ld]: head h at h * head_dim
   const void* k = nullptr;       // [n_tok, k_ld]
   const void* v = nullptr;       // [n_tok, v_ld]
-  DType in_dtype = DType::BF16;  // BF16 or F32, all three
+  DType in_dtype = DType::F16;  // F16 or F32, all three
   int64_t q_ld = 0, k_ld = 0, v_ld = 0;  // elements between tokens
   const float* q_bias = nullptr;  // [n_heads_q * head_dim] or null (Qwen2)
   const float* k_bias = nullptr;  // [n_heads_kv * head_dim] or null
@@ -80,14 +80,14 @@ struct RopeAppendParams {
   const float* q_norm = nullptr;  // [head_dim] or null (Qwen3)
   const float* k_norm = nullptr;  // [head_dim] or null
   float norm_eps = 1e-6f;
-  __nv_bfloat16* q_out = nullptr;  // [n_tok, q_out_ld]; may equal q when in_dtype is BF16 and ld match
+  __half* q_out = nullptr;  // [n_tok, q_out_ld]; may equal q when in_dtype is F16 and ld match
   int64_t q_out_ld = 0;
   const int32_t* pos = nullptr;       // [n_tok]
   const float* inv_freq = nullptr;    // [head_dim / 2] (rope_inv_freq, model/rope.h, uploaded)
   RopeStyle style = RopeStyle::Half;
   const int32_t* dst_slot = nullptr;  // [n_tok * n_heads_kv] page slot of (t, kv head)
-  __nv_bfloat16* k_pool = nullptr;    // [n_pages, page_size, head_dim]
-  __nv_bfloat16* v_pool = nullptr;    // [n_pages, page_size, head_dim]
+  __half* k_pool = nullptr;    // [n_pages, page_size, head_dim]
+  __half* v_pool = nullptr;    // [n_pages, page_size, head_dim]
   int64_t n_pages = 0;
   int page_size = 0;
   int64_t n_tok = 0;
@@ -104,9 +104,9 @@ void rope_append(const RopeAppendParams& p, cudaStream_t stream);
 struct SwiGluParams {
   const void* gate = nullptr;    // [n_tok, in_ld] first n used
   const void* up = nullptr;      // [n_tok, in_ld]
-  DType in_dtype = DType::BF16;  // BF16 or F32
+  DType in_dtype = DType::F16;  // F16 or F32
   int64_t in_ld = 0;
-  __nv_bfloat16* out = nullptr;  // [n_tok, out_ld]
+  __half* out = nullptr;  // [n_tok, out_ld]
   int64_t out_ld = 0;
   int64_t n_tok = 0;
   int64_t n = 0;

@@ -14,7 +14,7 @@
 // 16-byte chunks of its rows at element 8 * (tig + 4 * jj) and uses them as its A registers of
 // k-steps 2jj and 2jj+1; its B registers are built from the same elements of its column's
 // vector. Rows of the A tile are contiguous per lane (coalesced 64 B per row and 4 lanes).
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -46,14 +46,14 @@ __device__ __forceinline__ int find_list_warp(const int32_t* indptr, int n_lists
   return count - 1;
 }
 
-__device__ __forceinline__ __nv_bfloat162 u32_as_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
-__device__ __forceinline__ uint32_t bf162_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __half2 u32_as_half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+__device__ __forceinline__ uint32_t half2_as_u32(__half2 v) { return *reinterpret_cast<uint32_t*>(&v); }
 
 // ---- summaries (MinMax, MeanSpread / Gaussian) ---------------------------------------
 // Columns of an n-tile: MinMax one per q vector (tile nt: vectors 8nt .. 8nt+7); mean/variance
-// two per vector (vectors 4nt .. 4nt+3: column 2v' = [q | 0], 2v'+1 = [0 | bf16(q^2)]).
-// bf16(q^2) rounds q^2 (16 significant bits) to 8: the variance term is within 2^-9 of the
-// fp32 one; products and sums are fp32 (the MinMax B vector is exact: q is bf16).
+// two per vector (vectors 4nt .. 4nt+3: column 2v' = [q | 0], 2v'+1 = [0 | f16(q^2)]).
+// f16(q^2) rounds q^2 (22 significant bits) to 11: the variance term is within 2^-11 of the
+// fp32 one (q^2 overflows f16 above |q| = 255); products and sums are fp32 (the MinMax B vector is exact: q is f16).
 template <int D>
 __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __grid_constant__ detail::PageSelectKernelArgs p) {
   constexpr int JJ = 2 * D / 32;  // 16-byte chunks per row per lane
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
       for (int nt = 0; nt < n_nt; ++nt) {
         if (r != cur_row || nt != cur_nt) {  // this lane's B column: vector j, part (mean/variance)
           const int j = minmax ? nt * 8 + g : nt * 4 + (g >> 1), part = g & 1;
-          const __nv_bfloat16* qv =
+          const __half* qv =
               p.q + (static_cast<int64_t>(q0 + j / group) * p.n_heads_q + h * group + j % group) * D;
 #pragma unroll
           for (int jj = 0; jj < JJ; ++jj) {
@@ -107,11 +107,11 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
             if (j < n_vec && (minmax || part == (second ? 1 : 0))) {
               const uint4 raw = *reinterpret_cast<const uint4*>(qv + (second ? e - D : e));
               uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-              const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
+              const __half2 zero = __float2half2_rn(0.0f);
 #pragma unroll
               for (int c = 0; c < 4; ++c) {
-                const __nv_bfloat162 x = u32_as_bf162(w[c]);
-                w[c] = bf162_as_u32(minmax ? (second ? __hmax2(x, zero) : __hmin2(x, zero)) : second ? __hmul2(x, x) : x);
+                const __half2 x = u32_as_half2(w[c]);
+                w[c] = half2_as_u32(minmax ? (second ? __hmax2(x, zero) : __hmin2(x, zero)) : second ? __hmul2(x, x) : x);
               }
               v = make_uint4(w[0], w[1], w[2], w[3]);
             }
@@ -121,16 +121,16 @@ __global__ void __launch_bounds__(kScoreThreads) score_summaries_kernel(const __
           cur_nt = nt;
         }
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const __nv_bfloat16* ra = p.summaries + static_cast<int64_t>(slot_a < 0 ? 0 : slot_a) * 2 * D;
-        const __nv_bfloat16* rb = p.summaries + static_cast<int64_t>(slot_b < 0 ? 0 : slot_b) * 2 * D;
+        const __half* ra = p.summaries + static_cast<int64_t>(slot_a < 0 ? 0 : slot_a) * 2 * D;
+        const __half* rb = p.summaries + static_cast<int64_t>(slot_b < 0 ? 0 : slot_b) * 2 * D;
 #pragma unroll
         for (int jj = 0; jj < JJ; ++jj) {
           const int e = 8 * (tig + 4 * jj);
           const uint4 a = slot_a >= 0 ? *reinterpret_cast<const uint4*>(ra + e) : make_uint4(0u, 0u, 0u, 0u);
           const uint4 b = slot_b >= 0 ? *reinterpret_cast<const uint4*>(rb + e) : make_uint4(0u, 0u, 0u, 0u);
           const uint32_t a0[4] = {a.x, b.x, a.y, b.y}, a1[4] = {a.z, b.z, a.w, b.w};
-          ptx::mma_bf16_16816(acc, a0, bq[jj].x, bq[jj].y);
-          ptx::mma_bf16_16816(acc, a1, bq[jj].z, bq[jj].w);
+          ptx::mma_f16_16816(acc, a0, bq[jj].x, bq[jj].y);
+          ptx::mma_f16_16816(acc, a1, bq[jj].z, bq[jj].w);
         }
         // acc: rows g (page ia) and g+8 (page ib), columns 2tig and 2tig+1.
         const bool in_a = ia >= r_begin && ia < r_end, in_b = ib >= r_begin && ib < r_end;
@@ -255,11 +255,11 @@ __device__ __forceinline__ void issue_sketch_pass(const PageSelectParams& p, Ske
 // dims 32 ks + 4 tig + c and, in w[ks][1], 32 ks + 16 + 4 tig + c: the codes' layout), and the
 // vector's step and code sum (equal in the 4 lanes of a group). Zero for !valid.
 template <int KS>
-__device__ __forceinline__ void quantize_q(const __nv_bfloat16* qv, bool valid, int tig, uint32_t (&w)[KS][2], float& st,
+__device__ __forceinline__ void quantize_q(const __half* qv, bool valid, int tig, uint32_t (&w)[KS][2], float& st,
                                            int& sum) {
   auto lane_q = [&](int ks, int hh, float (&x)[4]) {
     const uint2 raw = *reinterpret_cast<const uint2*>(qv + ks * 32 + 16 * hh + 4 * tig);
-    const __nv_bfloat162 lo = u32_as_bf162(raw.x), hi = u32_as_bf162(raw.y);
+    const __half2 lo = u32_as_half2(raw.x), hi = u32_as_half2(raw.y);
     x[0] = __low2float(lo);
     x[1] = __high2float(lo);
     x[2] = __low2float(hi);
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     const SketchList lb = list_of(g >= 4);  // the list of this lane's B column
     const int jb = PP == 2 ? (g & 3) : nt * 8 + g;
     const int jbc = min(jb, max(lb.n_vec - 1, 0));
-    const __nv_bfloat16* qv = p.q + (static_cast<int64_t>(lb.q0 + jbc / group) * p.n_heads_q + lb.h * group + jbc % group) * D;
+    const __half* qv = p.q + (static_cast<int64_t>(lb.q0 + jbc / group) * p.n_heads_q + lb.h * group + jbc % group) * D;
     float st;
     int sum;
     quantize_q<KS>(qv, jb < lb.n_vec, tig, bq, st, sum);

@@ -25,7 +25,7 @@
 // Every float reduction has a fixed order and the histograms add integers, so the same inputs
 // give the same lists.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -55,9 +55,9 @@ struct PageSelectParams {
   const int32_t* dense_slots = nullptr;     // [nnz_dense]
   const int32_t* dense_page_pos = nullptr;  // [nnz_dense]
   const int32_t* seq_len = nullptr;         // [n_requests] tokens in KV, this step's included
-  const __nv_bfloat16* q = nullptr;         // [n_rows, n_heads_q, head_dim] (RoPE applied)
+  const __half* q = nullptr;         // [n_rows, n_heads_q, head_dim] (RoPE applied)
   const int32_t* q_indptr = nullptr;        // [n_requests + 1]
-  const __nv_bfloat16* summaries = nullptr; // [n_pages, 2, head_dim] (device_page_summary.h)
+  const __half* summaries = nullptr; // [n_pages, 2, head_dim] (device_page_summary.h)
   SummaryKind kind = SummaryKind::MinMax;
   // Sketch4 (both set): the per-token 4-bit key sketch (device_key_sketch.h) replaces the
   // summaries: a page's score is log2 of the mean over its visible rows of 2^(q.k^ scale log2 e),

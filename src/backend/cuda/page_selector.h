@@ -5,7 +5,7 @@
 // (begin_step) and once per layer which lists attention reads (select); select only
 // launches kernels, so a decode step with it is captured in one CUDA graph.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,7 +62,7 @@ class PageSelector {
     const DeviceKeySketch* sketch = nullptr;
     LayerLists dense;                   // the current layer's every page, ascending page_pos
     const int32_t* seq_len = nullptr;   // [max_batch] tokens in KV, this step's included
-    const __nv_bfloat16* q = nullptr;   // [max_batch, n_heads_q, head_dim] rotated queries of a decode step
+    const __half* q = nullptr;   // [max_batch, n_heads_q, head_dim] rotated queries of a decode step
     const int32_t* q_indptr = nullptr;  // [max_batch + 1]
   };
   // A request of the step; decode steps add one token to each.

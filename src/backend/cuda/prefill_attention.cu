@@ -1,5 +1,5 @@
-// Causal prefill attention over head-paged bf16 KV: FlashAttention-2-style
-// tiles on mma.sync m16n8k16 (bf16 in, fp32 accumulate), K/V tiles gathered
+// Causal prefill attention over head-paged f16 KV: FlashAttention-2-style
+// tiles on mma.sync m16n8k16 (f16 in, fp32 accumulate), K/V tiles gathered
 // page by page with cp.async, double-buffered. See prefill_attention.h for the
 // contract and docs/kernels/prefill_attention_NOTES.md for measurements.
 //
@@ -36,7 +36,7 @@ constexpr int kNoKey = INT_MAX / 2;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Shared-memory tiles are rows of HEAD_DIM bf16 in 16-byte chunks; chunk c of
+// Shared-memory tiles are rows of HEAD_DIM f16 in 16-byte chunks; chunk c of
 // row r is stored at chunk c ^ (r & 7), so the 8 rows one ldmatrix 8x8 reads
 // at the same logical chunk land in 8 different bank groups.
 template <int HEAD_DIM>
@@ -69,8 +69,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 }
 
 // c += a * b for one m16n8k16 tile (a row-major 16x16, b "col" 16x8).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -82,8 +82,8 @@ __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2^-22 rela
   return y;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(kPageSize % kRowsPerPass == 0, "a pass must not straddle pages");
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kBlockM, HEAD_DIM]
-  __nv_bfloat16* s_k = s_q + kBlockM * HEAD_DIM;                      // [2, kBlockN, HEAD_DIM]
-  __nv_bfloat16* s_v = s_k + 2 * kBlockN * HEAD_DIM;                  // [2, kBlockN, HEAD_DIM]
+  __half* s_q = reinterpret_cast<__half*>(smem_raw);  // [kBlockM, HEAD_DIM]
+  __half* s_k = s_q + kBlockM * HEAD_DIM;                      // [2, kBlockN, HEAD_DIM]
+  __half* s_v = s_k + 2 * kBlockN * HEAD_DIM;                  // [2, kBlockN, HEAD_DIM]
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -119,13 +119,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Q tile -> shared (padding rows zero-filled). NOTE: size_t offsets: the
   // pools reach 2^31 elements at 16 GiB.
   const size_t tok_stride = static_cast<size_t>(p.n_heads_q) * HEAD_DIM;
-  const __nv_bfloat16* q_tile =
+  const __half* q_tile =
       p.q + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * HEAD_DIM;
   for (int c = tid; c < kBlockM * kChunks; c += kThreads) {
     const int m = c / kChunks, ch = c % kChunks;
     const bool valid = m < n_valid_rows;
     const int t = m / group, h = m - t * group;
-    const __nv_bfloat16* src = valid ? q_tile + t * tok_stride + h * HEAD_DIM + ch * 8 : p.q;
+    const __half* src = valid ? q_tile + t * tok_stride + h * HEAD_DIM + ch * 8 : p.q;
     cp_async_16(smem_addr(s_q + swizzle<HEAD_DIM>(m, ch)), src, valid);
   }
 
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // K/V tile -> shared buffer `buf`; rows past seq_len (the last page's unused
   // rows, which may hold anything, NaN included) and past the list are zero-filled.
   auto load_kv = [&](int buf, const int (&slot)[kPagesPerTile], const int (&kbase)[kPagesPerTile]) {
-    __nv_bfloat16* sk = s_k + buf * kBlockN * HEAD_DIM;
-    __nv_bfloat16* sv = s_v + buf * kBlockN * HEAD_DIM;
+    __half* sk = s_k + buf * kBlockN * HEAD_DIM;
+    __half* sv = s_v + buf * kBlockN * HEAD_DIM;
     const int r_in = tid / kChunks, ch = tid % kChunks;
 #pragma unroll
     for (int pg = 0; pg < kPagesPerTile; ++pg) {
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_commit();
 
     // S = Q K^T for this warp's 32 rows x 64 keys.
-    const __nv_bfloat16* sk = s_k + buf * kBlockN * HEAD_DIM;
-    const __nv_bfloat16* sv = s_v + buf * kBlockN * HEAD_DIM;
+    const __half* sk = s_k + buf * kBlockN * HEAD_DIM;
+    const __half* sv = s_v + buf * kBlockN * HEAD_DIM;
     float s[2][8][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                                                         kk * 2 + ((lane >> 3) & 1))));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          mma_bf16(s[mi][2 * jp], a[mi], b[0], b[1]);
-          mma_bf16(s[mi][2 * jp + 1], a[mi], b[2], b[3]);
+          mma_f16(s[mi][2 * jp], a[mi], b[0], b[1]);
+          mma_f16(s[mi][2 * jp + 1], a[mi], b[2], b[3]);
         }
       }
     }
@@ -281,16 +281,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 
     // O += P V: the m16n8 accumulator layout of two adjacent key tiles is the
-    // A-fragment layout of one k16 step, so P stays in registers (as bf16).
+    // A-fragment layout of one k16 step, so P stays in registers (as f16).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        a[mi][0] = pack_bf16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-        a[mi][1] = pack_bf16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-        a[mi][2] = pack_bf16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-        a[mi][3] = pack_bf16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+        a[mi][0] = pack_f16(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+        a[mi][1] = pack_f16(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+        a[mi][2] = pack_f16(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+        a[mi][3] = pack_f16(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
       }
 #pragma unroll
       for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {  // 16 dims: n8 tiles 2dp and 2dp+1
@@ -299,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                                                               dp * 2 + (lane >> 4))));
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          mma_bf16(acc_o[mi][2 * dp], a[mi], b[0], b[1]);
-          mma_bf16(acc_o[mi][2 * dp + 1], a[mi], b[2], b[3]);
+          mma_f16(acc_o[mi][2 * dp], a[mi], b[0], b[1]);
+          mma_f16(acc_o[mi][2 * dp + 1], a[mi], b[2], b[3]);
         }
       }
     }
@@ -334,12 +334,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int m = warp * kWarpRows + mi * 16 + hh * 8 + (lane >> 2);
 #pragma unroll
       for (int j = 0; j < kDTiles; ++j) {
-        const uint32_t v = pack_bf16(acc_o[mi][j][2 * hh] * inv_sum[mi][hh], acc_o[mi][j][2 * hh + 1] * inv_sum[mi][hh]);
+        const uint32_t v = pack_f16(acc_o[mi][j][2 * hh] * inv_sum[mi][hh], acc_o[mi][j][2 * hh + 1] * inv_sum[mi][hh]);
         *reinterpret_cast<uint32_t*>(s_q + swizzle<HEAD_DIM>(m, j) + 2 * (lane & 3)) = v;
       }
     }
   __syncwarp();
-  __nv_bfloat16* out_tile =
+  __half* out_tile =
       p.out + static_cast<size_t>(q_begin + tok0) * tok_stride + static_cast<size_t>(kv_head) * group * HEAD_DIM;
 #pragma unroll 4
   for (int c = lane; c < kWarpRows * kChunks; c += 32) {
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int HEAD_DIM>
 void launch_for_head_dim(const PrefillAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  constexpr int smem = (kBlockM + 4 * kBlockN) * HEAD_DIM * static_cast<int>(sizeof(__nv_bfloat16));
+  constexpr int smem = (kBlockM + 4 * kBlockN) * HEAD_DIM * static_cast<int>(sizeof(__half));
   static const bool attr_set = [] {
     DHS_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<HEAD_DIM>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -1,11 +1,11 @@
-// Causal prefill attention over head-paged bf16 KV (issue 3, item 2): one
+// Causal prefill attention over head-paged f16 KV (issue 3, item 2): one
 // chunk of new query rows per request attends every key of its (request, KV
 // head) page list at a position <= its own. The chunk's own K/V are appended
 // into pages before the call, so the kernel reads all keys through the lists.
-// Tensor cores (mma.sync m16n8k16 bf16), fp32 online softmax, GQA heads of a
+// Tensor cores (mma.sync m16n8k16 f16), fp32 online softmax, GQA heads of a
 // group packed into the M dimension of one tile so they share K/V tiles.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,11 +22,11 @@ namespace dhs::cuda {
 //    past the tile's last query position;
 //  - q and out 16-byte aligned; slots index pages of the pools.
 struct PrefillAttentionParams {
-  const __nv_bfloat16* q = nullptr;       // [n_rows, n_heads_q, head_dim]
-  __nv_bfloat16* out = nullptr;           // [n_rows, n_heads_q, head_dim]
+  const __half* q = nullptr;       // [n_rows, n_heads_q, head_dim]
+  __half* out = nullptr;           // [n_rows, n_heads_q, head_dim]
   float* lse = nullptr;                   // [n_rows, n_heads_q] natural-log LSE of scaled scores, or null
-  const __nv_bfloat16* k_pool = nullptr;  // [n_pages, page_size, head_dim]
-  const __nv_bfloat16* v_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* k_pool = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* v_pool = nullptr;  // [n_pages, page_size, head_dim]
   const int32_t* q_indptr = nullptr;      // [n_requests + 1]
   const int32_t* kv_indptr = nullptr;     // [n_requests * n_heads_kv + 1], row = req * n_heads_kv + kv_head
   const int32_t* slots = nullptr;         // [nnz] page slot in the pools

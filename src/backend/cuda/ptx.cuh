@@ -1,18 +1,18 @@
 // Thin wrappers over the PTX instructions the kernels share (no logic of their own).
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
 namespace dhs::cuda::ptx {
 
-// c[16x8] += a[16x16] * b[16x8], bf16 in, fp32 accumulate (fragments as in the PTX ISA,
+// c[16x8] += a[16x16] * b[16x8], f16 in, fp32 accumulate (fragments as in the PTX ISA,
 // "Matrix Fragments for mma.m16n8k16"): lane = 4 * group + tig; a = {(g, 2tig..+1),
 // (g+8, 2tig..+1), (g, 2tig+8..+9), (g+8, 2tig+8..+9)}; b = {(2tig..+1, g), (2tig+8..+9, g)};
 // c = {(g, 2tig), (g, 2tig+1), (g+8, 2tig), (g+8, 2tig+1)}.
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -116,8 +116,8 @@ __device__ __forceinline__ float lg2_approx(float x) {
   return y;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) | (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
+__device__ __forceinline__ uint32_t pack_f16x2(__half lo, __half hi) {
+  return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
 }
 
 }  // namespace dhs::cuda::ptx

@@ -59,7 +59,7 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   page_pos_d_ = ints(B * Hkv * pages_per_seq_);
   staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * B + 1);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
-  auto bf = [&](int64_t n) { return static_cast<__nv_bfloat16*>(dalloc(static_cast<size_t>(n) * 2)); };
+  auto bf = [&](int64_t n) { return static_cast<__half*>(dalloc(static_cast<size_t>(n) * 2)); };
   x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(T * H) * 4));
   h_d_ = bf(T * H);
   qkv_d_ = bf(T * (Hq + 2 * Hkv) * D);
@@ -120,7 +120,7 @@ void LlamaCuda::allocate_kv() {
       const double nnz = static_cast<double>(B * Hkv * pages_per_seq_);
       to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv) + 4 + 4 + 8);  // scores, mass, stage, selected lists
     }
-    double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, bf16
+    double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, f16
     if (minmax) per_page += 4.0 * static_cast<double>(D);
     if (meanvar) per_page += 4.0 * static_cast<double>(D);
     if (o.key_sketch) per_page += static_cast<double>(o.page_size) * (static_cast<double>(D) / 2 + 4);
@@ -151,10 +151,15 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
   allocate(o);
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size;
-  auto up_bf16 = [&](const std::vector<float>& f) {
+  // f16 holds every weight of the models we load to 2^-11 relative; one beyond its range
+  // (|w| > 65504) is refused rather than stored as infinity.
+  auto up_f16 = [&](const std::vector<float>& f) {
     std::vector<uint16_t> b(f.size());
-    for (size_t i = 0; i < f.size(); ++i) b[i] = f32_to_bf16(f[i]);
-    auto* d = static_cast<__nv_bfloat16*>(dalloc(b.size() * 2));
+    for (size_t i = 0; i < f.size(); ++i) {
+      DHS_CHECK(std::fabs(f[i]) <= 65504.0f, "CUDA backend: a weight of {} is outside the f16 range", f[i]);
+      b[i] = f32_to_fp16(f[i]);
+    }
+    auto* d = static_cast<__half*>(dalloc(b.size() * 2));
     DHS_CUDA_CHECK(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
     weight_bytes_ += b.size() * 2;
     return d;
@@ -168,8 +173,8 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  tok_embd_ = up_bf16(load_tensor_f32(src, "token_embd.weight", {V, H}));
-  output_ = cfg_.tied_embeddings ? tok_embd_ : up_bf16(load_tensor_f32(src, "output.weight", {V, H}));
+  tok_embd_ = up_f16(load_tensor_f32(src, "token_embd.weight", {V, H}));
+  output_ = cfg_.tied_embeddings ? tok_embd_ : up_f16(load_tensor_f32(src, "output.weight", {V, H}));
   output_norm_ = up_f32(load_tensor_f32(src, "output_norm.weight", {H}));
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
@@ -178,11 +183,11 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     L.attn_norm = up_f32(load_tensor_f32(src, p + "attn_norm.weight", {H}));
     L.ffn_norm = up_f32(load_tensor_f32(src, p + "ffn_norm.weight", {H}));
     // Fused projections: rows [q; k; v] and [gate; up].
-    L.w_qkv = up_bf16(cat(cat(load_tensor_f32(src, p + "attn_q.weight", {Hq * D, H}), load_tensor_f32(src, p + "attn_k.weight", {Hkv * D, H})),
+    L.w_qkv = up_f16(cat(cat(load_tensor_f32(src, p + "attn_q.weight", {Hq * D, H}), load_tensor_f32(src, p + "attn_k.weight", {Hkv * D, H})),
                           load_tensor_f32(src, p + "attn_v.weight", {Hkv * D, H})));
-    L.w_o = up_bf16(load_tensor_f32(src, p + "attn_output.weight", {H, Hq * D}));
-    L.w_gu = up_bf16(cat(load_tensor_f32(src, p + "ffn_gate.weight", {F, H}), load_tensor_f32(src, p + "ffn_up.weight", {F, H})));
-    L.w_down = up_bf16(load_tensor_f32(src, p + "ffn_down.weight", {H, F}));
+    L.w_o = up_f16(load_tensor_f32(src, p + "attn_output.weight", {H, Hq * D}));
+    L.w_gu = up_f16(cat(load_tensor_f32(src, p + "ffn_gate.weight", {F, H}), load_tensor_f32(src, p + "ffn_up.weight", {F, H})));
+    L.w_down = up_f16(load_tensor_f32(src, p + "ffn_down.weight", {H, F}));
     if (cfg_.qkv_bias) {
       L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
       L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
@@ -203,9 +208,9 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
   const int64_t V = cfg_.vocab_size;
   // Uniform(-a, a) with a = sqrt(3 / fan_in): unit-variance outputs for unit-variance inputs.
   auto rnd = [&](int64_t rows, int64_t cols) {
-    auto* d = static_cast<__nv_bfloat16*>(dalloc(static_cast<size_t>(rows * cols) * 2));
+    auto* d = static_cast<__half*>(dalloc(static_cast<size_t>(rows * cols) * 2));
     const float a = std::sqrt(3.0f / static_cast<float>(cols));
-    cuda::fill_random_bf16(d, static_cast<size_t>(rows * cols), seed++, -a, a, stream_);
+    cuda::fill_random_f16(d, static_cast<size_t>(rows * cols), seed++, -a, a, stream_);
     weight_bytes_ += static_cast<size_t>(rows * cols) * 2;
     return d;
   };
@@ -379,7 +384,7 @@ void LlamaCuda::build_params() {
   // h = rmsnorm(x) (the previous GEMM added its output into x).
   norm_ = {.x = x_d_, .y = h_d_, .n = H, .eps = cfg_.rms_eps};
   // q, k, v are views of the fused QKV GEMM's output.
-  rope_ = {.q = qkv_d_, .k = qkv_d_ + Hq * D, .v = qkv_d_ + (Hq + Hkv) * D, .in_dtype = DType::BF16,
+  rope_ = {.q = qkv_d_, .k = qkv_d_ + Hq * D, .v = qkv_d_ + (Hq + Hkv) * D, .in_dtype = DType::F16,
            .q_ld = QKV, .k_ld = QKV, .v_ld = QKV, .norm_eps = cfg_.rms_eps, .q_out = q_d_, .q_out_ld = Hq * D,
            .pos = pos_d_, .inv_freq = inv_freq_, .style = cfg_.rope_style, .k_pool = pool_->k_d(), .v_pool = pool_->v_d(),
            .n_pages = pool_->n_pages(), .page_size = opt_.page_size, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d};
@@ -401,7 +406,7 @@ void LlamaCuda::build_params() {
                    .kv_indptr = indptr_d_, .slots = slots_d_, .page_pos = page_pos_d_, .seq_len = seq_len_d_,
                    .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .page_size = opt_.page_size, .scale = scale};
   // The fused gate/up GEMM's output: [gate | up] per token.
-  swiglu_ = {.gate = gu_d_, .up = gu_d_ + F, .in_dtype = DType::BF16, .in_ld = 2 * F, .out = act_d_, .out_ld = F, .n = F};
+  swiglu_ = {.gate = gu_d_, .up = gu_d_ + F, .in_dtype = DType::F16, .in_ld = 2 * F, .out = act_d_, .out_ld = F, .n = F};
   last_rows_ = {.src = x_d_, .rows = last_row_d_, .dst = last_x_d_, .n = H};
   final_norm_ = {.x = last_x_d_, .weight = output_norm_, .y = hlast_d_, .n = H, .eps = cfg_.rms_eps};
   sample_ = {.logits = logits_d_, .rows = samp_rows_d_, .history = hist_d_, .history_len = hist_len_d_,
@@ -418,7 +423,7 @@ void LlamaCuda::run_layers(const Step& s) {
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& w = layers_[static_cast<size_t>(l)];
     rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
-    gemm_->run(w.w_qkv, h_d_, qkv_d_, T, H, QKV, cuda::GemmOut::BF16, stream_);  // [q k v] = h W_qkv^T
+    gemm_->run(w.w_qkv, h_d_, qkv_d_, T, H, QKV, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     dense_lists(l, s.n_req);                                                 // every page of this layer
     if (s.decode)
@@ -427,7 +432,7 @@ void LlamaCuda::run_layers(const Step& s) {
       attention_prefill(s.n_tok, s.n_req);
     gemm_->run(w.w_o, att_d_, x_d_, T, HqD, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
     rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
-    gemm_->run(w.w_gu, h_d_, gu_d_, T, H, 2 * F, cuda::GemmOut::BF16, stream_);  // [gate up] = h W_gu^T
+    gemm_->run(w.w_gu, h_d_, gu_d_, T, H, 2 * F, cuda::GemmOut::F16, stream_);  // [gate up] = h W_gu^T
     swiglu(s.n_tok);                                                         // act = silu(gate) up
     gemm_->run(w.w_down, act_d_, x_d_, T, F, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }

@@ -1,6 +1,6 @@
-// The Llama family on the CUDA backend: bf16 weights in HBM (dequantized at
+// The Llama family on the CUDA backend: f16 weights in HBM (dequantized at
 // load, or random from a seed for benchmarks), fused QKV and gate/up GEMMs on
-// cuBLASLt, head-paged bf16 KV, the self-planning decode kernel, chunked
+// cuBLASLt, head-paged f16 KV, the self-planning decode kernel, chunked
 // tensor-core prefill, sampling on the GPU. A decode step of B requests runs
 // padded to its batch-size bucket (1, 2, 4, ... max_batch; the padding rows
 // read and write no KV), through a CUDA graph captured once per (policy plan,
@@ -8,7 +8,7 @@
 // positions, append slots, lengths, sampling rows, new history tokens) and reads
 // back the sampled ids.
 #pragma once
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,9 +62,9 @@ using CudaSparsityStats = cuda::SparsityStats;
 
 class LlamaCuda {
  public:
-  // Real weights: every tensor dequantized on the host, rounded to bf16, uploaded.
+  // Real weights: every tensor dequantized on the host, rounded to f16, uploaded.
   LlamaCuda(const WeightSource& src, const CudaModelOptions& o);
-  // Random bf16 weights from a seed, for speed measurements (values do not
+  // Random f16 weights from a seed, for speed measurements (values do not
   // change kernel speed). Norm weights are 1, so activations stay bounded.
   LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptions& o);
   ~LlamaCuda();
@@ -144,7 +144,7 @@ class LlamaCuda {
 
  private:
   struct Layer {
-    __nv_bfloat16 *w_qkv = nullptr, *w_o = nullptr, *w_gu = nullptr, *w_down = nullptr;
+    __half *w_qkv = nullptr, *w_o = nullptr, *w_gu = nullptr, *w_down = nullptr;
     float *attn_norm = nullptr, *ffn_norm = nullptr;
     float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   };
@@ -186,8 +186,8 @@ class LlamaCuda {
   std::vector<void*> allocs_;
   size_t weight_bytes_ = 0;
 
-  __nv_bfloat16* tok_embd_ = nullptr;  // [vocab, hidden]
-  __nv_bfloat16* output_ = nullptr;    // [vocab, hidden] (== tok_embd_ when tied)
+  __half* tok_embd_ = nullptr;  // [vocab, hidden]
+  __half* output_ = nullptr;    // [vocab, hidden] (== tok_embd_ when tied)
   float* output_norm_ = nullptr;       // [hidden]
   float* inv_freq_ = nullptr;          // [head_dim / 2]
   std::vector<Layer> layers_;
@@ -209,13 +209,13 @@ class LlamaCuda {
   size_t staging_ints_ = 0;
   // Activations.
   float* x_d_ = nullptr;               // [T, hidden] fp32 residual stream
-  __nv_bfloat16* h_d_ = nullptr;       // [T, hidden]
-  __nv_bfloat16* qkv_d_ = nullptr;     // [T, (Hq + 2 Hkv) D]
-  __nv_bfloat16* q_d_ = nullptr;       // [T, Hq D] rotated queries
-  __nv_bfloat16* att_d_ = nullptr;     // [T, Hq D]
-  __nv_bfloat16* gu_d_ = nullptr;      // [T, 2 F]
-  __nv_bfloat16* act_d_ = nullptr;     // [T, F]
-  __nv_bfloat16* hlast_d_ = nullptr;   // [B, hidden] normed last rows
+  __half* h_d_ = nullptr;       // [T, hidden]
+  __half* qkv_d_ = nullptr;     // [T, (Hq + 2 Hkv) D]
+  __half* q_d_ = nullptr;       // [T, Hq D] rotated queries
+  __half* att_d_ = nullptr;     // [T, Hq D]
+  __half* gu_d_ = nullptr;      // [T, 2 F]
+  __half* act_d_ = nullptr;     // [T, F]
+  __half* hlast_d_ = nullptr;   // [B, hidden] normed last rows
   float* last_x_d_ = nullptr;          // [B, hidden]
   float* logits_d_ = nullptr;          // [B, vocab]
   // Per-row sampling inputs, one block uploaded with one copy: [B] SamplingRow, [B] Philox
