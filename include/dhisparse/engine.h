@@ -22,11 +22,15 @@ class Tokenizer;  // the engine's tokenizer, for code inside dhisparse (tokenize
 
 struct EngineOptions {
   std::string model_path;           // GGUF file or Hugging Face directory
-  std::string device = "cpu";       // cpu, or cuda (bf16 weights and KV on the GPU)
+  std::string device = "cpu";       // cpu, or cuda (f16 activations and KV on the GPU)
   int n_threads = 0;                // 0: all hardware threads
   int page_size = 16;               // tokens per head-page
   int64_t max_context = 0;          // 0: the model's trained context (capped at 8192 on the CPU)
-  std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact); CUDA: always bf16
+  std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact)
+  // CUDA weight storage: "native" keeps GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
+  // Q6_K) as the file holds them and multiplies them dequantizing in registers; "f16" dequantizes
+  // every matrix to f16 at load. Other tensors are f16 either way.
+  std::string gpu_weights = "native";
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step

@@ -29,6 +29,9 @@ class CudaRunner final : public StepRunner {
     const ModelConfig cfg = dummy && !o.dummy_shape.empty() ? model_shape(o.dummy_shape) : src.config();
     max_batch_ = o.max_batch > 0 ? o.max_batch : 1;  // generate: one request
     CudaModelOptions co;
+    DHS_CHECK(o.gpu_weights == "native" || o.gpu_weights == "f16", "GPU weights must be native or f16, got '{}'",
+              o.gpu_weights);
+    co.quantized_weights = o.gpu_weights == "native";
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

@@ -16,3 +16,6 @@ dhs_test(test_reuse_lists LABEL cuda
 dhs_test(test_gemv LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_gemv.cu
   LIBS dhs_cuda)
+dhs_test(test_quant_gemv LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_gemv.cu
+  LIBS dhs_cuda dhs_model)

@@ -1,7 +1,10 @@
 #include "backend/cuda/gemm.h"
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/quant_gemv.h"
 #include "core/error.h"
 
 namespace dhs::cuda {
@@ -25,6 +28,7 @@ Gemm::~Gemm() {
     cublasLtMatmulDescDestroy(p.desc);
   }
   cudaFree(workspace_d_);
+  cudaFree(scratch_d_);
   cublasLtDestroy(lt_);
 }
 
@@ -82,6 +86,58 @@ void Gemm::run(const __half* w_d, const __half* x_d, void* y_d, int64_t n_tok, i
   lt_check(cublasLtMatmul(lt_, p.desc, &alpha, w_d, p.a, x_d, p.b, &beta, y_d, p.c, y_d, p.c, &p.algo, workspace_d_,
                           workspace_bytes_, stream),
            "matmul");
+}
+
+void Gemm::reserve_dequant(size_t elems) {
+  if (elems <= scratch_elems_) return;
+  cudaFree(scratch_d_);
+  scratch_d_ = nullptr;
+  scratch_elems_ = 0;
+  DHS_CUDA_CHECK(cudaMalloc(&scratch_d_, elems * 2));
+  scratch_elems_ = elems;
+}
+
+void Gemm::run(const DeviceWeight& w, const __half* x_d, void* y_d, int64_t n_tok, GemmOut out_type, cudaStream_t stream,
+               float beta) {
+  if (w.plain_f16()) return run(w.f16(), x_d, y_d, n_tok, w.in, w.out, out_type, stream, beta);
+  DHS_CHECK(beta == 0.0f || out_type == GemmOut::F32, "GEMM accumulation needs fp32 output");
+  DHS_CHECK(beta == 0.0f || beta == 1.0f, "GEMM beta must be 0 or 1, got {}", beta);
+  DHS_CHECK(w.n_parts >= 1 && w.n_parts <= DeviceWeight::kMaxParts, "weight of {} parts", w.n_parts);
+  const bool f32 = out_type == GemmOut::F32;
+  const size_t elem = f32 ? 4 : 2;
+  if (n_tok <= kQuantTileRows) {
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kQuantGemvMaxTok) {
+      int64_t row0 = 0;
+      for (int i = 0; i < w.n_parts; ++i) {
+        const WeightPart& part = w.part[i];
+        QuantGemvParams q;
+        q.type = part.type;
+        q.w = part.data;
+        q.row_stride = part.row_stride;
+        q.x = x_d + t0 * w.in;
+        q.y = static_cast<char*>(y_d) + static_cast<size_t>(t0 * w.out + row0) * elem;
+        q.ldy = w.out;
+        q.y_f32 = f32;
+        q.accumulate = beta != 0.0f;
+        q.n_tok = static_cast<int>(std::min<int64_t>(kQuantGemvMaxTok, n_tok - t0));
+        q.in = w.in;
+        q.out = part.rows;
+        launch_quant_gemv(q, stream);
+        row0 += part.rows;
+      }
+    }
+    return;
+  }
+  DHS_CHECK(static_cast<size_t>(w.out * w.in) <= scratch_elems_,
+            "GEMM of {} rows on a {} x {} quantized weight: the dequantization scratch holds {} elements", n_tok, w.out,
+            w.in, scratch_elems_);
+  int64_t row0 = 0;
+  for (int i = 0; i < w.n_parts; ++i) {
+    const WeightPart& part = w.part[i];
+    launch_dequant_rows(part.type, part.data, part.row_stride, part.rows, w.in, scratch_d_ + row0 * w.in, w.in, stream);
+    row0 += part.rows;
+  }
+  run(scratch_d_, x_d, y_d, n_tok, w.in, w.out, out_type, stream, beta);
 }
 
 }  // namespace dhs::cuda

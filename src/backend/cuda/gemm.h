@@ -12,6 +12,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/device_weight.h"
 #include "backend/cuda/gemv.h"
 
 namespace dhs::cuda {
@@ -29,6 +30,18 @@ class Gemm {
   // beta = 1 accumulates into y (fp32 output only; residual adds).
   void run(const __half* w_d, const __half* x_d, void* y_d, int64_t n_tok, int64_t in,
            int64_t out, GemmOut out_type, cudaStream_t stream, float beta = 0.0f);
+  // The same product for a weight kept in its file's formats (device_weight.h): a plain f16
+  // matrix as above; otherwise up to kQuantTileRows rows of activations through the quantized
+  // GEMV (quant_gemv.h), 8 rows per launch and one launch per part, and more rows by
+  // dequantizing every part into the scratch (reserve_dequant) and cuBLASLt on it: the weights
+  // are then written and read once more as f16, which costs less than re-reading them per 8
+  // rows once the batch passes ~64 rows.
+  void run(const DeviceWeight& w, const __half* x_d, void* y_d, int64_t n_tok, GemmOut out_type, cudaStream_t stream,
+           float beta = 0.0f);
+  static constexpr int64_t kQuantTileRows = 64;
+  // The dequantization scratch: f16 elements for the largest non-plain matrix used with more
+  // than kQuantTileRows rows. Call before graph capture.
+  void reserve_dequant(size_t elems);
   // Rows of activations up to which gemv.h is used (0: every shape through cuBLASLt; at most
   // kGemvMaxTok). Measured: docs/kernels/ops_NOTES.md.
   void set_gemv_max_tok(int n) { gemv_max_tok_ = n; }
@@ -50,6 +63,8 @@ class Gemm {
   size_t workspace_bytes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans_;
   int gemv_max_tok_ = 8;
+  __half* scratch_d_ = nullptr;
+  size_t scratch_elems_ = 0;
   GemvKernel gemv_kernel_;
 };
 

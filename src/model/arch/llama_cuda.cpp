@@ -7,9 +7,11 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/quant_gemv.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "model/dequant.h"
 #include "model/tensor_load.h"
 
 namespace dhs {
@@ -169,12 +171,8 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     DHS_CUDA_CHECK(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
     return d;
   };
-  auto cat = [](std::vector<float> a, const std::vector<float>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  tok_embd_ = up_f16(load_tensor_f32(src, "token_embd.weight", {V, H}));
-  output_ = cfg_.tied_embeddings ? tok_embd_ : up_f16(load_tensor_f32(src, "output.weight", {V, H}));
+  tok_embd_ = up_f16(load_tensor_f32(src, "token_embd.weight", {V, H}));  // (f16 for the gather)
+  output_ = upload_weight(src, {{cfg_.tied_embeddings ? "token_embd.weight" : "output.weight", V}}, H);
   output_norm_ = up_f32(load_tensor_f32(src, "output_norm.weight", {H}));
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
@@ -183,11 +181,10 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     L.attn_norm = up_f32(load_tensor_f32(src, p + "attn_norm.weight", {H}));
     L.ffn_norm = up_f32(load_tensor_f32(src, p + "ffn_norm.weight", {H}));
     // Fused projections: rows [q; k; v] and [gate; up].
-    L.w_qkv = up_f16(cat(cat(load_tensor_f32(src, p + "attn_q.weight", {Hq * D, H}), load_tensor_f32(src, p + "attn_k.weight", {Hkv * D, H})),
-                          load_tensor_f32(src, p + "attn_v.weight", {Hkv * D, H})));
-    L.w_o = up_f16(load_tensor_f32(src, p + "attn_output.weight", {H, Hq * D}));
-    L.w_gu = up_f16(cat(load_tensor_f32(src, p + "ffn_gate.weight", {F, H}), load_tensor_f32(src, p + "ffn_up.weight", {F, H})));
-    L.w_down = up_f16(load_tensor_f32(src, p + "ffn_down.weight", {H, F}));
+    L.w_qkv = upload_weight(src, {{p + "attn_q.weight", Hq * D}, {p + "attn_k.weight", Hkv * D}, {p + "attn_v.weight", Hkv * D}}, H);
+    L.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D);
+    L.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H);
+    L.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F);
     if (cfg_.qkv_bias) {
       L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
       L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
@@ -198,8 +195,84 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
       L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
+  // The dequantization scratch of steps above Gemm::kQuantTileRows rows, for the largest matrix
+  // kept in a block format.
+  size_t scratch = 0;
+  const auto need = [&](const cuda::DeviceWeight& w) {
+    if (!w.plain_f16()) scratch = std::max(scratch, static_cast<size_t>(w.out * w.in));
+  };
+  need(output_);
+  for (const Layer& L : layers_) {
+    need(L.w_qkv);
+    need(L.w_o);
+    need(L.w_gu);
+    need(L.w_down);
+  }
+  if (scratch > 0) gemm_->reserve_dequant(scratch);
   allocate_kv();
   build_params();
+}
+
+cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
+                                            int64_t in) {
+  DHS_CHECK(!parts.empty() && parts.size() <= cuda::DeviceWeight::kMaxParts, "weight of {} parts", parts.size());
+  cuda::DeviceWeight w;
+  w.in = in;
+  // Each part: the file's bytes (a block format the kernels read) or f16 values (16-byte rows).
+  struct Host {
+    DType type;
+    int64_t rows, stride;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Host> host;
+  bool all_f16 = true;
+  for (const auto& [name, rows] : parts) {
+    const RawTensor* t = src.find(name);
+    DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
+    const bool keep = opt_.quantized_weights && t->dtype != DType::F16 && cuda::quant_format_supported(t->dtype) &&
+                      in % 32 == 0 && in % dtype_traits(t->dtype).block_elems == 0;
+    Host h{keep ? t->dtype : DType::F16, rows, 0, {}};
+    if (keep) {
+      DHS_CHECK((t->shape == std::vector<int64_t>{rows, in}), "model: tensor '{}' has shape [{}], expected [{}, {}]", name,
+                fmt::join(t->shape, ", "), rows, in);
+      const size_t row_bytes = dtype_row_bytes(t->dtype, in);
+      DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
+      h.stride = static_cast<int64_t>((row_bytes + 15) / 16 * 16);
+      h.bytes.assign(static_cast<size_t>(rows * h.stride), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(h.bytes.data() + r * h.stride, t->data + static_cast<size_t>(r) * row_bytes, row_bytes);
+      all_f16 = false;
+    } else {
+      const std::vector<float> f = load_tensor_f32(src, name, {rows, in});
+      h.stride = (2 * in + 15) / 16 * 16;
+      h.bytes.assign(static_cast<size_t>(rows * h.stride), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i) {
+          const float v = f[static_cast<size_t>(r * in + i)];
+          DHS_CHECK(std::fabs(v) <= 65504.0f, "CUDA backend: a weight of {} in '{}' is outside the f16 range", v, name);
+          const uint16_t b = f32_to_fp16(v);
+          std::memcpy(h.bytes.data() + r * h.stride + 2 * i, &b, 2);
+        }
+      all_f16 = all_f16 && h.stride == 2 * in;
+    }
+    host.push_back(std::move(h));
+  }
+  if (all_f16 && host.size() > 1) {  // one contiguous f16 matrix: the tensor-core GEMV and cuBLASLt
+    for (size_t i = 1; i < host.size(); ++i) {
+      host[0].bytes.insert(host[0].bytes.end(), host[i].bytes.begin(), host[i].bytes.end());
+      host[0].rows += host[i].rows;
+    }
+    host.resize(1);
+  }
+  for (const Host& h : host) {
+    auto* d = static_cast<uint8_t*>(dalloc(h.bytes.size()));
+    DHS_CUDA_CHECK(cudaMemcpy(d, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice));
+    w.part[w.n_parts++] = {h.type, d, h.rows, h.stride};
+    w.out += h.rows;
+    w.bytes += h.bytes.size();
+  }
+  weight_bytes_ += w.bytes;
+  return w;
 }
 
 LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptions& o) : cfg_(cfg) {
@@ -221,16 +294,16 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     return d;
   };
   tok_embd_ = rnd(V, H);
-  output_ = cfg_.tied_embeddings ? tok_embd_ : rnd(V, H);
+  output_ = cuda::DeviceWeight::f16_matrix(cfg_.tied_embeddings ? tok_embd_ : rnd(V, H), V, H);
   output_norm_ = ones(H);
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (auto& L : layers_) {
     L.attn_norm = ones(H);
     L.ffn_norm = ones(H);
-    L.w_qkv = rnd((Hq + 2 * Hkv) * D, H);
-    L.w_o = rnd(H, Hq * D);
-    L.w_gu = rnd(2 * F, H);
-    L.w_down = rnd(H, F);
+    L.w_qkv = cuda::DeviceWeight::f16_matrix(rnd((Hq + 2 * Hkv) * D, H), (Hq + 2 * Hkv) * D, H);
+    L.w_o = cuda::DeviceWeight::f16_matrix(rnd(H, Hq * D), H, Hq * D);
+    L.w_gu = cuda::DeviceWeight::f16_matrix(rnd(2 * F, H), 2 * F, H);
+    L.w_down = cuda::DeviceWeight::f16_matrix(rnd(H, F), H, F);
   }
   allocate_kv();
   build_params();
@@ -416,25 +489,23 @@ void LlamaCuda::build_params() {
 
 // The model, as one step runs it on the stream (and as the decode graph captures it).
 void LlamaCuda::run_layers(const Step& s) {
-  const int64_t H = cfg_.hidden, F = cfg_.ffn_hidden, HqD = cfg_.n_heads_q * cfg_.head_dim;
-  const int64_t QKV = (cfg_.n_heads_q + 2 * cfg_.n_heads_kv) * cfg_.head_dim;
   const int64_t T = s.n_tok;
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& w = layers_[static_cast<size_t>(l)];
     rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
-    gemm_->run(w.w_qkv, h_d_, qkv_d_, T, H, QKV, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
+    gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     dense_lists(l, s.n_req);                                                 // every page of this layer
     if (s.decode)
       attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req);  // the pages the policy keeps
     else
       attention_prefill(s.n_tok, s.n_req);
-    gemm_->run(w.w_o, att_d_, x_d_, T, HqD, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
+    gemm_->run(w.w_o, att_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
     rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
-    gemm_->run(w.w_gu, h_d_, gu_d_, T, H, 2 * F, cuda::GemmOut::F16, stream_);  // [gate up] = h W_gu^T
+    gemm_->run(w.w_gu, h_d_, gu_d_, T, cuda::GemmOut::F16, stream_);  // [gate up] = h W_gu^T
     swiglu(s.n_tok);                                                         // act = silu(gate) up
-    gemm_->run(w.w_down, act_d_, x_d_, T, F, H, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
+    gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
   logits_and_sample(s.n_req);                                                // last rows -> ids
 }
@@ -516,7 +587,7 @@ void LlamaCuda::logits_and_sample(int n_req) {
   cuda::AddRmsNormParams n = final_norm_;
   n.n_rows = n_req;
   cuda::launch_add_rms_norm(n, stream_);
-  gemm_->run(output_, hlast_d_, logits_d_, n_req, cfg_.hidden, cfg_.vocab_size, cuda::GemmOut::F32, stream_);
+  gemm_->run(output_, hlast_d_, logits_d_, n_req, cuda::GemmOut::F32, stream_);
   cuda::SampleParams sp = sample_;
   sp.n_rows = n_req;
   cuda::launch_sample(sp, stream_);

@@ -55,6 +55,10 @@ struct CudaModelOptions {
   // Weight GEMMs of at most this many rows run on the GEMV kernel (gemm.h), the rest on cuBLASLt
   // (8: every decode step up to batch 8; ops_NOTES.md has the measurements).
   int gemv_max_tok = 8;
+  // Matrices stored in a GGUF block format the kernels read (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
+  // Q6_K) stay in it in HBM and are multiplied by the quantized GEMV (quant_gemv.h); false: every
+  // matrix dequantized to f16 at load, as before.
+  bool quantized_weights = true;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -62,7 +66,8 @@ using CudaSparsityStats = cuda::SparsityStats;
 
 class LlamaCuda {
  public:
-  // Real weights: every tensor dequantized on the host, rounded to f16, uploaded.
+  // Real weights: block-quantized matrices as the file holds them (CudaModelOptions::
+  // quantized_weights), every other tensor dequantized on the host, rounded to f16, uploaded.
   LlamaCuda(const WeightSource& src, const CudaModelOptions& o);
   // Random f16 weights from a seed, for speed measurements (values do not
   // change kernel speed). Norm weights are 1, so activations stay bounded.
@@ -144,7 +149,7 @@ class LlamaCuda {
 
  private:
   struct Layer {
-    __half *w_qkv = nullptr, *w_o = nullptr, *w_gu = nullptr, *w_down = nullptr;
+    cuda::DeviceWeight w_qkv, w_o, w_gu, w_down;  // [q; k; v] and [gate; up] fused by rows
     float *attn_norm = nullptr, *ffn_norm = nullptr;
     float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   };
@@ -158,6 +163,9 @@ class LlamaCuda {
   void allocate(const CudaModelOptions& o);
   // The KV pool and its page data, sized last (CudaModelOptions::n_pages), and the selector.
   void allocate_kv();
+  // The named [rows_i, in] tensors, stacked by rows into one weight (device_weight.h).
+  cuda::DeviceWeight upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
+                                   int64_t in);
   // The kernels' parameters that do not change between steps (every buffer has a fixed address,
   // so that a captured graph keeps reading the same ones): built once, when the weights are in.
   void build_params();
@@ -187,7 +195,7 @@ class LlamaCuda {
   size_t weight_bytes_ = 0;
 
   __half* tok_embd_ = nullptr;  // [vocab, hidden]
-  __half* output_ = nullptr;    // [vocab, hidden] (== tok_embd_ when tied)
+  cuda::DeviceWeight output_;   // [vocab, hidden] (token_embd's rows when tied)
   float* output_norm_ = nullptr;       // [hidden]
   float* inv_freq_ = nullptr;          // [head_dim / 2]
   std::vector<Layer> layers_;
