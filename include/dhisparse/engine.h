@@ -88,7 +88,8 @@ struct GenerateOptions {
   // pages its own decode step would. Greedy: the longest prefix the verifier agrees with, then
   // its next token, so the output equals decoding without it; sampled: speculative sampling's
   // acceptance rule (engine/spec_accept.h), the same distribution as without it. 0: off; -1: the
-  // scheduler's (SchedulerOptions::speculative_k, serve's --speculative-k).
+  // scheduler's (SchedulerOptions::speculative_k, serve's --speculative-k); -2 (kSpeculativeAuto in
+  // scheduler.h): drafts chosen per cycle from measured acceptance and step costs.
   int speculative_k = -1;
   std::string draft_policy;  // the draft's pages (sinkwindow:PAGES); empty: the scheduler's
 };

@@ -22,13 +22,19 @@
 
 namespace dhs {
 
+// speculative_k "auto": each cycle's drafts (0 .. kSpeculativeAutoMaxK) chosen from the request's
+// measured acceptance and the measured cost of steps, 0 where speculation would not pay.
+inline constexpr int kSpeculativeAuto = -2;
+inline constexpr int kSpeculativeAutoMaxK = 8;
+
 struct SchedulerOptions {
   int max_num_seqs = 64;                  // requests running at once (vLLM --max-num-seqs)
   int64_t max_num_batched_tokens = 2048;  // tokens of one step: decode rows + prefill chunks
   int64_t max_model_len = 0;              // prompt + generated tokens per request; 0: the engine's context
   int max_waiting = 1024;                 // requests queued beyond this are refused (HTTP 429)
   // Speculative decoding for requests that do not choose (GenerateOptions::speculative_k -1):
-  // drafts per cycle (0: off) and the draft's pages.
+  // drafts per cycle (0: off; kSpeculativeAuto: chosen per cycle, engine/spec_controller.h) and
+  // the draft's pages.
   int speculative_k = 0;
   std::string draft_policy = "sinkwindow:16";
 };

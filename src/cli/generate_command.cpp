@@ -51,8 +51,9 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   go_.draft_policy = SchedulerOptions{}.draft_policy;
   app_->add_option("--speculative-k", go_.speculative_k,
                   "Speculative decoding: draft up to K tokens per cycle on --draft-policy, verify them in one step "
-                  "(greedy: the tokens of decoding without it; sampled: its distribution; CPU backend so far); 0 = off")
-      ->check(int_in(0, 16))->capture_default_str();
+                  "(greedy: the tokens of decoding without it; sampled: its distribution; CPU backend so far); 0 = off; auto = "
+                  "drafts chosen per cycle from the measured acceptance and step costs, 0 where speculation would not pay")
+      ->transform(speculative_k_value(16))->capture_default_str();
   app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages)")
       ->capture_default_str();
   app_->add_option("--device", eo_.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();

@@ -1,5 +1,7 @@
 #include "cli/option_checks.h"
 
+#include "dhisparse/scheduler.h"
+
 #include <fmt/format.h>
 
 #include <charconv>
@@ -42,6 +44,21 @@ std::optional<int64_t> parse_int(const std::string& s) {
   const auto r = std::from_chars(b, e, v);
   if (b == e || r.ec != std::errc() || r.ptr != e) return std::nullopt;
   return v;
+}
+
+CLI::Validator speculative_k_value(int64_t hi) {
+  const CLI::Validator ints = int_in(0, hi);
+  return CLI::Validator(
+      [ints](std::string& s) -> std::string {
+        if (s == "auto") {
+          s = std::to_string(kSpeculativeAuto);
+          return "";
+        }
+        std::string t = s;
+        const std::string why = ints(t);
+        return why.empty() ? "" : why + " or auto";
+      },
+      "auto|INT");
 }
 
 CLI::Validator int_in(int64_t lo, int64_t hi) {

@@ -15,6 +15,8 @@ namespace dhs::cli {
 
 // An integer in [lo, hi]. hi == INT64_MAX: no upper bound ("an integer >= lo").
 CLI::Validator int_in(int64_t lo, int64_t hi);
+// --speculative-k: "auto" (rewritten to kSpeculativeAuto) or an integer in [0, hi].
+CLI::Validator speculative_k_value(int64_t hi);
 
 // A finite number between lo and hi; each end open (excluded) or closed.
 enum class End { Open, Closed };

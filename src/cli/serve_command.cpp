@@ -48,8 +48,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
   app_->add_option("--speculative-k", so_.speculative_k,
                   "Speculative decoding: drafts per cycle on --draft-policy, verified in one step (greedy: the tokens "
                   "of decoding without it; sampled: its distribution; CPU backend so far); a request's 'speculative_k' "
-                  "overrides; 0 = off")
-      ->check(int_in(0, 16))->capture_default_str();
+                  "overrides; 0 = off; auto = drafts chosen per cycle from the measured acceptance and step costs, 0 where "
+                  "speculation would not pay")
+      ->transform(speculative_k_value(16))->capture_default_str();
   app_->add_option("--draft-policy", so_.draft_policy, "The draft's pages: sinkwindow:PAGES")->capture_default_str();
   // The sparse flags of generate (generate_command.cpp), same names and meaning.
   app_->add_option("--sparse-policy", sparse_policy_,

@@ -82,6 +82,7 @@ struct ContinuousScheduler::Request {
   int64_t spec_base = -1;           // table tokens when the cycle began (history[spec_base] feeds its first row); -1: none
   int k_cycle = 0, n_draft = 0;     // drafts this cycle aims for, and has
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
+  AcceptanceEstimate acceptance;    // (auto) the share of its drafts kept, running
 
   int64_t remaining() const { return static_cast<int64_t>(history.size()) - table.n_tokens(); }
 };
@@ -130,8 +131,8 @@ int64_t ContinuousScheduler::pages_per_token() const {
 }
 
 std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, PolicySpec* draft) const {
-  if (o.speculative_k < 0 || o.speculative_k > kMaxSpeculativeK)
-    return fmt::format("speculative_k must be in [0, {}], got {}", kMaxSpeculativeK, o.speculative_k);
+  if ((o.speculative_k < 0 || o.speculative_k > kMaxSpeculativeK) && o.speculative_k != kSpeculativeAuto)
+    return fmt::format("speculative_k must be in [0, {}] or auto, got {}", kMaxSpeculativeK, o.speculative_k);
   if (!runner_.verifies()) return "speculative decoding runs on the CPU backend only so far";
   if (runner_.policy().reselect_every != 1)
     return fmt::format("speculative decoding needs a policy that selects at every step (the engine's reselects every {})",
@@ -212,7 +213,7 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
   r->own_policy = !r->params.options.sparse_policy.empty();
   r->policy = own_policy;
   r->draft = draft;
-  if (r->params.options.speculative_k > 0) r->verifier.emplace(r->params.options.sampling);
+  if (r->params.options.speculative_k != 0) r->verifier.emplace(r->params.options.sampling);
   res.id = r->id;
   waiting_.push_back(std::move(r));
   lk.unlock();
@@ -341,13 +342,23 @@ bool ContinuousScheduler::reserve_or_preempt(Request& r, int64_t n) {
   return true;
 }
 
+int ContinuousScheduler::cycle_drafts(const Request& r) const {
+  if (r.params.options.speculative_k != kSpeculativeAuto) return r.params.options.speculative_k;
+  SpecCostInputs in;
+  in.context = r.table.n_tokens() + 1;
+  in.draft_context = static_cast<int64_t>(r.draft.budget) * runner_.pages().page_size();
+  in.batch = std::max<int>(1, static_cast<int>(running_.size()));
+  in.verify_reads_once = runner_.verify_reads_kv_once();
+  return choose_speculation(step_cost_, r.acceptance.alpha(), in, kSpeculativeAutoMaxK).k;
+}
+
 bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget) {
   if (r.spec_base < 0) {
     // A new cycle: as many drafts as the request may still emit (a verify emits up to k + 1
     // tokens), the context holds, and a step's budget holds.
     const int64_t room = std::min({r.params.options.max_tokens - r.n_generated - 1,
                                    opt_.max_model_len - 1 - static_cast<int64_t>(r.history.size()), step_tokens_ - 1});
-    r.k_cycle = static_cast<int>(std::clamp<int64_t>(room, 0, r.params.options.speculative_k));
+    r.k_cycle = static_cast<int>(std::clamp<int64_t>(room, 0, cycle_drafts(r)));
     if (r.k_cycle > 0) {
       r.spec_base = r.table.n_tokens();
       r.n_draft = 0;
@@ -418,6 +429,7 @@ void ContinuousScheduler::accept_verified(Request& r, float* logits, double now)
   ++r.spec_verifies;
   r.spec_drafted += r.k_cycle;
   r.spec_accepted += a;
+  r.acceptance.observe(r.k_cycle, a);
   {
     std::lock_guard sl(stats_mu_);
     ++stats_.spec_verifies;
@@ -434,7 +446,7 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
   for (size_t i = 0; i < running_.size(); ++i) {
     Request* r = running_[i].get();
     if (r->remaining() != 1 || *budget < 1) continue;
-    if (r->params.options.speculative_k > 0) {
+    if (r->params.options.speculative_k != 0) {
       if (!place_speculative(*r, rows, budget)) break;  // r was the newest: nothing after it runs either
       continue;
     }
@@ -547,12 +559,30 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
     }
   }
   std::string failure;
+  const double t0 = clock_->now();
   try {
     runner_.step(batch, &out_, want_logits);
   } catch (const Error& e) {
     failure = e.what();
   }
   const double now = clock_->now();
+  if (failure.empty()) {
+    // The step's shape for the cost model: its rows, and the context tokens they attend over
+    // (a chunk's row j over ctx + j + 1; a draft over its sink and recent pages at most).
+    double n_rows = 0, kv = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const double n = static_cast<double>(rows[i].n);
+      const double ctx = static_cast<double>(batch[i].table->n_tokens());
+      n_rows += n;
+      if (rows[i].kind == RowKind::Draft)
+        kv += std::min(ctx, static_cast<double>(rows[i].req->draft.budget) * runner_.pages().page_size());
+      else if (rows[i].kind == RowKind::Verify && runner_.verify_reads_kv_once())
+        kv += ctx;
+      else
+        kv += n * ctx - n * (n - 1) / 2;  // the table already holds the step's n tokens
+    }
+    step_cost_.observe(n_rows, kv, now - t0);
+  }
   if (!failure.empty()) {
     // A step that fails (the device, say) ends the requests in it, not the server.
     for (const Row& row : rows) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dhisparse/scheduler.h"
+#include "engine/spec_controller.h"
 #include "engine/step_runner.h"
 
 namespace dhs {
@@ -78,6 +79,9 @@ class ContinuousScheduler final : public Scheduler {
   // Why a request's speculative options cannot run here ("" when they can); the draft's policy.
   std::string check_speculation(const GenerateOptions& o, PolicySpec* draft) const;
   static constexpr int kMaxSpeculativeK = 16;
+  // Drafts of a new cycle: the request's own k, or (auto) the controller's choice.
+  int cycle_drafts(const Request& r) const;
+  StepCostModel step_cost_;  // every step's time against its rows and context (loop thread)
   bool reserve_or_preempt(Request& r, int64_t n);
   void preempt_newest();
   void finish(Request& r, const std::string& reason, const std::string& error, double now);

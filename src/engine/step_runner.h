@@ -64,6 +64,9 @@ class StepRunner {
   virtual void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) = 0;
   // Whether step() takes verify requests (StepRequest::verify): speculative decoding.
   virtual bool verifies() const { return false; }
+  // Whether a verify request's rows read its KV pages once between them (the speculation
+  // controller's cost model, engine/spec_controller.h); the CPU runner's rows read theirs each.
+  virtual bool verify_reads_kv_once() const { return false; }
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
   // Pages read by sparse decode steps since the last call, then reset.

@@ -6,4 +6,5 @@ dhs_test(test_batch_invariance LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test
 dhs_test(test_request_policy LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_request_policy.cpp LIBS dhs_engine)
 dhs_test(test_speculative LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_speculative.cpp LIBS dhs_engine)
 dhs_test(test_spec_accept LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_accept.cpp LIBS dhs_engine)
+dhs_test(test_spec_controller LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_controller.cpp LIBS dhs_engine)
 dhs_test(test_scheduler_speculative LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler_speculative.cpp LIBS dhs_engine)

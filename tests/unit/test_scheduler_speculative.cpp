@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <functional>
 #include <limits>
@@ -66,6 +67,13 @@ class SpecRunner final : public StepRunner {
   std::function<bool(int64_t)> draft_wrong = [](int64_t) { return false; };
   int64_t max_table = std::numeric_limits<int64_t>::max();  // tokens a table may ever hold
   int64_t max_verify = 17;                                  // rows a verify may have
+  // Step time (speculative_k auto): each step advances `clock` by w + m rows + p kv, kv the
+  // context tokens its rows attend over (a draft row: 16 at most; a verify: once for all its
+  // rows when reads_once).
+  TestClock* clock = nullptr;
+  double w = 0, m = 0, p = 0;
+  bool reads_once = false;
+  bool verify_reads_kv_once() const override { return reads_once; }
 
   // What the runner saw.
   int64_t n_draft_rows = 0, n_verifies = 0, n_full_verifies = 0, n_truncates = 0;
@@ -102,6 +110,17 @@ class SpecRunner final : public StepRunner {
     out->logits.assign(want_logits ? batch.size() * V : 0, 0.0f);
     out->verify_logits.assign(static_cast<size_t>(verify_rows) * V, 0.0f);
     if (verify_rows > 0 && batch.size() > 1) ++mixed_steps;
+    if (clock != nullptr) {
+      double rows = 0, kv = 0;
+      for (const StepRequest& r : batch) {
+        const double n = static_cast<double>(r.n_new), before = static_cast<double>(r.table->n_tokens());
+        rows += n;
+        if (is_draft(r)) kv += std::min(before + 1, 16.0);
+        else if (r.verify && reads_once) kv += before + n;
+        else kv += n * before + n * (n + 1) / 2;
+      }
+      clock->t = clock->t + w + m * rows + p * kv;
+    }
     int64_t tokens = 0;
     for (const StepRequest& r : batch) tokens += r.n_new;
     most_step_tokens = std::max(most_step_tokens, tokens);
@@ -523,7 +542,7 @@ TEST_F(SpeculativeScheduler, SubmitRefusesWhatCannotSpeculate) {
     EXPECT_NE(res.error.find(says), std::string::npos) << res.error;
   };
   refused(req(3, 5, 17), "speculative_k must be in [0, 16]");
-  refused(req(3, 5, -2), "speculative_k must be in [0, 16]");
+  refused(req(3, 5, -3), "speculative_k must be in [0, 16] or auto");  // (-2 is kSpeculativeAuto)
   RequestParams p = req(3, 5, 4);
   p.options.draft_policy = "coverage:0.9";
   refused(p, "sinkwindow");
@@ -589,6 +608,84 @@ TEST_F(SpeculativeScheduler, MaxModelLenBoundsTheCycle) {
       expect_same_output(got, want);
       EXPECT_EQ(got.verifies > 0, n_prompt <= 17) << "prompts up to 17 leave room for a cycle, longer ones none";
     }
+}
+
+// speculative_k auto (engine/spec_controller.h) over a runner whose steps take w + m rows + p kv
+// of the test clock: the same tokens as decoding plainly always; where the KV read dominates and
+// verify reads it once, speculation on and the request's time well under plain decoding's; where
+// the weights dominate, never on; where drafts are always wrong, off after the first cycle.
+struct Timed {
+  Outcome out;
+  double seconds = 0;
+};
+
+class AutoSpeculation : public SpeculativeScheduler {
+ protected:
+  Timed run(double w, double m, double p, int k, const Wrong& wrong, size_t n_prompt, int64_t max_tokens,
+            SpecRunner** seen = nullptr) {
+    runner_ = runner(20000, wrong);
+    runner_->clock = &clock_;
+    runner_->w = w;
+    runner_->m = m;
+    runner_->p = p;
+    runner_->reads_once = true;
+    RequestParams rp = req(n_prompt, max_tokens, k);
+    Timed t;
+    const double t0 = clock_.t.load();
+    t.out = run_alone(*runner_, rp);
+    t.seconds = clock_.t.load() - t0;
+    if (seen) *seen = runner_.get();
+    return t;
+  }
+  std::unique_ptr<SpecRunner> runner_;
+};
+
+TEST_F(AutoSpeculation, OnWhereTheKvReadDominates) {
+  // 2,000 tokens of context at 2e-6 s a token: 4 ms of KV against 1 ms of weights a step.
+  const Timed plain = run(1e-3, 1e-5, 2e-6, 0, kNeverWrong, 2000, 150);
+  const Timed aut = run(1e-3, 1e-5, 2e-6, kSpeculativeAuto, kNeverWrong, 2000, 150);
+  expect_same_output(aut.out, plain.out);
+  EXPECT_GT(aut.out.verifies, 0);
+  EXPECT_EQ(aut.out.accepted, aut.out.drafted) << "the drafts were all right";
+  // Decoding time (the prefill, one 2,000-token chunk, is the same step in both): drafts kept,
+  // the estimate near 0.9-1 and k up to 8, a cycle costs ~8 draft steps of ~1 ms and one ~5 ms
+  // verify for ~6-9 tokens that take ~5 ms each plainly; with the first 8 steps plain (the fit
+  // needs them), decoding takes well under 0.7 of plain decoding's time.
+  const double prefill = 1e-3 + 1e-5 * 2000 + 2e-6 * (2000.0 * 2001 / 2);
+  std::printf("decoding: auto %.4f s (%lld verifies, %lld of %lld drafts kept), plain %.4f s\n", aut.seconds - prefill,
+              static_cast<long long>(aut.out.verifies), static_cast<long long>(aut.out.accepted),
+              static_cast<long long>(aut.out.drafted), plain.seconds - prefill);
+  EXPECT_LT(aut.seconds - prefill, 0.7 * (plain.seconds - prefill))
+      << "auto " << aut.seconds - prefill << " s, plain " << plain.seconds - prefill << " s of decoding";
+}
+
+TEST_F(AutoSpeculation, OffWhereTheWeightsDominate) {
+  const Timed plain = run(1e-2, 1e-5, 1e-9, 0, kNeverWrong, 50, 100);
+  SpecRunner* r = nullptr;
+  const Timed aut = run(1e-2, 1e-5, 1e-9, kSpeculativeAuto, kNeverWrong, 50, 100, &r);
+  expect_same_output(aut.out, plain.out);
+  EXPECT_EQ(aut.out.verifies, 0);
+  EXPECT_EQ(r->n_draft_rows, 0);
+  EXPECT_NEAR(aut.seconds, plain.seconds, 1e-9) << "the same steps (the clock's sums start elsewhere)";
+}
+
+TEST_F(AutoSpeculation, BacksOffWhenDraftsAreWrong) {
+  const Timed plain = run(1e-3, 1e-5, 2e-6, 0, kAlwaysWrong, 2000, 150);
+  const Timed aut = run(1e-3, 1e-5, 2e-6, kSpeculativeAuto, kAlwaysWrong, 2000, 150);
+  expect_same_output(aut.out, plain.out);
+  // The prior (0.6) starts cycles; none of their drafts kept, each lowers the estimate until no k
+  // pays (below ~0.24 at these costs: k = 1 gains 1.24 x 5.01 / (1.04 + 5.03) < 1.03). Speculation
+  // ends: a few cycles of 1-2 drafts, not one per token (150 tokens); and the request's decoding
+  // time stays within the 3% of plain decoding's.
+  SpecRunner* r = nullptr;
+  const Timed again = run(1e-3, 1e-5, 2e-6, kSpeculativeAuto, kAlwaysWrong, 2000, 150, &r);
+  EXPECT_LE(r->n_draft_rows, 20);
+  EXPECT_EQ(again.out.verifies, aut.out.verifies) << "the same choices on the same steps";
+  const double prefill = 1e-3 + 1e-5 * 2000 + 2e-6 * (2000.0 * 2001 / 2);
+  std::printf("decoding: auto %.4f s (%lld verifies, %lld drafts), plain %.4f s\n", aut.seconds - prefill,
+              static_cast<long long>(aut.out.verifies), static_cast<long long>(aut.out.drafted), plain.seconds - prefill);
+  EXPECT_LE(aut.seconds - prefill, 1.03 * (plain.seconds - prefill))
+      << "auto " << aut.seconds - prefill << " s, plain " << plain.seconds - prefill << " s of decoding";
 }
 
 }  // namespace
