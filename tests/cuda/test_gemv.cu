@@ -54,13 +54,7 @@ int check_shape(dc::Gemm& gemm, int n_tok, int64_t in, int64_t out, int mode, st
   gemm.run(reinterpret_cast<const __half*>(w_d), reinterpret_cast<const __half*>(x_d), y_d, n_tok, in, out,
            f32 ? dc::GemmOut::F32 : dc::GemmOut::F16, nullptr, acc ? 1.0f : 0.0f);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> got(y0.size());
-  if (f32) {
-    got = to_host(static_cast<float*>(y_d), y0.size());
-  } else {
-    const auto h = to_host(static_cast<uint16_t*>(y_d), y0.size());
-    for (size_t i = 0; i < h.size(); ++i) got[i] = dhs::fp16_to_f32(h[i]);
-  }
+  const std::vector<float> got = dhs::test::to_host_floats(y_d, y0.size(), f32);
   int bad = 0;
   double worst = 0;
   for (int t = 0; t < n_tok; ++t)

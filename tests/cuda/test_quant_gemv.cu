@@ -148,13 +148,7 @@ int check_gemv(DType t, int n_tok, int64_t in, int64_t out, int mode, std::mt199
   p.out = out;
   dc::launch_quant_gemv(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> got(y0.size());
-  if (f32) {
-    got = to_host(static_cast<float*>(y_d), y0.size());
-  } else {
-    const auto h = to_host(static_cast<uint16_t*>(y_d), y0.size());
-    for (size_t i = 0; i < h.size(); ++i) got[i] = dhs::fp16_to_f32(h[i]);
-  }
+  const std::vector<float> got = dhs::test::to_host_floats(y_d, y0.size(), f32);
   int bad = 0;
   double worst = 0;
   for (int t_ = 0; t_ < n_tok; ++t_) {

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -15,16 +16,6 @@ namespace {
 constexpr int kWarps = 8;  // per block
 constexpr int kUnroll = 4; // 16-byte weight loads per row in flight per lane
 
-// 8 f16 (one 16-byte word) as floats.
-__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = __half22float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
 
 // Weights are read once per step: streamed past L1 (ld.global.nc.L1::no_allocate).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -83,26 +74,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
-  // Lane r * NT + t writes (t, row0 + r).
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-      if (lane == (r * NT + t) % 32 && row0 + r < p.out) {
-        const int64_t at = t * p.out + row0 + r;
-        if (p.y_f32) {
-          float* y = static_cast<float*>(p.y);
-          y[at] = p.accumulate ? y[at] + acc[r][t] : acc[r][t];
-        } else {
-          static_cast<__half*>(p.y)[at] = __float2half_rn(acc[r][t]);
-        }
-      }
+  warp_sum_store<ROWS, NT>(acc, lane, row0, p.out, p.out, p.y, p.y_f32, p.accumulate);
 }
 
 // ---- 1 .. 8 rows of activations on tensor cores ------------------------------------------------

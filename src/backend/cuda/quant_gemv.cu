@@ -1,6 +1,7 @@
 #include "backend/cuda/quant_gemv.h"
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv_common.cuh"
 
 namespace dhs::cuda {
 
@@ -26,14 +27,7 @@ struct Group<DType::F16> {
   const uint8_t* b;
   __device__ void init(const uint8_t* row, int64_t g) { b = row + 64 * g; }
   __device__ void piece(int p, float (&w)[8]) const {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(b + 16 * p));
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(h[i]);
-      w[2 * i] = f.x;
-      w[2 * i + 1] = f.y;
-    }
+    unpack8(__ldg(reinterpret_cast<const uint4*>(b + 16 * p)), w);
   }
 };
 
@@ -237,14 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(const __grid_co
       float xf[NT][8];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p.x + t * p.in + 32 * g + 8 * piece));
-        const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __half22float2(h[i]);
-          xf[t][2 * i] = f.x;
-          xf[t][2 * i + 1] = f.y;
-        }
+        unpack8(__ldg(reinterpret_cast<const uint4*>(p.x + t * p.in + 32 * g + 8 * piece)), xf[t]);
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -257,25 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(const __grid_co
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-      if (lane == (r * NT + t) % 32 && row0 + r < p.out) {
-        const int64_t at = t * p.ldy + row0 + r;
-        if (p.y_f32) {
-          float* y = static_cast<float*>(p.y);
-          y[at] = p.accumulate ? y[at] + acc[r][t] : acc[r][t];
-        } else {
-          static_cast<__half*>(p.y)[at] = __float2half_rn(acc[r][t]);
-        }
-      }
+  warp_sum_store<R, NT>(acc, lane, row0, p.out, p.ldy, p.y, p.y_f32, p.accumulate);
 }
 
 template <DType T, int NT>
