@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "dhisparse/scheduler.h"
 #include "engine/sampler.h"
 
 namespace dhs::server {
@@ -346,10 +347,17 @@ std::optional<ApiError> parse_completion_request(Endpoint endpoint, std::string_
   // what it may choose is checked against the server's at submit (a 400 saying why).
   if (auto e = f.string("sparse_policy", out.options.sparse_policy)) return e;
   if (out.options.sparse_policy.size() > 256) return bad("'sparse_policy' is longer than 256 characters", "sparse_policy");
-  // dhisparse's own field too: drafts per speculative cycle (0 off), over the server's --speculative-k.
-  std::optional<int64_t> spec_k;
-  if (auto e = f.integer("speculative_k", 0, 16, spec_k)) return e;
-  if (spec_k) out.options.speculative_k = static_cast<int>(*spec_k);
+  // dhisparse's own field too: drafts per speculative cycle (0 off, "auto": chosen per cycle from
+  // measured acceptance and step costs), over the server's --speculative-k.
+  if (const json* v = f.find("speculative_k"); v != nullptr && v->is_string()) {
+    if (v->get<std::string>() != "auto")
+      return bad("'speculative_k' must be an integer between 0 and 16 or \"auto\"", "speculative_k");
+    out.options.speculative_k = kSpeculativeAuto;
+  } else {
+    std::optional<int64_t> spec_k;
+    if (auto e = f.integer("speculative_k", 0, 16, spec_k)) return e;
+    if (spec_k) out.options.speculative_k = static_cast<int>(*spec_k);
+  }
   std::optional<int64_t> max_tokens, max_completion_tokens;
   if (auto e = f.integer("max_tokens", 1, kIntLimit, max_tokens)) return e;
   if (auto e = f.integer("max_completion_tokens", 1, kIntLimit, max_completion_tokens)) return e;

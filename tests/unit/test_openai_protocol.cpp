@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dhisparse/scheduler.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "server/sse_stream.h"
@@ -60,6 +61,9 @@ TEST(OpenAiProtocol, WrongTypesName400AndTheField) {
       {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
       {R"({"prompt": "x", "model": 7})", "model"},
       {R"({"prompt": "x", "top_k": "all"})", "top_k"},
+      {R"({"prompt": "x", "speculative_k": "sometimes"})", "speculative_k"},
+      {R"({"prompt": "x", "speculative_k": 17})", "speculative_k"},
+      {R"({"prompt": "x", "speculative_k": true})", "speculative_k"},
   };
   for (const auto& [body, param] : cases) {
     const ApiError e = completion_error(body);
@@ -307,4 +311,11 @@ TEST(OpenAiProtocol, MetricsText) {
   EXPECT_TRUE(has(R"(dhisparse:kv_pool_used_blocks{model_name="m\"x"} 25)"));
   EXPECT_TRUE(has(R"(dhisparse:kv_check_ok{model_name="m\"x"} 0)"));
   EXPECT_TRUE(has("# TYPE vllm:e2e_request_latency_seconds histogram"));
+}
+
+TEST(OpenAiProtocol, SpeculativeKIsAnIntegerOrAuto) {
+  EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": "x", "speculative_k": 4})").options.speculative_k, 4);
+  EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": "x", "speculative_k": "auto"})").options.speculative_k,
+            dhs::kSpeculativeAuto);
+  EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": "x"})").options.speculative_k, -1) << "the server's";
 }
