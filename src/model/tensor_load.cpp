@@ -6,7 +6,7 @@
 
 namespace dhs {
 
-std::vector<float> load_tensor_f32(const WeightSource& src, const std::string& name, const std::vector<int64_t>& shape) {
+const RawTensor& checked_tensor(const WeightSource& src, const std::string& name, const std::vector<int64_t>& shape) {
   const RawTensor* t = src.find(name);
   DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
   DHS_CHECK(t->shape == shape, "model: tensor '{}' has shape [{}], expected [{}]", name, fmt::join(t->shape, ", "),
@@ -16,6 +16,14 @@ std::vector<float> load_tensor_f32(const WeightSource& src, const std::string& n
   const int64_t rows = t->n_elems() / cols;
   const size_t row_bytes = dtype_row_bytes(t->dtype, cols);
   DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
+  return *t;
+}
+
+std::vector<float> load_tensor_f32(const WeightSource& src, const std::string& name, const std::vector<int64_t>& shape) {
+  const RawTensor* t = &checked_tensor(src, name, shape);
+  const int64_t cols = shape.back();
+  const int64_t rows = t->n_elems() / cols;
+  const size_t row_bytes = dtype_row_bytes(t->dtype, cols);
   std::vector<float> out(static_cast<size_t>(t->n_elems()));
   ThreadPool::global().parallel_for(rows, [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r)

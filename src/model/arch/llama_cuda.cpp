@@ -16,6 +16,15 @@
 
 namespace dhs {
 
+namespace {
+// A weight as the device stores it. f16 holds every weight of the models we load to 2^-11
+// relative; one beyond its range (|w| > 65504) is refused rather than stored as infinity.
+uint16_t weight_f16(float w) {
+  DHS_CHECK(std::fabs(w) <= 65504.0f, "CUDA backend: a weight of {} is outside the f16 range", w);
+  return f32_to_fp16(w);
+}
+}  // namespace
+
 void* LlamaCuda::dalloc(size_t bytes) {
   void* p = nullptr;
   DHS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
@@ -153,14 +162,9 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
   allocate(o);
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size;
-  // f16 holds every weight of the models we load to 2^-11 relative; one beyond its range
-  // (|w| > 65504) is refused rather than stored as infinity.
   auto up_f16 = [&](const std::vector<float>& f) {
     std::vector<uint16_t> b(f.size());
-    for (size_t i = 0; i < f.size(); ++i) {
-      DHS_CHECK(std::fabs(f[i]) <= 65504.0f, "CUDA backend: a weight of {} is outside the f16 range", f[i]);
-      b[i] = f32_to_fp16(f[i]);
-    }
+    for (size_t i = 0; i < f.size(); ++i) b[i] = weight_f16(f[i]);
     auto* d = static_cast<__half*>(dalloc(b.size() * 2));
     DHS_CUDA_CHECK(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
     weight_bytes_ += b.size() * 2;
@@ -227,16 +231,12 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
   std::vector<Host> host;
   bool all_f16 = true;
   for (const auto& [name, rows] : parts) {
-    const RawTensor* t = src.find(name);
-    DHS_CHECK(t != nullptr, "model: missing tensor '{}'", name);
+    const RawTensor* t = &checked_tensor(src, name, {rows, in});
     const bool keep = opt_.quantized_weights && t->dtype != DType::F16 && cuda::quant_format_supported(t->dtype) &&
                       in % 32 == 0 && in % dtype_traits(t->dtype).block_elems == 0;
     Host h{keep ? t->dtype : DType::F16, rows, 0, {}};
     if (keep) {
-      DHS_CHECK((t->shape == std::vector<int64_t>{rows, in}), "model: tensor '{}' has shape [{}], expected [{}, {}]", name,
-                fmt::join(t->shape, ", "), rows, in);
       const size_t row_bytes = dtype_row_bytes(t->dtype, in);
-      DHS_CHECK(row_bytes * static_cast<size_t>(rows) <= t->n_bytes, "model: tensor '{}' is truncated", name);
       h.stride = static_cast<int64_t>((row_bytes + 15) / 16 * 16);
       h.bytes.assign(static_cast<size_t>(rows * h.stride), 0);
       for (int64_t r = 0; r < rows; ++r)
@@ -248,9 +248,7 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
       h.bytes.assign(static_cast<size_t>(rows * h.stride), 0);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < in; ++i) {
-          const float v = f[static_cast<size_t>(r * in + i)];
-          DHS_CHECK(std::fabs(v) <= 65504.0f, "CUDA backend: a weight of {} in '{}' is outside the f16 range", v, name);
-          const uint16_t b = f32_to_fp16(v);
+          const uint16_t b = weight_f16(f[static_cast<size_t>(r * in + i)]);
           std::memcpy(h.bytes.data() + r * h.stride + 2 * i, &b, 2);
         }
       all_f16 = all_f16 && h.stride == 2 * in;
