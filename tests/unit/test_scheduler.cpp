@@ -15,17 +15,14 @@
 
 #include "core/error.h"
 #include "engine/continuous_scheduler.h"
+#include "test_clock.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dhs {
 namespace {
 
-class TestClock final : public Clock {
- public:
-  double now() const override { return t.load(); }
-  std::atomic<double> t{0.0};
-};
+using test::TestClock;
 
 // Next token = script[history.size() % script.size()]: a function of the position only.
 class ScriptRunner final : public StepRunner {

@@ -32,17 +32,14 @@
 
 #include "core/error.h"
 #include "engine/continuous_scheduler.h"
+#include "test_clock.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dhs {
 namespace {
 
-class TestClock final : public Clock {
- public:
-  double now() const override { return t.load(); }
-  std::atomic<double> t{0.0};
-};
+using test::TestClock;
 
 // Target token at position p: script[p % size]; the draft's: the target, or target + 1 where
 // draft_wrong(p). Rows on a sinkwindow policy are the draft's; verify rows get every row's logits.
