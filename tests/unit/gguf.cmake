@@ -4,3 +4,5 @@ dhs_test(test_gguf_reader LABEL unit SOURCES unit/test_gguf_reader.cpp LIBS dhs_
 dhs_test(test_dequant LABEL unit SOURCES unit/test_dequant.cpp LIBS dhs_model)
 target_include_directories(test_gguf_reader PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_include_directories(test_dequant PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+# The packed weight layouts of the device GEMV (Q8_0, Q4_K repacked; FP8 E4M3 per-row scales).
+dhs_test(test_packed_weight LABEL unit SOURCES unit/test_packed_weight.cpp LIBS dhs_model)
