@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--gemm-out", bo.gemm_out, "JSON lines of the weight GEMM timing are appended here")->capture_default_str();
   app.add_flag("--no-gemm", no_gemm, "Skip the weight GEMM timing");
   app.add_flag("--no-pdl", no_pdl, "Launch the decode step's kernels plainly, not as programmatic dependents");
+  app.add_option("--weights", bo.weights, "Projection formats timed in decode (random codes): f16, q8_0, q4_k, fp8")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f16", "q8_0", "q4_k", "fp8"}));
   app.add_option("--gemv-max-tok", bo.gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(int_in(0, 8))->capture_default_str();
   app.add_option("--gemv-tc-shapes", bo.gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(int_in(0, 4));
   app.add_flag("--no-gemv-tc", no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");

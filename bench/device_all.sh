@@ -100,7 +100,7 @@ eval_stage() {
 for stage in "$@"; do
   case $stage in
     tests)
-      T="${DHS_TESTS-test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv test_quant_gemv test_cuda_serving}"
+      T="${DHS_TESTS-test_decode_attention test_prefill_attention test_cuda_ops test_cuda_sampling test_page_select test_reuse_lists test_gemv test_quant_gemv test_packed_gemv test_cuda_serving}"
       for t in $T; do run "$t" timeout 240 "$B/$t"; done  # (test_gemv: 48-160 s, by the machine)
       # Sanitizers: DHS_SANITIZE lists the tests (default: the selection kernels; all of the
       # attention, ops and sampling tests last ran clean at 1f99105 / 897a6b3, kernels as d3157ed).

@@ -230,6 +230,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
   const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
   const double weights_est = 16.06e9;
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
+  for (const std::string& weights : opts.weights)
   for (int64_t ctx : opts.ctx)
     for (int64_t batch : opts.batch) {
       const double kv = kv_per_token * static_cast<double>(ctx + 64) * static_cast<double>(batch);
@@ -239,6 +240,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       }
       CudaModelOptions o;
       o.gemv_max_tok = opts.gemv_max_tok;
+      o.random_weights = weights;
       o.max_batch = static_cast<int>(batch);
       o.max_step_tokens = 2048;
       o.max_context = ctx + 64;
@@ -279,11 +281,11 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
         if (bp.dense_label) dense_ms = ms;
         const double bytes = static_cast<double>(m->weight_bytes()) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
         const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
-        std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-24s pages %.3f%s\n", static_cast<long long>(ctx),
+        std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-5s %-24s pages %.3f%s\n", static_cast<long long>(ctx),
                     static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
-                    pol_spec.c_str(), read_frac,
+                    weights.c_str(), pol_spec.c_str(), read_frac,
                     dense_ms > 0 && !bp.dense_label ? fmt::format("  dense/this {:.2f}", dense_ms / ms).c_str() : "");
-        jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":" << ctx
+        jl << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"" << weights << "\",\"ctx\":" << ctx
            << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << bp.gamma
            << ",\"reselect_every\":" << bp.reselect_every << ",\"budgets\":\"" << bp.budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms

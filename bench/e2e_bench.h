@@ -25,6 +25,9 @@ struct E2eBenchOptions {
   int gemv_max_tok = 8;  // CudaModelOptions::gemv_max_tok of the models timed (recorded in the rows)
   bool gemv_tc = true;   // the models' GEMV kernel: tensor cores, or the CUDA-core one (recorded in the rows)
   std::vector<int> gemv_tc_shapes = {0};  // ring shapes of the tensor-core GEMV in the GEMM timing
+  // The projections' format in the decode timing (CudaModelOptions::random_weights: f16, q8_0,
+  // q4_k, fp8; recorded in the rows' "weights").
+  std::vector<std::string> weights = {"f16"};
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

@@ -31,6 +31,9 @@ struct EngineOptions {
   // Q6_K) as the file holds them and multiplies them dequantizing in registers; "f16" dequantizes
   // every matrix to f16 at load. Other tensors are f16 either way.
   std::string gpu_weights = "native";
+  // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
+  // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.
+  std::string quantization = "none";
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step

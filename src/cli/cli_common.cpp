@@ -74,4 +74,17 @@ PolicySpec PolicyFlags::parse(const std::string& text, const std::string& option
   }
 }
 
+void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
+  app->add_option("--gpu-weights", eo.gpu_weights,
+                  "CUDA weight storage: native (GGUF block formats kept; Q8_0 and Q4_K repacked, the same numbers) "
+                  "or f16")
+      ->check(CLI::IsMember({"native", "f16"}))
+      ->capture_default_str();
+  app->add_option("--quantization", eo.quantization,
+                  "CUDA: fp8 quantizes every projection matrix at load to FP8 E4M3 with one scale per output row "
+                  "(the output head stays f16); none keeps --gpu-weights")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
+}
+
 }  // namespace dhs::cli

@@ -30,6 +30,10 @@ std::string resolve_model(const std::string& m, bool given);
 // a write error throws, a reader gone gives the SIGPIPE status (stdout_writer.h).
 int stdout_status(int rc);
 
+// The GPU's weight storage, for generate, eval and serve: --gpu-weights (native | f16) and
+// --quantization (none | fp8).
+void add_gpu_weight_options(CLI::App* app, EngineOptions& eo);
+
 // The sparse flags of generate and eval: they fill a PolicySpec that the policy text (generate's
 // --sparse-policy, each of eval's --policies) completes.
 struct PolicyFlags {

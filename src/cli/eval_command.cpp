@@ -14,10 +14,7 @@ EvalCommand::EvalCommand(CLI::App& app) {
                                     "from one prefill; score, top-1 agreement and KL vs dense, pages read");
   app_->add_option("-m,--model", model_, "GGUF file or Hugging Face directory (default: the bundled model)");
   app_->add_option("--device", eo_.device, "Backend: cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app_->add_option("--gpu-weights", eo_.gpu_weights,
-                   "CUDA weight storage: native (GGUF block formats kept, dequantized in registers) or f16")
-      ->check(CLI::IsMember({"native", "f16"}))
-      ->capture_default_str();
+  add_gpu_weight_options(app_, eo_);
   app_->add_option("--tasks", ev_.tasks, "niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, qa (default: all)")->delimiter(',');
   app_->add_option("--lengths", ev_.lengths, "Prompt lengths in tokens (default: 4096 on cuda, 1024 on cpu)")->delimiter(',')->check(int_in(1, kMaxTokens));
   app_->add_option("--samples", ev_.samples, "Samples per task and length (default: 100 on cuda, 5 on cpu)")->check(int_in(1, 1000000));

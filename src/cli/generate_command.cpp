@@ -61,10 +61,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   app_->add_option("-c,--ctx-size", eo_.max_context, "Context size in tokens, at most the model's trained context; 0 = the model's (capped at 8192 on CPU)")->check(int_in(0, kMaxTokens));
   app_->add_option("--block-size", eo_.page_size, "Tokens per KV head-page")->check(int_in(1, 256))->capture_default_str();
   app_->add_option("--weights", eo_.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
-  app_->add_option("--gpu-weights", eo_.gpu_weights,
-                   "CUDA weight storage: native (GGUF block formats kept, dequantized in registers) or f16")
-      ->check(CLI::IsMember({"native", "f16"}))
-      ->capture_default_str();
+  add_gpu_weight_options(app_, eo_);
   app_->add_flag("-q,--quiet", quiet_, "Print only the generated text: no prompt echo, no progress, no stats line");
 }
 

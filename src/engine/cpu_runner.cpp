@@ -17,6 +17,8 @@ class CpuRunner final : public StepRunner {
   CpuRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(o.weight_type == "f16" || o.weight_type == "f32", "weight type must be f16 or f32, got '{}'",
               o.weight_type);
+    DHS_CHECK(o.quantization == "none", "--quantization {} is a weight format of the CUDA backend (--device cuda)",
+              o.quantization);
     DHS_CHECK(o.load_format == "auto", "load format {} (random weights, for speed runs) needs --device cuda",
               o.load_format);
     model_ = std::make_unique<LlamaCpu>(src, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,

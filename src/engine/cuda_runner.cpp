@@ -32,6 +32,9 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.gpu_weights == "native" || o.gpu_weights == "f16", "GPU weights must be native or f16, got '{}'",
               o.gpu_weights);
     co.quantized_weights = o.gpu_weights == "native";
+    DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
+              o.quantization);
+    co.fp8_weights = o.quantization == "fp8";
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

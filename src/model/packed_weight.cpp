@@ -61,15 +61,6 @@ void rebuild_chunk(const PackedMatrix& m, int64_t r, int64_t c, uint8_t* blocks)
 
 }  // namespace
 
-std::string_view packed_format_name(PackedFormat f) {
-  switch (f) {
-    case PackedFormat::Q8_0: return "q8_0";
-    case PackedFormat::Q4_K: return "q4_k";
-    case PackedFormat::FP8: return "fp8";
-  }
-  return "unknown";
-}
-
 bool packable(DType t) { return t == DType::Q8_0 || t == DType::Q4_K; }
 
 PackedMatrix pack_rows(DType t, const uint8_t* data, int64_t rows, int64_t in) {

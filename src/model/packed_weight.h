@@ -17,26 +17,13 @@
 // Bytes per weight equal the file's (Q8_0 8.5 bits, Q4_K 4.5) up to the last chunk's padding;
 // FP8 is 8 bits + 4 bytes per row.
 #pragma once
-#include <array>
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/packed_layout.h"
 
 namespace dhs {
-
-enum class PackedFormat : uint8_t { Q8_0, Q4_K, FP8 };
-
-std::string_view packed_format_name(PackedFormat f);
-
-inline constexpr int64_t kPackChunk = 256;
-inline constexpr int kPackMetaBytes = 16;
-// Q4_K: nibble (0..7, bits 4k..4k+3 of the word) that holds element i of the word's 8.
-inline constexpr std::array<int, 8> kNibbleOf = {0, 4, 1, 5, 2, 6, 3, 7};
-
-constexpr int64_t packed_code_bytes(PackedFormat f) { return f == PackedFormat::Q4_K ? 128 : 256; }
-constexpr bool packed_has_meta(PackedFormat f) { return f != PackedFormat::FP8; }
 
 struct PackedMatrix {
   PackedFormat format = PackedFormat::Q8_0;

@@ -19,3 +19,6 @@ dhs_test(test_gemv LABEL cuda
 dhs_test(test_quant_gemv LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_gemv.cu
   LIBS dhs_cuda dhs_model)
+dhs_test(test_packed_gemv LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_packed_gemv.cu
+  LIBS dhs_cuda dhs_model)

@@ -110,16 +110,31 @@ void Gemm::run(const DeviceWeight& w, const __half* x_d, void* y_d, int64_t n_to
       int64_t row0 = 0;
       for (int i = 0; i < w.n_parts; ++i) {
         const WeightPart& part = w.part[i];
+        void* y_part = static_cast<char*>(y_d) + static_cast<size_t>(t0 * w.out + row0) * elem;
+        const int nt = static_cast<int>(std::min<int64_t>(kQuantGemvMaxTok, n_tok - t0));
+        if (part.packed) {
+          PackedGemvParams q;
+          q.w = part.pk;
+          q.x = x_d + t0 * w.in;
+          q.y = y_part;
+          q.ldy = w.out;
+          q.y_f32 = f32;
+          q.accumulate = beta != 0.0f;
+          q.n_tok = nt;
+          launch_packed_gemv(q, stream);
+          row0 += part.rows;
+          continue;
+        }
         QuantGemvParams q;
         q.type = part.type;
         q.w = part.data;
         q.row_stride = part.row_stride;
         q.x = x_d + t0 * w.in;
-        q.y = static_cast<char*>(y_d) + static_cast<size_t>(t0 * w.out + row0) * elem;
+        q.y = y_part;
         q.ldy = w.out;
         q.y_f32 = f32;
         q.accumulate = beta != 0.0f;
-        q.n_tok = static_cast<int>(std::min<int64_t>(kQuantGemvMaxTok, n_tok - t0));
+        q.n_tok = nt;
         q.in = w.in;
         q.out = part.rows;
         launch_quant_gemv(q, stream);
@@ -134,7 +149,8 @@ void Gemm::run(const DeviceWeight& w, const __half* x_d, void* y_d, int64_t n_to
   int64_t row0 = 0;
   for (int i = 0; i < w.n_parts; ++i) {
     const WeightPart& part = w.part[i];
-    launch_dequant_rows(part.type, part.data, part.row_stride, part.rows, w.in, scratch_d_ + row0 * w.in, w.in, stream);
+    if (part.packed) launch_unpack_rows(part.pk, scratch_d_ + row0 * w.in, w.in, stream);
+    else launch_dequant_rows(part.type, part.data, part.row_stride, part.rows, w.in, scratch_d_ + row0 * w.in, w.in, stream);
     row0 += part.rows;
   }
   run(scratch_d_, x_d, y_d, n_tok, w.in, w.out, out_type, stream, beta);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
@@ -176,7 +177,8 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     return d;
   };
   tok_embd_ = up_f16(load_tensor_f32(src, "token_embd.weight", {V, H}));  // (f16 for the gather)
-  output_ = upload_weight(src, {{cfg_.tied_embeddings ? "token_embd.weight" : "output.weight", V}}, H);
+  output_ = upload_weight(src, {{cfg_.tied_embeddings ? "token_embd.weight" : "output.weight", V}}, H,
+                          /*projection=*/false);
   output_norm_ = up_f32(load_tensor_f32(src, "output_norm.weight", {H}));
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
@@ -199,6 +201,12 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
       L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
+  reserve_dequant_scratch();
+  allocate_kv();
+  build_params();
+}
+
+void LlamaCuda::reserve_dequant_scratch() {
   // The dequantization scratch of steps above Gemm::kQuantTileRows rows, for the largest matrix
   // kept in a block format.
   size_t scratch = 0;
@@ -213,28 +221,70 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     need(L.w_down);
   }
   if (scratch > 0) gemm_->reserve_dequant(scratch);
-  allocate_kv();
-  build_params();
+}
+
+cuda::WeightPart LlamaCuda::alloc_packed(PackedFormat f, int64_t rows, int64_t in) {
+  // One allocation: codes, then meta, then row scales (each 16-byte aligned).
+  cuda::WeightPart p;
+  p.rows = rows;
+  p.packed = true;
+  p.pk.format = f;
+  p.pk.rows = rows;
+  p.pk.in = in;
+  p.pk.chunks = (in + kPackChunk - 1) / kPackChunk;
+  const size_t n = static_cast<size_t>(rows * p.pk.chunks);
+  const size_t codes = n * static_cast<size_t>(packed_code_bytes(f));
+  const size_t meta = packed_has_meta(f) ? n * kPackMetaBytes : 0;
+  const size_t scales = f == PackedFormat::FP8 ? static_cast<size_t>(rows) * 4 : 0;
+  auto* d = static_cast<uint8_t*>(dalloc(codes + meta + scales));
+  p.pk.codes = d;
+  p.pk.meta = meta ? d + codes : nullptr;
+  p.pk.row_scale = scales ? reinterpret_cast<const float*>(d + codes + meta) : nullptr;
+  return p;
+}
+
+cuda::WeightPart LlamaCuda::upload_packed(const PackedMatrix& m) {
+  cuda::WeightPart p = alloc_packed(m.format, m.rows, m.in);
+  auto* d = const_cast<uint8_t*>(p.pk.codes);
+  DHS_CUDA_CHECK(cudaMemcpy(d, m.codes.data(), m.codes.size(), cudaMemcpyHostToDevice));
+  if (p.pk.meta) DHS_CUDA_CHECK(cudaMemcpy(const_cast<uint8_t*>(p.pk.meta), m.meta.data(), m.meta.size(), cudaMemcpyHostToDevice));
+  if (p.pk.row_scale)
+    DHS_CUDA_CHECK(cudaMemcpy(const_cast<float*>(p.pk.row_scale), m.row_scale.data(), 4 * m.row_scale.size(),
+                              cudaMemcpyHostToDevice));
+  return p;
 }
 
 cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
-                                            int64_t in) {
+                                            int64_t in, bool projection) {
   DHS_CHECK(!parts.empty() && parts.size() <= cuda::DeviceWeight::kMaxParts, "weight of {} parts", parts.size());
   cuda::DeviceWeight w;
   w.in = in;
-  // Each part: the file's bytes (a block format the kernels read) or f16 values (16-byte rows).
+  // Each part: packed (FP8, or Q8_0 / Q4_K repacked), the file's bytes (a block format the v1
+  // kernels read) or f16 values (16-byte rows).
   struct Host {
     DType type;
     int64_t rows, stride;
     std::vector<uint8_t> bytes;
+    std::optional<PackedMatrix> packed;
   };
   std::vector<Host> host;
   bool all_f16 = true;
   for (const auto& [name, rows] : parts) {
     const RawTensor* t = &checked_tensor(src, name, {rows, in});
+    if (projection && opt_.fp8_weights) {
+      const std::vector<float> f = load_tensor_f32(src, name, {rows, in});
+      host.push_back({DType::F16, rows, 0, {}, quantize_fp8_rows(f.data(), rows, in)});
+      all_f16 = false;
+      continue;
+    }
+    if (opt_.quantized_weights && opt_.packed_weights && packable(t->dtype)) {
+      host.push_back({t->dtype, rows, 0, {}, pack_rows(t->dtype, t->data, rows, in)});
+      all_f16 = false;
+      continue;
+    }
     const bool keep = opt_.quantized_weights && t->dtype != DType::F16 && cuda::quant_format_supported(t->dtype) &&
                       in % 32 == 0 && in % dtype_traits(t->dtype).block_elems == 0;
-    Host h{keep ? t->dtype : DType::F16, rows, 0, {}};
+    Host h{keep ? t->dtype : DType::F16, rows, 0, {}, std::nullopt};
     if (keep) {
       const size_t row_bytes = dtype_row_bytes(t->dtype, in);
       h.stride = static_cast<int64_t>((row_bytes + 15) / 16 * 16);
@@ -255,6 +305,24 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
     }
     host.push_back(std::move(h));
   }
+  // Neighbouring packed parts of one format are one packed matrix (one launch): the planes are
+  // row-major, so their rows stack.
+  for (size_t i = 1; i < host.size();) {
+    Host& a = host[i - 1];
+    Host& b = host[i];
+    if (a.packed && b.packed && a.packed->format == b.packed->format) {
+      PackedMatrix& m = *a.packed;
+      const PackedMatrix& n = *b.packed;
+      m.codes.insert(m.codes.end(), n.codes.begin(), n.codes.end());
+      m.meta.insert(m.meta.end(), n.meta.begin(), n.meta.end());
+      m.row_scale.insert(m.row_scale.end(), n.row_scale.begin(), n.row_scale.end());
+      m.rows += n.rows;
+      a.rows += b.rows;
+      host.erase(host.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
   if (all_f16 && host.size() > 1) {  // one contiguous f16 matrix: the tensor-core GEMV and cuBLASLt
     for (size_t i = 1; i < host.size(); ++i) {
       host[0].bytes.insert(host[0].bytes.end(), host[i].bytes.begin(), host[i].bytes.end());
@@ -263,6 +331,12 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
     host.resize(1);
   }
   for (const Host& h : host) {
+    if (h.packed) {
+      w.part[w.n_parts++] = upload_packed(*h.packed);
+      w.out += h.rows;
+      w.bytes += cuda::packed_bytes(w.part[w.n_parts - 1].pk);
+      continue;
+    }
     auto* d = static_cast<uint8_t*>(dalloc(h.bytes.size()));
     DHS_CUDA_CHECK(cudaMemcpy(d, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice));
     w.part[w.n_parts++] = {h.type, d, h.rows, h.stride};
@@ -291,6 +365,24 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     DHS_CUDA_CHECK(cudaMemcpy(d, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
     return d;
   };
+  // A projection in the format o.random_weights names: f16, or packed random codes.
+  const std::string fmt = o.fp8_weights ? "fp8" : o.random_weights;
+  DHS_CHECK(fmt == "f16" || fmt == "q8_0" || fmt == "q4_k" || fmt == "fp8",
+            "random weights must be f16, q8_0, q4_k or fp8, got '{}'", fmt);
+  auto proj = [&](int64_t rows, int64_t cols) {
+    if (fmt == "f16") return cuda::DeviceWeight::f16_matrix(rnd(rows, cols), rows, cols);
+    const PackedFormat f = fmt == "q8_0" ? PackedFormat::Q8_0 : fmt == "q4_k" ? PackedFormat::Q4_K : PackedFormat::FP8;
+    DHS_CHECK(f != PackedFormat::Q4_K || cols % 256 == 0, "q4_k random weights need widths that are multiples of 256");
+    cuda::DeviceWeight w;
+    w.out = rows;
+    w.in = cols;
+    w.n_parts = 1;
+    w.part[0] = alloc_packed(f, rows, cols);
+    cuda::fill_random_packed(w.part[0].pk, seed++, std::sqrt(3.0f / static_cast<float>(cols)), stream_);
+    w.bytes = cuda::packed_bytes(w.part[0].pk);
+    weight_bytes_ += w.bytes;
+    return w;
+  };
   tok_embd_ = rnd(V, H);
   output_ = cuda::DeviceWeight::f16_matrix(cfg_.tied_embeddings ? tok_embd_ : rnd(V, H), V, H);
   output_norm_ = ones(H);
@@ -298,11 +390,12 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
   for (auto& L : layers_) {
     L.attn_norm = ones(H);
     L.ffn_norm = ones(H);
-    L.w_qkv = cuda::DeviceWeight::f16_matrix(rnd((Hq + 2 * Hkv) * D, H), (Hq + 2 * Hkv) * D, H);
-    L.w_o = cuda::DeviceWeight::f16_matrix(rnd(H, Hq * D), H, Hq * D);
-    L.w_gu = cuda::DeviceWeight::f16_matrix(rnd(2 * F, H), 2 * F, H);
-    L.w_down = cuda::DeviceWeight::f16_matrix(rnd(H, F), H, F);
+    L.w_qkv = proj((Hq + 2 * Hkv) * D, H);
+    L.w_o = proj(H, Hq * D);
+    L.w_gu = proj(2 * F, H);
+    L.w_down = proj(H, F);
   }
+  reserve_dequant_scratch();
   allocate_kv();
   build_params();
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -30,6 +30,7 @@
 #include "backend/cuda/sampling.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
+#include "model/packed_weight.h"
 #include "model/weight_source.h"
 #include "sparse/policy.h"
 
@@ -59,6 +60,16 @@ struct CudaModelOptions {
   // Q6_K) stay in it in HBM and are multiplied by the quantized GEMV (quant_gemv.h); false: every
   // matrix dequantized to f16 at load, as before.
   bool quantized_weights = true;
+  // Of those, Q8_0 and Q4_K are repacked at load (model/packed_weight.h; the same numbers) for
+  // the bandwidth GEMV (packed_gemv.h, v2); false keeps them in the file's blocks on v1.
+  bool packed_weights = true;
+  // `--quantization fp8`: every projection matrix (not the output head, as vLLM) quantized at
+  // load to FP8 E4M3 with one fp32 scale per output row (model/packed_weight.h), from its f32
+  // values. Overrides quantized_weights for those matrices.
+  bool fp8_weights = false;
+  // The random-weight constructor's projection format (the 8B-shape benchmarks): "f16", "q8_0",
+  // "q4_k" or "fp8" (random codes with scales that keep activations bounded).
+  std::string random_weights = "f16";
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -164,8 +175,15 @@ class LlamaCuda {
   // The KV pool and its page data, sized last (CudaModelOptions::n_pages), and the selector.
   void allocate_kv();
   // The named [rows_i, in] tensors, stacked by rows into one weight (device_weight.h).
+  // `projection` false: the output head, which --quantization fp8 leaves in f16.
   cuda::DeviceWeight upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
-                                   int64_t in);
+                                   int64_t in, bool projection = true);
+  // Gemm's dequantization scratch for the largest matrix that is not plain f16.
+  void reserve_dequant_scratch();
+  // A packed matrix's planes in one HBM allocation (codes, meta, row scales), unfilled; and
+  // filled from the host.
+  cuda::WeightPart alloc_packed(PackedFormat f, int64_t rows, int64_t in);
+  cuda::WeightPart upload_packed(const PackedMatrix& m);
   // The kernels' parameters that do not change between steps (every buffer has a fixed address,
   // so that a captured graph keeps reading the same ones): built once, when the weights are in.
   void build_params();

@@ -1,0 +1,436 @@
+#include "backend/cuda/packed_gemv.h"
+
+#include <cuda_fp8.h>
+
+#include <atomic>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl_launch.h"
+#include "backend/cuda/ptx.cuh"
+
+namespace dhs::cuda {
+
+namespace {
+
+void require(bool cond, const char* what) {
+  if (!cond) check(cudaErrorInvalidValue, what, __FILE__, __LINE__);
+}
+
+// ---- geometry ------------------------------------------------------------------------------------
+// A block owns 16 output rows (one mma tile); its warps split the row's chunks into contiguous
+// ranges. Each warp streams its chunks through a private shared-memory ring with 16-byte cp.async:
+// per slot, one chunk (256 elements) of the 16 rows (codes, then the 16-byte meta) and of the NT
+// activation rows. The ring's row pitches keep the fragment loads free of bank conflicts: a W row
+// is 288 B (72 words, 8 mod 32: the 8-byte loads of 4 rows x 4 lanes hit 32 banks) for 1-byte
+// codes and 144 B (36 words, 4 mod 32: the 4-byte loads of 8 rows x 4 lanes) for 4-bit codes; an
+// activation row is 576 B (16 mod 32 words: the 16-byte loads of 2 rows x 4 lanes).
+template <PackedFormat F>
+struct Geo {
+  static constexpr int kCodeBytes = static_cast<int>(packed_code_bytes(F));
+  static constexpr bool kMeta = packed_has_meta(F);
+  static constexpr int kUnitsPerRow = kCodeBytes / 16 + (kMeta ? 1 : 0);  // 16-byte copies per W row
+  static constexpr int kWPitch = F == PackedFormat::Q4_K ? 144 : 288;
+  static constexpr int kXPitch = 576;
+  static constexpr int kRows = 16;
+};
+
+template <PackedFormat F, int WARPS, int STAGES>
+struct Shape {
+  static constexpr int kWarps = WARPS;
+  static constexpr int kStages = STAGES;
+  template <int NT>
+  __host__ __device__ static constexpr int slot_bytes() {
+    return Geo<F>::kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
+  }
+  template <int NT>
+  static constexpr int smem_bytes() {
+    return WARPS * STAGES * slot_bytes<NT>() + WARPS * Geo<F>::kRows * 8 * 4;
+  }
+};
+
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t hsub2_bits(uint32_t a, uint32_t b) {
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// ---- decoding: 8 codes -> 4 f16 pairs (e0,e1) (e2,e3) (e4,e5) (e6,e7), exact -------------------
+// int8: q + 128 as the low byte of the f16 1024 + (q + 128) (exponent byte 0x64), minus 1152.
+__device__ __forceinline__ void decode_q8(uint2 w, uint32_t (&h)[4]) {
+  const uint32_t lo = w.x ^ 0x80808080u, hi = w.y ^ 0x80808080u;
+  constexpr uint32_t kMagic = 0x64806480u;  // f16 pair (1152, 1152)
+  h[0] = hsub2_bits(__byte_perm(lo, 0x64646464u, 0x4140), kMagic);
+  h[1] = hsub2_bits(__byte_perm(lo, 0x64646464u, 0x4342), kMagic);
+  h[2] = hsub2_bits(__byte_perm(hi, 0x64646464u, 0x4140), kMagic);
+  h[3] = hsub2_bits(__byte_perm(hi, 0x64646464u, 0x4342), kMagic);
+}
+// 4-bit (Q4_K packed nibble order, core/packed_layout.h): (word >> 4k) & 0x000F000F is the pair
+// (2k, 2k+1); OR'd into 1024's f16 bits, minus 1024.
+__device__ __forceinline__ void decode_q4(uint32_t w, uint32_t (&h)[4]) {
+  constexpr uint32_t k1024 = 0x64006400u;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = hsub2_bits(((w >> (4 * k)) & 0x000F000Fu) | k1024, k1024);
+}
+// E4M3 -> f16 is exact (cvt.rn.f16x2.e4m3x2).
+__device__ __forceinline__ void decode_e4m3(uint2 w, uint32_t (&h)[4]) {
+  const uint32_t v[2] = {w.x, w.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw r =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    h[i] = static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+  }
+}
+
+// Q4_K: sub-block j's 6-bit scale and min from the 12 bytes after d, dmin (dequant.cpp's
+// unpack_k_scales): hdr = the 16-byte header as four words.
+__device__ __forceinline__ void q4k_scale_min(const uint4& hdr, int j, float& ds, float& dm) {
+  const auto byte = [](uint32_t v, int k) { return static_cast<int>((v >> (8 * k)) & 0xFF); };
+  int sc, m;
+  if (j < 4) {
+    sc = byte(hdr.y, j) & 63;
+    m = byte(hdr.z, j) & 63;
+  } else {
+    sc = (byte(hdr.w, j - 4) & 0xF) | ((byte(hdr.y, j - 4) >> 6) << 4);
+    m = (byte(hdr.w, j - 4) >> 4) | ((byte(hdr.z, j - 4) >> 6) << 4);
+  }
+  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xFFFF)));
+  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16)));
+  ds = d * static_cast<float>(sc);  // exact in fp32 (11 x 6 bits), as the CPU's
+  dm = dmin * static_cast<float>(m);
+}
+
+template <PackedFormat F, int NT, class S>
+__global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __grid_constant__ PackedGemvParams p) {
+  using G = Geo<F>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kSlot = S::template slot_bytes<NT>();
+  constexpr int kSt = S::kStages, kW = S::kWarps, kRows = G::kRows;
+  constexpr int kCB = G::kCodeBytes, kUR = G::kUnitsPerRow;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t chunks = p.w.chunks, rows = p.w.rows, in = p.w.in;
+  const int64_t c_begin = chunks * warp / kW, c_end = chunks * (warp + 1) / kW;
+  const uint32_t ring = ptx::smem_u32(smem) + warp * (kSt * kSlot);
+
+  // Chunk c of the 16 rows into ring slot c % kSt (rows past the matrix re-read its last row).
+  const auto copy_w = [&](int64_t c) {
+    if (c >= c_end) return;
+    const uint32_t dst = ring + static_cast<uint32_t>(c % kSt) * kSlot;
+#pragma unroll
+    for (int i = 0; i < (kRows * kUR + 31) / 32; ++i) {
+      const int idx = i * 32 + lane;
+      if (idx < kRows * kUR) {
+        const int r = idx / kUR, u = idx % kUR;
+        const int64_t rc = min(row0 + r, rows - 1) * chunks + c;
+        const uint8_t* src = u < kCB / 16 ? p.w.codes + rc * kCB + 16 * u : p.w.meta + rc * kPackMetaBytes;
+        ptx::cp_async_16(dst + r * G::kWPitch + 16 * u, src, 16);
+      }
+    }
+  };
+  // The activations of chunk c (the previous kernel's output: only after the wait); past `in`
+  // zero-filled.
+  const auto copy_x = [&](int64_t c) {
+    if (c >= c_end) return;
+    const uint32_t dst = ring + static_cast<uint32_t>(c % kSt) * kSlot + kRows * G::kWPitch;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int64_t e = c * kPackChunk + 8 * lane;
+      const bool ok = e < in;
+      ptx::cp_async_16(dst + i * G::kXPitch + 16 * lane, ok ? p.x + i * in + e : p.x, ok ? 16 : 0);
+    }
+  };
+
+#pragma unroll
+  for (int i = 0; i < kSt - 1; ++i) {
+    copy_w(c_begin + i);
+    ptx::cp_async_commit();
+  }
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kSt - 1; ++i) copy_x(c_begin + i);
+  ptx::cp_async_commit();
+
+  constexpr uint32_t kOnes = 0x3C003C00u;  // f16 pair (1, 1)
+  [[maybe_unused]] const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+  float acc[4] = {};
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    if (c == c_begin) ptx::cp_async_wait<0>();
+    else ptx::cp_async_wait<kSt - 2>();
+    __syncwarp();
+    copy_w(c + kSt - 1);
+    copy_x(c + kSt - 1);
+    ptx::cp_async_commit();
+    const uint32_t slot = ring + static_cast<uint32_t>(c % kSt) * kSlot;
+    const uint32_t w_lo = slot + g * G::kWPitch, w_hi = slot + (g + 8) * G::kWPitch;
+    const uint32_t xs = slot + kRows * G::kWPitch + g * G::kXPitch;
+    uint4 meta_lo = make_uint4(0, 0, 0, 0), meta_hi = make_uint4(0, 0, 0, 0);
+    if constexpr (G::kMeta) {
+      meta_lo = lds128(w_lo + kCB);
+      meta_hi = lds128(w_hi + kCB);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // 32-element groups of the chunk
+      const uint4 xv = g < NT ? lds128(xs + 64 * j + 16 * t) : make_uint4(0, 0, 0, 0);
+      uint32_t lo[4], hi[4];
+      if constexpr (F == PackedFormat::Q4_K) {
+        decode_q4(lds32(w_lo + 16 * j + 4 * t), lo);
+        decode_q4(lds32(w_hi + 16 * j + 4 * t), hi);
+      } else if constexpr (F == PackedFormat::Q8_0) {
+        decode_q8(lds64(w_lo + 32 * j + 8 * t), lo);
+        decode_q8(lds64(w_hi + 32 * j + 8 * t), hi);
+      } else {
+        decode_e4m3(lds64(w_lo + 32 * j + 8 * t), lo);
+        decode_e4m3(lds64(w_hi + 32 * j + 8 * t), hi);
+      }
+      const uint32_t a0[4] = {lo[0], hi[0], lo[1], hi[1]};
+      const uint32_t a1[4] = {lo[2], hi[2], lo[3], hi[3]};
+      if constexpr (F == PackedFormat::FP8) {
+        ptx::mma_f16_16816(acc, a0, xv.x, xv.y);
+        ptx::mma_f16_16816(acc, a1, xv.z, xv.w);
+      } else {
+        float blk[4] = {};
+        ptx::mma_f16_16816(blk, a0, xv.x, xv.y);
+        ptx::mma_f16_16816(blk, a1, xv.z, xv.w);
+        if constexpr (F == PackedFormat::Q8_0) {
+          const auto scale = [&](const uint4& m) {
+            const uint32_t word = (&m.x)[j / 2];
+            return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * (j % 2)))));
+          };
+          const float d_lo = scale(meta_lo), d_hi = scale(meta_hi);
+          acc[0] = fmaf(d_lo, blk[0], acc[0]);
+          acc[1] = fmaf(d_lo, blk[1], acc[1]);
+          acc[2] = fmaf(d_hi, blk[2], acc[2]);
+          acc[3] = fmaf(d_hi, blk[3], acc[3]);
+        } else {
+          float sx[4] = {};  // the group's sum of x per token (the same on every row)
+          ptx::mma_f16_16816(sx, ones, xv.x, xv.y);
+          ptx::mma_f16_16816(sx, ones, xv.z, xv.w);
+          float ds_lo, dm_lo, ds_hi, dm_hi;
+          q4k_scale_min(meta_lo, j, ds_lo, dm_lo);
+          q4k_scale_min(meta_hi, j, ds_hi, dm_hi);
+          acc[0] += fmaf(ds_lo, blk[0], -dm_lo * sx[0]);
+          acc[1] += fmaf(ds_lo, blk[1], -dm_lo * sx[1]);
+          acc[2] += fmaf(ds_hi, blk[2], -dm_hi * sx[2]);
+          acc[3] += fmaf(ds_hi, blk[3], -dm_hi * sx[3]);
+        }
+      }
+    }
+    __syncwarp();
+  }
+  ptx::cp_async_wait<0>();
+
+  // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
+  float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
+  float* mine = part + warp * (kRows * 8);
+  mine[g * 8 + 2 * t] = acc[0];
+  mine[g * 8 + 2 * t + 1] = acc[1];
+  mine[(g + 8) * 8 + 2 * t] = acc[2];
+  mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRows * 8; e += kW * 32) {
+    const int r = e >> 3, tok = e & 7;
+    if (tok < NT && row0 + r < rows) {
+      float v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kW; ++k) v += part[k * (kRows * 8) + r * 8 + tok];
+      if constexpr (F == PackedFormat::FP8) v *= p.w.row_scale[row0 + r];
+      const int64_t at = tok * p.ldy + row0 + r;
+      if (p.y_f32) {
+        float* y = static_cast<float*>(p.y);
+        y[at] = p.accumulate ? y[at] + v : v;
+      } else {
+        static_cast<__half*>(p.y)[at] = __float2half_rn(v);
+      }
+    }
+  }
+}
+
+constexpr int kMaxDevices = 64;
+
+template <PackedFormat F, int NT, class S>
+void launch_shape(const PackedGemvParams& p, cudaStream_t stream) {
+  static std::atomic<bool> attrs_set[kMaxDevices] = {};
+  int dev = 0;
+  DHS_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) check(cudaErrorInvalidDevice, "packed_gemv: device index out of range", __FILE__, __LINE__);
+  constexpr int kSmem = S::template smem_bytes<NT>();
+  if (!attrs_set[dev].load(std::memory_order_acquire)) {
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(packed_gemv_kernel<F, NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    DHS_CUDA_CHECK(cudaFuncSetAttribute(packed_gemv_kernel<F, NT, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+    attrs_set[dev].store(true, std::memory_order_release);
+  }
+  const unsigned grid = static_cast<unsigned>((p.w.rows + 15) / 16);
+  launch_pdl(packed_gemv_kernel<F, NT, S>, dim3(grid), dim3(S::kWarps * 32), kSmem, stream, p);
+}
+
+// v2's shapes (warps per block, ring slots per warp): ~40 KB of weights in flight per SM.
+template <PackedFormat F, int NT>
+void launch_nt(const PackedGemvParams& p, cudaStream_t stream) {
+  if constexpr (F == PackedFormat::Q4_K) launch_shape<F, NT, Shape<F, 4, 6>>(p, stream);
+  else launch_shape<F, NT, Shape<F, 4, 4>>(p, stream);
+}
+
+template <PackedFormat F>
+void launch_format(const PackedGemvParams& p, cudaStream_t stream) {
+  switch (p.n_tok) {
+    case 1: launch_nt<F, 1>(p, stream); break;
+    case 2: launch_nt<F, 2>(p, stream); break;
+    case 3: launch_nt<F, 3>(p, stream); break;
+    case 4: launch_nt<F, 4>(p, stream); break;
+    case 5: launch_nt<F, 5>(p, stream); break;
+    case 6: launch_nt<F, 6>(p, stream); break;
+    case 7: launch_nt<F, 7>(p, stream); break;
+    default: launch_nt<F, 8>(p, stream); break;
+  }
+}
+
+void require_view(const PackedWeightView& w) {
+  const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  require(w.rows > 0 && w.in > 0 && w.in % 8 == 0 && w.chunks == (w.in + kPackChunk - 1) / kPackChunk,
+          "packed weights: bad shape (in must be a multiple of 8, chunks = ceil(in / 256))");
+  require(w.codes != nullptr && aligned(w.codes), "packed weights: codes must be 16-byte aligned");
+  if (packed_has_meta(w.format)) require(w.meta != nullptr && aligned(w.meta), "packed weights: meta must be 16-byte aligned");
+  else require(w.row_scale != nullptr, "packed weights: FP8 needs its row scales");
+  require((w.rows + 15) / 16 < (int64_t{1} << 31), "packed weights: too many rows");
+}
+
+// One thread per 8 weights of a row: (row, chunk, group of 8) -> 8 f16 values, each by the
+// expression dequant.cpp evaluates (Q4_K: (d*sc) * q - dmin*m; as v1's decoders, tested equal
+// to f16 of the CPU's value bit for bit).
+template <PackedFormat F>
+__global__ void unpack_rows_kernel(const PackedWeightView w, __half* dst, int64_t ld_dst) {
+  const int64_t per_row = w.in / 8;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * per_row) return;
+  const int64_t r = i / per_row, e0 = 8 * (i % per_row);
+  const int64_t c = e0 / kPackChunk, in_c = e0 % kPackChunk;
+  const int64_t rc = r * w.chunks + c;
+  float v[8];
+  if constexpr (F == PackedFormat::Q4_K) {
+    const int j = static_cast<int>(in_c / 32), word = static_cast<int>(in_c % 32) / 8;
+    const uint4 hdr = *reinterpret_cast<const uint4*>(w.meta + rc * kPackMetaBytes);
+    const uint32_t codes = *reinterpret_cast<const uint32_t*>(w.codes + rc * 128 + 16 * j + 4 * word);
+    float ds, dm;
+    q4k_scale_min(hdr, j, ds, dm);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t pair = (codes >> (4 * k)) & 0x000F000Fu;
+      v[2 * k] = ds * static_cast<float>(pair & 0xF) - dm;
+      v[2 * k + 1] = ds * static_cast<float>(pair >> 16) - dm;
+    }
+  } else {
+    const uint8_t* q = w.codes + rc * 256 + in_c;
+    if constexpr (F == PackedFormat::Q8_0) {
+      const float d = __half2float(*reinterpret_cast<const __half*>(w.meta + rc * kPackMetaBytes + 2 * (in_c / 32)));
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = __fmul_rn(d, static_cast<float>(static_cast<int8_t>(q[k])));
+    } else {
+      const float s = w.row_scale[r];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q[k]), __NV_E4M3);
+        v[k] = __fmul_rn(s, __half2float(__half(h)));
+      }
+    }
+  }
+  __half* o = dst + r * ld_dst + e0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = __float2half_rn(v[k]);
+}
+
+__device__ __forceinline__ uint32_t hash32(uint64_t seed, uint64_t i) {  // splitmix64's finalizer
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 16);
+}
+
+// One thread per 4 code bytes; the first thread of each (row, chunk) writes its meta too.
+__global__ void fill_random_packed_kernel(PackedWeightView w, uint64_t seed, float a) {
+  const int64_t cb = w.format == PackedFormat::Q4_K ? 128 : 256;  // packed_code_bytes (host-only)
+  const int64_t words = w.rows * w.chunks * cb / 4;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= words) return;
+  uint32_t v = hash32(seed, static_cast<uint64_t>(i));
+  if (w.format == PackedFormat::FP8) v &= 0xF7F7F7F7u;  // exponent field <= 14: finite, |v| <= 240
+  reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(w.codes))[i] = v;
+  const int64_t rc = i * 4 / cb;
+  if ((i * 4) % cb != 0) return;
+  if (w.format == PackedFormat::FP8) {
+    if (rc % w.chunks == 0) const_cast<float*>(w.row_scale)[rc / w.chunks] = a / 240.0f;
+    return;
+  }
+  uint32_t* m = reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(w.meta) + rc * kPackMetaBytes);
+  if (w.format == PackedFormat::Q8_0) {
+    const uint32_t d = __half_as_ushort(__float2half_rn(a / 127.0f));
+    for (int k = 0; k < 4; ++k) m[k] = d | (d << 16);
+  } else {
+    const uint32_t d = __half_as_ushort(__float2half_rn(a / 945.0f));
+    const uint32_t dmin = __half_as_ushort(__float2half_rn(a / 126.0f));
+    m[0] = d | (dmin << 16);
+    for (int k = 1; k < 4; ++k) m[k] = hash32(seed ^ 0x5CA1Eull, static_cast<uint64_t>(rc * 4 + k));
+  }
+}
+
+}  // namespace
+
+void fill_random_packed(const PackedWeightView& w, uint64_t seed, float a, cudaStream_t stream) {
+  require_view(w);
+  const int64_t words = w.rows * w.chunks * packed_code_bytes(w.format) / 4;
+  fill_random_packed_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(w, seed, a);
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t packed_bytes(const PackedWeightView& w) {
+  const size_t n = static_cast<size_t>(w.rows * w.chunks);
+  return n * static_cast<size_t>(packed_code_bytes(w.format)) + (packed_has_meta(w.format) ? n * kPackMetaBytes : 0) +
+         (w.format == PackedFormat::FP8 ? static_cast<size_t>(w.rows) * 4 : 0);
+}
+
+void launch_packed_gemv(const PackedGemvParams& p, cudaStream_t stream) {
+  require_view(p.w);
+  require(p.n_tok >= 1 && p.n_tok <= 8, "packed_gemv: n_tok must be 1..8");
+  require(p.ldy >= p.w.rows && p.x != nullptr && p.y != nullptr, "packed_gemv: bad ldy or null pointer");
+  require((reinterpret_cast<uintptr_t>(p.x) & 15) == 0, "packed_gemv: activations must be 16-byte aligned");
+  require(!p.accumulate || p.y_f32, "packed_gemv: accumulate needs fp32 output");
+  switch (p.w.format) {
+    case PackedFormat::Q8_0: launch_format<PackedFormat::Q8_0>(p, stream); break;
+    case PackedFormat::Q4_K: launch_format<PackedFormat::Q4_K>(p, stream); break;
+    case PackedFormat::FP8: launch_format<PackedFormat::FP8>(p, stream); break;
+  }
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_unpack_rows(const PackedWeightView& w, __half* dst, int64_t ld_dst, cudaStream_t stream) {
+  require_view(w);
+  require(dst != nullptr && ld_dst >= w.in, "unpack_rows: bad ld_dst or null pointer");
+  const int64_t n = w.rows * (w.in / 8);
+  const unsigned grid = static_cast<unsigned>((n + 255) / 256);
+  switch (w.format) {
+    case PackedFormat::Q8_0: unpack_rows_kernel<PackedFormat::Q8_0><<<grid, 256, 0, stream>>>(w, dst, ld_dst); break;
+    case PackedFormat::Q4_K: unpack_rows_kernel<PackedFormat::Q4_K><<<grid, 256, 0, stream>>>(w, dst, ld_dst); break;
+    case PackedFormat::FP8: unpack_rows_kernel<PackedFormat::FP8><<<grid, 256, 0, stream>>>(w, dst, ld_dst); break;
+  }
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace dhs::cuda
