@@ -3,6 +3,8 @@
 # bench/prebuild.sh here). Stages, in the order given:
 #   tests  the cuda tests (DHS_TESTS: which), compute-sanitizer memcheck + racecheck on the
 #          attention, append, selection and sampling kernels (DHS_SANITIZE: which tests)
+#   packed quant_gemv v2 (packed Q8_0 / Q4_K / FP8): test, sanitizers, bandwidth rows, greedy vs
+#          the CPU with FP8 (default model) and packed Q4_K (Qwen, when its parts are in ~/dhs)
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
 #   eval   `dhisparse eval` on the default model (SmolLM2-135M, 8k native context) at 4k and
@@ -113,6 +115,22 @@ for stage in "$@"; do
         filter=("${mfilter[@]}"); [ "$t" = test_page_select ] && filter=(--gtest_filter='*Smol*:*Summ*')
         DHS_TEST_QUICK=1 run "sanitizer_racecheck_$t" timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/$t" "${filter[@]}"
       done ;;
+    packed)
+      # quant_gemv v2 (packed Q8_0 / Q4_K / FP8): its test, both sanitizers, the bandwidth rows
+      # beside the copy rate; then the engine on it: greedy against the CPU (default model with
+      # FP8; Qwen Q4_K_M packed when its parts are here) and FP8 accuracy against f16.
+      run test_packed_gemv timeout 240 "$B/test_packed_gemv"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_packed_gemv timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_packed_gemv"
+      DHS_TEST_QUICK=1 run sanitizer_racecheck_test_packed_gemv timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_packed_gemv"
+      DHS_CUDA_BENCH=1 DHS_BENCH_OUT="$OUT/quant_gemv.jsonl" DHS_COMMIT="$C" run packed_gemv_bandwidth timeout 200 "$B/test_packed_gemv" --gtest_filter='*Bandwidth*'
+      grep -E "^bw |d2d" "$OUT/packed_gemv_bandwidth.log"
+      if [ -f $SMOL ]; then
+        run greedy_smol_fp8 timeout 200 "$B/gpu_vs_cpu_greedy" -m $SMOL --quantization fp8 --out "$OUT/gpu_vs_cpu_greedy.jsonl" --commit "$C"
+        run generate_cuda_fp8 "$B/dhisparse" generate --device cuda -m $SMOL --quantization fp8 --chat -p "What is the capital of France?" -n 48
+      fi
+      if [ -f $QWEN ]; then
+        run greedy_qwen_packed timeout 300 "$B/gpu_vs_cpu_greedy" -m $QWEN --gpu-weights packed --out "$OUT/gpu_vs_cpu_greedy.jsonl" --commit "$C"
+      fi ;;
     model)
       [ -f $SMOL ] || { echo "model: default model missing"; continue; }
       run test_llama_cuda "$B/test_llama_cuda"

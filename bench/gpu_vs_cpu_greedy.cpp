@@ -4,7 +4,7 @@
 // --tie-gap is listed, not counted as a divergence). One JSON row per run:
 //   {"commit", "gpu", "model", "gpu_weights", "tokens", "prompts", "equal", "near_ties", "diverged",
 //    "cases": [{"prompt", "step", "cpu", "gpu", "gap"} ...]}
-//   gpu_vs_cpu_greedy -m MODEL [--gpu-weights native|f16] [-n 32] [--tie-gap 0.01] [--out F.jsonl]
+//   gpu_vs_cpu_greedy -m MODEL [--gpu-weights native|packed|f16] [--quantization none|fp8] [-n 32] [--tie-gap 0.01] [--out F.jsonl]
 // Prompts: the README's examples, chat questions (rendered by the model's template) and plain
 // continuations, 24 in all.
 #include <CLI/CLI.hpp>
@@ -77,11 +77,13 @@ std::string json_escape(const std::string& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Greedy tokens, CUDA backend against the CPU's f32 path"};
-  std::string model, out, commit = "unknown", gpu_weights = "native";
+  std::string model, out, commit = "unknown", gpu_weights = "native", quantization = "none";
   int n_tokens = 32;
   float tie_gap = 0.01f;
   app.add_option("-m,--model", model, "GGUF file")->required();
-  app.add_option("--gpu-weights", gpu_weights, "native or f16")->check(CLI::IsMember({"native", "f16"}));
+  app.add_option("--gpu-weights", gpu_weights, "native, packed or f16")->check(CLI::IsMember({"native", "packed", "f16"}));
+  app.add_option("--quantization", quantization, "none or fp8 (the GPU's projections; FP8 is lossy: divergences expected)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   app.add_option("-n,--tokens", n_tokens, "greedy tokens per prompt")->check(CLI::Range(1, 4096));
   app.add_option("--tie-gap", tie_gap, "a divergence where the CPU's top-2 gap is below this is a near-tie");
   app.add_option("--out", out, "append a JSON row here");
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     dhs::EngineOptions go = co;
     go.device = "cuda";
     go.gpu_weights = gpu_weights;
+    go.quantization = quantization;
     auto cpu = dhs::Engine::load(co);
     auto gpu = dhs::Engine::load(go);
     dhs::GenerateOptions g;
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
       std::ofstream f(out, std::ios::app);
       const std::string name = model.substr(model.find_last_of('/') == std::string::npos ? 0 : model.find_last_of('/') + 1);
       f << "{\"commit\":\"" << commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"" << name << "\",\"gpu_weights\":\""
-        << gpu_weights << "\",\"tokens\":" << n_tokens << ",\"tie_gap\":" << tie_gap << ",\"prompts\":" << prompts().size()
+        << gpu_weights << "\",\"quantization\":\"" << quantization << "\",\"tokens\":" << n_tokens << ",\"tie_gap\":" << tie_gap << ",\"prompts\":" << prompts().size()
         << ",\"equal\":" << equal << ",\"near_ties\":" << near << ",\"diverged\":" << diverged << ",\"cases\":[" << cases
         << "]}\n";
     }

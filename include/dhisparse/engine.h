@@ -30,6 +30,8 @@ struct EngineOptions {
   // CUDA weight storage: "native" keeps GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
   // Q6_K) as the file holds them and multiplies them dequantizing in registers; "f16" dequantizes
   // every matrix to f16 at load. Other tensors are f16 either way.
+  // "packed": as native, with Q8_0 and Q4_K repacked at load for the tensor-core GEMV v2 (the
+  // same numbers; backend/cuda/packed_gemv.h; not yet measured on the GPU, so not the default).
   std::string gpu_weights = "native";
   // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
   // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.

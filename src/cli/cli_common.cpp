@@ -76,9 +76,10 @@ PolicySpec PolicyFlags::parse(const std::string& text, const std::string& option
 
 void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
   app->add_option("--gpu-weights", eo.gpu_weights,
-                  "CUDA weight storage: native (GGUF block formats kept; Q8_0 and Q4_K repacked, the same numbers) "
-                  "or f16")
-      ->check(CLI::IsMember({"native", "f16"}))
+                  "CUDA weight storage: native (GGUF block formats kept, dequantized in registers), packed (as "
+                  "native, Q8_0 and Q4_K repacked for the tensor-core GEMV v2: the same numbers; not yet measured "
+                  "on the GPU) or f16")
+      ->check(CLI::IsMember({"native", "packed", "f16"}))
       ->capture_default_str();
   app->add_option("--quantization", eo.quantization,
                   "CUDA: fp8 quantizes every projection matrix at load to FP8 E4M3 with one scale per output row "

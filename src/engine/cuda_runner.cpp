@@ -29,9 +29,10 @@ class CudaRunner final : public StepRunner {
     const ModelConfig cfg = dummy && !o.dummy_shape.empty() ? model_shape(o.dummy_shape) : src.config();
     max_batch_ = o.max_batch > 0 ? o.max_batch : 1;  // generate: one request
     CudaModelOptions co;
-    DHS_CHECK(o.gpu_weights == "native" || o.gpu_weights == "f16", "GPU weights must be native or f16, got '{}'",
-              o.gpu_weights);
-    co.quantized_weights = o.gpu_weights == "native";
+    DHS_CHECK(o.gpu_weights == "native" || o.gpu_weights == "packed" || o.gpu_weights == "f16",
+              "GPU weights must be native, packed or f16, got '{}'", o.gpu_weights);
+    co.quantized_weights = o.gpu_weights != "f16";
+    co.packed_weights = o.gpu_weights == "packed";
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     co.fp8_weights = o.quantization == "fp8";
