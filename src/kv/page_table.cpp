@@ -57,28 +57,45 @@ void PageTable::commit(int64_t n_new_tokens) {
   n_tokens_ += n_new_tokens;
 }
 
-void PageTable::shrink_to_pages(PagePool& pool, int64_t n_pages) {
+void PageTable::shrink_to_pages(FreePage free_page, void* ctx, int64_t n_pages) {
   if (n_pages < n_pages_) low_water_ = std::min(low_water_, n_pages);
-  for (auto& l : lists_) {
-    for (int64_t i = n_pages; i < n_pages_; ++i) {
-      const size_t c = static_cast<size_t>(i / kChunkPages);
-      pool.free((*l.chunks[c])[static_cast<size_t>(i % kChunkPages)]);
+  for (int layer = 0; layer < n_layers_; ++layer)
+    for (int head = 0; head < n_heads_kv_; ++head) {
+      List& l = list(layer, head);
+      for (int64_t i = n_pages; i < n_pages_; ++i) {
+        const size_t c = static_cast<size_t>(i / kChunkPages);
+        free_page(ctx, (*l.chunks[c])[static_cast<size_t>(i % kChunkPages)], layer, head, i);
+      }
+      l.chunks.resize(static_cast<size_t>((n_pages + kChunkPages - 1) / kChunkPages));
     }
-    l.chunks.resize(static_cast<size_t>((n_pages + kChunkPages - 1) / kChunkPages));
-  }
   n_pages_ = n_pages;
 }
 
-void PageTable::truncate(PagePool& pool, int64_t n_tokens) {
+namespace {
+void free_into_pool(void* pool, PageRef p, int, int, int64_t) { static_cast<PagePool*>(pool)->free(p); }
+}  // namespace
+
+void PageTable::truncate(PagePool& pool, int64_t n_tokens) { truncate(free_into_pool, &pool, n_tokens); }
+
+void PageTable::truncate(FreePage free_page, void* ctx, int64_t n_tokens) {
   DHS_CHECK(n_tokens >= 0 && n_tokens <= n_tokens_, "page table: truncate to {} of {} tokens", n_tokens,
             n_tokens_);
   n_tokens_ = n_tokens;
-  shrink_to_pages(pool, (n_tokens + page_size_ - 1) / page_size_);
+  shrink_to_pages(free_page, ctx, (n_tokens + page_size_ - 1) / page_size_);
 }
 
-void PageTable::release(PagePool& pool) {
+void PageTable::release(PagePool& pool) { release(free_into_pool, &pool); }
+
+void PageTable::release(FreePage free_page, void* ctx) {
   n_tokens_ = 0;
-  shrink_to_pages(pool, 0);
+  shrink_to_pages(free_page, ctx, 0);
+}
+
+void PageTable::relocate(int layer, int head, int64_t page_idx, PageRef p) {
+  DHS_CHECK(layer >= 0 && layer < n_layers_ && head >= 0 && head < n_heads_kv_ && page_idx >= 0 && page_idx < n_pages_,
+            "page table: relocate of page {} of ({}, {}) outside the table", page_idx, layer, head);
+  DHS_CHECK(p.valid(), "page table: relocate to an invalid page");
+  set_page(list(layer, head), page_idx, p);
 }
 
 PageRef PageTable::page(int layer, int head, int64_t page_idx) const {

@@ -43,6 +43,14 @@ class PageTable {
   void truncate(PagePool& pool, int64_t n_tokens);
   // Frees every page (request finished or cancelled).
   void release(PagePool& pool);
+  // The same with pages in more than one tier (kv/tiered_kv.h): `free_page` frees each dropped
+  // page wherever it lives.
+  using FreePage = void (*)(void* ctx, PageRef p, int layer, int head, int64_t page_idx);
+  void truncate(FreePage free_page, void* ctx, int64_t n_tokens);
+  void release(FreePage free_page, void* ctx);
+  // Page page_idx of (layer, head) now lives at p (moved between tiers by kv/tiered_kv.h, which
+  // has copied it there and frees the old slot).
+  void relocate(int layer, int head, int64_t page_idx, PageRef p);
 
   PageRef page(int layer, int head, int64_t page_idx) const;
   // Page and row of token `pos` in (layer, head).
@@ -72,7 +80,7 @@ class PageTable {
     return lists_[static_cast<size_t>(layer * n_heads_kv_ + head)];
   }
   void set_page(List& l, int64_t page_idx, PageRef p);
-  void shrink_to_pages(PagePool& pool, int64_t n_pages);
+  void shrink_to_pages(FreePage free_page, void* ctx, int64_t n_pages);
 
   uint64_t id_;
   int n_layers_, n_heads_kv_, page_size_;

@@ -1,0 +1,94 @@
+#include "kv/bucketed_lru.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dhs {
+
+BucketedLru::BucketedLru(int64_t n_slots, LruParams p)
+    : p_(p),
+      last_use_(static_cast<size_t>(n_slots), 0),
+      owner_(static_cast<size_t>(n_slots), -1),
+      pinned_(static_cast<size_t>(n_slots), 0) {
+  DHS_CHECK(n_slots >= 0 && n_slots < (int64_t{1} << 31), "LRU of {} slots", n_slots);
+  DHS_CHECK(p.bucket_steps >= 1 && p.n_buckets >= 1 && p.n_buckets <= 4096,
+            "LRU buckets: {} steps each, {} buckets (need >= 1 and <= 4096 buckets)", p.bucket_steps, p.n_buckets);
+}
+
+void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
+  DHS_CHECK(s >= 0 && s < n_slots() && owner >= 0, "LRU insert of slot {} owner {}", s, owner);
+  DHS_CHECK(owner_[static_cast<size_t>(s)] < 0, "LRU insert: slot {} already holds a page of {}", s,
+            owner_[static_cast<size_t>(s)]);
+  owner_[static_cast<size_t>(s)] = owner;
+  last_use_[static_cast<size_t>(s)] = now;
+  pinned_[static_cast<size_t>(s)] = 0;
+}
+
+void BucketedLru::touch(int32_t s, int64_t now) {
+  DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU touch of slot {} that holds no page", s);
+  last_use_[static_cast<size_t>(s)] = std::max(last_use_[static_cast<size_t>(s)], now);
+}
+
+void BucketedLru::erase(int32_t s) {
+  DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU erase of slot {} that holds no page", s);
+  owner_[static_cast<size_t>(s)] = -1;
+  pinned_[static_cast<size_t>(s)] = 0;
+}
+
+void BucketedLru::set_pinned(int32_t s, bool pinned) {
+  DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU pin of slot {} that holds no page", s);
+  pinned_[static_cast<size_t>(s)] = pinned ? 1 : 0;
+}
+
+void BucketedLru::unpin_all() { std::fill(pinned_.begin(), pinned_.end(), 0); }
+
+int64_t BucketedLru::bucket(int32_t s, int64_t now) const {
+  const int64_t oldest = now / p_.bucket_steps - (p_.n_buckets - 1);
+  return std::max(last_use_[static_cast<size_t>(s)] / p_.bucket_steps, oldest);
+}
+
+std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now) const {
+  std::vector<int32_t> out;
+  if (n <= 0) return out;
+  const int64_t oldest = now / p_.bucket_steps - (p_.n_buckets - 1);
+  const auto candidate = [&](size_t s) {
+    return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0;
+  };
+  // Pass 1: the histogram of candidates over the n_buckets buckets (relative to the oldest).
+  std::vector<int64_t> hist(static_cast<size_t>(p_.n_buckets), 0);
+  for (size_t s = 0; s < owner_.size(); ++s)
+    if (candidate(s)) ++hist[static_cast<size_t>(bucket(static_cast<int32_t>(s), now) - oldest)];
+  // The cut: buckets before it go whole; from the cut bucket, `take_in_cut` slots.
+  int64_t cut = 0, before = 0;
+  while (cut < p_.n_buckets && before + hist[static_cast<size_t>(cut)] < n) before += hist[static_cast<size_t>(cut++)];
+  const int64_t take_in_cut = cut < p_.n_buckets ? n - before : 0;
+  // Pass 2: in slot order, every candidate of a bucket before the cut and the first take_in_cut
+  // of the cut bucket; then the result in (bucket, slot) order.
+  std::vector<std::vector<int32_t>> by_bucket(static_cast<size_t>(std::min<int64_t>(cut + 1, p_.n_buckets)));
+  int64_t taken_in_cut = 0;
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    if (!candidate(s)) continue;
+    const int64_t b = bucket(static_cast<int32_t>(s), now) - oldest;
+    if (b < cut) by_bucket[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+    else if (b == cut && taken_in_cut < take_in_cut) {
+      by_bucket[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+      ++taken_in_cut;
+    }
+  }
+  for (const auto& v : by_bucket) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+std::string BucketedLru::check_invariants(int64_t now) const {
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    if (owner_[s] < -1) return "slot " + std::to_string(s) + " has owner " + std::to_string(owner_[s]);
+    if (owner_[s] < 0 && pinned_[s]) return "free slot " + std::to_string(s) + " is pinned";
+    if (owner_[s] >= 0 && last_use_[s] > now)
+      return "slot " + std::to_string(s) + " last used at step " + std::to_string(last_use_[s]) + ", after " +
+             std::to_string(now);
+  }
+  return "";
+}
+
+}  // namespace dhs

@@ -1,0 +1,62 @@
+// Bucketed LRU over the device tier's page slots (issue 23, DESIGN.md §1.3): the eviction order of
+// the KV hierarchy without a global sort. Each resident slot remembers the step it was last used
+// in; steps are grouped into buckets of `bucket_steps`, and a bucket older than `n_buckets` buckets
+// counts as the oldest one. Eviction takes every candidate of the oldest non-empty buckets and,
+// from the bucket where the count is reached, the lowest slots: a histogram over buckets, a cut,
+// one pass over the slots. That is what the GPU does inside the step (one thread per slot, no
+// sort, no host round trip); this class is its CPU statement and the oracle of its test.
+//
+// Definition (what the tests check against a brute-force sort): with
+//   bucket(s) = max(last_use(s) / bucket_steps, now / bucket_steps - (n_buckets - 1)),
+// select(owner, n, now) returns the first min(n, |C|) slots of C (the resident slots of `owner`,
+// not pinned) ordered by (bucket, slot). The clock (`now`) is the caller's step counter.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dhs {
+
+struct LruParams {
+  int bucket_steps = 4;  // steps per bucket
+  int n_buckets = 16;    // buckets kept apart; older ones count as the oldest
+};
+
+class BucketedLru {
+ public:
+  BucketedLru(int64_t n_slots, LruParams p);
+
+  int64_t n_slots() const { return static_cast<int64_t>(last_use_.size()); }
+  const LruParams& params() const { return p_; }
+
+  // Slot s now holds a page of `owner` (a request's id), used at step `now`.
+  void insert(int32_t s, int32_t owner, int64_t now);
+  // Slot s was read at step `now` (its page was selected).
+  void touch(int32_t s, int64_t now);
+  // Slot s is free again (evicted, or its request finished).
+  void erase(int32_t s);
+  // Pinned slots are never selected (the pages the running step reads).
+  void set_pinned(int32_t s, bool pinned);
+  void unpin_all();
+
+  bool resident(int32_t s) const { return owner_[static_cast<size_t>(s)] >= 0; }
+  int32_t owner(int32_t s) const { return owner_[static_cast<size_t>(s)]; }
+  int64_t last_use(int32_t s) const { return last_use_[static_cast<size_t>(s)]; }
+  bool pinned(int32_t s) const { return pinned_[static_cast<size_t>(s)] != 0; }
+  int64_t bucket(int32_t s, int64_t now) const;
+
+  // Up to n victims of `owner` (-1: of every owner) at step `now`, in (bucket, slot) order.
+  std::vector<int32_t> select(int32_t owner, int64_t n, int64_t now) const;
+
+  // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
+  // "" when consistent.
+  std::string check_invariants(int64_t now) const;
+
+ private:
+  LruParams p_;
+  std::vector<int64_t> last_use_;
+  std::vector<int32_t> owner_;   // -1: free
+  std::vector<uint8_t> pinned_;
+};
+
+}  // namespace dhs

@@ -1,0 +1,304 @@
+#include "kv/tiered_kv.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace dhs {
+
+TierStats& TierStats::operator+=(const TierStats& o) {
+  recalled += o.recalled;
+  offloaded += o.offloaded;
+  dropped += o.dropped;
+  hits += o.hits;
+  recall_runs += o.recall_runs;
+  offload_runs += o.offload_runs;
+  return *this;
+}
+
+TieredKv::TieredKv(PagePool& device, PagePool& host, LruParams lru)
+    : dev_(device),
+      host_(host),
+      lru_(device.n_pages(), lru),
+      dev_where_(static_cast<size_t>(device.n_pages())),
+      host_copy_(static_cast<size_t>(device.n_pages()), -1) {
+  DHS_CHECK(device.tier() == Tier::Device && host.tier() == Tier::Host, "tiered KV: pools of the wrong tiers");
+  DHS_CHECK(device.page_size() == host.page_size() && device.head_dim() == host.head_dim(),
+            "tiered KV: the tiers' page shapes differ");
+}
+
+TieredKv::Owner& TieredKv::owner_of(const PageTable& t) {
+  auto it = owners_.find(t.id());
+  DHS_CHECK(it != owners_.end(), "tiered KV: page table {} is not registered", t.id());
+  return it->second;
+}
+const TieredKv::Owner& TieredKv::owner_of(const PageTable& t) const {
+  auto it = owners_.find(t.id());
+  DHS_CHECK(it != owners_.end(), "tiered KV: page table {} is not registered", t.id());
+  return it->second;
+}
+
+void TieredKv::track_device(Owner& o, PageRef p, const Where& w, int64_t now) {
+  dev_where_[static_cast<size_t>(p.slot)] = w;
+  host_copy_[static_cast<size_t>(p.slot)] = -1;
+  lru_.insert(p.slot, o.id, now);
+  ++o.resident;
+}
+
+void TieredKv::add(PageTable& t, int64_t now, int64_t budget) {
+  DHS_CHECK(owners_.count(t.id()) == 0, "tiered KV: page table {} is registered already", t.id());
+  DHS_CHECK(budget >= 0, "tiered KV: budget {} < 0", budget);
+  DHS_CHECK(t.page_size() == dev_.page_size(), "tiered KV: table page size {} != the pool's {}", t.page_size(),
+            dev_.page_size());
+  Owner& o = owners_.emplace(t.id(), Owner{next_owner_++, &t, budget}).first->second;
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+        const PageRef p = t.page(l, h, i);
+        if (p.tier == Tier::Device) track_device(o, p, {&t, l, h, i}, now);
+      }
+}
+
+TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
+  DHS_CHECK(budget >= 0, "tiered KV: budget {} < 0", budget);
+  Owner& o = owner_of(t);
+  o.budget = budget;
+  return o.resident > budget ? offload(t, o.resident - budget, now) : TierStats{};
+}
+int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
+int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
+
+std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now) const {
+  std::vector<int32_t> out;
+  if (n <= 0) return out;
+  // The LRU's order over every candidate, then only pages that may move (full ones).
+  for (int32_t s : lru_.select(owner, lru_.n_slots(), now)) {
+    const Where& w = dev_where_[static_cast<size_t>(s)];
+    if (!movable(*w.t, w.idx)) continue;
+    out.push_back(s);
+    if (static_cast<int64_t>(out.size()) == n) break;
+  }
+  return out;
+}
+
+void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
+  std::vector<PageMove> moves;
+  std::vector<int32_t> copied;
+  for (int32_t s : slots) {
+    if (host_copy_[static_cast<size_t>(s)] >= 0) continue;
+    std::vector<PageRef> hs;
+    DHS_CHECK(host_.allocate(1, &hs), "tiered KV: the host tier is full");
+    moves.push_back({PageRef{Tier::Device, s}, hs[0]});
+    copied.push_back(s);
+  }
+  std::sort(moves.begin(), moves.end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
+  st.offload_runs += copy_pages(dev_, host_, moves);
+  st.offloaded += static_cast<int64_t>(moves.size());
+  for (const PageMove& m : moves) host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
+  st.dropped += static_cast<int64_t>(slots.size() - moves.size());
+  for (int32_t s : slots) {
+    const Where w = dev_where_[static_cast<size_t>(s)];
+    w.t->relocate(w.layer, w.head, w.idx, PageRef{Tier::Host, host_copy_[static_cast<size_t>(s)]});
+    --owner_of(*w.t).resident;
+    host_copy_[static_cast<size_t>(s)] = -1;
+    lru_.erase(s);
+    dev_.free(PageRef{Tier::Device, s});
+  }
+}
+
+TierStats TieredKv::offload(PageTable& t, int64_t n, int64_t now) {
+  TierStats st;
+  const std::vector<int32_t> v = victims(owner_of(t).id, n, now);
+  evict(v, st);
+  totals_ += st;
+  return st;
+}
+
+TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
+  Owner& o = owner_of(t);
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+        const PageRef p = t.page(l, h, i);
+        if (p.tier == Tier::Device && !lru_.resident(p.slot)) track_device(o, p, {&t, l, h, i}, now);
+      }
+  return o.resident > o.budget ? offload(t, o.resident - o.budget, now) : TierStats{};
+}
+
+TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now) {
+  Owner& o = owner_of(t);
+  std::set<std::tuple<int, int, int64_t>> missing_set;
+  std::vector<int32_t> pinned_here;
+  TierStats st;
+  for (const PageId& id : pages) {
+    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
+                  id.idx < t.n_pages_per_list(),
+              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    const PageRef p = t.page(id.layer, id.head, id.idx);
+    if (p.tier == Tier::Host) {
+      missing_set.emplace(id.layer, id.head, id.idx);
+    } else {
+      ++st.hits;
+      lru_.touch(p.slot, now);
+      if (!lru_.pinned(p.slot)) {
+        lru_.set_pinned(p.slot, true);
+        pinned_here.push_back(p.slot);
+      }
+    }
+  }
+  const auto fail = [&](const std::string& why) {
+    for (int32_t s : pinned_here) lru_.set_pinned(s, false);
+    throw Error("tiered KV: " + why);
+  };
+  const int64_t missing = static_cast<int64_t>(missing_set.size());
+  // Room: the request's own pages past its budget, then any request's when the pool is full.
+  const int64_t need_own = std::max<int64_t>(0, o.resident + missing - o.budget);
+  std::vector<int32_t> out = victims(o.id, need_own, now);
+  if (static_cast<int64_t>(out.size()) < need_own)
+    fail(std::to_string(missing) + " pages to recall, budget " + std::to_string(o.budget) + ", " +
+         std::to_string(o.resident) + " resident of which " + std::to_string(out.size()) + " may leave");
+  const int64_t need_any = std::max<int64_t>(0, missing - (dev_.n_free() + static_cast<int64_t>(out.size())));
+  if (need_any > 0) {
+    const std::vector<int32_t> more = victims(-1, need_any + static_cast<int64_t>(out.size()), now);
+    int64_t added = 0;
+    for (int32_t s : more) {
+      if (added == need_any) break;
+      if (std::find(out.begin(), out.end(), s) != out.end()) continue;
+      out.push_back(s);
+      ++added;
+    }
+    if (added < need_any)
+      fail(std::to_string(missing) + " pages to recall and the device tier has room for " +
+           std::to_string(dev_.n_free() + static_cast<int64_t>(out.size())));
+  }
+  int64_t without_copy = 0;
+  for (int32_t s : out) without_copy += host_copy_[static_cast<size_t>(s)] < 0;
+  if (without_copy > host_.n_free())
+    fail("the host tier is full (" + std::to_string(without_copy) + " pages to offload, " +
+         std::to_string(host_.n_free()) + " free)");
+  evict(out, st);
+  // The recalls: host -> device, the host slot kept as the page's clean copy.
+  std::vector<PageRef> fresh;
+  DHS_CHECK(dev_.allocate(missing, &fresh), "tiered KV: device slots vanished during a recall");
+  std::vector<PageMove> moves;
+  std::vector<Where> where;
+  size_t k = 0;
+  for (const auto& [l, h, i] : missing_set) {
+    moves.push_back({t.page(l, h, i), fresh[k++]});
+    where.push_back({&t, l, h, i});
+  }
+  st.recall_runs += copy_pages(host_, dev_, moves);
+  st.recalled += missing;
+  for (size_t j = 0; j < moves.size(); ++j) {
+    const Where& w = where[j];
+    const PageRef d = moves[j].dst;
+    track_device(o, d, w, now);
+    host_copy_[static_cast<size_t>(d.slot)] = moves[j].src.slot;
+    lru_.set_pinned(d.slot, true);
+    t.relocate(w.layer, w.head, w.idx, d);
+  }
+  totals_ += st;
+  return st;
+}
+
+void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
+  auto* self = static_cast<TieredKv*>(self_v);
+  if (p.tier == Tier::Host) {
+    self->host_.free(p);
+    return;
+  }
+  const size_t s = static_cast<size_t>(p.slot);
+  --self->owner_of(*self->dev_where_[s].t).resident;
+  if (self->host_copy_[s] >= 0) self->host_.free(PageRef{Tier::Host, self->host_copy_[s]});
+  self->host_copy_[s] = -1;
+  self->lru_.erase(p.slot);
+  self->dev_.free(p);
+}
+
+TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
+  owner_of(t);  // registered
+  t.truncate(free_page_cb, this, n_tokens);
+  TierStats st;
+  if (n_tokens % t.page_size() == 0) return st;  // every remaining page is full
+  const int64_t tail = n_tokens / t.page_size();
+  std::vector<PageId> back;
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      if (t.page(l, h, tail).tier == Tier::Host) back.push_back({l, h, tail});
+  if (!back.empty()) st = ensure_resident(t, back, now);
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h) {
+      const size_t s = static_cast<size_t>(t.page(l, h, tail).slot);
+      if (host_copy_[s] >= 0) host_.free(PageRef{Tier::Host, host_copy_[s]});
+      host_copy_[s] = -1;
+      lru_.set_pinned(static_cast<int32_t>(s), false);
+    }
+  return st;
+}
+
+void TieredKv::release(PageTable& t) {
+  owner_of(t);
+  t.release(free_page_cb, this);
+  owners_.erase(t.id());
+}
+
+std::string TieredKv::check_invariants() const {
+  if (std::string e = dev_.check_invariants(); !e.empty()) return "device pool: " + e;
+  if (std::string e = host_.check_invariants(); !e.empty()) return "host pool: " + e;
+  std::vector<uint8_t> seen_dev(static_cast<size_t>(dev_.n_pages()), 0), seen_host(static_cast<size_t>(host_.n_pages()), 0);
+  int64_t n_dev = 0, n_host = 0;
+  const auto at = [](int l, int h, int64_t i) {
+    return "page " + std::to_string(i) + " of (" + std::to_string(l) + ", " + std::to_string(h) + ")";
+  };
+  for (const auto& [id, o] : owners_) {
+    const PageTable& t = *o.t;
+    int64_t resident = 0;
+    bool movable_unpinned = false;
+    for (int l = 0; l < t.n_layers(); ++l)
+      for (int h = 0; h < t.n_heads_kv(); ++h)
+        for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+          const PageRef p = t.page(l, h, i);
+          if (!p.valid()) return "table " + std::to_string(id) + ": " + at(l, h, i) + " is invalid";
+          if (p.tier == Tier::Host) {
+            if (!host_.is_used(p) || seen_host[static_cast<size_t>(p.slot)]++)
+              return "table " + std::to_string(id) + ": " + at(l, h, i) + " names host slot " + std::to_string(p.slot) +
+                     " free or twice";
+            ++n_host;
+            continue;
+          }
+          const size_t s = static_cast<size_t>(p.slot);
+          if (!dev_.is_used(p) || seen_dev[s]++)
+            return "table " + std::to_string(id) + ": " + at(l, h, i) + " names device slot " + std::to_string(p.slot) +
+                   " free or twice";
+          ++n_dev;
+          ++resident;
+          const Where& w = dev_where_[s];
+          if (!lru_.resident(p.slot) || lru_.owner(p.slot) != o.id || w.t != &t || w.layer != l || w.head != h ||
+              w.idx != i)
+            return "device slot " + std::to_string(p.slot) + " is not tracked as " + at(l, h, i);
+          if (host_copy_[s] >= 0) {
+            if (!movable(t, i)) return at(l, h, i) + " appends and has a host copy";
+            if (!host_.is_used(PageRef{Tier::Host, host_copy_[s]}) || seen_host[static_cast<size_t>(host_copy_[s])]++)
+              return at(l, h, i) + ": its host copy " + std::to_string(host_copy_[s]) + " is free or named twice";
+            ++n_host;
+          }
+          movable_unpinned = movable_unpinned || (movable(t, i) && !lru_.pinned(p.slot));
+        }
+    if (resident != o.resident)
+      return "table " + std::to_string(id) + ": " + std::to_string(resident) + " resident pages, counted " +
+             std::to_string(o.resident);
+    if (resident > o.budget && movable_unpinned)
+      return "table " + std::to_string(id) + " holds " + std::to_string(resident) + " device pages, budget " +
+             std::to_string(o.budget) + ", with full unpinned pages it could offload";
+  }
+  if (n_dev != dev_.n_used()) return std::to_string(dev_.n_used()) + " device slots used, tables name " + std::to_string(n_dev);
+  if (n_host != host_.n_used()) return std::to_string(host_.n_used()) + " host slots used, tables and copies name " + std::to_string(n_host);
+  int64_t tracked = 0;
+  for (int32_t s = 0; s < lru_.n_slots(); ++s) tracked += lru_.resident(s);
+  if (tracked != n_dev) return "the LRU tracks " + std::to_string(tracked) + " slots, tables name " + std::to_string(n_dev);
+  return "";
+}
+
+}  // namespace dhs

@@ -1,0 +1,125 @@
+// The KV hierarchy's bookkeeping (issue 23, DESIGN.md §1.3): the device tier as a cache over the
+// host tier, per-request device budgets, eviction by the bucketed LRU (kv/bucketed_lru.h), page
+// moves through the I/O engine (kv/tier_copy.h). This is the host-side statement the backends
+// build on: on the CPU both tiers are host pools with storage (so CI runs the whole logic), on
+// the GPU the device pool is HBM and the moves run as kernels.
+//
+// Where a page lives: a request's PageTable names the page's current location — a device slot
+// (resident) or a host slot (offloaded). A resident page may also keep a clean host copy, made
+// when it was offloaded before and recalled since: evicting it again costs no copy. Only full
+// pages move: the page a list is appending into (index >= n_tokens / page_size) stays resident
+// and has no host copy, so a page's bytes never change while a copy of them exists elsewhere.
+//
+// Budgets: each registered request may hold at most `budget` device pages (set_budget; default
+// unlimited). A recall for a request at its budget evicts its own least recently used pages; a
+// recall that finds the device pool full evicts any request's. Pages the running step reads are
+// pinned first (ensure_resident pins all of a call's pages before it evicts anything), so one
+// list's recall never evicts a page the step still needs.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/bucketed_lru.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "kv/tier_copy.h"
+
+namespace dhs {
+
+struct PageId {
+  int layer = 0, head = 0;
+  int64_t idx = 0;
+};
+
+struct TierStats {
+  int64_t recalled = 0;      // pages copied host -> device
+  int64_t offloaded = 0;     // pages copied device -> host
+  int64_t dropped = 0;       // evictions that needed no copy (a clean host copy existed)
+  int64_t hits = 0;          // requested pages already resident
+  int64_t recall_runs = 0;   // coalesced copies of the recalls
+  int64_t offload_runs = 0;  // and of the offloads
+  TierStats& operator+=(const TierStats& o);
+};
+
+class TieredKv {
+ public:
+  TieredKv(PagePool& device, PagePool& host, LruParams lru = {});
+  TieredKv(const TieredKv&) = delete;
+  TieredKv& operator=(const TieredKv&) = delete;
+
+  static constexpr int64_t kUnlimited = INT64_MAX;
+
+  // A request's table: its device pages are tracked from now on (used at step `now`). The table
+  // must outlive its registration (release() ends it).
+  void add(PageTable& t, int64_t now, int64_t budget = kUnlimited);
+  // A new budget; pages over it are offloaded now (least recently used first).
+  TierStats set_budget(PageTable& t, int64_t budget, int64_t now);
+  int64_t budget(const PageTable& t) const;
+  int64_t resident_pages(const PageTable& t) const;
+
+  // After t.reserve(device pool, ...): its new device pages are tracked; then, if t is over its
+  // budget, its least recently used full pages are offloaded down to it.
+  TierStats adopt_new_pages(PageTable& t, int64_t now);
+
+  // Every listed page of t resident on the device and touched at `now`: pinned, then the missing
+  // ones recalled (evicting by the budgets above). Throws dhs::Error, changing nothing, when the
+  // pages cannot all be resident at once (more than the budget or the device pool).
+  TierStats ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now);
+
+  // Offloads up to n of t's least recently used full, unpinned device pages; returns the stats.
+  TierStats offload(PageTable& t, int64_t n, int64_t now);
+
+  // Unpins every page (the step is over).
+  void end_step() { lru_.unpin_all(); }
+
+  // t.truncate / t.release with both tiers: frees each dropped page where it lives and its clean
+  // copy. truncate also brings back the page each list then appends into and drops its copy.
+  TierStats truncate(PageTable& t, int64_t n_tokens, int64_t now);
+  void release(PageTable& t);
+
+  // Every check of the hierarchy against the registered tables: each pool's invariants; every
+  // table page used in its tier and named once (tables and clean copies together); the device
+  // slots the LRU tracks are exactly the tables' device pages, with their owners; budgets kept;
+  // no host copy of an appending page. "" when consistent.
+  std::string check_invariants() const;
+
+  const TierStats& totals() const { return totals_; }
+  const BucketedLru& lru() const { return lru_; }
+
+ private:
+  struct Where {
+    PageTable* t = nullptr;
+    int layer = 0, head = 0;
+    int64_t idx = 0;
+  };
+  struct Owner {
+    int32_t id;
+    PageTable* t;
+    int64_t budget;
+    int64_t resident = 0;
+  };
+  Owner& owner_of(const PageTable& t);
+  const Owner& owner_of(const PageTable& t) const;
+  // Full pages (they may move): index below n_tokens / page_size.
+  static bool movable(const PageTable& t, int64_t idx) { return idx < t.n_tokens() / t.page_size(); }
+  void track_device(Owner& o, PageRef p, const Where& w, int64_t now);
+  // Evicts the given device slots (copying those without a clean host copy); fills st.
+  void evict(std::span<const int32_t> slots, TierStats& st);
+  // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only.
+  std::vector<int32_t> victims(int32_t owner, int64_t n, int64_t now) const;
+  static void free_page_cb(void* self, PageRef p, int layer, int head, int64_t idx);
+
+  PagePool& dev_;
+  PagePool& host_;
+  BucketedLru lru_;
+  std::vector<Where> dev_where_;          // [device slots] the page a used slot holds
+  std::vector<int32_t> host_copy_;        // [device slots] its clean host copy's slot, or -1
+  std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
+  int32_t next_owner_ = 0;
+  TierStats totals_;
+};
+
+}  // namespace dhs

@@ -1,0 +1,101 @@
+// The bucketed LRU (kv/bucketed_lru.h) against a brute-force statement of its definition: every
+// candidate (resident, of the owner, not pinned) sorted by (bucket, slot), the first n taken;
+// bucket(s) = max(last_use / bucket_steps, now / bucket_steps - (n_buckets - 1)). The clock is
+// injected (a step counter the test advances), and random inserts, touches, pins and erases run
+// between selections.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "kv/bucketed_lru.h"
+
+namespace dhs {
+namespace {
+
+std::vector<int32_t> brute_force(const BucketedLru& lru, int32_t owner, int64_t n, int64_t now) {
+  const LruParams& p = lru.params();
+  std::vector<std::tuple<int64_t, int32_t>> c;
+  for (int32_t s = 0; s < lru.n_slots(); ++s) {
+    if (!lru.resident(s) || lru.pinned(s) || (owner >= 0 && lru.owner(s) != owner)) continue;
+    const int64_t b = std::max(lru.last_use(s) / p.bucket_steps, now / p.bucket_steps - (p.n_buckets - 1));
+    c.emplace_back(b, s);
+  }
+  std::sort(c.begin(), c.end());
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < std::min<int64_t>(n, static_cast<int64_t>(c.size())); ++i)
+    out.push_back(std::get<1>(c[static_cast<size_t>(i)]));
+  return out;
+}
+
+TEST(BucketedLru, OldestBucketsFirstLowestSlotsInTheCut) {
+  BucketedLru lru(8, {.bucket_steps = 2, .n_buckets = 3});
+  // Steps 0..5: buckets 0, 0, 1, 1, 2, 2.
+  for (int32_t s = 0; s < 6; ++s) lru.insert(s, 0, s);
+  EXPECT_EQ(lru.select(0, 3, 5), (std::vector<int32_t>{0, 1, 2}));
+  lru.touch(0, 5);  // slot 0 is now the newest
+  EXPECT_EQ(lru.select(0, 3, 5), (std::vector<int32_t>{1, 2, 3}));
+  lru.set_pinned(1, true);
+  EXPECT_EQ(lru.select(0, 2, 5), (std::vector<int32_t>{2, 3}));
+  // At step 9 the oldest kept bucket is 9 / 2 - (3 - 1) = 2: every page counts as that old,
+  // so the order is the slot order.
+  EXPECT_EQ(lru.select(0, 10, 9), (std::vector<int32_t>{0, 2, 3, 4, 5}));
+  EXPECT_EQ(lru.select(1, 10, 9), std::vector<int32_t>{});
+  EXPECT_EQ(lru.check_invariants(9), "");
+}
+
+TEST(BucketedLru, RefusesMisuse) {
+  BucketedLru lru(4, {});
+  lru.insert(1, 3, 0);
+  EXPECT_THROW(lru.insert(1, 2, 0), Error);  // occupied
+  EXPECT_THROW(lru.touch(0, 1), Error);      // free
+  EXPECT_THROW(lru.erase(2), Error);
+  EXPECT_THROW(lru.set_pinned(0, true), Error);
+  EXPECT_THROW(lru.insert(4, 0, 0), Error);  // out of range
+  EXPECT_THROW(BucketedLru(4, {.bucket_steps = 0, .n_buckets = 4}), Error);
+}
+
+TEST(BucketedLru, MatchesTheBruteForceDefinition) {
+  std::mt19937 rng(2024);
+  for (const LruParams p : {LruParams{1, 1}, LruParams{1, 8}, LruParams{4, 16}, LruParams{3, 5}}) {
+    BucketedLru lru(97, p);
+    int64_t now = 0;
+    int checks = 0;
+    for (int it = 0; it < 20000; ++it) {
+      const int32_t s = static_cast<int32_t>(rng() % 97);
+      switch (rng() % 8) {
+        case 0: case 1:
+          if (!lru.resident(s)) lru.insert(s, static_cast<int32_t>(rng() % 4), now);
+          break;
+        case 2: case 3:
+          if (lru.resident(s)) lru.touch(s, now);
+          break;
+        case 4:
+          if (lru.resident(s)) lru.erase(s);
+          break;
+        case 5:
+          if (lru.resident(s)) lru.set_pinned(s, rng() % 2 == 0);
+          break;
+        case 6:
+          now += static_cast<int64_t>(rng() % 3);  // the clock: 0-2 steps
+          if (rng() % 50 == 0) lru.unpin_all();
+          break;
+        default: {
+          const int32_t owner = static_cast<int32_t>(rng() % 5) - 1;  // -1: any owner
+          const int64_t n = static_cast<int64_t>(rng() % 40);
+          ASSERT_EQ(lru.select(owner, n, now), brute_force(lru, owner, n, now))
+              << "params " << p.bucket_steps << "/" << p.n_buckets << " step " << now << " owner " << owner << " n " << n;
+          ++checks;
+        }
+      }
+      ASSERT_EQ(lru.check_invariants(now), "");
+    }
+    EXPECT_GT(checks, 2000);
+  }
+}
+
+}  // namespace
+}  // namespace dhs

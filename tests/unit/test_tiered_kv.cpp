@@ -1,0 +1,240 @@
+// The KV hierarchy's bookkeeping (kv/tiered_kv.h) with both tiers as host pools: the page-move
+// engine's coalescing, then random scenarios — requests appending tokens, steps reading random
+// page subsets under small device budgets, rollbacks, budget changes, requests finishing — with
+// the hierarchy's invariants checked after every operation (each pool's accounting, every page
+// named once, in the tier its table says, the LRU tracking exactly the device pages, budgets
+// kept) and every token's K and V rows bit-equal to what was written, read from wherever the
+// page now lives (after every operation in the first rounds, every 25th later: the cost). At
+// least 10^6 page moves in all.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "kv/tier_copy.h"
+#include "kv/tiered_kv.h"
+
+namespace dhs {
+namespace {
+
+constexpr int kPage = 4, kDim = 3, kLayers = 2, kHeads = 2;
+
+TEST(TierCopy, CoalescesConsecutiveSlotsAndCopiesKAndV) {
+  PagePool dev(Tier::Device, 8, kPage, kDim), host(Tier::Host, 8, kPage, kDim);
+  std::vector<PageRef> d, h;
+  ASSERT_TRUE(dev.allocate(8, &d));
+  ASSERT_TRUE(host.allocate(8, &h));
+  for (int32_t s = 0; s < 8; ++s)
+    for (int i = 0; i < kPage * kDim; ++i) {
+      dev.k_page({Tier::Device, s})[i] = static_cast<float>(100 * s + i);
+      dev.v_page({Tier::Device, s})[i] = static_cast<float>(-100 * s - i);
+    }
+  // Slots 2,3,4 -> 5,6,7 (one run), 0 -> 1, 6 -> 0 (two more).
+  const std::vector<PageMove> moves = {{{Tier::Device, 2}, {Tier::Host, 5}}, {{Tier::Device, 3}, {Tier::Host, 6}},
+                                       {{Tier::Device, 4}, {Tier::Host, 7}}, {{Tier::Device, 0}, {Tier::Host, 1}},
+                                       {{Tier::Device, 6}, {Tier::Host, 0}}};
+  EXPECT_EQ(copy_pages(dev, host, moves), 3);
+  for (const PageMove& m : moves)
+    for (int i = 0; i < kPage * kDim; ++i) {
+      ASSERT_EQ(host.k_page(m.dst)[i], static_cast<float>(100 * m.src.slot + i));
+      ASSERT_EQ(host.v_page(m.dst)[i], static_cast<float>(-100 * m.src.slot - i));
+    }
+  EXPECT_THROW(copy_pages(host, dev, moves), Error);  // tiers reversed
+  host.free({Tier::Host, 5});
+  EXPECT_THROW(copy_pages(dev, host, moves), Error);  // a free destination
+}
+
+// The value of row `pos` of (layer, head) of request `req`, element e (K: sign +, V: sign -):
+// distinct for every token, so a page read from the wrong slot shows.
+float value(uint64_t req, int layer, int head, int64_t pos, int e) {
+  return static_cast<float>(((req * 131 + static_cast<uint64_t>(layer) * 17 + static_cast<uint64_t>(head)) * 100003 +
+                             static_cast<uint64_t>(pos) * 7 + static_cast<uint64_t>(e)) %
+                            1000003);
+}
+
+struct Req {
+  std::unique_ptr<PageTable> t;
+  uint64_t key;  // for the values (PageTable ids differ across runs of the test)
+};
+
+class Scenario {
+ public:
+  Scenario(int64_t dev_pages, int64_t host_pages, LruParams lru)
+      : dev_(Tier::Device, dev_pages, kPage, kDim), host_(Tier::Host, host_pages, kPage, kDim), kv_(dev_, host_, lru) {}
+
+  PagePool dev_, host_;
+  TieredKv kv_;
+  std::vector<Req> reqs_;
+  int64_t now_ = 0;
+  uint64_t next_key_ = 1;
+
+  const PagePool& pool(Tier t) const { return t == Tier::Device ? dev_ : host_; }
+
+  // Appends n tokens to r: reserve on the device (offloading anyone's full pages for room first),
+  // write their rows, commit, adopt. False when the device tier cannot make room.
+  bool append(Req& r, int64_t n) {
+    const int64_t need = r.t->pages_needed(n);
+    if (need > dev_.n_free()) {
+      for (Req& o : reqs_) kv_.offload(*o.t, need - dev_.n_free(), now_);
+      if (need > dev_.n_free()) return false;
+    }
+    if (!r.t->reserve(dev_, n)) return false;
+    const int64_t p0 = r.t->n_tokens();
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t pos = p0; pos < p0 + n; ++pos) {
+          int row = 0;
+          const PageRef p = r.t->page_of_token(l, h, pos, &row);
+          EXPECT_EQ(p.tier, Tier::Device) << "appending into an offloaded page";
+          for (int e = 0; e < kDim; ++e) {
+            dev_.k_page(p)[row * kDim + e] = value(r.key, l, h, pos, e);
+            dev_.v_page(p)[row * kDim + e] = -value(r.key, l, h, pos, e);
+          }
+        }
+    r.t->commit(n);
+    kv_.adopt_new_pages(*r.t, now_);
+    return true;
+  }
+
+  void check(bool bytes = true) {
+    ASSERT_EQ(kv_.check_invariants(), "");
+    if (!bytes) return;
+    for (const Req& r : reqs_)
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t pos = 0; pos < r.t->n_tokens(); ++pos) {
+            int row = 0;
+            const PageRef p = r.t->page_of_token(l, h, pos, &row);
+            const PagePool& pl = pool(p.tier);
+            for (int e = 0; e < kDim; ++e) {
+              ASSERT_EQ(pl.k_page(p)[row * kDim + e], value(r.key, l, h, pos, e))
+                  << "K of token " << pos << " of (" << l << ", " << h << ") in " << tier_name(p.tier) << " slot " << p.slot;
+              ASSERT_EQ(pl.v_page(p)[row * kDim + e], -value(r.key, l, h, pos, e));
+            }
+          }
+  }
+};
+
+TEST(TieredKv, EvictsWithinTheBudgetAndRecallsBitExact) {
+  Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0, /*budget=*/12);
+  ASSERT_TRUE(s.append(r, 32));  // 8 pages per list, 32 in all; 4 tail-free lists: all full
+  s.check();
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);
+  // A step reads pages 0-2 of every list (12 pages): the ones offloaded come back, others leave.
+  std::vector<PageId> want;
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < 3; ++i) want.push_back({l, h, i});
+  s.now_ = 1;
+  const TierStats st = s.kv_.ensure_resident(*r.t, want, s.now_);
+  EXPECT_EQ(st.hits + st.recalled, 12);
+  for (const PageId& id : want) EXPECT_EQ(r.t->page(id.layer, id.head, id.idx).tier, Tier::Device);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);
+  s.check();
+  // 13 pages at once do not fit a budget of 12: refused, nothing changed.
+  want.push_back({0, 0, 5});
+  EXPECT_THROW(s.kv_.ensure_resident(*r.t, want, s.now_), Error);
+  s.check();
+  s.kv_.end_step();
+  // A page offloaded, recalled, offloaded again: the second eviction needs no copy.
+  s.now_ = 2;
+  const TierStats back = s.kv_.ensure_resident(*r.t, std::vector<PageId>{{1, 1, 7}}, s.now_);
+  EXPECT_EQ(back.recalled, 1);
+  s.kv_.end_step();
+  s.now_ = 20;
+  const std::vector<PageId> others = {{0, 0, 4}, {0, 1, 4}, {1, 0, 4}, {1, 1, 4}, {0, 0, 5}, {0, 1, 5},
+                                      {1, 0, 5}, {1, 1, 5}, {0, 0, 6}, {0, 1, 6}, {1, 0, 6}, {1, 1, 6}};
+  const TierStats away = s.kv_.ensure_resident(*r.t, others, s.now_);
+  EXPECT_GE(away.dropped, 1);
+  EXPECT_EQ(r.t->page(1, 1, 7).tier, Tier::Host);
+  s.check();
+  s.kv_.end_step();
+  s.kv_.release(*r.t);
+  EXPECT_EQ(s.dev_.n_used(), 0);
+  EXPECT_EQ(s.host_.n_used(), 0);
+}
+
+TEST(TieredKv, RollbackBringsTheAppendingPageBack) {
+  Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 4});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0, /*budget=*/8);
+  ASSERT_TRUE(s.append(r, 24));  // 6 pages per list, 24 in all, 16 offloaded
+  s.check();
+  // Truncate into the middle of page 1: page 1 of each list appends again, so it is resident
+  // without a host copy; everything past it is freed in both tiers.
+  s.now_ = 1;
+  s.kv_.truncate(*r.t, 6, s.now_);
+  s.check();
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h) EXPECT_EQ(r.t->page(l, h, 1).tier, Tier::Device);
+  ASSERT_TRUE(s.append(r, 5));  // overwrite rows 2-3 of page 1 and go on into page 2
+  s.check();
+  s.kv_.release(*r.t);
+  EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
+}
+
+TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
+  std::mt19937 rng(23);
+  int64_t moves = 0;
+  for (int round = 0; moves < 1'000'000; ++round) {
+    ASSERT_LT(round, 2000) << "too few page moves per round (" << moves << " so far)";
+    Scenario s(48 + 16 * (round % 3), 600, {.bucket_steps = 1 + round % 3, .n_buckets = 2 + round % 7});
+    for (int it = 0; it < 3000; ++it) {
+      const int op = static_cast<int>(rng() % 10);
+      if (op == 0 && s.reqs_.size() < 4) {  // a new request
+        s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+        s.kv_.add(*s.reqs_.back().t, s.now_, 6 + static_cast<int64_t>(rng() % 10));
+      } else if (s.reqs_.empty()) {
+        continue;
+      } else {
+        Req& r = s.reqs_[rng() % s.reqs_.size()];
+        if (op <= 3) {  // append 1-6 tokens, within the host tier's room
+          if (r.t->n_tokens() < 120) s.append(r, 1 + static_cast<int64_t>(rng() % 6));
+        } else if (op <= 6 && r.t->n_pages_per_list() > 0) {  // a step reads 1-6 random pages
+          std::vector<PageId> want;
+          const int n = 1 + static_cast<int>(rng() % 6);
+          for (int k = 0; k < n; ++k)
+            want.push_back({static_cast<int>(rng() % kLayers), static_cast<int>(rng() % kHeads),
+                            static_cast<int64_t>(rng() % static_cast<uint64_t>(r.t->n_pages_per_list()))});
+          try {
+            s.kv_.ensure_resident(*r.t, want, s.now_);
+          } catch (const Error&) {  // more than the budget or the pool at once: refused whole
+          }
+          s.kv_.end_step();
+          s.now_ += static_cast<int64_t>(rng() % 3);
+        } else if (op == 7) {
+          s.kv_.set_budget(*r.t, 4 + static_cast<int64_t>(rng() % 12), s.now_);
+        } else if (op == 8 && r.t->n_tokens() > 0) {  // rollback of 1-5 tokens
+          s.kv_.truncate(*r.t, std::max<int64_t>(0, r.t->n_tokens() - 1 - static_cast<int64_t>(rng() % 5)), s.now_);
+          s.kv_.end_step();
+        } else if (op == 9) {  // finished
+          s.kv_.release(*r.t);
+          std::swap(r, s.reqs_.back());
+          s.reqs_.pop_back();
+        }
+      }
+      s.check(round < 5 || it % 25 == 0);  // every byte after every operation in the first rounds
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    for (Req& r : s.reqs_) s.kv_.release(*r.t);
+    s.reqs_.clear();
+    ASSERT_EQ(s.dev_.n_used(), 0);
+    ASSERT_EQ(s.host_.n_used(), 0);
+    const TierStats& t = s.kv_.totals();
+    moves += t.recalled + t.offloaded + t.dropped;
+  }
+  std::printf("%lld page moves (recalls, offloads, drops); invariants after every operation, bytes after every one of the first 5 rounds, then every 25th\n",
+              static_cast<long long>(moves));
+}
+
+}  // namespace
+}  // namespace dhs
