@@ -36,6 +36,12 @@ struct EngineOptions {
   // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
   // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.
   std::string quantization = "none";
+  // The KV hierarchy (issue 23; CPU backend so far): a host tier of this many GiB behind the
+  // pool steps read (the device tier); 0: none. vLLM's --swap-space is the same flag.
+  double cpu_kv_gb = 0.0;
+  // With the host tier: device-tier pages each request may keep (0: no limit); its least
+  // recently used full pages go to the host tier past it, and come back when a step reads them.
+  int64_t kv_device_budget = 0;
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step
@@ -170,7 +176,8 @@ class Engine {
 
   // KV page accounting (free + used == total when idle).
   virtual PoolStats kv_stats() const = 0;
-  virtual std::string kv_check() const = 0;  // "" when the pool is consistent
+  virtual std::string kv_check() const = 0;  // "" when the pool (and the KV hierarchy) is consistent
+  virtual TierCounts tier_counts() const = 0;
 };
 
 // Human-readable summary of a model file: architecture, shapes, dtypes, context,

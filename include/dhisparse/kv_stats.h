@@ -19,4 +19,14 @@ struct PageCounts {
   double read_frac() const { return total > 0 ? static_cast<double>(read) / static_cast<double>(total) : 1.0; }
 };
 
+// The KV hierarchy (EngineOptions::cpu_kv_gb): page moves between the device and host tiers since
+// the engine loaded, and the host tier's pages in use. All 0 without a host tier.
+struct TierCounts {
+  uint64_t hits = 0;       // pages a step read that were resident
+  uint64_t recalled = 0;   // host -> device copies
+  uint64_t offloaded = 0;  // device -> host copies
+  uint64_t dropped = 0;    // evictions of pages whose host copy was still valid (no copy)
+  int64_t host_used = 0;
+};
+
 }  // namespace dhs

@@ -88,4 +88,16 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
       ->capture_default_str();
 }
 
+void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
+  app->add_option("--cpu-kv-gb,--swap-space", eo.cpu_kv_gb,
+                  "KV hierarchy (CPU backend so far): a host tier of this many GiB behind the KV pool; 0 = none")
+      ->check(CLI::Range(0.0, 1048576.0))
+      ->capture_default_str();
+  app->add_option("--kv-device-budget", eo.kv_device_budget,
+                  "With --cpu-kv-gb: KV pages each request keeps in the device tier (its least recently used full "
+                  "pages go to the host tier past it); 0 = no limit")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+}
+
 }  // namespace dhs::cli

@@ -34,6 +34,10 @@ int stdout_status(int rc);
 // --quantization (none | fp8).
 void add_gpu_weight_options(CLI::App* app, EngineOptions& eo);
 
+// The KV hierarchy's flags, for generate and serve: --cpu-kv-gb (alias --swap-space) and
+// --kv-device-budget.
+void add_kv_tier_options(CLI::App* app, EngineOptions& eo);
+
 // The sparse flags of generate and eval: they fill a PolicySpec that the policy text (generate's
 // --sparse-policy, each of eval's --policies) completes.
 struct PolicyFlags {

@@ -62,6 +62,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   app_->add_option("--block-size", eo_.page_size, "Tokens per KV head-page")->check(int_in(1, 256))->capture_default_str();
   app_->add_option("--weights", eo_.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
   add_gpu_weight_options(app_, eo_);
+  add_kv_tier_options(app_, eo_);
   app_->add_flag("-q,--quiet", quiet_, "Print only the generated text: no prompt echo, no progress, no stats line");
 }
 

@@ -40,6 +40,7 @@ ServeCommand::ServeCommand(CLI::App& app) {
   app_->add_option("-t,--threads", eo_.n_threads, "CPU threads; 0 = all")->check(int_in(0, 4096));
   app_->add_option("--weights", eo_.weight_type, "CPU weight storage: f16 or f32")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
   add_gpu_weight_options(app_, eo_);
+  add_kv_tier_options(app_, eo_);
   app_->add_option("--http-threads", http_.http_threads, "HTTP worker threads = connections served at once, SSE streams included (0 = max-num-seqs + max-waiting + 64, at most 1000)")->check(int_in(0, 1 << 14));
   app_->add_option("--shutdown-timeout", http_.shutdown_timeout_s, "SIGTERM/SIGINT: seconds running requests get to finish before they are aborted")->check(real_in(0.0, End::Closed, 86400.0, End::Closed))->capture_default_str();
   app_->add_option("--speculative-k", so_.speculative_k,

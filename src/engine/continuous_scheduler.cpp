@@ -319,7 +319,7 @@ void ContinuousScheduler::drop_cancelled(std::vector<Owned>* done) {
 
 void ContinuousScheduler::preempt_newest() {
   Owned r = remove_running(running_.back().get());
-  r->table.release(runner_.pages());  // recompute: its tokens are prefilled again on resume
+  runner_.release(r->table);  // recompute: its tokens are prefilled again on resume
   if (r->spec_base >= 0) {  // its drafts go; a new cycle starts after the recompute
     r->history.resize(static_cast<size_t>(r->spec_base + 1));
     r->draft_q.clear();
@@ -622,7 +622,7 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
 }
 
 void ContinuousScheduler::publish(std::vector<Owned>* done) {
-  for (Owned& r : *done) r->table.release(runner_.pages());
+  for (Owned& r : *done) runner_.release(r->table);
   const bool quiet = [&] {
     std::lock_guard lk(mu_);
     return waiting_.empty() && n_running_ == 0;

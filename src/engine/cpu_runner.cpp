@@ -32,10 +32,26 @@ class CpuRunner final : public StepRunner {
     const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : (max_ctx + o.page_size - 1) / o.page_size;
     DHS_CHECK(o.kv_blocks >= 0 && blocks <= (int64_t{1} << 31) / (c.n_layers * c.n_heads_kv),
               "KV blocks must be in [0, {}], got {}", (int64_t{1} << 31) / (c.n_layers * c.n_heads_kv), o.kv_blocks);
-    pool_ = std::make_unique<PagePool>(Tier::Host, blocks * c.n_layers * c.n_heads_kv, o.page_size,
-                                       static_cast<int>(c.head_dim));
+    // The KV hierarchy (kv/tiered_kv.h) when a host tier is asked for: the pool forward() reads
+    // is then its device tier, and a second pool of cpu_kv_gb the host tier (both in host memory
+    // here: the logic of the GPU's HBM-over-DRAM, run where CI runs).
+    DHS_CHECK(o.cpu_kv_gb >= 0.0 && o.kv_device_budget >= 0, "the host KV tier and device budget must be >= 0");
+    const int64_t page_bytes = 2 * int64_t{o.page_size} * c.head_dim * 4;  // K and V, fp32
+    const int64_t host_pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
+    DHS_CHECK(o.cpu_kv_gb == 0.0 || host_pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
+    DHS_CHECK(o.kv_device_budget == 0 || host_pages > 0, "a device KV budget needs the host tier (--cpu-kv-gb)");
+    pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
+                                       o.page_size, static_cast<int>(c.head_dim));
+    if (host_pages > 0) {
+      host_pool_ = std::make_unique<PagePool>(Tier::Host, host_pages, o.page_size, static_cast<int>(c.head_dim));
+      tiers_ = std::make_unique<TieredKv>(*pool_, *host_pool_);
+      budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
+      model_->set_tiers(tiers_.get());
+    }
     if (!o.policy.dense()) {
-      summaries_ = std::make_unique<PageSummaryStore>(*pool_);
+      summaries_ = host_pool_ ? std::make_unique<PageSummaryStore>(*pool_, *host_pool_) : std::make_unique<PageSummaryStore>(*pool_);
+      if (tiers_)  // a page's summary goes where the page goes
+        tiers_->set_move_hook([s = summaries_.get()](PageRef from, PageRef to) { s->copy_page(s->key(from), s->key(to)); });
       set_policy(o.policy);
     }
   }
@@ -60,8 +76,25 @@ class CpuRunner final : public StepRunner {
   void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
   bool verifies() const override { return true; }
   void truncate(PageTable& table, int64_t n_tokens) override {
-    table.truncate(*pool_, n_tokens);
+    if (tiers_ && tiers_->has(table)) tiers_->truncate(table, n_tokens, model_->tier_clock());
+    else table.truncate(*pool_, n_tokens);
     if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
+  }
+  void release(PageTable& table) override {
+    if (tiers_ && tiers_->has(table)) tiers_->release(table);
+    else table.release(*pool_);
+  }
+  std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : pool_->check_invariants(); }
+  TierCounts tier_counts() const override {
+    TierCounts c;
+    if (!tiers_) return c;
+    const TierStats& t = tiers_->totals();
+    c.hits = static_cast<uint64_t>(t.hits);
+    c.recalled = static_cast<uint64_t>(t.recalled);
+    c.offloaded = static_cast<uint64_t>(t.offloaded);
+    c.dropped = static_cast<uint64_t>(t.dropped);
+    c.host_used = host_pool_->n_used();
+    return c;
   }
   void capture_queries(bool on) override {
     queries_.clear();
@@ -76,6 +109,7 @@ class CpuRunner final : public StepRunner {
   }
   double fit_key_basis(const PageTable& table, int64_t n_tokens, int rank, bool query_aware) override {
     DHS_CHECK(summaries_, "calibrating a key basis needs an engine loaded with a sparse policy (page summaries)");
+    DHS_CHECK(!tiers_, "calibrating a key basis with the host KV tier (--cpu-kv-gb) is not supported yet");
     const ModelConfig& c = model_->config();
     const int d = static_cast<int>(c.head_dim), hq = static_cast<int>(c.n_heads_q), hkv = static_cast<int>(c.n_heads_kv);
     DHS_CHECK(!query_aware || !queries_.empty(), "a query-aware key basis needs the calibration's queries (capture_queries)");
@@ -116,6 +150,11 @@ class CpuRunner final : public StepRunner {
       any_sample = any_sample || r.sample;
       any_verify = any_verify || r.verify;
     }
+    if (tiers_)  // the step's new pages are tracked; a request over its device budget offloads
+      for (const StepRequest& r : batch) {
+        if (!tiers_->has(*r.table)) tiers_->add(*r.table, model_->tier_clock(), budget_);
+        tiers_->adopt_new_pages(*r.table, model_->tier_clock());
+      }
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
@@ -148,7 +187,10 @@ class CpuRunner final : public StepRunner {
   int max_batch_ = kMaxBatch;
   std::unique_ptr<HostSampling> sampling_;
   std::unique_ptr<LlamaCpu> model_;
-  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<PagePool> pool_;       // the pool forward() reads: the device tier with a host tier
+  std::unique_ptr<PagePool> host_pool_;  // the host tier, or null
+  std::unique_ptr<TieredKv> tiers_;
+  int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
   // A request's own policy (StepRequest::policy), made once per spelling while the engine's stays.
   const SelectionPolicy* own_policy(const PolicySpec& spec) {
     auto& p = own_[spec.key()];

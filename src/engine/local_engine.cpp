@@ -151,10 +151,10 @@ class LocalEngine final : public Engine {
     try {
       prefill(table, prompt, &logits);
     } catch (...) {
-      table.release(runner_->pages());
+      runner_->release(table);
       throw;
     }
-    table.release(runner_->pages());
+    runner_->release(table);
     return logits;
   }
 
@@ -241,17 +241,21 @@ class LocalEngine final : public Engine {
       prefill(table, prompt, &logits);
       const double kept = runner_->fit_key_basis(table, table.n_tokens(), rank, query_aware);
       runner_->capture_queries(false);
-      table.release(runner_->pages());
+      runner_->release(table);
       return kept;
     } catch (...) {
       runner_->capture_queries(false);
-      table.release(runner_->pages());
+      runner_->release(table);
       throw;
     }
   }
 
   PoolStats kv_stats() const override { return runner_->pages().stats(); }
-  std::string kv_check() const override { return runner_->pages().check_invariants(); }
+  std::string kv_check() const override {
+    const std::string e = runner_->pages().check_invariants();
+    return e.empty() ? runner_->check_pages() : e;
+  }
+  TierCounts tier_counts() const override { return runner_->tier_counts(); }
 
  private:
   PageTable new_table() const {
@@ -313,7 +317,7 @@ class LocalEngine final : public Engine {
 class LocalSession final : public Session {
  public:
   explicit LocalSession(LocalEngine& e) : e_(e), table_(e.new_table()) {}
-  ~LocalSession() override { table_.release(e_.runner_->pages()); }
+  ~LocalSession() override { e_.runner_->release(table_); }
   int64_t n_tokens() const override { return table_.n_tokens(); }
   void append(const std::vector<int32_t>& ids, std::vector<float>* logits) override {
     DHS_CHECK(!ids.empty(), "append: no tokens");

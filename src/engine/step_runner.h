@@ -69,6 +69,13 @@ class StepRunner {
   virtual bool verify_reads_kv_once() const { return false; }
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
+  // Frees every page of the table, in whichever tier it lives (request finished, cancelled or
+  // preempted).
+  virtual void release(PageTable& table) { table.release(pages()); }
+  // The KV accounting's consistency ("" when consistent): the pool's invariants, and with a KV
+  // hierarchy every page in the tier its table says (kv/tiered_kv.h).
+  virtual std::string check_pages() const { return ""; }
+  virtual TierCounts tier_counts() const { return {}; }
   // Pages read by sparse decode steps since the last call, then reset.
   virtual PageCounts take_page_counts() = 0;
   // The policy of the following decode steps (prefill stays dense). Scoring policies

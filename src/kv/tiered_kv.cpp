@@ -65,7 +65,8 @@ TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
   DHS_CHECK(budget >= 0, "tiered KV: budget {} < 0", budget);
   Owner& o = owner_of(t);
   o.budget = budget;
-  return o.resident > budget ? offload(t, o.resident - budget, now) : TierStats{};
+  const int64_t over = movable_resident(o) - budget;
+  return over > 0 ? offload(t, over, now) : TierStats{};
 }
 int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
 int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
@@ -96,7 +97,10 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   std::sort(moves.begin(), moves.end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
   st.offload_runs += copy_pages(dev_, host_, moves);
   st.offloaded += static_cast<int64_t>(moves.size());
-  for (const PageMove& m : moves) host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
+  for (const PageMove& m : moves) {
+    host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
+    if (on_move_) on_move_(m.src, m.dst);
+  }
   st.dropped += static_cast<int64_t>(slots.size() - moves.size());
   for (int32_t s : slots) {
     const Where w = dev_where_[static_cast<size_t>(s)];
@@ -124,7 +128,8 @@ TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
         const PageRef p = t.page(l, h, i);
         if (p.tier == Tier::Device && !lru_.resident(p.slot)) track_device(o, p, {&t, l, h, i}, now);
       }
-  return o.resident > o.budget ? offload(t, o.resident - o.budget, now) : TierStats{};
+  const int64_t over = movable_resident(o) - o.budget;
+  return over > 0 ? offload(t, over, now) : TierStats{};
 }
 
 TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now) {
@@ -154,11 +159,11 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   };
   const int64_t missing = static_cast<int64_t>(missing_set.size());
   // Room: the request's own pages past its budget, then any request's when the pool is full.
-  const int64_t need_own = std::max<int64_t>(0, o.resident + missing - o.budget);
+  const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
   std::vector<int32_t> out = victims(o.id, need_own, now);
   if (static_cast<int64_t>(out.size()) < need_own)
-    fail(std::to_string(missing) + " pages to recall, budget " + std::to_string(o.budget) + ", " +
-         std::to_string(o.resident) + " resident of which " + std::to_string(out.size()) + " may leave");
+    fail(std::to_string(missing) + " pages to recall, budget " + std::to_string(o.budget) + " full pages, " +
+         std::to_string(movable_resident(o)) + " full ones resident, of which " + std::to_string(out.size()) + " may leave");
   const int64_t need_any = std::max<int64_t>(0, missing - (dev_.n_free() + static_cast<int64_t>(out.size())));
   if (need_any > 0) {
     const std::vector<int32_t> more = victims(-1, need_any + static_cast<int64_t>(out.size()), now);
@@ -190,6 +195,8 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     where.push_back({&t, l, h, i});
   }
   st.recall_runs += copy_pages(host_, dev_, moves);
+  if (on_move_)
+    for (const PageMove& m : moves) on_move_(m.src, m.dst);
   st.recalled += missing;
   for (size_t j = 0; j < moves.size(); ++j) {
     const Where& w = where[j];
@@ -254,7 +261,7 @@ std::string TieredKv::check_invariants() const {
   };
   for (const auto& [id, o] : owners_) {
     const PageTable& t = *o.t;
-    int64_t resident = 0;
+    int64_t resident = 0, resident_full = 0;
     bool movable_unpinned = false;
     for (int l = 0; l < t.n_layers(); ++l)
       for (int h = 0; h < t.n_heads_kv(); ++h)
@@ -285,13 +292,14 @@ std::string TieredKv::check_invariants() const {
             ++n_host;
           }
           movable_unpinned = movable_unpinned || (movable(t, i) && !lru_.pinned(p.slot));
+          resident_full += movable(t, i);
         }
     if (resident != o.resident)
       return "table " + std::to_string(id) + ": " + std::to_string(resident) + " resident pages, counted " +
              std::to_string(o.resident);
-    if (resident > o.budget && movable_unpinned)
-      return "table " + std::to_string(id) + " holds " + std::to_string(resident) + " device pages, budget " +
-             std::to_string(o.budget) + ", with full unpinned pages it could offload";
+    if (resident_full > o.budget && movable_unpinned)
+      return "table " + std::to_string(id) + " holds " + std::to_string(resident_full) + " full device pages, budget " +
+             std::to_string(o.budget) + ", with unpinned ones it could offload";
   }
   if (n_dev != dev_.n_used()) return std::to_string(dev_.n_used()) + " device slots used, tables name " + std::to_string(n_dev);
   if (n_host != host_.n_used()) return std::to_string(host_.n_used()) + " host slots used, tables and copies name " + std::to_string(n_host);

@@ -10,13 +10,15 @@
 // pages move: the page a list is appending into (index >= n_tokens / page_size) stays resident
 // and has no host copy, so a page's bytes never change while a copy of them exists elsewhere.
 //
-// Budgets: each registered request may hold at most `budget` device pages (set_budget; default
-// unlimited). A recall for a request at its budget evicts its own least recently used pages; a
+// Budgets: each registered request may hold at most `budget` full pages in the device tier
+// (set_budget; default unlimited), besides the pages it appends into (one per list, always
+// resident). A recall for a request at its budget evicts its own least recently used pages; a
 // recall that finds the device pool full evicts any request's. Pages the running step reads are
 // pinned first (ensure_resident pins all of a call's pages before it evicts anything), so one
 // list's recall never evicts a page the step still needs.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -86,6 +88,12 @@ class TieredKv {
   // no host copy of an appending page. "" when consistent.
   std::string check_invariants() const;
 
+  // Called for every page copied between the tiers, after its bytes (from, to): what follows a
+  // page besides its K and V (its summary, kept per slot) moves there.
+  void set_move_hook(std::function<void(PageRef from, PageRef to)> hook) { on_move_ = std::move(hook); }
+  // Whether t is registered (add) and not released.
+  bool has(const PageTable& t) const { return owners_.count(t.id()) != 0; }
+
   const TierStats& totals() const { return totals_; }
   const BucketedLru& lru() const { return lru_; }
 
@@ -105,6 +113,12 @@ class TieredKv {
   const Owner& owner_of(const PageTable& t) const;
   // Full pages (they may move): index below n_tokens / page_size.
   static bool movable(const PageTable& t, int64_t idx) { return idx < t.n_tokens() / t.page_size(); }
+  // Device pages of t that may move (resident minus the pages its lists append into).
+  int64_t movable_resident(const Owner& o) const {
+    const PageTable& t = *o.t;
+    return o.resident - static_cast<int64_t>(t.n_layers()) * t.n_heads_kv() *
+                            (t.n_pages_per_list() - t.n_tokens() / t.page_size());
+  }
   void track_device(Owner& o, PageRef p, const Where& w, int64_t now);
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
@@ -120,6 +134,7 @@ class TieredKv {
   std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
   int32_t next_owner_ = 0;
   TierStats totals_;
+  std::function<void(PageRef, PageRef)> on_move_;
 };
 
 }  // namespace dhs

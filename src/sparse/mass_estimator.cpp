@@ -247,7 +247,7 @@ void estimate_page_mass_heads(const MassEstimator& est, const PageSummaryStore& 
         for (int64_t i = 0; i < n_pages; ++i) {
           const int64_t n_vis = std::clamp<int64_t>(qpos + 1 - i * ps, 0, ps);
           if (n_vis == 0) continue;
-          const int32_t slot = table.page(layer, hk, i).slot;
+          const int32_t slot = store.key(table.page(layer, hk, i));  // (offloaded pages' summaries too)
           // A visible page without rows means append_summaries was not called for it.
           DHS_ASSERT(store.n_rows(slot) > 0);
           const float s = est.score(store, slot, q, mq.scale) * mq.scale;

@@ -9,7 +9,7 @@
 namespace dhs {
 
 PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int page_size)
-    : tier_(tier), n_pages_(n_pages), head_dim_(head_dim), page_size_(page_size) {
+    : tier_(tier), n_pages_(n_pages), n_first_(n_pages), head_dim_(head_dim), page_size_(page_size) {
   DHS_ASSERT(n_pages >= 0 && head_dim > 0 && page_size > 0);
   codes_.assign(static_cast<size_t>(n_pages) * page_size * head_dim, 0);
   code_scale_.assign(static_cast<size_t>(n_pages) * page_size, 0.0f);
@@ -21,6 +21,30 @@ PageSummaryStore::PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int
 
 PageSummaryStore::PageSummaryStore(const PagePool& pool)
     : PageSummaryStore(pool.tier(), pool.n_pages(), pool.head_dim(), pool.page_size()) {}
+
+PageSummaryStore::PageSummaryStore(const PagePool& pool, const PagePool& second)
+    : PageSummaryStore(pool.tier(), pool.n_pages() + second.n_pages(), pool.head_dim(), pool.page_size()) {
+  DHS_CHECK(second.tier() != pool.tier() && second.head_dim() == pool.head_dim() && second.page_size() == pool.page_size(),
+            "page summaries over two tiers: the second pool must be of another tier and the same page shape");
+  n_first_ = pool.n_pages();
+}
+
+void PageSummaryStore::copy_page(int32_t from, int32_t to) {
+  const size_t f = idx(from), t = idx(to);
+  const auto copy = [&](auto& v, size_t per) {
+    if (!v.empty()) std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(f * per), per, v.begin() + static_cast<std::ptrdiff_t>(t * per));
+  };
+  const size_t rows = static_cast<size_t>(page_size_);
+  copy(data_, 4 * static_cast<size_t>(head_dim_));
+  copy(codes_, rows * static_cast<size_t>(head_dim_));
+  copy(code_scale_, rows);
+  copy(codes2_, rows * static_cast<size_t>(head_dim_));
+  copy(code2_scale_, rows);
+  if (basis_) copy(pcodes_, rows * static_cast<size_t>(basis_->rank()));
+  copy(pscale_, rows);
+  n_rows_[t] = n_rows_[f];
+  tag_[t] = tag_[f];
+}
 
 size_t PageSummaryStore::idx(int32_t slot) const {
   DHS_ASSERT(slot >= 0 && slot < n_pages_);
@@ -66,15 +90,25 @@ void quantize_row2(const float* x, int n, int8_t* code, float* step_out) {
 
 }  // namespace
 
+void PageSummaryStore::reencode(const PagePool& pool) {
+  // The pages in `pool` (the store's own tier) from their rows; a page of the second tier holds
+  // no rows it could be rebuilt from here.
+  for (int64_t s = n_first_; s < n_pages_; ++s)
+    DHS_CHECK(n_rows_[static_cast<size_t>(s)] == 0,
+              "page summaries: re-encoding with pages in the second tier is not supported (offloaded page {})",
+              s - n_first_);
+  for (int64_t s = 0; s < n_first_; ++s) {
+    const int32_t slot = static_cast<int32_t>(s);
+    if (n_rows_[idx(slot)] > 0) rebuild(pool, slot, n_rows_[idx(slot)]);
+  }
+}
+
 void PageSummaryStore::enable_two_bit_codes(const PagePool& pool) {
   if (two_bit_) return;
   two_bit_ = true;
   codes2_.assign(static_cast<size_t>(n_pages_) * page_size_ * head_dim_, 0);
   code2_scale_.assign(static_cast<size_t>(n_pages_) * page_size_, 0.0f);
-  for (int64_t s = 0; s < n_pages_; ++s) {
-    const int32_t slot = static_cast<int32_t>(s);
-    if (n_rows_[idx(slot)] > 0) rebuild(pool, slot, n_rows_[idx(slot)]);
-  }
+  reencode(pool);
 }
 
 const int8_t* PageSummaryStore::key_codes2(int32_t slot) const {
@@ -96,10 +130,7 @@ void PageSummaryStore::set_key_basis(std::shared_ptr<const KeyBasis> basis, cons
             head_dim_);
   pcodes_.assign(static_cast<size_t>(n_pages_) * page_size_ * basis_->rank(), 0);
   pscale_.assign(static_cast<size_t>(n_pages_) * page_size_, 0.0f);
-  for (int64_t s = 0; s < n_pages_; ++s) {
-    const int32_t slot = static_cast<int32_t>(s);
-    if (n_rows_[idx(slot)] > 0) rebuild(pool, slot, n_rows_[idx(slot)]);
-  }
+  reencode(pool);
 }
 
 void PageSummaryStore::add_row(int32_t slot, const float* k, int layer, int kv_head) {

@@ -22,6 +22,17 @@ class PageSummaryStore {
   PageSummaryStore(Tier tier, int64_t n_pages, int head_dim, int page_size = 16);
   // Sized for `pool` (same tier, slot count and head_dim).
   explicit PageSummaryStore(const PagePool& pool);
+  // Sized for the pages of two tiers (kv/tiered_kv.h): a page's summary is kept wherever the
+  // page lives, under key(page): the slot in `pool`'s tier, pool.n_pages() + the slot in the
+  // other. The hierarchy moves a page's summary with its bytes (copy_page).
+  PageSummaryStore(const PagePool& pool, const PagePool& second);
+
+  // The summary of the page at p (its slot in the store's own tier, or past them in the second).
+  int32_t key(PageRef p) const {
+    return p.tier == tier_ ? p.slot : static_cast<int32_t>(n_first_) + p.slot;
+  }
+  // Every per-page array of key `from` copied to key `to` (a page moved between tiers).
+  void copy_page(int32_t from, int32_t to);
 
   Tier tier() const { return tier_; }
   int head_dim() const { return head_dim_; }
@@ -71,11 +82,13 @@ class PageSummaryStore {
 
  private:
   size_t idx(int32_t slot) const;
+  void reencode(const PagePool& pool);  // every page of the own tier rebuilt from `pool`
   size_t base(int32_t slot) const { return idx(slot) * 4 * static_cast<size_t>(head_dim_); }
   float* mut(int32_t slot, int which) { return data_.data() + base(slot) + static_cast<size_t>(which * head_dim_); }
 
   Tier tier_;
   int64_t n_pages_;
+  int64_t n_first_;  // keys of the store's own tier: [0, n_first_); the second tier's follow
   int head_dim_;
   int page_size_;
   std::vector<int8_t> codes_;      // [n_pages, page_size, head_dim]

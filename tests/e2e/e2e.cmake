@@ -9,3 +9,4 @@ dhs_test(test_eval LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_eval.cpp LIB
 dhs_test(test_escapes LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/../unit/test_escapes.cpp LIBS dhs_cli)
 dhs_test(test_cli_options LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/../unit/test_cli_options.cpp LIBS dhs_cli)
 dhs_test(test_spec_sampling LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_sampling.cpp LIBS dhs_engine)
+dhs_test(test_kv_tiers LABEL e2e SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kv_tiers.cpp LIBS dhs_engine)

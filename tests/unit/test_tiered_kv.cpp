@@ -124,7 +124,7 @@ TEST(TieredKv, EvictsWithinTheBudgetAndRecallsBitExact) {
   Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
   s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
   Req& r = s.reqs_.back();
-  s.kv_.add(*r.t, 0, /*budget=*/12);
+  s.kv_.add(*r.t, 0, /*budget=*/12);  // (every page full after the append: all count)
   ASSERT_TRUE(s.append(r, 32));  // 8 pages per list, 32 in all; 4 tail-free lists: all full
   s.check();
   EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);

@@ -113,6 +113,32 @@ size_t LlamaCpu::weight_bytes() const {
   return n;
 }
 
+namespace {
+
+// Every page `lists` names (layer `layer`, one row per attention request and KV head) resident in
+// the device tier, and the lists pointing at its device slots. The pages stay pinned until the
+// caller's end_step, so a later request's recalls in the same layer do not evict them.
+void make_resident(TieredKv& kv, const std::vector<const PageTable*>& tables, int layer, PageLists& lists,
+                   int64_t now) {
+  for (int r = 0; r < lists.n_requests; ++r) {
+    // (the batch's own tables, which forward() may write: Seq::table is not const)
+    PageTable& t = const_cast<PageTable&>(*tables[static_cast<size_t>(r)]);
+    std::vector<PageId> ids;
+    for (int h = 0; h < lists.n_heads_kv; ++h)
+      for (int32_t k = lists.row_begin(r, h); k < lists.row_end(r, h); ++k)
+        ids.push_back({layer, h, lists.page_pos[static_cast<size_t>(k)]});
+    kv.ensure_resident(t, ids, now);
+    for (int h = 0; h < lists.n_heads_kv; ++h)
+      for (int32_t k = lists.row_begin(r, h); k < lists.row_end(r, h); ++k) {
+        const PageRef p = t.page(layer, h, lists.page_pos[static_cast<size_t>(k)]);
+        DHS_ASSERT(p.tier == Tier::Device);
+        lists.slots[static_cast<size_t>(k)] = p.slot;
+      }
+  }
+}
+
+}  // namespace
+
 void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
                        bool all_logits) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv;
@@ -173,6 +199,8 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   dump("embd", -1, x.data(), T, H);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t now = ++tier_clock_;
+  DHS_CHECK(!tiers_ || pool.tier() == Tier::Device, "the KV hierarchy needs forward() on its device tier");
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     cpu::rms_norm(x.data(), L.attn_norm.data(), h.data(), T, H, cfg_.rms_eps);
@@ -221,6 +249,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
         stats_.pages_total += lists.nnz();
       }
     }
+    if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
     cpu::AttentionParams ap;
     ap.q = q.data();
     ap.out = att.data();
@@ -232,8 +261,9 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     ap.head_dim = static_cast<int>(D);
     ap.scale = scale;
     cpu::attention(ap);
+    if (tiers_) tiers_->end_step();
     dump("attn_out", l, att.data(), T, Hq * D);
-    if (select_step && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
+    if (select_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
 
     cpu::matmul(L.wo, att.data(), o.data(), T);
     cpu::add_inplace(x.data(), o.data(), T * H);

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_matrix.h"
 #include "kv/page_pool.h"
+#include "kv/tiered_kv.h"
 #include "kv/page_table.h"
 #include "model/weight_source.h"
 #include "sparse/page_summary.h"
@@ -46,6 +47,12 @@ class LlamaCpu {
     schedule_ = ReselectSchedule(reselect_every);
     selected_.assign(static_cast<size_t>(cfg_.n_layers), PageLists{});
   }
+
+  // The KV hierarchy (kv/tiered_kv.h), or null: before each layer's attention the pages its lists
+  // name are made resident in the device tier (the pool forward() reads and appends to) and the
+  // lists point at them; after it they are unpinned. forward() counts the hierarchy's steps.
+  void set_tiers(TieredKv* kv) { tiers_ = kv; }
+  int64_t tier_clock() const { return tier_clock_; }
 
   struct Seq {
     PageTable* table = nullptr;      // KV of this request; capacity reserved for the new tokens
@@ -121,6 +128,8 @@ class LlamaCpu {
 
  private:
   SparsityStats stats_;
+  TieredKv* tiers_ = nullptr;
+  int64_t tier_clock_ = 0;
   int64_t min_step_tokens_ = 0;
   int64_t dense_below_ = 0;
   PageSummaryStore* summaries_ = nullptr;

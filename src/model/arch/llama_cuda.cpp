@@ -339,7 +339,7 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
     }
     auto* d = static_cast<uint8_t*>(dalloc(h.bytes.size()));
     DHS_CUDA_CHECK(cudaMemcpy(d, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice));
-    w.part[w.n_parts++] = {h.type, d, h.rows, h.stride};
+    w.part[w.n_parts++] = {h.type, d, h.rows, h.stride, false, {}};
     w.out += h.rows;
     w.bytes += h.bytes.size();
   }

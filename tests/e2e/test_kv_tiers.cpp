@@ -1,0 +1,95 @@
+// The KV hierarchy end to end on the CPU backend (issue 23): the default model's greedy tokens
+// with a host tier and a device budget so small that every layer of every step recalls pages
+// (kv/tiered_kv.h; the device tier holds one layer's worth of a request's pages) equal the
+// tokens with everything resident, dense and coverage γ 0.99; every page is accounted for
+// afterwards in both tiers. Under coverage the selection scores offloaded pages from their
+// summaries, which move with them: the pages read equal the all-resident run's.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../test_paths.h"
+#include "dhisparse/engine.h"
+#include "dhisparse/policy.h"
+
+namespace dhs {
+namespace {
+
+std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget) {
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.policy = PolicySpec::parse(policy);
+  o.cpu_kv_gb = cpu_kv_gb;
+  o.kv_device_budget = budget;
+  o.max_context = 2048;
+  return Engine::load(o);
+}
+
+// A prompt of ~1,000 tokens: ~62 pages per (layer, KV head) list, 3 KV heads, 30 layers.
+std::vector<int32_t> long_prompt(const Engine& e) {
+  std::string text = "Notes from the archive, read them carefully.\n";
+  for (int i = 0; i < 40; ++i)
+    text += "Entry " + std::to_string(i) + ": the keeper of shelf " + std::to_string(i * 7 % 13) +
+            " moved the blue ledger to room " + std::to_string(100 + i) + ".\n";
+  text += "The special code word is PELICAN. Entry 41: nothing moved.\nQuestion: what is the special code word?\nAnswer:";
+  return e.tokenize(text);
+}
+
+void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_recalls) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 24;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> want;
+  double want_frac = 0;
+  {
+    auto e = load(policy, 0.0, 0);
+    const GenerateResult r = e->generate(long_prompt(*e), g);
+    want = r.tokens;
+    want_frac = r.pages_read_frac;
+  }
+  // Budget: one layer's pages of the request (KV heads x pages per list at the end) in the device
+  // tier, of the 30 layers' it holds: each layer's attention recalls what the layers before it
+  // evicted.
+  int64_t budget = 0;
+  {
+    auto probe = load("dense", 0.0, 0);
+    const int64_t n = static_cast<int64_t>(long_prompt(*probe).size()) + g.max_tokens;
+    budget = probe->config().n_heads_kv * ((n + 15) / 16);
+  }
+  auto e = load(policy, 1.0, budget);
+  const std::vector<int32_t> prompt = long_prompt(*e);
+  ASSERT_GT(prompt.size(), 600u);
+  const GenerateResult r = e->generate(prompt, g);
+  EXPECT_EQ(r.tokens, want) << policy << ": greedy tokens differ with the host tier";
+  // The same pages selected at every step: the estimates read offloaded pages' summaries too.
+  EXPECT_EQ(r.pages_read_frac, want_frac);
+  const TierCounts t = e->tier_counts();
+  std::printf("%s: %zu tokens; page hits %llu, recalled %llu, offloaded %llu, dropped (clean copy) %llu\n", policy.c_str(),
+              r.tokens.size(), static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.recalled),
+              static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped));
+  const uint64_t layers = static_cast<uint64_t>(e->config().n_layers);
+  if (every_layer_recalls) EXPECT_GE(t.recalled, layers * static_cast<uint64_t>(g.max_tokens)) << "pages did not move every step";
+  else EXPECT_GT(t.recalled, 0u);
+  EXPECT_GT(t.offloaded, 0u);
+  EXPECT_EQ(e->kv_stats().n_used, 0);
+  EXPECT_EQ(e->tier_counts().host_used, 0);
+  EXPECT_EQ(e->kv_check(), "");
+}
+
+TEST(KvTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("dense", true); }
+
+TEST(KvTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false); }
+
+TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  EXPECT_THROW(load("dense", 0.0, 100), std::exception);
+}
+
+}  // namespace
+}  // namespace dhs
