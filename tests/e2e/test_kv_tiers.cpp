@@ -15,6 +15,7 @@
 #include "../test_paths.h"
 #include "dhisparse/engine.h"
 #include "dhisparse/policy.h"
+#include "dhisparse/scheduler.h"
 
 namespace dhs {
 namespace {
@@ -85,6 +86,54 @@ void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_r
 TEST(KvTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("dense", true); }
 
 TEST(KvTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false); }
+
+// Four requests in one continuous batch (different lengths, prefill chunks beside decode rows),
+// each with a device budget of a few layers' pages, sharing the device tier: each one's greedy
+// tokens equal its tokens decoded alone with everything resident.
+TEST(KvTiers, BatchedRequestsEqualAloneAllResident) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 16;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  auto plain = load("coverage:0.99", 0.0, 0);
+  std::vector<std::vector<int32_t>> prompts, want;
+  for (int i = 0; i < 4; ++i) {
+    std::string text = "Log " + std::to_string(i) + ".\n";
+    for (int j = 0; j < 8 + 9 * i; ++j)
+      text += "Line " + std::to_string(j) + ": crate " + std::to_string(j * 31 % 17 + i) + " went to dock " +
+              std::to_string(j % 5) + ".\n";
+    text += "Which dock did crate 3 go to?";
+    prompts.push_back(plain->tokenize(text));
+    want.push_back(plain->generate(prompts.back(), g).tokens);
+  }
+  auto e = load("coverage:0.99", 1.0, 3 * 3 * 16);  // 3 layers' worth at ~16 pages per list
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  int done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.options = g;
+    const SubmitResult sub = e->scheduler().submit(p, [&, i](const RequestEvent& ev) {
+      got[i].insert(got[i].end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) {
+        EXPECT_EQ(ev.finish_reason, "length") << ev.error;
+        ++done;
+      }
+    });
+    ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
+  }
+  for (int n = 0; done < static_cast<int>(prompts.size()) && n < 10000; ++n) e->scheduler().step();
+  ASSERT_EQ(done, static_cast<int>(prompts.size()));
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " (" << prompts[i].size() << " prompt tokens)";
+  const TierCounts t = e->tier_counts();
+  std::printf("batch of 4: recalled %llu, offloaded %llu, dropped %llu\n", static_cast<unsigned long long>(t.recalled),
+              static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped));
+  EXPECT_GT(t.recalled, 0u);
+  EXPECT_EQ(e->kv_stats().n_used, 0);
+  EXPECT_EQ(t.host_used, 0);
+  EXPECT_EQ(e->kv_check(), "");
+}
 
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
