@@ -108,6 +108,7 @@ struct SchedulerStats {
   PoolStats kv;                    // the KV pool now
   std::string kv_check;            // "" when the pool's accounting holds
   PageCounts pages;                // sparse decode's pages read / all, since start
+  TierCounts tiers;                // the KV hierarchy's page moves, since start (0 without a host tier)
   // Seconds: time to first token, per output token after the first (one observation per
   // request: its mean), arrival to finish.
   Histogram ttft, tpot, e2e;

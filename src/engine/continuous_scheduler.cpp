@@ -630,8 +630,12 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
   {
     std::lock_guard sl(stats_mu_);
     stats_.kv = runner_.pages().stats();
+    stats_.tiers = runner_.tier_counts();
     // The full accounting check walks every page: when the scheduler goes quiet, not per step.
-    if (quiet) stats_.kv_check = runner_.pages().check_invariants();
+    if (quiet) {
+      stats_.kv_check = runner_.pages().check_invariants();
+      if (stats_.kv_check.empty()) stats_.kv_check = runner_.check_pages();
+    }
   }
   // Events: every request that has something, the finished ones last time.
   std::vector<std::pair<RequestSink*, RequestEvent>> out;

@@ -17,6 +17,7 @@ BucketedLru::BucketedLru(int64_t n_slots, LruParams p)
 }
 
 void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
+  DHS_CHECK(now >= 0, "LRU insert at step {}", now);
   DHS_CHECK(s >= 0 && s < n_slots() && owner >= 0, "LRU insert of slot {} owner {}", s, owner);
   DHS_CHECK(owner_[static_cast<size_t>(s)] < 0, "LRU insert: slot {} already holds a page of {}", s,
             owner_[static_cast<size_t>(s)]);
@@ -57,8 +58,11 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now) 
   };
   // Pass 1: the histogram of candidates over the n_buckets buckets (relative to the oldest).
   std::vector<int64_t> hist(static_cast<size_t>(p_.n_buckets), 0);
-  for (size_t s = 0; s < owner_.size(); ++s)
-    if (candidate(s)) ++hist[static_cast<size_t>(bucket(static_cast<int32_t>(s), now) - oldest)];
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    if (!candidate(s)) continue;
+    DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
+    ++hist[static_cast<size_t>(bucket(static_cast<int32_t>(s), now) - oldest)];
+  }
   // The cut: buckets before it go whole; from the cut bucket, `take_in_cut` slots.
   int64_t cut = 0, before = 0;
   while (cut < p_.n_buckets && before + hist[static_cast<size_t>(cut)] < n) before += hist[static_cast<size_t>(cut++)];

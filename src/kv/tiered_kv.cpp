@@ -86,14 +86,14 @@ std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now) co
 
 void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   std::vector<PageMove> moves;
-  std::vector<int32_t> copied;
-  for (int32_t s : slots) {
-    if (host_copy_[static_cast<size_t>(s)] >= 0) continue;
-    std::vector<PageRef> hs;
-    DHS_CHECK(host_.allocate(1, &hs), "tiered KV: the host tier is full");
-    moves.push_back({PageRef{Tier::Device, s}, hs[0]});
-    copied.push_back(s);
-  }
+  int64_t need = 0;
+  for (int32_t s : slots) need += host_copy_[static_cast<size_t>(s)] < 0;
+  std::vector<PageRef> hs;
+  DHS_CHECK(host_.allocate(need, &hs), "tiered KV: the host tier is full ({} pages to offload, {} free)", need,
+            host_.n_free());
+  size_t k = 0;
+  for (int32_t s : slots)
+    if (host_copy_[static_cast<size_t>(s)] < 0) moves.push_back({PageRef{Tier::Device, s}, hs[k++]});
   std::sort(moves.begin(), moves.end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
   st.offload_runs += copy_pages(dev_, host_, moves);
   st.offloaded += static_cast<int64_t>(moves.size());
@@ -160,10 +160,9 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   const int64_t missing = static_cast<int64_t>(missing_set.size());
   // Room: the request's own pages past its budget, then any request's when the pool is full.
   const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
+  // (fewer when the pinned pages alone pass the budget: then the request holds them past it until
+  // end_step)
   std::vector<int32_t> out = victims(o.id, need_own, now);
-  if (static_cast<int64_t>(out.size()) < need_own)
-    fail(std::to_string(missing) + " pages to recall, budget " + std::to_string(o.budget) + " full pages, " +
-         std::to_string(movable_resident(o)) + " full ones resident, of which " + std::to_string(out.size()) + " may leave");
   const int64_t need_any = std::max<int64_t>(0, missing - (dev_.n_free() + static_cast<int64_t>(out.size())));
   if (need_any > 0) {
     const std::vector<int32_t> more = victims(-1, need_any + static_cast<int64_t>(out.size()), now);
@@ -207,6 +206,16 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     t.relocate(w.layer, w.head, w.idx, d);
   }
   totals_ += st;
+  return st;
+}
+
+TierStats TieredKv::end_step(int64_t now) {
+  lru_.unpin_all();
+  TierStats st;
+  for (auto& [id, o] : owners_) {
+    const int64_t over = movable_resident(o) - o.budget;
+    if (over > 0) st += offload(*o.t, over, now);
+  }
   return st;
 }
 

@@ -15,7 +15,9 @@
 // resident). A recall for a request at its budget evicts its own least recently used pages; a
 // recall that finds the device pool full evicts any request's. Pages the running step reads are
 // pinned first (ensure_resident pins all of a call's pages before it evicts anything), so one
-// list's recall never evicts a page the step still needs.
+// list's recall never evicts a page the step still needs. The budget is soft for one layer: pages
+// a layer reads at once stay resident even past it (the budget cannot be below what attention
+// reads), and end_step offloads the excess once they are unpinned.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -68,14 +70,16 @@ class TieredKv {
 
   // Every listed page of t resident on the device and touched at `now`: pinned, then the missing
   // ones recalled (evicting by the budgets above). Throws dhs::Error, changing nothing, when the
-  // pages cannot all be resident at once (more than the budget or the device pool).
+  // pages cannot all be resident at once (more than the device pool holds beside other pinned
+  // pages, or than the host tier can take in evictions).
   TierStats ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now);
 
   // Offloads up to n of t's least recently used full, unpinned device pages; returns the stats.
   TierStats offload(PageTable& t, int64_t n, int64_t now);
 
-  // Unpins every page (the step is over).
-  void end_step() { lru_.unpin_all(); }
+  // Unpins every page (the layer or step is over) and offloads what requests hold past their
+  // budgets.
+  TierStats end_step(int64_t now);
 
   // t.truncate / t.release with both tiers: frees each dropped page where it lives and its clean
   // copy. truncate also brings back the page each list then appends into and drops its copy.

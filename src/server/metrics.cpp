@@ -99,6 +99,16 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.gauge("dhisparse:kv_pool_total_blocks", "Blocks of the KV pool.", static_cast<double>(s.kv.n_total));
   w.gauge("dhisparse:kv_check_ok", "1 when the KV pool's accounting holds (free + used = total, no page owned twice).",
           s.kv_check.empty() ? 1.0 : 0.0);
+  w.counter("dhisparse:kv_tier_hits_total", "KV hierarchy: pages a step read that were in the device tier.",
+            static_cast<double>(s.tiers.hits));
+  w.counter("dhisparse:kv_tier_recalled_total", "KV hierarchy: pages recalled from the host tier.",
+            static_cast<double>(s.tiers.recalled));
+  w.counter("dhisparse:kv_tier_offloaded_total", "KV hierarchy: pages copied to the host tier.",
+            static_cast<double>(s.tiers.offloaded));
+  w.counter("dhisparse:kv_tier_dropped_total",
+            "KV hierarchy: pages evicted whose host copy was still valid (no copy).", static_cast<double>(s.tiers.dropped));
+  w.gauge("dhisparse:kv_tier_host_used_pages", "KV hierarchy: pages of the host tier in use.",
+          static_cast<double>(s.tiers.host_used));
   w.counter("dhisparse:http_requests_total", "HTTP requests answered.", static_cast<double>(http.n_http_requests));
   w.counter("dhisparse:http_client_errors_total", "HTTP requests answered with a 4xx.",
             static_cast<double>(http.n_client_errors));

@@ -1,6 +1,6 @@
 // /metrics: the scheduler's and the KV pool's state in Prometheus' text format, under vLLM's
 // metric names (so vLLM dashboards read it) plus dhisparse's own (sparse decode's pages read,
-// the pool's blocks, whether its accounting holds).
+// the pool's blocks, whether its accounting holds, the KV hierarchy's page moves).
 #pragma once
 #include <cstdint>
 #include <string>

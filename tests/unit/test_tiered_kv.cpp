@@ -139,16 +139,19 @@ TEST(TieredKv, EvictsWithinTheBudgetAndRecallsBitExact) {
   for (const PageId& id : want) EXPECT_EQ(r.t->page(id.layer, id.head, id.idx).tier, Tier::Device);
   EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);
   s.check();
-  // 13 pages at once do not fit a budget of 12: refused, nothing changed.
+  // 13 pages at once with a budget of 12: held past it while the layer reads them, back to 12
+  // when the layer ends.
   want.push_back({0, 0, 5});
-  EXPECT_THROW(s.kv_.ensure_resident(*r.t, want, s.now_), Error);
+  s.kv_.ensure_resident(*r.t, want, s.now_);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 13);
+  s.kv_.end_step(s.now_);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);
   s.check();
-  s.kv_.end_step();
   // A page offloaded, recalled, offloaded again: the second eviction needs no copy.
   s.now_ = 2;
   const TierStats back = s.kv_.ensure_resident(*r.t, std::vector<PageId>{{1, 1, 7}}, s.now_);
   EXPECT_EQ(back.recalled, 1);
-  s.kv_.end_step();
+  s.kv_.end_step(s.now_);
   s.now_ = 20;
   const std::vector<PageId> others = {{0, 0, 4}, {0, 1, 4}, {1, 0, 4}, {1, 1, 4}, {0, 0, 5}, {0, 1, 5},
                                       {1, 0, 5}, {1, 1, 5}, {0, 0, 6}, {0, 1, 6}, {1, 0, 6}, {1, 1, 6}};
@@ -156,10 +159,50 @@ TEST(TieredKv, EvictsWithinTheBudgetAndRecallsBitExact) {
   EXPECT_GE(away.dropped, 1);
   EXPECT_EQ(r.t->page(1, 1, 7).tier, Tier::Host);
   s.check();
-  s.kv_.end_step();
+  s.kv_.end_step(s.now_);
   s.kv_.release(*r.t);
   EXPECT_EQ(s.dev_.n_used(), 0);
   EXPECT_EQ(s.host_.n_used(), 0);
+}
+
+TEST(TieredKv, RefusesWhatTheTiersCannotHoldChangingNothing) {
+  Scenario s(40, 36, {});
+  for (int i = 0; i < 2; ++i) {
+    s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+    s.kv_.add(*s.reqs_.back().t, 0);
+  }
+  Req& a = s.reqs_[0];
+  Req& b = s.reqs_[1];
+  ASSERT_TRUE(s.append(a, 40));  // 40 pages: the device tier is full
+  ASSERT_TRUE(s.append(b, 8));   // 8 more: 8 of a's go to the host tier
+  s.check();
+  EXPECT_EQ(s.kv_.resident_pages(*a.t), 32);
+  const auto pages_of = [](int64_t n) {
+    std::vector<PageId> v;
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t i = 0; i < n; ++i) v.push_back({l, h, i});
+    return v;
+  };
+  // A layer pins all of b's pages; then a wants all 40 of its own at once: 32 resident, 8 to
+  // recall, no free slot and nothing unpinned to evict. Refused; a's pins undone, nothing moved.
+  s.kv_.ensure_resident(*b.t, pages_of(2), 1);
+  EXPECT_THROW(s.kv_.ensure_resident(*a.t, pages_of(10), 1), Error);
+  s.check();
+  EXPECT_EQ(s.kv_.resident_pages(*a.t), 32);
+  int pinned = 0;
+  for (int32_t slot = 0; slot < 40; ++slot) pinned += s.kv_.lru().resident(slot) && s.kv_.lru().pinned(slot);
+  EXPECT_EQ(pinned, 8) << "the refused call left pins behind";
+  s.kv_.end_step(1);
+  // The host tier (36 slots, 8 in use): offloading all 32 of a's resident pages does not fit; the
+  // refusal takes no host slot.
+  const int64_t host_free = s.host_.n_free();
+  EXPECT_THROW(s.kv_.set_budget(*a.t, 0, 2), Error);
+  EXPECT_EQ(s.host_.n_free(), host_free) << "a refused offload took host slots";
+  s.kv_.set_budget(*a.t, TieredKv::kUnlimited, 2);
+  s.check();
+  for (Req& r : s.reqs_) s.kv_.release(*r.t);
+  EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
 TEST(TieredKv, RollbackBringsTheAppendingPageBack) {
@@ -209,13 +252,13 @@ TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
             s.kv_.ensure_resident(*r.t, want, s.now_);
           } catch (const Error&) {  // more than the budget or the pool at once: refused whole
           }
-          s.kv_.end_step();
+          s.kv_.end_step(s.now_);
           s.now_ += static_cast<int64_t>(rng() % 3);
         } else if (op == 7) {
           s.kv_.set_budget(*r.t, 4 + static_cast<int64_t>(rng() % 12), s.now_);
         } else if (op == 8 && r.t->n_tokens() > 0) {  // rollback of 1-5 tokens
           s.kv_.truncate(*r.t, std::max<int64_t>(0, r.t->n_tokens() - 1 - static_cast<int64_t>(rng() % 5)), s.now_);
-          s.kv_.end_step();
+          s.kv_.end_step(s.now_);
         } else if (op == 9) {  // finished
           s.kv_.release(*r.t);
           std::swap(r, s.reqs_.back());

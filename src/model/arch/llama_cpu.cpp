@@ -199,7 +199,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   dump("embd", -1, x.data(), T, H);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t now = ++tier_clock_;
+  const int64_t step = ++tier_step_;
   DHS_CHECK(!tiers_ || pool.tier() == Tier::Device, "the KV hierarchy needs forward() on its device tier");
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
@@ -249,6 +249,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
         stats_.pages_total += lists.nnz();
       }
     }
+    const int64_t now = step * cfg_.n_layers + l;  // the hierarchy's clock (set_tiers)
     if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
     cpu::AttentionParams ap;
     ap.q = q.data();
@@ -261,7 +262,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     ap.head_dim = static_cast<int>(D);
     ap.scale = scale;
     cpu::attention(ap);
-    if (tiers_) tiers_->end_step();
+    if (tiers_) tiers_->end_step(now);
     dump("attn_out", l, att.data(), T, Hq * D);
     if (select_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
 

@@ -50,9 +50,14 @@ class LlamaCpu {
 
   // The KV hierarchy (kv/tiered_kv.h), or null: before each layer's attention the pages its lists
   // name are made resident in the device tier (the pool forward() reads and appends to) and the
-  // lists point at them; after it they are unpinned. forward() counts the hierarchy's steps.
+  // lists point at them; after it they are unpinned.
+  // Its clock counts layers: step s, layer l is s * n_layers + l. A page's last use then orders
+  // the layers a step goes through, so eviction takes pages of layers this step has passed (and
+  // did not select) before pages of layers still to come, which the step may read in a moment:
+  // least recently used is then also the page needed last, layer-wise.
   void set_tiers(TieredKv* kv) { tiers_ = kv; }
-  int64_t tier_clock() const { return tier_clock_; }
+  // The clock between steps (the next step's start).
+  int64_t tier_clock() const { return (tier_step_ + 1) * cfg_.n_layers; }
 
   struct Seq {
     PageTable* table = nullptr;      // KV of this request; capacity reserved for the new tokens
@@ -129,7 +134,7 @@ class LlamaCpu {
  private:
   SparsityStats stats_;
   TieredKv* tiers_ = nullptr;
-  int64_t tier_clock_ = 0;
+  int64_t tier_step_ = 0;
   int64_t min_step_tokens_ = 0;
   int64_t dense_below_ = 0;
   PageSummaryStore* summaries_ = nullptr;
