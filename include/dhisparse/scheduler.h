@@ -99,6 +99,7 @@ struct SchedulerStats {
   int64_t n_running = 0, n_waiting = 0;
   uint64_t n_steps = 0;
   uint64_t n_preemptions = 0;
+  uint64_t n_swapped = 0;          // of those, swapped to the KV hierarchy's host tier (not recomputed)
   uint64_t n_submitted = 0, n_rejected_full = 0;
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)

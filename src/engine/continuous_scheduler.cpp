@@ -319,7 +319,11 @@ void ContinuousScheduler::drop_cancelled(std::vector<Owned>* done) {
 
 void ContinuousScheduler::preempt_newest() {
   Owned r = remove_running(running_.back().get());
-  runner_.release(r->table);  // recompute: its tokens are prefilled again on resume
+  // With a KV hierarchy its pages go to the host tier and it resumes where it was (not in a
+  // speculative cycle: its drafts' KV would come back with it); else recompute: its tokens are
+  // prefilled again on resume.
+  const bool swapped = r->spec_base < 0 && runner_.swap_out(r->table);
+  if (!swapped) runner_.release(r->table);
   if (r->spec_base >= 0) {  // its drafts go; a new cycle starts after the recompute
     r->history.resize(static_cast<size_t>(r->spec_base + 1));
     r->draft_q.clear();
@@ -328,6 +332,7 @@ void ContinuousScheduler::preempt_newest() {
   {
     std::lock_guard sl(stats_mu_);
     ++stats_.n_preemptions;
+    stats_.n_swapped += swapped;
   }
   std::lock_guard lk(mu_);
   waiting_.push_front(std::move(r));
@@ -335,6 +340,7 @@ void ContinuousScheduler::preempt_newest() {
 
 bool ContinuousScheduler::reserve_or_preempt(Request& r, int64_t n) {
   while (!r.table.reserve(runner_.pages(), n)) {
+    if (runner_.make_room(r.table.pages_needed(n))) continue;  // cold pages to the host tier first
     const bool self = running_.back().get() == &r;
     preempt_newest();
     if (self) return false;
@@ -473,8 +479,12 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       std::lock_guard lk(mu_);
       if (waiting_.empty()) return;
       const Request& head = *waiting_.front();
-      const int64_t need = head.table.pages_needed(static_cast<int64_t>(head.history.size()));
+      // (a swapped request: its appending pages back, then its remaining tokens)
+      const int64_t need = runner_.swap_in_pages(head.table) + head.table.pages_needed(head.remaining());
       const int64_t headroom = static_cast<int64_t>(running_.size()) * pages_per_token();
+      // With a KV hierarchy, running requests' cold pages can make the room.
+      if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom)
+        runner_.make_room(need + headroom);
       if (pool.n_free() < need + headroom) {
         if (!running_.empty()) return;  // wait for pages to come back
         if (pool.n_free() >= need) {
@@ -492,7 +502,8 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       waiting_.pop_front();
       ++n_running_;
     }
-    DHS_CHECK(r->table.reserve(pool, static_cast<int64_t>(r->history.size())), "scheduler: reserve after check failed");
+    DHS_CHECK(runner_.swap_in(r->table), "scheduler: swap-in after check failed");
+    DHS_CHECK(r->table.reserve(pool, r->remaining()), "scheduler: reserve after check failed");
     r->slot = free_slots_.back();
     free_slots_.pop_back();
     runner_.begin_request(r->slot, r->params.options.sampling);

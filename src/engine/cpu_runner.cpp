@@ -86,6 +86,15 @@ class CpuRunner final : public StepRunner {
     else table.release(*pool_);
   }
   std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : pool_->check_invariants(); }
+  bool make_room(int64_t n) override {
+    return tiers_ ? tiers_->make_room(n, model_->tier_clock()) : pool_->n_free() >= n;
+  }
+  int64_t reclaimable_pages() const override { return tiers_ ? tiers_->reclaimable() : 0; }
+  bool swap_out(PageTable& t) override { return tiers_ && tiers_->has(t) && tiers_->swap_out(t, model_->tier_clock()); }
+  int64_t swap_in_pages(const PageTable& t) const override {
+    return tiers_ && tiers_->has(t) && tiers_->swapped(t) ? tiers_->swap_in_pages(t) : 0;
+  }
+  bool swap_in(PageTable& t) override { return !tiers_ || !tiers_->has(t) || tiers_->swap_in(t, model_->tier_clock()); }
   TierCounts tier_counts() const override {
     TierCounts c;
     if (!tiers_) return c;

@@ -76,6 +76,17 @@ class StepRunner {
   // hierarchy every page in the tier its table says (kv/tiered_kv.h).
   virtual std::string check_pages() const { return ""; }
   virtual TierCounts tier_counts() const { return {}; }
+  // With a KV hierarchy (kv/tiered_kv.h; the defaults: none): room for n free pages in the pool
+  // by offloading running requests' cold pages (false when they do not add up to n), and how many
+  // such pages there are now;
+  virtual bool make_room(int64_t n) { return pages().n_free() >= n; }
+  virtual int64_t reclaimable_pages() const { return 0; }
+  // preemption by swap: every page of the table to the host tier, to resume without recompute
+  // (false, changing nothing: no room there, or no hierarchy); the pages swap_in takes back, and
+  // swap_in itself (false, changing nothing, when the pool has no room).
+  virtual bool swap_out(PageTable&) { return false; }
+  virtual int64_t swap_in_pages(const PageTable&) const { return 0; }
+  virtual bool swap_in(PageTable&) { return true; }
   // Pages read by sparse decode steps since the last call, then reset.
   virtual PageCounts take_page_counts() = 0;
   // The policy of the following decode steps (prefill stays dense). Scoring policies

@@ -77,7 +77,7 @@ std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now) co
   // The LRU's order over every candidate, then only pages that may move (full ones).
   for (int32_t s : lru_.select(owner, lru_.n_slots(), now)) {
     const Where& w = dev_where_[static_cast<size_t>(s)];
-    if (!movable(*w.t, w.idx)) continue;
+    if (!may_move(*w.t, w.idx)) continue;
     out.push_back(s);
     if (static_cast<int64_t>(out.size()) == n) break;
   }
@@ -219,6 +219,83 @@ TierStats TieredKv::end_step(int64_t now) {
   return st;
 }
 
+bool TieredKv::make_room(int64_t n, int64_t now) {
+  const int64_t short_by = n - dev_.n_free();
+  if (short_by <= 0) return true;
+  const std::vector<int32_t> v = victims(-1, short_by, now);
+  int64_t copies = 0;
+  for (int32_t s : v) copies += host_copy_[static_cast<size_t>(s)] < 0;
+  if (copies > host_.n_free()) return false;
+  TierStats st;
+  evict(v, st);
+  totals_ += st;
+  return dev_.n_free() >= n;
+}
+
+int64_t TieredKv::reclaimable() const {
+  int64_t with_copy = 0, without = 0;
+  for (int32_t s = 0; s < lru_.n_slots(); ++s) {
+    if (!lru_.resident(s) || lru_.pinned(s)) continue;
+    const Where& w = dev_where_[static_cast<size_t>(s)];
+    if (!may_move(*w.t, w.idx)) continue;
+    (host_copy_[static_cast<size_t>(s)] >= 0 ? with_copy : without) += 1;
+  }
+  return with_copy + std::min(without, host_.n_free());  // a page without a copy needs a host slot
+}
+
+bool TieredKv::swap_out(PageTable& t, int64_t now) {
+  Owner& o = owner_of(t);
+  t.truncate(free_page_cb, this, t.n_tokens());  // reserved pages past its tokens
+  std::vector<int32_t> slots;
+  int64_t copies = 0;
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+        const PageRef p = t.page(l, h, i);
+        if (p.tier != Tier::Device) continue;
+        if (lru_.pinned(p.slot)) return false;
+        slots.push_back(p.slot);
+        copies += host_copy_[static_cast<size_t>(p.slot)] < 0;
+      }
+  if (copies > host_.n_free()) return false;
+  o.swapped = true;
+  TierStats st;
+  evict(slots, st);
+  totals_ += st;
+  (void)now;
+  return true;
+}
+
+int64_t TieredKv::swap_in_pages(const PageTable& t) const {
+  return t.n_tokens() % t.page_size() == 0 ? 0 : static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
+}
+
+bool TieredKv::swap_in(PageTable& t, int64_t now) {
+  Owner& o = owner_of(t);
+  if (!o.swapped) return true;
+  o.swapped = false;
+  if (t.n_tokens() % t.page_size() == 0) return true;
+  const int64_t tail = t.n_tokens() / t.page_size();
+  std::vector<PageId> back;
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      if (t.page(l, h, tail).tier == Tier::Host) back.push_back({l, h, tail});
+  try {
+    ensure_resident(t, back, now);
+  } catch (const Error&) {
+    o.swapped = true;
+    return false;
+  }
+  for (int l = 0; l < t.n_layers(); ++l)
+    for (int h = 0; h < t.n_heads_kv(); ++h) {  // the page appends again: its host copy goes
+      const size_t s = static_cast<size_t>(t.page(l, h, tail).slot);
+      if (host_copy_[s] >= 0) host_.free(PageRef{Tier::Host, host_copy_[s]});
+      host_copy_[s] = -1;
+      lru_.set_pinned(static_cast<int32_t>(s), false);
+    }
+  return true;
+}
+
 void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
   auto* self = static_cast<TieredKv*>(self_v);
   if (p.tier == Tier::Host) {
@@ -295,13 +372,13 @@ std::string TieredKv::check_invariants() const {
               w.idx != i)
             return "device slot " + std::to_string(p.slot) + " is not tracked as " + at(l, h, i);
           if (host_copy_[s] >= 0) {
-            if (!movable(t, i)) return at(l, h, i) + " appends and has a host copy";
+            if (!may_move(t, i)) return at(l, h, i) + " appends and has a host copy";
             if (!host_.is_used(PageRef{Tier::Host, host_copy_[s]}) || seen_host[static_cast<size_t>(host_copy_[s])]++)
               return at(l, h, i) + ": its host copy " + std::to_string(host_copy_[s]) + " is free or named twice";
             ++n_host;
           }
-          movable_unpinned = movable_unpinned || (movable(t, i) && !lru_.pinned(p.slot));
-          resident_full += movable(t, i);
+          movable_unpinned = movable_unpinned || (may_move(t, i) && !lru_.pinned(p.slot));
+          resident_full += may_move(t, i);
         }
     if (resident != o.resident)
       return "table " + std::to_string(id) + ": " + std::to_string(resident) + " resident pages, counted " +

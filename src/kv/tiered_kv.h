@@ -81,6 +81,24 @@ class TieredKv {
   // budgets.
   TierStats end_step(int64_t now);
 
+  // Room for n more device pages: any request's least recently used full, unpinned pages
+  // offloaded until n slots are free. False (having offloaded what it could) when they do not
+  // add up to n.
+  bool make_room(int64_t n, int64_t now);
+  // Device pages make_room could free now.
+  int64_t reclaimable() const;
+
+  // Preemption by swap (the scheduler's, instead of recompute): t's pages past its tokens freed,
+  // every other page of t in the host tier — its appending pages too, since t does not run until
+  // swap_in. False, changing nothing, when the host tier cannot take them.
+  bool swap_out(PageTable& t, int64_t now);
+  bool swapped(const PageTable& t) const { return owner_of(t).swapped; }
+  // Device pages swap_in takes (the pages t's lists append into).
+  int64_t swap_in_pages(const PageTable& t) const;
+  // t's appending pages back in the device tier (the rest come back as steps read them). False,
+  // changing nothing, when the device tier has no room.
+  bool swap_in(PageTable& t, int64_t now);
+
   // t.truncate / t.release with both tiers: frees each dropped page where it lives and its clean
   // copy. truncate also brings back the page each list then appends into and drops its copy.
   TierStats truncate(PageTable& t, int64_t n_tokens, int64_t now);
@@ -112,13 +130,17 @@ class TieredKv {
     PageTable* t;
     int64_t budget;
     int64_t resident = 0;
+    bool swapped = false;  // swap_out: every page may move, none is appended to
   };
   Owner& owner_of(const PageTable& t);
   const Owner& owner_of(const PageTable& t) const;
   // Full pages (they may move): index below n_tokens / page_size.
   static bool movable(const PageTable& t, int64_t idx) { return idx < t.n_tokens() / t.page_size(); }
+  // The same, for a page of a registered table (a swapped request's pages all move).
+  bool may_move(const PageTable& t, int64_t idx) const { return owner_of(t).swapped || movable(t, idx); }
   // Device pages of t that may move (resident minus the pages its lists append into).
   int64_t movable_resident(const Owner& o) const {
+    if (o.swapped) return o.resident;
     const PageTable& t = *o.t;
     return o.resident - static_cast<int64_t>(t.n_layers()) * t.n_heads_kv() *
                             (t.n_pages_per_list() - t.n_tokens() / t.page_size());

@@ -99,6 +99,9 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.gauge("dhisparse:kv_pool_total_blocks", "Blocks of the KV pool.", static_cast<double>(s.kv.n_total));
   w.gauge("dhisparse:kv_check_ok", "1 when the KV pool's accounting holds (free + used = total, no page owned twice).",
           s.kv_check.empty() ? 1.0 : 0.0);
+  w.counter("dhisparse:preemptions_swapped_total",
+            "Preemptions whose request went to the KV hierarchy's host tier (resumed without recompute).",
+            static_cast<double>(s.n_swapped));
   w.counter("dhisparse:kv_tier_hits_total", "KV hierarchy: pages a step read that were in the device tier.",
             static_cast<double>(s.tiers.hits));
   w.counter("dhisparse:kv_tier_recalled_total", "KV hierarchy: pages recalled from the host tier.",

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "engine/continuous_scheduler.h"
+#include "kv/tiered_kv.h"
 #include "test_clock.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -27,7 +28,10 @@ using test::TestClock;
 // Next token = script[history.size() % script.size()]: a function of the position only.
 class ScriptRunner final : public StepRunner {
  public:
-  ScriptRunner(int64_t n_pages, std::vector<int32_t> script, TestClock* clock, int max_batch = 64)
+  // host_pages > 0: a KV hierarchy (kv/tiered_kv.h) with a host tier of that many pages behind the
+  // pool, which is then its device tier.
+  ScriptRunner(int64_t n_pages, std::vector<int32_t> script, TestClock* clock, int max_batch = 64,
+               int64_t host_pages = 0)
       : script_(std::move(script)), clock_(clock), max_batch_(max_batch) {
     cfg_.n_layers = 2;
     cfg_.n_heads_kv = 2;
@@ -36,8 +40,30 @@ class ScriptRunner final : public StepRunner {
     cfg_.hidden = 8;
     cfg_.vocab_size = 49152;
     cfg_.max_context = 4096;
-    pool_ = std::make_unique<PagePool>(Tier::Host, n_pages, 4, 4, /*with_storage=*/false);
+    pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, n_pages, 4, 4,
+                                       /*with_storage=*/host_pages > 0);
+    if (host_pages > 0) {
+      host_ = std::make_unique<PagePool>(Tier::Host, host_pages, 4, 4);
+      tiers_ = std::make_unique<TieredKv>(*pool_, *host_);
+    }
   }
+  // The hierarchy's side of StepRunner (the CPU runner's, without a model).
+  void release(PageTable& t) override {
+    if (tiers_ && tiers_->has(t)) tiers_->release(t);
+    else t.release(*pool_);
+  }
+  std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : ""; }
+  bool make_room(int64_t n) override {
+    return tiers_ && offload_to_make_room ? tiers_->make_room(n, now_) : pool_->n_free() >= n;
+  }
+  int64_t reclaimable_pages() const override { return tiers_ && offload_to_make_room ? tiers_->reclaimable() : 0; }
+  bool offload_to_make_room = true;  // false: the hierarchy only swaps preempted requests
+  bool swap_out(PageTable& t) override { return tiers_ && tiers_->has(t) && tiers_->swap_out(t, now_); }
+  int64_t swap_in_pages(const PageTable& t) const override {
+    return tiers_ && tiers_->has(t) && tiers_->swapped(t) ? tiers_->swap_in_pages(t) : 0;
+  }
+  bool swap_in(PageTable& t) override { return !tiers_ || !tiers_->has(t) || tiers_->swap_in(t, now_); }
+  const PagePool* host() const { return host_.get(); }
   const ModelConfig& config() const override { return cfg_; }
   PagePool& pages() override { return *pool_; }
   int max_batch() const override { return max_batch_; }
@@ -51,6 +77,12 @@ class ScriptRunner final : public StepRunner {
     for (size_t i = 0; i < batch.size(); ++i) {
       const StepRequest& r = batch[i];
       EXPECT_TRUE(slots.insert(r.slot).second) << "slot " << r.slot << " twice in a step";
+      if (tiers_) {
+        if (!tiers_->has(*r.table)) tiers_->add(*r.table, now_);
+        tiers_->adopt_new_pages(*r.table, now_);
+        EXPECT_FALSE(tiers_->swapped(*r.table)) << "a swapped request in a step";
+      }
+      rows_fed += r.n_new;
       EXPECT_LE(r.table->n_tokens() + r.n_new, r.table->capacity_tokens()) << "rows past the reserved pages";
       // The rows fed are the request's history at the table's position.
       for (int64_t k = 0; k < r.n_new; ++k) EXPECT_EQ(r.tokens[k], (*r.history)[static_cast<size_t>(r.table->n_tokens() + k)]);
@@ -62,6 +94,7 @@ class ScriptRunner final : public StepRunner {
         out->sampled[i] = script_[r.history->size() % script_.size()];
       }
     }
+    ++now_;
     step_sizes.push_back(static_cast<int>(batch.size()));
     step_tokens.push_back(tokens);
     if (clock_) clock_->t = clock_->t + 1.0;  // a step takes a second
@@ -76,8 +109,12 @@ class ScriptRunner final : public StepRunner {
   std::vector<std::string> policies_seen;  // per sampled row: its own policy's spelling, "-" for the runner's
   std::vector<int64_t> step_tokens;
   std::vector<int> begun;
+  int64_t rows_fed = 0;  // tokens fed over all steps (a recompute feeds a request's again)
 
  private:
+  std::unique_ptr<PagePool> host_;
+  std::unique_ptr<TieredKv> tiers_;
+  int64_t now_ = 0;
   PolicySpec policy_;
   ModelConfig cfg_;
   std::unique_ptr<PagePool> pool_;
@@ -231,6 +268,47 @@ TEST_F(SchedulerTest, PreemptionResumesWithTheSameTokens) {
   EXPECT_EQ(st.prompt_tokens, 8u * 6u) << "a recompute is not new prompt tokens";
   EXPECT_EQ(st.generation_tokens, 8u * 30u);
   expect_pool_clean(*r, *s);
+}
+
+// With a KV hierarchy (a host tier of 1,000 pages behind the 100-page pool), the same 8 requests
+// (288 pages in all) run without a preemption: the running requests' cold pages go to the host tier
+// to make room, and every token is fed once.
+TEST_F(SchedulerTest, AHostTierMakesRoomWithoutPreemption) {
+  ScriptRunner r(100, script_, &clock_, 64, /*host_pages=*/1000);
+  auto s = sched(r);
+  std::vector<Collected> got(8);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(s->submit(req(6, 30, static_cast<int32_t>(100 * i)), collect(&got[i])).status, SubmitStatus::Accepted);
+  run_to_idle(*s);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, expected(6, 30)) << "request " << i;
+  EXPECT_EQ(s->stats().n_preemptions, 0u);
+  EXPECT_EQ(r.rows_fed, 8 * (6 + 30 - 1));
+  EXPECT_EQ(r.host()->n_used(), 0);
+  expect_pool_clean(r, *s);
+}
+
+// The preemption scenario above with a hierarchy that only swaps (no offload to make room): the
+// preempted request goes to the host tier whole and resumes where it was — no token is fed twice,
+// the output is the uninterrupted one.
+TEST_F(SchedulerTest, PreemptionSwapsToTheHostTierAndResumesWithoutRecompute) {
+  ScriptRunner r(100, script_, &clock_, 64, /*host_pages=*/1000);
+  r.offload_to_make_room = false;
+  auto s = sched(r);
+  std::vector<Collected> got(8);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(s->submit(req(6, 30, static_cast<int32_t>(100 * i)), collect(&got[i])).status, SubmitStatus::Accepted);
+  run_to_idle(*s);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, expected(6, 30)) << "request " << i;
+    EXPECT_EQ(got[i].text, tok_->decode(got[i].tokens, true)) << "text lost or doubled across a swap";
+  }
+  const SchedulerStats st = s->stats();
+  EXPECT_GT(st.n_swapped, 0u);
+  EXPECT_EQ(st.n_swapped, st.n_preemptions);
+  EXPECT_EQ(r.rows_fed, 8 * (6 + 30 - 1)) << "a swapped request was recomputed";
+  EXPECT_EQ(st.prompt_tokens, 8u * 6u);
+  EXPECT_EQ(r.host()->n_used(), 0);
+  expect_pool_clean(r, *s);
 }
 
 // A request's own sparse policy (GenerateOptions::sparse_policy) reaches the runner with its

@@ -59,7 +59,8 @@ float value(uint64_t req, int layer, int head, int64_t pos, int e) {
 
 struct Req {
   std::unique_ptr<PageTable> t;
-  uint64_t key;  // for the values (PageTable ids differ across runs of the test)
+  uint64_t key;          // for the values (PageTable ids differ across runs of the test)
+  bool swapped = false;  // swap_out'ed: neither appended to nor read until swap_in
 };
 
 class Scenario {
@@ -78,11 +79,7 @@ class Scenario {
   // Appends n tokens to r: reserve on the device (offloading anyone's full pages for room first),
   // write their rows, commit, adopt. False when the device tier cannot make room.
   bool append(Req& r, int64_t n) {
-    const int64_t need = r.t->pages_needed(n);
-    if (need > dev_.n_free()) {
-      for (Req& o : reqs_) kv_.offload(*o.t, need - dev_.n_free(), now_);
-      if (need > dev_.n_free()) return false;
-    }
+    if (!kv_.make_room(r.t->pages_needed(n), now_)) return false;  // others' cold pages to the host
     if (!r.t->reserve(dev_, n)) return false;
     const int64_t p0 = r.t->n_tokens();
     for (int l = 0; l < kLayers; ++l)
@@ -227,7 +224,7 @@ TEST(TieredKv, RollbackBringsTheAppendingPageBack) {
 
 TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
   std::mt19937 rng(23);
-  int64_t moves = 0;
+  int64_t moves = 0, swaps = 0;
   for (int round = 0; moves < 1'000'000; ++round) {
     ASSERT_LT(round, 2000) << "too few page moves per round (" << moves << " so far)";
     Scenario s(48 + 16 * (round % 3), 600, {.bucket_steps = 1 + round % 3, .n_buckets = 2 + round % 7});
@@ -240,7 +237,27 @@ TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
         continue;
       } else {
         Req& r = s.reqs_[rng() % s.reqs_.size()];
-        if (op <= 3) {  // append 1-6 tokens, within the host tier's room
+        if (r.swapped) {  // back in first (or, now and then, finished while swapped)
+          if (rng() % 8 == 0) {
+            s.kv_.release(*r.t);
+            std::swap(r, s.reqs_.back());
+            s.reqs_.pop_back();
+          } else if (s.kv_.swap_in(*r.t, s.now_)) {
+            r.swapped = false;
+            for (int l = 0; l < kLayers; ++l)
+              for (int h = 0; h < kHeads; ++h)
+                if (r.t->n_tokens() % kPage != 0)
+                  ASSERT_EQ(r.t->page(l, h, r.t->n_tokens() / kPage).tier, Tier::Device) << "appending page not back";
+          }
+        } else if (op == 5 && rng() % 4 == 0) {  // preempted by swap
+          r.swapped = s.kv_.swap_out(*r.t, s.now_);
+          if (r.swapped) {
+            ASSERT_EQ(s.kv_.resident_pages(*r.t), 0);
+            ++swaps;
+          }
+        } else if (op == 6 && rng() % 4 == 0) {  // room for an admission
+          s.kv_.make_room(static_cast<int64_t>(rng() % 12), s.now_);
+        } else if (op <= 3) {  // append 1-6 tokens, within the host tier's room
           if (r.t->n_tokens() < 120) s.append(r, 1 + static_cast<int64_t>(rng() % 6));
         } else if (op <= 6 && r.t->n_pages_per_list() > 0) {  // a step reads 1-6 random pages
           std::vector<PageId> want;
@@ -275,8 +292,9 @@ TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
     const TierStats& t = s.kv_.totals();
     moves += t.recalled + t.offloaded + t.dropped;
   }
-  std::printf("%lld page moves (recalls, offloads, drops); invariants after every operation, bytes after every one of the first 5 rounds, then every 25th\n",
-              static_cast<long long>(moves));
+  std::printf("%lld page moves (recalls, offloads, drops), %lld swaps; invariants after every operation, bytes after every one of the first 5 rounds, then every 25th\n",
+              static_cast<long long>(moves), static_cast<long long>(swaps));
+  EXPECT_GT(swaps, 100);
 }
 
 }  // namespace
