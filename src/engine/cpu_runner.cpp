@@ -1,6 +1,7 @@
 // StepRunner on the CPU backend.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -63,6 +64,8 @@ class CpuRunner final : public StepRunner {
     policy_ = spec.dense() ? nullptr : make_policy(spec);
     spec_ = spec;
     own_.clear();
+    DHS_CHECK(!(tiers_ && spec.scores() && make_estimator(spec.estimator)->needs_two_bit_codes()),
+              "estimator {} (two-bit codes, a CPU study) with the host KV tier is not supported", spec.estimator);
     if (policy_ && summaries_ && spec.scores() && make_estimator(spec.estimator)->needs_two_bit_codes())
       summaries_->enable_two_bit_codes(*pool_);  // (re-encodes the rows already appended)
     model_->set_sparsity(policy_.get(), summaries_.get(), spec.reselect_every, spec.min_step_tokens, spec.dense_below);
@@ -79,9 +82,21 @@ class CpuRunner final : public StepRunner {
   void truncate(PageTable& table, int64_t n_tokens) override {
     if (tiers_ && tiers_->has(table)) tiers_->truncate(table, n_tokens, model_->tier_clock());
     else table.truncate(*pool_, n_tokens);
-    if (summaries_) truncate_summaries(table, *pool_, *summaries_, n_tokens);  // the last page's rows changed
+    if (!summaries_) return;
+    // The last page's rows changed: its summary is rebuilt from the pool, now or, when the
+    // hierarchy left that page in the host tier for lack of room, once the next step has it back.
+    if (appending_pages_resident(table)) truncate_summaries(table, *pool_, *summaries_, n_tokens);
+    else summaries_pending_.insert(&table);
+  }
+  bool appending_pages_resident(const PageTable& t) const {
+    if (t.n_tokens() % t.page_size() == 0) return true;
+    for (int l = 0; l < t.n_layers(); ++l)
+      for (int h = 0; h < t.n_heads_kv(); ++h)
+        if (t.page(l, h, t.n_tokens() / t.page_size()).tier != pool_->tier()) return false;
+    return true;
   }
   void release(PageTable& table) override {
+    summaries_pending_.erase(&table);
     if (tiers_ && tiers_->has(table)) tiers_->release(table);
     else table.release(*pool_);
   }
@@ -160,11 +175,19 @@ class CpuRunner final : public StepRunner {
       any_sample = any_sample || r.sample;
       any_verify = any_verify || r.verify;
     }
-    if (tiers_)  // the step's new pages are tracked; a request over its device budget offloads
-      for (const StepRequest& r : batch) {
+    if (tiers_) {
+      // Every table's new pages tracked before any offload; then the pages each appends into
+      // resident (a rollback may have left one in the host tier), and budgets kept.
+      for (const StepRequest& r : batch)
         if (!tiers_->has(*r.table)) tiers_->add(*r.table, model_->tier_clock(), budget_);
-        tiers_->adopt_new_pages(*r.table, model_->tier_clock());
+      for (const StepRequest& r : batch) tiers_->track_new_pages(*r.table, model_->tier_clock());
+      for (const StepRequest& r : batch) {
+        tiers_->prepare_append(*r.table, model_->tier_clock());
+        if (summaries_pending_.erase(r.table))  // (truncate left its last page in the host tier)
+          truncate_summaries(*r.table, *pool_, *summaries_, r.table->n_tokens());
       }
+      for (const StepRequest& r : batch) tiers_->adopt_new_pages(*r.table, model_->tier_clock());
+    }
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
@@ -201,6 +224,7 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<PagePool> host_pool_;  // the host tier, or null
   std::unique_ptr<TieredKv> tiers_;
   int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
+  std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
   // A request's own policy (StepRequest::policy), made once per spelling while the engine's stays.
   const SelectionPolicy* own_policy(const PolicySpec& spec) {
     auto& p = own_[spec.key()];

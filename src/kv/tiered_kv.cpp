@@ -71,13 +71,19 @@ TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
 int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
 int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
 
-std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now) const {
+std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
-  // The LRU's order over every candidate, then only pages that may move (full ones).
+  // The LRU's order over every candidate, then only pages that may move (full ones), and of those
+  // needing a copy only as many as the host tier has room for (a page with a clean host copy
+  // leaves for free).
   for (int32_t s : lru_.select(owner, lru_.n_slots(), now)) {
     const Where& w = dev_where_[static_cast<size_t>(s)];
     if (!may_move(*w.t, w.idx)) continue;
+    if (host_copy_[static_cast<size_t>(s)] < 0) {
+      if (host_room == 0) continue;
+      --host_room;
+    }
     out.push_back(s);
     if (static_cast<int64_t>(out.size()) == n) break;
   }
@@ -114,13 +120,20 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
 
 TierStats TieredKv::offload(PageTable& t, int64_t n, int64_t now) {
   TierStats st;
-  const std::vector<int32_t> v = victims(owner_of(t).id, n, now);
+  const std::vector<int32_t> v = victims(owner_of(t).id, n, now, host_.n_free());
   evict(v, st);
   totals_ += st;
   return st;
 }
 
 TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
+  track_new_pages(t, now);
+  const Owner& o = owner_of(t);
+  const int64_t over = movable_resident(o) - o.budget;
+  return over > 0 ? offload(t, over, now) : TierStats{};
+}
+
+void TieredKv::track_new_pages(PageTable& t, int64_t now) {
   Owner& o = owner_of(t);
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
@@ -128,8 +141,6 @@ TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
         const PageRef p = t.page(l, h, i);
         if (p.tier == Tier::Device && !lru_.resident(p.slot)) track_device(o, p, {&t, l, h, i}, now);
       }
-  const int64_t over = movable_resident(o) - o.budget;
-  return over > 0 ? offload(t, over, now) : TierStats{};
 }
 
 TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now) {
@@ -162,10 +173,14 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
   // (fewer when the pinned pages alone pass the budget: then the request holds them past it until
   // end_step)
-  std::vector<int32_t> out = victims(o.id, need_own, now);
+  std::vector<int32_t> out = victims(o.id, need_own, now, host_.n_free());
   const int64_t need_any = std::max<int64_t>(0, missing - (dev_.n_free() + static_cast<int64_t>(out.size())));
   if (need_any > 0) {
-    const std::vector<int32_t> more = victims(-1, need_any + static_cast<int64_t>(out.size()), now);
+    int64_t own_copies = 0;
+    for (int32_t s : out) own_copies += host_copy_[static_cast<size_t>(s)] < 0;
+    // (the own victims' copies count twice against the room here at most: conservative)
+    const std::vector<int32_t> more =
+        victims(-1, need_any + static_cast<int64_t>(out.size()), now, std::max<int64_t>(0, host_.n_free() - own_copies));
     int64_t added = 0;
     for (int32_t s : more) {
       if (added == need_any) break;
@@ -222,10 +237,7 @@ TierStats TieredKv::end_step(int64_t now) {
 bool TieredKv::make_room(int64_t n, int64_t now) {
   const int64_t short_by = n - dev_.n_free();
   if (short_by <= 0) return true;
-  const std::vector<int32_t> v = victims(-1, short_by, now);
-  int64_t copies = 0;
-  for (int32_t s : v) copies += host_copy_[static_cast<size_t>(s)] < 0;
-  if (copies > host_.n_free()) return false;
+  const std::vector<int32_t> v = victims(-1, short_by, now, host_.n_free());
   TierStats st;
   evict(v, st);
   totals_ += st;
@@ -245,19 +257,20 @@ int64_t TieredKv::reclaimable() const {
 
 bool TieredKv::swap_out(PageTable& t, int64_t now) {
   Owner& o = owner_of(t);
-  t.truncate(free_page_cb, this, t.n_tokens());  // reserved pages past its tokens
+  const int64_t kept = (t.n_tokens() + t.page_size() - 1) / t.page_size();  // pages past it are only reserved
   std::vector<int32_t> slots;
   int64_t copies = 0;
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
-      for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+      for (int64_t i = 0; i < kept; ++i) {
         const PageRef p = t.page(l, h, i);
         if (p.tier != Tier::Device) continue;
-        if (lru_.pinned(p.slot)) return false;
+        if (!lru_.resident(p.slot) || lru_.pinned(p.slot)) return false;  // (not adopted yet, or being read)
         slots.push_back(p.slot);
         copies += host_copy_[static_cast<size_t>(p.slot)] < 0;
       }
-  if (copies > host_.n_free()) return false;
+  if (copies > host_.n_free()) return false;  // (nothing changed yet)
+  t.truncate(free_page_cb, this, t.n_tokens());  // the reserved pages past its tokens
   o.swapped = true;
   TierStats st;
   evict(slots, st);
@@ -274,25 +287,12 @@ bool TieredKv::swap_in(PageTable& t, int64_t now) {
   Owner& o = owner_of(t);
   if (!o.swapped) return true;
   o.swapped = false;
-  if (t.n_tokens() % t.page_size() == 0) return true;
-  const int64_t tail = t.n_tokens() / t.page_size();
-  std::vector<PageId> back;
-  for (int l = 0; l < t.n_layers(); ++l)
-    for (int h = 0; h < t.n_heads_kv(); ++h)
-      if (t.page(l, h, tail).tier == Tier::Host) back.push_back({l, h, tail});
   try {
-    ensure_resident(t, back, now);
+    prepare_append(t, now);
   } catch (const Error&) {
     o.swapped = true;
     return false;
   }
-  for (int l = 0; l < t.n_layers(); ++l)
-    for (int h = 0; h < t.n_heads_kv(); ++h) {  // the page appends again: its host copy goes
-      const size_t s = static_cast<size_t>(t.page(l, h, tail).slot);
-      if (host_copy_[s] >= 0) host_.free(PageRef{Tier::Host, host_copy_[s]});
-      host_copy_[s] = -1;
-      lru_.set_pinned(static_cast<int32_t>(s), false);
-    }
   return true;
 }
 
@@ -303,6 +303,10 @@ void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
     return;
   }
   const size_t s = static_cast<size_t>(p.slot);
+  if (!self->lru_.resident(p.slot)) {  // reserved and not yet adopted: no bookkeeping of its own
+    self->dev_.free(p);
+    return;
+  }
   --self->owner_of(*self->dev_where_[s].t).resident;
   if (self->host_copy_[s] >= 0) self->host_.free(PageRef{Tier::Host, self->host_copy_[s]});
   self->host_copy_[s] = -1;
@@ -310,24 +314,41 @@ void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
   self->dev_.free(p);
 }
 
-TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
-  owner_of(t);  // registered
-  t.truncate(free_page_cb, this, n_tokens);
-  TierStats st;
-  if (n_tokens % t.page_size() == 0) return st;  // every remaining page is full
-  const int64_t tail = n_tokens / t.page_size();
+TierStats TieredKv::prepare_append(PageTable& t, int64_t now) {
+  const Owner& o = owner_of(t);
+  DHS_CHECK(!o.swapped, "tiered KV: appending to a swapped-out request");
+  const int64_t first = t.n_tokens() / t.page_size();  // the pages a list appends into
   std::vector<PageId> back;
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
-      if (t.page(l, h, tail).tier == Tier::Host) back.push_back({l, h, tail});
-  if (!back.empty()) st = ensure_resident(t, back, now);
+      for (int64_t i = first; i < t.n_pages_per_list(); ++i)
+        if (t.page(l, h, i).tier == Tier::Host) back.push_back({l, h, i});
+  TierStats st;
+  if (!back.empty()) st = ensure_resident(t, back, now);  // (throws, changing nothing)
   for (int l = 0; l < t.n_layers(); ++l)
-    for (int h = 0; h < t.n_heads_kv(); ++h) {
-      const size_t s = static_cast<size_t>(t.page(l, h, tail).slot);
-      if (host_copy_[s] >= 0) host_.free(PageRef{Tier::Host, host_copy_[s]});
-      host_copy_[s] = -1;
-      lru_.set_pinned(static_cast<int32_t>(s), false);
-    }
+    for (int h = 0; h < t.n_heads_kv(); ++h)
+      for (int64_t i = first; i < t.n_pages_per_list(); ++i) {  // they change: their host copies go
+        const int32_t s = t.page(l, h, i).slot;
+        if (host_copy_[static_cast<size_t>(s)] >= 0) host_.free(PageRef{Tier::Host, host_copy_[static_cast<size_t>(s)]});
+        host_copy_[static_cast<size_t>(s)] = -1;
+        if (!back.empty() && lru_.resident(s)) lru_.set_pinned(s, false);
+      }
+  return st;
+}
+
+TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
+  owner_of(t);  // registered
+  t.truncate(free_page_cb, this, n_tokens);
+  // The page each list appends into again: back and without a copy now, or, when the tiers have
+  // no room for that now, before the next append (prepare_append, which the runner calls).
+  TierStats st;
+  try {
+    st = prepare_append(t, now);
+  } catch (const Error&) {
+  }
+  const Owner& o = owner_of(t);
+  const int64_t over = movable_resident(o) - o.budget;  // (the pages it freed may let more leave)
+  if (over > 0) st += offload(t, over, now);
   return st;
 }
 
@@ -348,7 +369,7 @@ std::string TieredKv::check_invariants() const {
   for (const auto& [id, o] : owners_) {
     const PageTable& t = *o.t;
     int64_t resident = 0, resident_full = 0;
-    bool movable_unpinned = false;
+    bool movable_unpinned = false, droppable = false;  // (droppable: with a clean copy, leaves for free)
     for (int l = 0; l < t.n_layers(); ++l)
       for (int h = 0; h < t.n_heads_kv(); ++h)
         for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
@@ -378,12 +399,14 @@ std::string TieredKv::check_invariants() const {
             ++n_host;
           }
           movable_unpinned = movable_unpinned || (may_move(t, i) && !lru_.pinned(p.slot));
+          droppable = droppable || (may_move(t, i) && !lru_.pinned(p.slot) && host_copy_[s] >= 0);
           resident_full += may_move(t, i);
         }
     if (resident != o.resident)
       return "table " + std::to_string(id) + ": " + std::to_string(resident) + " resident pages, counted " +
              std::to_string(o.resident);
-    if (resident_full > o.budget && movable_unpinned)
+    // (past the budget only with nothing that could leave: pinned, appending, or no host room)
+    if (resident_full > o.budget && (host_.n_free() > 0 ? movable_unpinned : droppable))
       return "table " + std::to_string(id) + " holds " + std::to_string(resident_full) + " full device pages, budget " +
              std::to_string(o.budget) + ", with unpinned ones it could offload";
   }

@@ -65,7 +65,9 @@ class TieredKv {
   int64_t resident_pages(const PageTable& t) const;
 
   // After t.reserve(device pool, ...): its new device pages are tracked; then, if t is over its
-  // budget, its least recently used full pages are offloaded down to it.
+  // budget, its least recently used full pages are offloaded down to it (as far as the host tier
+  // has room). track_new_pages is the first half alone.
+  void track_new_pages(PageTable& t, int64_t now);
   TierStats adopt_new_pages(PageTable& t, int64_t now);
 
   // Every listed page of t resident on the device and touched at `now`: pinned, then the missing
@@ -74,7 +76,8 @@ class TieredKv {
   // pages, or than the host tier can take in evictions).
   TierStats ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now);
 
-  // Offloads up to n of t's least recently used full, unpinned device pages; returns the stats.
+  // Offloads up to n of t's least recently used full, unpinned device pages (fewer when the host
+  // tier has no room for their copies); returns the stats.
   TierStats offload(PageTable& t, int64_t n, int64_t now);
 
   // Unpins every page (the layer or step is over) and offloads what requests hold past their
@@ -99,8 +102,14 @@ class TieredKv {
   // changing nothing, when the device tier has no room.
   bool swap_in(PageTable& t, int64_t now);
 
+  // Before a step appends to t: the pages its lists append into resident and without host copies
+  // (after a rollback into an offloaded page). Throws dhs::Error, changing nothing, when the
+  // tiers have no room for them.
+  TierStats prepare_append(PageTable& t, int64_t now);
+
   // t.truncate / t.release with both tiers: frees each dropped page where it lives and its clean
-  // copy. truncate also brings back the page each list then appends into and drops its copy.
+  // copy. truncate also brings back the page each list then appends into and drops its copy (or
+  // leaves that to prepare_append when the tiers have no room now).
   TierStats truncate(PageTable& t, int64_t n_tokens, int64_t now);
   void release(PageTable& t);
 
@@ -148,8 +157,9 @@ class TieredKv {
   void track_device(Owner& o, PageRef p, const Where& w, int64_t now);
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
-  // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only.
-  std::vector<int32_t> victims(int32_t owner, int64_t n, int64_t now) const;
+  // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most
+  // host_room of them without a clean host copy (each takes a host slot).
+  std::vector<int32_t> victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const;
   static void free_page_cb(void* self, PageRef p, int layer, int head, int64_t idx);
 
   PagePool& dev_;

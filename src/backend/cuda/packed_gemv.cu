@@ -307,6 +307,8 @@ void require_view(const PackedWeightView& w) {
   const auto aligned = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   require(w.rows > 0 && w.in > 0 && w.in % 8 == 0 && w.chunks == (w.in + kPackChunk - 1) / kPackChunk,
           "packed weights: bad shape (in must be a multiple of 8, chunks = ceil(in / 256))");
+  require(w.format != PackedFormat::Q8_0 || w.in % 32 == 0, "packed weights: Q8_0 needs in % 32 == 0");
+  require(w.format != PackedFormat::Q4_K || w.in % 256 == 0, "packed weights: Q4_K needs in % 256 == 0");
   require(w.codes != nullptr && aligned(w.codes), "packed weights: codes must be 16-byte aligned");
   if (packed_has_meta(w.format)) require(w.meta != nullptr && aligned(w.meta), "packed weights: meta must be 16-byte aligned");
   else require(w.row_scale != nullptr, "packed weights: FP8 needs its row scales");
@@ -411,6 +413,7 @@ void launch_packed_gemv(const PackedGemvParams& p, cudaStream_t stream) {
   require(p.n_tok >= 1 && p.n_tok <= 8, "packed_gemv: n_tok must be 1..8");
   require(p.ldy >= p.w.rows && p.x != nullptr && p.y != nullptr, "packed_gemv: bad ldy or null pointer");
   require((reinterpret_cast<uintptr_t>(p.x) & 15) == 0, "packed_gemv: activations must be 16-byte aligned");
+  require((reinterpret_cast<uintptr_t>(p.y) & (p.y_f32 ? 3 : 1)) == 0, "packed_gemv: misaligned output");
   require(!p.accumulate || p.y_f32, "packed_gemv: accumulate needs fp32 output");
   switch (p.w.format) {
     case PackedFormat::Q8_0: launch_format<PackedFormat::Q8_0>(p, stream); break;

@@ -47,8 +47,9 @@ void launch_packed_gemv(const PackedGemvParams& p, cudaStream_t stream);
 void launch_unpack_rows(const PackedWeightView& w, __half* dst, int64_t ld_dst, cudaStream_t stream);
 
 // Random packed weights for the speed benchmarks (values do not change a kernel's speed): codes
-// uniform (FP8: finite, |code| <= 240), scales so that |w| <= a (Q8_0 d = a / 127; Q4_K d =
-// a / 945, dmin = a / 126 with random 6-bit scales and mins; FP8 row scale a / 240).
+// uniform (FP8: finite, even exponent fields, |code| <= 240), scales so that |w| <= about a
+// (Q8_0 d = a / 127, so |w| <= 128 a / 127; Q4_K d = a / 945, dmin = a / 126 with random 6-bit
+// scales and mins; FP8 row scale a / 240).
 // The view's planes are written (they are the caller's allocation).
 void fill_random_packed(const PackedWeightView& w, uint64_t seed, float a, cudaStream_t stream);
 
