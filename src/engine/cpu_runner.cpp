@@ -45,8 +45,10 @@ class CpuRunner final : public StepRunner {
                                        o.page_size, static_cast<int>(c.head_dim));
     if (host_pages > 0) {
       host_pool_ = std::make_unique<PagePool>(Tier::Host, host_pages, o.page_size, static_cast<int>(c.head_dim));
-      // Buckets of one layer's clock tick (LlamaCpu::set_tiers), the last 4 steps kept apart.
-      tiers_ = std::make_unique<TieredKv>(*pool_, *host_pool_, LruParams{1, static_cast<int>(std::min<int64_t>(4096, 4 * c.n_layers))});
+      // The clock ticks once per layer (LlamaCpu::set_tiers): the cyclic order, a cycle per step,
+      // pages kept apart by how many steps ago they were used, up to 4.
+      tiers_ = std::make_unique<TieredKv>(*pool_, *host_pool_,
+                                          LruParams{static_cast<int>(c.n_layers), 4, /*cyclic=*/true});
       budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
       model_->set_tiers(tiers_.get());
     }

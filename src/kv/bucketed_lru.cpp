@@ -12,8 +12,8 @@ BucketedLru::BucketedLru(int64_t n_slots, LruParams p)
       owner_(static_cast<size_t>(n_slots), -1),
       pinned_(static_cast<size_t>(n_slots), 0) {
   DHS_CHECK(n_slots >= 0 && n_slots < (int64_t{1} << 31), "LRU of {} slots", n_slots);
-  DHS_CHECK(p.bucket_steps >= 1 && p.n_buckets >= 1 && p.n_buckets <= 4096,
-            "LRU buckets: {} steps each, {} buckets (need >= 1 and <= 4096 buckets)", p.bucket_steps, p.n_buckets);
+  DHS_CHECK(p.bucket_steps >= 1 && p.n_buckets >= 1 && int64_t{p.n_buckets} * p.bucket_steps <= (1 << 16),
+            "LRU buckets: {} ticks each, {} buckets (need >= 1 each, at most 65,536 bins)", p.bucket_steps, p.n_buckets);
 }
 
 void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
@@ -49,38 +49,45 @@ int64_t BucketedLru::bucket(int32_t s, int64_t now) const {
   return std::max(last_use_[static_cast<size_t>(s)] / p_.bucket_steps, oldest);
 }
 
+int64_t BucketedLru::order_bin(int32_t s, int64_t now) const {
+  const int64_t P = p_.bucket_steps, B = p_.n_buckets, u = last_use_[static_cast<size_t>(s)];
+  if (!p_.cyclic) return (bucket(s, now) - (now / P - (B - 1))) * P;  // key2 = 0
+  const int64_t age = std::min((now - u) / P, B - 1);
+  return ((B - 1) - age) * P + std::min(now - age * P - u, P - 1);
+}
+
 std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
-  const int64_t oldest = now / p_.bucket_steps - (p_.n_buckets - 1);
+  const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
   const auto candidate = [&](size_t s) {
     return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0;
   };
-  // Pass 1: the histogram of candidates over the n_buckets buckets (relative to the oldest).
-  std::vector<int64_t> hist(static_cast<size_t>(p_.n_buckets), 0);
+  // Pass 1: the histogram of candidates over the order's bins.
+  std::vector<int64_t> hist(static_cast<size_t>(n_bins), 0);
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
     DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
-    ++hist[static_cast<size_t>(bucket(static_cast<int32_t>(s), now) - oldest)];
+    ++hist[static_cast<size_t>(order_bin(static_cast<int32_t>(s), now))];
   }
-  // The cut: buckets before it go whole; from the cut bucket, `take_in_cut` slots.
+  // The cut: bins before it go whole; from the cut bin, `take_in_cut` slots.
   int64_t cut = 0, before = 0;
-  while (cut < p_.n_buckets && before + hist[static_cast<size_t>(cut)] < n) before += hist[static_cast<size_t>(cut++)];
-  const int64_t take_in_cut = cut < p_.n_buckets ? n - before : 0;
-  // Pass 2: in slot order, every candidate of a bucket before the cut and the first take_in_cut
-  // of the cut bucket; then the result in (bucket, slot) order.
-  std::vector<std::vector<int32_t>> by_bucket(static_cast<size_t>(std::min<int64_t>(cut + 1, p_.n_buckets)));
+  while (cut < n_bins && before + hist[static_cast<size_t>(cut)] < n) before += hist[static_cast<size_t>(cut++)];
+  const int64_t take_in_cut = cut < n_bins ? n - before : 0;
+  // Pass 2: in slot order, every candidate of a bin before the cut and the first take_in_cut of
+  // the cut bin; then the result in (bin, slot) order.
+  std::vector<std::vector<int32_t>> by_bin(static_cast<size_t>(std::min<int64_t>(cut + 1, n_bins)));
   int64_t taken_in_cut = 0;
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
-    const int64_t b = bucket(static_cast<int32_t>(s), now) - oldest;
-    if (b < cut) by_bucket[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+    const int64_t b = order_bin(static_cast<int32_t>(s), now);
+    if (b < cut) by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
     else if (b == cut && taken_in_cut < take_in_cut) {
-      by_bucket[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+      by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
       ++taken_in_cut;
     }
   }
-  for (const auto& v : by_bucket) out.insert(out.end(), v.begin(), v.end());
+  for (const auto& v : by_bin) out.insert(out.end(), v.begin(), v.end());
   return out;
 }
 

@@ -6,10 +6,18 @@
 // one pass over the slots. That is what the GPU does inside the step (one thread per slot, no
 // sort, no host round trip); this class is its CPU statement and the oracle of its test.
 //
-// Definition (what the tests check against a brute-force sort): with
-//   bucket(s) = max(last_use(s) / bucket_steps, now / bucket_steps - (n_buckets - 1)),
-// select(owner, n, now) returns the first min(n, |C|) slots of C (the resident slots of `owner`,
-// not pinned) ordered by (bucket, slot). The clock (`now`) is the caller's step counter.
+// Definition (what the tests check against a brute-force sort): select(owner, n, now) returns the
+// first min(n, |C|) slots of C (the resident slots of `owner`, not pinned) ordered by
+// (key1, key2, slot), where
+//   plain:  key1 = max(last_use / P, now / P - (n_buckets - 1)),  key2 = 0;
+//   cyclic: age = min((now - last_use) / P, n_buckets - 1),  key1 = -age,
+//           key2 = min(now - age * P - last_use, P - 1),
+// with P = bucket_steps. Cyclic is for a clock that runs through a fixed cycle of P ticks per
+// step (the layers of a decode step): age counts the cycles since a page was used — the chances
+// it has had since to be used again — and buckets are aligned to `now`, so the oldest go first;
+// within an age the most recently used go first: in a cycle, their next use is the farthest
+// (Belady's order for a cyclic scan; plain LRU there evicts exactly the page needed next). The
+// clock (`now`) is the caller's counter.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,8 +26,9 @@
 namespace dhs {
 
 struct LruParams {
-  int bucket_steps = 4;  // steps per bucket
+  int bucket_steps = 4;  // clock ticks per bucket (cyclic: the ticks of one cycle)
   int n_buckets = 16;    // buckets kept apart; older ones count as the oldest
+  bool cyclic = false;   // the order above for a clock with a cycle of bucket_steps ticks
 };
 
 class BucketedLru {
@@ -43,7 +52,10 @@ class BucketedLru {
   int32_t owner(int32_t s) const { return owner_[static_cast<size_t>(s)]; }
   int64_t last_use(int32_t s) const { return last_use_[static_cast<size_t>(s)]; }
   bool pinned(int32_t s) const { return pinned_[static_cast<size_t>(s)] != 0; }
-  int64_t bucket(int32_t s, int64_t now) const;
+  int64_t bucket(int32_t s, int64_t now) const;  // (plain: key1)
+  // The slot's place in the eviction order at `now` before the slot number: key1 relative to the
+  // oldest bucket times bucket_steps, plus key2 (a bin in [0, n_buckets * bucket_steps)).
+  int64_t order_bin(int32_t s, int64_t now) const;
 
   // Up to n victims of `owner` (-1: of every owner) at step `now`, in (bucket, slot) order.
   std::vector<int32_t> select(int32_t owner, int64_t n, int64_t now) const;

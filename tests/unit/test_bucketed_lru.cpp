@@ -1,8 +1,7 @@
 // The bucketed LRU (kv/bucketed_lru.h) against a brute-force statement of its definition: every
-// candidate (resident, of the owner, not pinned) sorted by (bucket, slot), the first n taken;
-// bucket(s) = max(last_use / bucket_steps, now / bucket_steps - (n_buckets - 1)). The clock is
-// injected (a step counter the test advances), and random inserts, touches, pins and erases run
-// between selections.
+// candidate (resident, of the owner, not pinned) sorted by (key1, key2, slot), the first n taken,
+// the keys as the header writes them for the plain and the cyclic order. The clock is injected (a
+// counter the test advances), and random inserts, touches, pins and erases run between selections.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,17 +17,36 @@ namespace {
 
 std::vector<int32_t> brute_force(const BucketedLru& lru, int32_t owner, int64_t n, int64_t now) {
   const LruParams& p = lru.params();
-  std::vector<std::tuple<int64_t, int32_t>> c;
+  const int64_t P = p.bucket_steps, B = p.n_buckets;
+  std::vector<std::tuple<int64_t, int64_t, int32_t>> c;
   for (int32_t s = 0; s < lru.n_slots(); ++s) {
     if (!lru.resident(s) || lru.pinned(s) || (owner >= 0 && lru.owner(s) != owner)) continue;
-    const int64_t b = std::max(lru.last_use(s) / p.bucket_steps, now / p.bucket_steps - (p.n_buckets - 1));
-    c.emplace_back(b, s);
+    const int64_t u = lru.last_use(s);
+    if (!p.cyclic) {
+      c.emplace_back(std::max(u / P, now / P - (B - 1)), 0, s);
+    } else {
+      const int64_t age = std::min((now - u) / P, B - 1);
+      c.emplace_back(-age, std::min(now - age * P - u, P - 1), s);
+    }
   }
   std::sort(c.begin(), c.end());
   std::vector<int32_t> out;
   for (int64_t i = 0; i < std::min<int64_t>(n, static_cast<int64_t>(c.size())); ++i)
-    out.push_back(std::get<1>(c[static_cast<size_t>(i)]));
+    out.push_back(std::get<2>(c[static_cast<size_t>(i)]));
   return out;
+}
+
+// A clock of 3 ticks per step (3 layers); at tick 7 (step 2, layer 1): a page used at step 0 goes
+// first, then the pages of layers this step has passed without using them (layer 1 and 0 of step
+// 1), then this step's, and last the page of layer 2 of step 1 — the next layer may read it now.
+TEST(BucketedLru, CyclicOrderEvictsWhatTheCycleNeedsLast) {
+  BucketedLru lru(5, {.bucket_steps = 3, .n_buckets = 3, .cyclic = true});
+  lru.insert(0, 0, 6);  // A: step 2, layer 0
+  lru.insert(1, 0, 5);  // B: step 1, layer 2
+  lru.insert(2, 0, 4);  // C: step 1, layer 1
+  lru.insert(3, 0, 3);  // D: step 1, layer 0
+  lru.insert(4, 0, 0);  // E: step 0, layer 0
+  EXPECT_EQ(lru.select(0, 5, 7), (std::vector<int32_t>{4, 2, 3, 0, 1}));
 }
 
 TEST(BucketedLru, OldestBucketsFirstLowestSlotsInTheCut) {
@@ -60,7 +78,8 @@ TEST(BucketedLru, RefusesMisuse) {
 
 TEST(BucketedLru, MatchesTheBruteForceDefinition) {
   std::mt19937 rng(2024);
-  for (const LruParams p : {LruParams{1, 1}, LruParams{1, 8}, LruParams{4, 16}, LruParams{3, 5}}) {
+  for (const LruParams p : {LruParams{1, 1}, LruParams{1, 8}, LruParams{4, 16}, LruParams{3, 5}, LruParams{5, 4, true},
+                            LruParams{1, 3, true}, LruParams{30, 4, true}}) {
     BucketedLru lru(97, p);
     int64_t now = 0;
     int checks = 0;
@@ -87,7 +106,8 @@ TEST(BucketedLru, MatchesTheBruteForceDefinition) {
           const int32_t owner = static_cast<int32_t>(rng() % 5) - 1;  // -1: any owner
           const int64_t n = static_cast<int64_t>(rng() % 40);
           ASSERT_EQ(lru.select(owner, n, now), brute_force(lru, owner, n, now))
-              << "params " << p.bucket_steps << "/" << p.n_buckets << " step " << now << " owner " << owner << " n " << n;
+              << "params " << p.bucket_steps << "/" << p.n_buckets << (p.cyclic ? " cyclic" : "") << " step " << now
+              << " owner " << owner << " n " << n;
           ++checks;
         }
       }
