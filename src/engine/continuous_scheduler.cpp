@@ -126,6 +126,14 @@ ContinuousScheduler::~ContinuousScheduler() {
   }
 }
 
+int64_t ContinuousScheduler::chunk_cap() const {
+  // With a KV hierarchy a prefill chunk's pages stay in the pool while its step runs, beside each
+  // layer's pages being read: a chunk takes at most half the pool.
+  if (runner_.host_tier_pages() == 0) return INT64_MAX;
+  const int64_t ps = runner_.pages().page_size();
+  return std::max(ps, runner_.pages().n_pages() / 2 / pages_per_token() * ps);
+}
+
 int64_t ContinuousScheduler::pages_per_token() const {
   return runner_.config().n_layers * runner_.config().n_heads_kv;
 }
@@ -184,13 +192,16 @@ SubmitResult ContinuousScheduler::submit(RequestParams params, RequestSink sink)
   if (params.options.speculative_k != 0) {
     if (std::string why = check_speculation(params.options, &draft); !why.empty()) return invalid(why);
   }
-  // The pages its prompt and first token take, against the whole pool: a request that can
-  // never be admitted is refused now rather than waiting forever.
+  // The pages its prompt and first token take, against the whole pool (and the host tier behind
+  // it: a prompt streams through the pool there): a request that can never be admitted is refused
+  // now rather than waiting forever.
   const int64_t page_size = runner_.pages().page_size();
   const int64_t need = (n + 1 + page_size - 1) / page_size * pages_per_token();
-  if (need > runner_.pages().n_pages())
-    return invalid(fmt::format("prompt of {} tokens needs {} KV pages; the pool holds {}", n, need,
-                               runner_.pages().n_pages()));
+  const int64_t capacity = runner_.pages().n_pages() + runner_.host_tier_pages();
+  if (need > capacity)
+    return invalid(fmt::format("prompt of {} tokens needs {} KV pages; the pool holds {}{}", n, need,
+                               runner_.pages().n_pages(),
+                               runner_.host_tier_pages() > 0 ? fmt::format(" and the host tier {}", runner_.host_tier_pages()) : ""));
   if (!sink) sink = [](const RequestEvent&) {};
 
   std::unique_lock lk(mu_);
@@ -460,11 +471,18 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
     rows->push_back({r, 1});
     --*budget;
   }
-  // Then prefill chunks of the requests still prefilling (their pages were reserved at admission).
+  // Then prefill chunks of the requests still prefilling. Their pages were reserved at admission;
+  // with a KV hierarchy only the first chunk's were, and each later chunk reserves its own, making
+  // room by offloading cold pages (never by preemption here: rows are placed already), so a prompt
+  // whose KV is larger than the pool streams through it.
+  const bool chunked = runner_.host_tier_pages() > 0;
   for (const Owned& o : running_) {
     if (*budget <= 0) break;
     if (o->remaining() <= 1 || o->spec_base >= 0) continue;  // (a verify row was placed above)
-    const int64_t n = std::min(o->remaining(), *budget);
+    const int64_t n = std::min({o->remaining(), *budget, chunk_cap()});
+    if (chunked && !o->table.reserve(runner_.pages(), n) &&
+        !(runner_.make_room(o->table.pages_needed(n)) && o->table.reserve(runner_.pages(), n)))
+      continue;  // no room this step
     rows->push_back({o.get(), n});
     *budget -= n;
   }
@@ -475,12 +493,15 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
   const double now = clock_->now();
   while (*budget > 0 && static_cast<int>(running_.size()) < cap_) {
     Owned r;
+    int64_t first = 0;  // tokens whose pages admission reserves
     {
       std::lock_guard lk(mu_);
       if (waiting_.empty()) return;
       const Request& head = *waiting_.front();
-      // (a swapped request: its appending pages back, then its remaining tokens)
-      const int64_t need = runner_.swap_in_pages(head.table) + head.table.pages_needed(head.remaining());
+      // (a swapped request: its appending pages back, then its remaining tokens; with a hierarchy,
+      // only the first chunk's: schedule_running reserves each later one)
+      first = runner_.host_tier_pages() > 0 ? std::min({head.remaining(), *budget, chunk_cap()}) : head.remaining();
+      const int64_t need = runner_.swap_in_pages(head.table) + head.table.pages_needed(first);
       const int64_t headroom = static_cast<int64_t>(running_.size()) * pages_per_token();
       // With a KV hierarchy, running requests' cold pages can make the room.
       if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom)
@@ -503,7 +524,7 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       ++n_running_;
     }
     DHS_CHECK(runner_.swap_in(r->table), "scheduler: swap-in after check failed");
-    DHS_CHECK(r->table.reserve(pool, r->remaining()), "scheduler: reserve after check failed");
+    DHS_CHECK(r->table.reserve(pool, first), "scheduler: reserve after check failed");
     r->slot = free_slots_.back();
     free_slots_.pop_back();
     runner_.begin_request(r->slot, r->params.options.sampling);
@@ -512,7 +533,7 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       std::lock_guard sl(stats_mu_);
       stats_.prompt_tokens += static_cast<uint64_t>(r->n_prompt);
     }
-    const int64_t n = std::min(r->remaining(), *budget);
+    const int64_t n = std::min(r->remaining(), std::min(*budget, first));
     rows->push_back({r.get(), n});
     *budget -= n;
     running_.push_back(std::move(r));

@@ -88,6 +88,7 @@ class ContinuousScheduler final : public Scheduler {
   Owned remove_running(Request* r);
   void publish(std::vector<Owned>* done);  // stats, pages back, events out (no lock held for sinks)
   int64_t pages_per_token() const;
+  int64_t chunk_cap() const;  // tokens of one prefill chunk (the pool's half with a KV hierarchy)
 
   StepRunner& runner_;
   const Tokenizer& tok_;

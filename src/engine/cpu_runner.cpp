@@ -103,6 +103,7 @@ class CpuRunner final : public StepRunner {
     else table.release(*pool_);
   }
   std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : pool_->check_invariants(); }
+  int64_t host_tier_pages() const override { return host_pool_ ? host_pool_->n_pages() : 0; }
   bool make_room(int64_t n) override {
     return tiers_ ? tiers_->make_room(n, model_->tier_clock()) : pool_->n_free() >= n;
   }

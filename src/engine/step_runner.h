@@ -79,6 +79,8 @@ class StepRunner {
   // With a KV hierarchy (kv/tiered_kv.h; the defaults: none): room for n free pages in the pool
   // by offloading running requests' cold pages (false when they do not add up to n), and how many
   // such pages there are now;
+  // Pages of the host tier (0: no hierarchy).
+  virtual int64_t host_tier_pages() const { return 0; }
   virtual bool make_room(int64_t n) { return pages().n_free() >= n; }
   virtual int64_t reclaimable_pages() const { return 0; }
   // preemption by swap: every page of the table to the host tier, to resume without recompute

@@ -20,12 +20,13 @@
 namespace dhs {
 namespace {
 
-std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget) {
+std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0) {
   EngineOptions o;
   o.model_path = test::default_model_path();
   o.policy = PolicySpec::parse(policy);
   o.cpu_kv_gb = cpu_kv_gb;
   o.kv_device_budget = budget;
+  o.kv_blocks = kv_blocks;
   o.max_context = 2048;
   return Engine::load(o);
 }
@@ -133,6 +134,37 @@ TEST(KvTiers, BatchedRequestsEqualAloneAllResident) {
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);
   EXPECT_EQ(e->kv_check(), "");
+}
+
+// A request whose KV is larger than the whole device pool (24 blocks of 16 tokens for a
+// ~1,000-token prompt: 65 blocks): its prompt streams through the pool chunk by chunk, earlier
+// chunks' pages going to the host tier to make room, and its greedy tokens equal the run with a
+// pool that holds it all. Without the host tier the same pool refuses it.
+TEST(KvTiers, ARequestLargerThanThePoolRuns) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 16;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  for (const std::string policy : {"dense", "coverage:0.99"}) {
+    std::vector<int32_t> want;
+    {
+      auto e = load(policy, 0.0, 0);
+      want = e->generate(long_prompt(*e), g).tokens;
+    }
+    auto small = load(policy, 0.0, 0, /*kv_blocks=*/24);
+    EXPECT_THROW(small->generate(long_prompt(*small), g), std::exception) << "the pool alone was large enough";
+    auto e = load(policy, 1.0, 0, /*kv_blocks=*/24);
+    const GenerateResult r = e->generate(long_prompt(*e), g);
+    EXPECT_EQ(r.tokens, want) << policy;
+    const TierCounts t = e->tier_counts();
+    std::printf("%s, pool of 24 blocks: offloaded %llu, recalled %llu\n", policy.c_str(),
+                static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.recalled));
+    EXPECT_GT(t.offloaded, 0u);
+    EXPECT_EQ(e->kv_stats().n_used, 0);
+    EXPECT_EQ(t.host_used, 0);
+    EXPECT_EQ(e->kv_check(), "");
+  }
 }
 
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {

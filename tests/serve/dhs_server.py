@@ -187,12 +187,14 @@ class Server:
         return parse_metrics(body.decode())
 
     def wait_idle(self, timeout_s: float = 15.0) -> dict[str, float]:
-        """Metrics once nothing runs or waits and the KV pool is empty (or the last look at timeout)."""
+        """Metrics once nothing runs or waits, the KV pool is empty and no SSE stream is open (or the
+        last look at timeout). (A stream's handler writes its last chunk and closes after the
+        scheduler has finished its request: on a loaded machine the open-stream gauge lags.)"""
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
             idle = (m.get("vllm:num_requests_running", 0) == 0 and m.get("vllm:num_requests_waiting", 0) == 0
-                    and m.get("dhisparse:kv_pool_used_blocks", 0) == 0)
+                    and m.get("dhisparse:kv_pool_used_blocks", 0) == 0 and m.get("dhisparse:http_open_streams", 0) == 0)
             if idle or time.monotonic() > deadline:
                 return m
             time.sleep(0.1)

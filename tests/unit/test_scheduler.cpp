@@ -53,6 +53,7 @@ class ScriptRunner final : public StepRunner {
     else t.release(*pool_);
   }
   std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : ""; }
+  int64_t host_tier_pages() const override { return host_ ? host_->n_pages() : 0; }
   bool make_room(int64_t n) override {
     return tiers_ && offload_to_make_room ? tiers_->make_room(n, now_) : pool_->n_free() >= n;
   }
