@@ -35,6 +35,7 @@
 #include "core/dtype.h"
 #include "core/fp16.h"
 #include "device_vectors.h"
+#include "gemv_check.h"
 #include "gtest_shim.h"
 #include "model/dequant.h"
 #include "model/packed_weight.h"
@@ -153,38 +154,7 @@ int check_gemv(PackedFormat f, int n_tok, int64_t in, int64_t out, int mode, std
   dc::launch_packed_gemv(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = dhs::test::to_host_floats(y_d, y0.size(), f32);
-  int bad = 0;
-  double worst = 0;
-  for (int t = 0; t < n_tok; ++t) {
-    for (int64_t o = 0; o < out; ++o) {
-      const size_t at = static_cast<size_t>(t * ldy + o);
-      double ref = acc ? y0[at] : 0.0, mag = 0.0;
-      for (int64_t i = 0; i < in; ++i) {
-        const double pr = static_cast<double>(w[static_cast<size_t>(o * in + i)]) *
-                          dhs::fp16_to_f32(x[static_cast<size_t>(t * in + i)]);
-        ref += pr;
-        mag += std::fabs(pr);
-      }
-      const double tol = 2e-6 * static_cast<double>(in) * mag + 1e-6 + (f32 ? 0.0 : std::ldexp(std::fabs(ref), -10));
-      const double err = std::fabs(got[at] - ref);
-      worst = std::max(worst, err / tol);
-      if (!(err <= tol)) {
-        if (bad < 3)
-          std::printf("  %s n_tok %d in %lld out %lld mode %d: y[%d, %lld] = %.7g, ref %.7g (tol %.3g)\n", name(f).c_str(),
-                      n_tok, static_cast<long long>(in), static_cast<long long>(out), mode, t, static_cast<long long>(o),
-                      got[at], ref, tol);
-        ++bad;
-      }
-    }
-    for (int64_t o = out; o < ldy; ++o) {  // the columns of other parts: untouched
-      const size_t at = static_cast<size_t>(t * ldy + o);
-      const float before = f32 ? y0[at] : dhs::fp16_to_f32(y0_h[at]);
-      bad += got[at] != before;
-    }
-  }
-  std::printf("%-5s n_tok %d in %6lld out %3lld %-7s worst err / tol %.3f\n", name(f).c_str(), n_tok,
-              static_cast<long long>(in), static_cast<long long>(out), mode == 0 ? "f16" : mode == 1 ? "f32" : "f32 +=",
-              worst);
+  const int bad = dhs::test::gemv_errors(name(f), w, x, y0, y0_h, got, n_tok, in, out, ldy, mode);
   cudaFree(x_d);
   cudaFree(y_d);
   for (void* q : owned) cudaFree(q);
