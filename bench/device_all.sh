@@ -5,6 +5,8 @@
 #          attention, append, selection and sampling kernels (DHS_SANITIZE: which tests)
 #   packed quant_gemv v2 (packed Q8_0 / Q4_K / FP8): test, sanitizers, bandwidth rows, greedy vs
 #          the CPU with FP8 (default model) and packed Q4_K (Qwen, when its parts are in ~/dhs)
+#   weights the 8B shape's TPOT per weight format (f16, FP8, Q8_0, Q4_K), dense and coverage 0.99
+#   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
 #   eval   `dhisparse eval` on the default model (SmolLM2-135M, 8k native context) at 4k and
@@ -131,6 +133,23 @@ for stage in "$@"; do
       if [ -f $QWEN ]; then
         run greedy_qwen_packed timeout 300 "$B/gpu_vs_cpu_greedy" -m $QWEN --gpu-weights packed --out "$OUT/gpu_vs_cpu_greedy.jsonl" --commit "$C"
       fi ;;
+    weights)
+      # The 8B shape's TPOT per weight format (random packed weights, traced coverage budgets from
+      # the default model), 8k x 1 and 128k x 1 / 4, dense and coverage 0.99, with the SDPA anchor.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run e2e_weights timeout 400 "$B/dhisparse" bench --ctx 8192,131072 --batch 1,4 --prefill 2048 \
+        --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --weights f16,fp8,q8_0,q4_k \
+        --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
+      grep -vE "^prefill" "$OUT/e2e_weights.log" | tail -34 ;;
+    fp8eval)
+      # FP8 accuracy against f16 weights on the default model (dense, 4k; DHS_EVAL_SAMPLES per task).
+      [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }
+      for q in none fp8; do
+        run eval_smol_$q timeout 280 "$B/dhisparse" eval --device cuda -m $SMOL --quantization $q --lengths ${DHS_EVAL_LENGTHS:-4096} \
+          --samples ${DHS_EVAL_SAMPLES:-40} --policies dense --seed 7 --out "$OUT/accuracy_weights.jsonl" --commit "$C"
+        tail -12 "$OUT/eval_smol_$q.log"
+      done ;;
     model)
       [ -f $SMOL ] || { echo "model: default model missing"; continue; }
       run test_llama_cuda "$B/test_llama_cuda"

@@ -77,7 +77,7 @@ std::string json_escape(const std::string& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Greedy tokens, CUDA backend against the CPU's f32 path"};
-  std::string model, out, commit = "unknown", gpu_weights = "native", quantization = "none";
+  std::string model, out, commit = "unknown", gpu_weights = "packed", quantization = "none";
   int n_tokens = 32;
   float tie_gap = 0.01f;
   app.add_option("-m,--model", model, "GGUF file")->required();

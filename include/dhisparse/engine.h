@@ -28,11 +28,11 @@ struct EngineOptions {
   int64_t max_context = 0;          // 0: the model's trained context (capped at 8192 on the CPU)
   std::string weight_type = "f16";  // CPU weight storage: f16 (fast) or f32 (exact)
   // CUDA weight storage: "native" keeps GGUF block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K,
-  // Q6_K) as the file holds them and multiplies them dequantizing in registers; "f16" dequantizes
-  // every matrix to f16 at load. Other tensors are f16 either way.
-  // "packed": as native, with Q8_0 and Q4_K repacked at load for the tensor-core GEMV v2 (the
-  // same numbers; backend/cuda/packed_gemv.h; not yet measured on the GPU, so not the default).
-  std::string gpu_weights = "native";
+  // Q6_K) as the file holds them and multiplies them dequantizing in registers (GEMV v1); "packed"
+  // (the default) is native with Q8_0 and Q4_K repacked at load for the tensor-core GEMV v2 (the
+  // same numbers; backend/cuda/packed_gemv.h); "f16" dequantizes every matrix to f16 at load.
+  // Other tensors are f16 either way.
+  std::string gpu_weights = "packed";
   // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
   // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.
   std::string quantization = "none";

@@ -76,9 +76,9 @@ PolicySpec PolicyFlags::parse(const std::string& text, const std::string& option
 
 void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
   app->add_option("--gpu-weights", eo.gpu_weights,
-                  "CUDA weight storage: native (GGUF block formats kept, dequantized in registers), packed (as "
-                  "native, Q8_0 and Q4_K repacked for the tensor-core GEMV v2: the same numbers; not yet measured "
-                  "on the GPU) or f16")
+                  "CUDA weight storage: packed (GGUF block formats kept, Q8_0 and Q4_K repacked at load for the "
+                  "tensor-core GEMV v2: the same numbers), native (every block format on the CUDA-core GEMV v1) "
+                  "or f16")
       ->check(CLI::IsMember({"native", "packed", "f16"}))
       ->capture_default_str();
   app->add_option("--quantization", eo.quantization,

@@ -103,6 +103,7 @@ TEST(PackedGemv, UnpackRowsEqualTheCpu) {
   std::mt19937 rng(11);
   for (PackedFormat f : kFormats)
     for (int64_t in : {256, 576, 1280}) {
+      if (f == PackedFormat::Q4_K && in % 256 != 0) continue;  // (Q4_K rows are whole 256-blocks)
       const PackedMatrix m = random_packed(f, 37, in, rng);
       std::vector<void*> owned;
       const dc::PackedWeightView v = upload(m, owned);

@@ -28,24 +28,46 @@ template <PackedFormat F>
 struct Geo {
   static constexpr int kCodeBytes = static_cast<int>(packed_code_bytes(F));
   static constexpr bool kMeta = packed_has_meta(F);
-  static constexpr int kUnitsPerRow = kCodeBytes / 16 + (kMeta ? 1 : 0);  // 16-byte copies per W row
   static constexpr int kWPitch = F == PackedFormat::Q4_K ? 144 : 288;
   static constexpr int kXPitch = 576;
   static constexpr int kRows = 16;
 };
+
+// Q4_K's per-chunk scales, one (ds, 1024 ds + dm) pair per (row, group), in a per-warp scratch whose
+// 72-byte row pitch (18 words) keeps the 8 rows a warp reads at once on distinct banks.
+constexpr int kScalePitch = 72;
+
+// One ring slot: a chunk of the 16 rows and of the NT activation rows.
+template <PackedFormat F, int NT>
+__host__ __device__ constexpr int slot_bytes() {
+  return Geo<F>::kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
+}
+// After the rings: the split-K partial sums (at the end) or Q4_K's scale scratch (in the loop).
+template <PackedFormat F>
+constexpr int tail_bytes(int warps) {
+  return F == PackedFormat::Q4_K ? warps * Geo<F>::kRows * kScalePitch : warps * Geo<F>::kRows * 8 * 4;
+}
 
 template <PackedFormat F, int WARPS, int STAGES>
 struct Shape {
   static constexpr int kWarps = WARPS;
   static constexpr int kStages = STAGES;
   template <int NT>
-  __host__ __device__ static constexpr int slot_bytes() {
-    return Geo<F>::kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
-  }
-  template <int NT>
   static constexpr int smem_bytes() {
-    return WARPS * STAGES * slot_bytes<NT>() + WARPS * Geo<F>::kRows * 8 * 4;
+    return WARPS * STAGES * slot_bytes<F, NT>() + tail_bytes<F>(WARPS);
   }
+};
+
+// The deepest ring (2 to kMaxStages slots per warp, 4 warps) for which PER_SM blocks fit on one
+// SM (228 KB of shared memory, 1 KB of it reserved per block). Measured on the H200: 5 slots at
+// one activation row were slower than 4 for Q8_0 / FP8 (gate/up 46.8 / 41.1 us against 38.5 / 33.9).
+template <PackedFormat F, int NT, int PER_SM>
+struct Pick {
+  static constexpr int kMaxStages = F == PackedFormat::Q4_K ? 6 : 4;
+  static constexpr int kBudget = 233472 / PER_SM - 1024;
+  static constexpr int kFit = (kBudget - tail_bytes<F>(4)) / (4 * slot_bytes<F, NT>());
+  using type = Shape<F, 4, (kFit < 2 ? 2 : kFit > kMaxStages ? kMaxStages : kFit)>;
+  static_assert(type::template smem_bytes<NT>() <= 232448, "packed_gemv: ring too large for one block");
 };
 
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
@@ -81,10 +103,12 @@ __device__ __forceinline__ void decode_q8(uint2 w, uint32_t (&h)[4]) {
 }
 // 4-bit (Q4_K packed nibble order, core/packed_layout.h): (word >> 4k) & 0x000F000F is the pair
 // (2k, 2k+1); OR'd into 1024's f16 bits, minus 1024.
-__device__ __forceinline__ void decode_q4(uint32_t w, uint32_t (&h)[4]) {
+// Biased: the pairs are 1024 + q (exact in f16), and the kernel subtracts 1024 * sum(x) once per
+// group in fp32 instead of one hsub2 per pair.
+__device__ __forceinline__ void decode_q4_biased(uint32_t w, uint32_t (&h)[4]) {
   constexpr uint32_t k1024 = 0x64006400u;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = hsub2_bits(((w >> (4 * k)) & 0x000F000Fu) | k1024, k1024);
+  for (int k = 0; k < 4; ++k) asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(h[k]) : "r"(w >> (4 * k)), "r"(k1024));
 }
 // E4M3 -> f16 is exact (cvt.rn.f16x2.e4m3x2).
 __device__ __forceinline__ void decode_e4m3(uint2 w, uint32_t (&h)[4]) {
@@ -119,80 +143,120 @@ template <PackedFormat F, int NT, class S>
 __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __grid_constant__ PackedGemvParams p) {
   using G = Geo<F>;
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kSlot = S::template slot_bytes<NT>();
+  constexpr int kSlot = slot_bytes<F, NT>();
   constexpr int kSt = S::kStages, kW = S::kWarps, kRows = G::kRows;
-  constexpr int kCB = G::kCodeBytes, kUR = G::kUnitsPerRow;
+  constexpr int kCB = G::kCodeBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t chunks = p.w.chunks, rows = p.w.rows, in = p.w.in;
-  const int64_t c_begin = chunks * warp / kW, c_end = chunks * (warp + 1) / kW;
+  const int c_begin = static_cast<int>(chunks * warp / kW), c_end = static_cast<int>(chunks * (warp + 1) / kW);
   const uint32_t ring = ptx::smem_u32(smem) + warp * (kSt * kSlot);
+  [[maybe_unused]] const uint32_t scales = ptx::smem_u32(smem) + kW * kSt * kSlot + warp * (kRows * kScalePitch);
 
-  // Chunk c of the 16 rows into ring slot c % kSt (rows past the matrix re-read its last row).
-  const auto copy_w = [&](int64_t c) {
-    if (c >= c_end) return;
-    const uint32_t dst = ring + static_cast<uint32_t>(c % kSt) * kSlot;
+  // Chunk c of the 16 rows into ring slot `slot` (32-bit slot counters: a 64-bit c % kSt was ~20
+  // instructions), the chunks in increasing order: codes as
+  // kRows x kCB / 16 units of 16 bytes, lane l on unit column l % kCols of rows l / kCols + i *
+  // (32 / kCols), then (lanes 0-15) the rows' 16-byte meta. Each lane keeps its source pointers
+  // and steps them one chunk per copy (no index arithmetic per copy); rows past the matrix are
+  // zero-filled (their sums are never stored).
+  constexpr int kCols = kCB / 16, kRowsPerIt = 32 / kCols, kIt = kRows / kRowsPerIt;
+  static_assert(kRows % kRowsPerIt == 0, "packed_gemv: code units must tile the warp");
+  const int lr = lane / kCols, lu = lane % kCols;
+  const int64_t row_bytes = chunks * kCB;
+  const uint8_t* code_src = p.w.codes + (row0 + lr) * row_bytes + c_begin * kCB + 16 * lu;
+  uint32_t code_live = 0;  // bit i: row lr + i * kRowsPerIt is inside the matrix
 #pragma unroll
-    for (int i = 0; i < (kRows * kUR + 31) / 32; ++i) {
-      const int idx = i * 32 + lane;
-      if (idx < kRows * kUR) {
-        const int r = idx / kUR, u = idx % kUR;
-        const int64_t rc = min(row0 + r, rows - 1) * chunks + c;
-        const uint8_t* src = u < kCB / 16 ? p.w.codes + rc * kCB + 16 * u : p.w.meta + rc * kPackMetaBytes;
-        ptx::cp_async_16(dst + r * G::kWPitch + 16 * u, src, 16);
-      }
+  for (int i = 0; i < kIt; ++i) code_live |= (row0 + lr + i * kRowsPerIt < rows ? 1u : 0u) << i;
+  const bool meta_live = G::kMeta && lane < kRows && row0 + lane < rows;
+  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + (lane & 15)) * chunks * kPackMetaBytes + c_begin * kPackMetaBytes : nullptr;
+  const auto copy_w = [&](int c, int slot) {
+    if (c >= c_end) return;
+    const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot);
+#pragma unroll
+    for (int i = 0; i < kIt; ++i) {
+      const bool live = (code_live >> i) & 1u;
+      ptx::cp_async_16(dst + (lr + i * kRowsPerIt) * G::kWPitch + 16 * lu,
+                       live ? code_src + i * kRowsPerIt * row_bytes : p.w.codes, live ? 16 : 0);
+    }
+    code_src += kCB;
+    if constexpr (G::kMeta) {
+      if (lane < kRows) ptx::cp_async_16(dst + lane * G::kWPitch + kCB, meta_live ? meta_src : p.w.meta, meta_live ? 16 : 0);
+      meta_src += kPackMetaBytes;
     }
   };
   // The activations of chunk c (the previous kernel's output: only after the wait); past `in`
   // zero-filled.
-  const auto copy_x = [&](int64_t c) {
+  const auto copy_x = [&](int c, int slot) {
     if (c >= c_end) return;
-    const uint32_t dst = ring + static_cast<uint32_t>(c % kSt) * kSlot + kRows * G::kWPitch;
+    const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot) + kRows * G::kWPitch;
+    const int64_t e = static_cast<int64_t>(c) * kPackChunk + 8 * lane;
+    const bool ok = e < in;
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int64_t e = c * kPackChunk + 8 * lane;
-      const bool ok = e < in;
-      ptx::cp_async_16(dst + i * G::kXPitch + 16 * lane, ok ? p.x + i * in + e : p.x, ok ? 16 : 0);
-    }
+    for (int i = 0; i < NT; ++i) ptx::cp_async_16(dst + i * G::kXPitch + 16 * lane, ok ? p.x + i * in + e : p.x, ok ? 16 : 0);
   };
 
 #pragma unroll
   for (int i = 0; i < kSt - 1; ++i) {
-    copy_w(c_begin + i);
+    copy_w(c_begin + i, i);
     ptx::cp_async_commit();
   }
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 #pragma unroll
-  for (int i = 0; i < kSt - 1; ++i) copy_x(c_begin + i);
+  for (int i = 0; i < kSt - 1; ++i) copy_x(c_begin + i, i);
   ptx::cp_async_commit();
 
   constexpr uint32_t kOnes = 0x3C003C00u;  // f16 pair (1, 1)
   [[maybe_unused]] const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
   float acc[4] = {};
-  for (int64_t c = c_begin; c < c_end; ++c) {
+  int use = 0, load = kSt - 1;  // ring slots of chunk c and of chunk c + kSt - 1
+  for (int c = c_begin; c < c_end; ++c) {
     if (c == c_begin) ptx::cp_async_wait<0>();
     else ptx::cp_async_wait<kSt - 2>();
     __syncwarp();
-    copy_w(c + kSt - 1);
-    copy_x(c + kSt - 1);
+    copy_w(c + kSt - 1, load);
+    copy_x(c + kSt - 1, load);
     ptx::cp_async_commit();
-    const uint32_t slot = ring + static_cast<uint32_t>(c % kSt) * kSlot;
+    const uint32_t slot = ring + static_cast<uint32_t>(use * kSlot);
+    use = use + 1 == kSt ? 0 : use + 1;
+    load = load + 1 == kSt ? 0 : load + 1;
     const uint32_t w_lo = slot + g * G::kWPitch, w_hi = slot + (g + 8) * G::kWPitch;
     const uint32_t xs = slot + kRows * G::kWPitch + g * G::kXPitch;
     uint4 meta_lo = make_uint4(0, 0, 0, 0), meta_hi = make_uint4(0, 0, 0, 0);
-    if constexpr (G::kMeta) {
+    if constexpr (F == PackedFormat::Q8_0) {
       meta_lo = lds128(w_lo + kCB);
       meta_hi = lds128(w_hi + kCB);
+    }
+    if constexpr (F == PackedFormat::Q4_K) {
+      // The chunk's 16 rows x 8 groups of (ds, 1024 ds + dm), once per warp: lane l does row l / 2,
+      // groups 4 h .. 4 h + 3 (h = l % 2; the 4 lanes of a quad shared each row's work before).
+      // dequant.cpp's unpack_k_scales four bytes at a time: groups 0-3 are the low 6 bits of
+      // header bytes 4-7 (scales) and 8-11 (mins); groups 4-7 take their low 4 bits from bytes
+      // 12-15 and their high 2 from the top of bytes 4-7 / 8-11.
+      const int r = lane >> 1;
+      const bool h = lane & 1;
+      const uint4 hdr = lds128(slot + r * G::kWPitch + kCB);
+      const uint32_t sc4 = h ? (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u) : hdr.y & 0x3F3F3F3Fu;
+      const uint32_t m4 = h ? ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u) : hdr.z & 0x3F3F3F3Fu;
+      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xFFFF)));
+      const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16)));
+      const uint32_t at = scales + r * kScalePitch + 32 * h;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float ds = d * static_cast<float>((sc4 >> (8 * q)) & 0xFF);  // exact (11 x 6 bits), as the CPU's
+        const float dm = dmin * static_cast<float>((m4 >> (8 * q)) & 0xFF);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * q), "f"(ds), "f"(fmaf(1024.0f, ds, dm)));
+      }
+      __syncwarp();
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // 32-element groups of the chunk
       const uint4 xv = g < NT ? lds128(xs + 64 * j + 16 * t) : make_uint4(0, 0, 0, 0);
       uint32_t lo[4], hi[4];
       if constexpr (F == PackedFormat::Q4_K) {
-        decode_q4(lds32(w_lo + 16 * j + 4 * t), lo);
-        decode_q4(lds32(w_hi + 16 * j + 4 * t), hi);
+        decode_q4_biased(lds32(w_lo + 16 * j + 4 * t), lo);
+        decode_q4_biased(lds32(w_hi + 16 * j + 4 * t), hi);
       } else if constexpr (F == PackedFormat::Q8_0) {
         decode_q8(lds64(w_lo + 32 * j + 8 * t), lo);
         decode_q8(lds64(w_hi + 32 * j + 8 * t), hi);
@@ -220,16 +284,17 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
           acc[2] = fmaf(d_hi, blk[2], acc[2]);
           acc[3] = fmaf(d_hi, blk[3], acc[3]);
         } else {
+          // blk = sum (1024 + q) x: the group adds ds * blk - (1024 ds + dm) * sum x.
           float sx[4] = {};  // the group's sum of x per token (the same on every row)
           ptx::mma_f16_16816(sx, ones, xv.x, xv.y);
           ptx::mma_f16_16816(sx, ones, xv.z, xv.w);
-          float ds_lo, dm_lo, ds_hi, dm_hi;
-          q4k_scale_min(meta_lo, j, ds_lo, dm_lo);
-          q4k_scale_min(meta_hi, j, ds_hi, dm_hi);
-          acc[0] += fmaf(ds_lo, blk[0], -dm_lo * sx[0]);
-          acc[1] += fmaf(ds_lo, blk[1], -dm_lo * sx[1]);
-          acc[2] += fmaf(ds_hi, blk[2], -dm_hi * sx[2]);
-          acc[3] += fmaf(ds_hi, blk[3], -dm_hi * sx[3]);
+          float s_lo[2], s_hi[2];
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_lo[0]), "=f"(s_lo[1]) : "r"(scales + g * kScalePitch + 8 * j));
+          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_hi[0]), "=f"(s_hi[1]) : "r"(scales + (g + 8) * kScalePitch + 8 * j));
+          acc[0] = fmaf(-s_lo[1], sx[0], fmaf(s_lo[0], blk[0], acc[0]));
+          acc[1] = fmaf(-s_lo[1], sx[1], fmaf(s_lo[0], blk[1], acc[1]));
+          acc[2] = fmaf(-s_hi[1], sx[2], fmaf(s_hi[0], blk[2], acc[2]));
+          acc[3] = fmaf(-s_hi[1], sx[3], fmaf(s_hi[0], blk[3], acc[3]));
         }
       }
     }
@@ -239,6 +304,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
 
   // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
   float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
+  if constexpr (F == PackedFormat::Q4_K) __syncthreads();  // (the partials reuse the warps' scale scratch)
   float* mine = part + warp * (kRows * 8);
   mine[g * 8 + 2 * t] = acc[0];
   mine[g * 8 + 2 * t + 1] = acc[1];
@@ -282,11 +348,28 @@ void launch_shape(const PackedGemvParams& p, cudaStream_t stream) {
   launch_pdl(packed_gemv_kernel<F, NT, S>, dim3(grid), dim3(S::kWarps * 32), kSmem, stream, p);
 }
 
-// v2's shapes (warps per block, ring slots per warp): ~40 KB of weights in flight per SM.
+int sm_count() {
+  static std::atomic<int> sms[kMaxDevices] = {};
+  int dev = 0;
+  DHS_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) check(cudaErrorInvalidDevice, "packed_gemv: device index out of range", __FILE__, __LINE__);
+  int n = sms[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    DHS_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    sms[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// The ring (Pick). Q8_0 / FP8: 2 blocks per SM, or 3 where that makes the grid one wave and 2
+// would not. Q4_K, whose loop issues ~2x the instructions per byte: 4 blocks per SM (more warps
+// to issue from; 3 at 8 activation rows, where 2 slots no longer fit 4 times).
 template <PackedFormat F, int NT>
 void launch_nt(const PackedGemvParams& p, cudaStream_t stream) {
-  if constexpr (F == PackedFormat::Q4_K) launch_shape<F, NT, Shape<F, 4, 6>>(p, stream);
-  else launch_shape<F, NT, Shape<F, 4, 4>>(p, stream);
+  const int64_t grid = (p.w.rows + 15) / 16, sms = sm_count();
+  if constexpr (F == PackedFormat::Q4_K) launch_shape<F, NT, typename Pick<F, NT, 4>::type>(p, stream);
+  else if (grid > 2 * sms && grid <= 3 * sms) launch_shape<F, NT, typename Pick<F, NT, 3>::type>(p, stream);
+  else launch_shape<F, NT, typename Pick<F, NT, 2>::type>(p, stream);
 }
 
 template <PackedFormat F>

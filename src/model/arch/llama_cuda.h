@@ -61,9 +61,9 @@ struct CudaModelOptions {
   // matrix dequantized to f16 at load, as before.
   bool quantized_weights = true;
   // Of those, Q8_0 and Q4_K are repacked at load (model/packed_weight.h; the same numbers) for
-  // the bandwidth GEMV (packed_gemv.h, v2); false keeps them in the file's blocks on v1. Off by
-  // default until v2 has run on the device (docs/kernels/quant_gemv_NOTES.md).
-  bool packed_weights = false;
+  // the bandwidth GEMV (packed_gemv.h, v2); false keeps them in the file's blocks on v1
+  // (docs/kernels/quant_gemv_NOTES.md has both measured).
+  bool packed_weights = true;
   // `--quantization fp8`: every projection matrix (not the output head, as vLLM) quantized at
   // load to FP8 E4M3 with one fp32 scale per output row (model/packed_weight.h), from its f32
   // values. Overrides quantized_weights for those matrices.
