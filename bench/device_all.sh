@@ -143,11 +143,11 @@ for stage in "$@"; do
         --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -vE "^prefill" "$OUT/e2e_weights.log" | tail -34 ;;
     fp8eval)
-      # FP8 accuracy against f16 weights on the default model (dense, 4k; DHS_EVAL_SAMPLES per task).
+      # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }
       for q in none fp8; do
         run eval_smol_$q timeout 280 "$B/dhisparse" eval --device cuda -m $SMOL --quantization $q --lengths ${DHS_EVAL_LENGTHS:-4096} \
-          --samples ${DHS_EVAL_SAMPLES:-40} --policies dense --seed 7 --out "$OUT/accuracy_weights.jsonl" --commit "$C"
+          --samples ${DHS_EVAL_SAMPLES:-40} --policies coverage:0.99 --seed 7 --out "$OUT/accuracy_weights.jsonl" --commit "$C"
         tail -12 "$OUT/eval_smol_$q.log"
       done ;;
     model)
