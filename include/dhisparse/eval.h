@@ -28,6 +28,7 @@ struct EvalOptions {
   std::string out;                 // JSON lines appended here ("" = none)
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
+  std::string gpu_weights, quantization;  // the engine's (EngineOptions), recorded in each row
   std::string estimator = "sketch4";  // the engine's: row labels name another one only
   std::function<void(int64_t done, int64_t total)> progress;  // samples done, for a bar on a terminal
   // Progress lines for a log, where a bar cannot go (stderr piped): the plan up front (tasks x

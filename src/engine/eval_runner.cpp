@@ -171,6 +171,8 @@ void report(const Agg& a, eval::TaskKind task, int64_t len, const PolicySpec& po
     nlohmann::json row = {{"commit", o.commit},
                           {"device", o.device},
                           {"model", o.model_name},
+                          {"gpu_weights", o.gpu_weights},
+                          {"quantization", o.quantization},
                           {"task", eval::task_name(task)},
                           {"length", len},
                           {"policy", pol.rule_name()},
