@@ -12,7 +12,7 @@
 //    1e-6 (S = sum |w_i x_i|), plus 2^-10 |ref| for an f16 output. (Q4_K: the kernel multiplies
 //    d*sc*q - dmin*m as real numbers, the CPU rounds it to fp32 first: 2^-24 |w| per weight, inside
 //    that bound.) A wrong code, nibble, scale or min moves a sum by O(|w| |x|), far above it.
-//  * RejectsBadViews: misaligned planes, a wrong chunk count, `in` not a multiple of 8, n_tok 9,
+//  * RejectsBadViews: misaligned planes, a wrong chunk count, `in` not a multiple of 8, n_tok 9, shape 4,
 //    missing row scales.
 //  * Bandwidth (DHS_CUDA_BENCH=1): the 8B shape's matrices per format and row count, GB/s of
 //    packed bytes against a device-to-device copy timed in the same process; JSON rows to
@@ -129,7 +129,7 @@ TEST(PackedGemv, UnpackRowsEqualTheCpu) {
     }
 }
 
-int check_gemv(PackedFormat f, int n_tok, int64_t in, int64_t out, int mode, std::mt19937& rng) {
+int check_gemv(PackedFormat f, int n_tok, int64_t in, int64_t out, int mode, int shape, std::mt19937& rng) {
   const PackedMatrix m = random_packed(f, out, in, rng);
   const std::vector<float> w = unpacked(m);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -152,6 +152,7 @@ int check_gemv(PackedFormat f, int n_tok, int64_t in, int64_t out, int mode, std
   p.y_f32 = f32;
   p.accumulate = acc;
   p.n_tok = n_tok;
+  p.shape = shape;
   dc::launch_packed_gemv(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = dhs::test::to_host_floats(y_d, y0.size(), f32);
@@ -176,7 +177,11 @@ TEST(PackedGemv, GemvMatchesTheCpuReference) {
       if (f == PackedFormat::Q4_K && s.in % 256 != 0) continue;
       if (f == PackedFormat::Q8_0 && s.in % 32 != 0) continue;
       if (small && s.in > 2304) continue;
-      for (int mode = 0; mode < 3; ++mode) EXPECT_EQ(check_gemv(f, s.n_tok, s.in, s.out, mode, rng), 0);
+      // Every block form (auto, one tile x 4 / 8 warps, two tiles): rows past the matrix in
+      // the last block, fewer chunks than warps, 1-8 activation rows.
+      for (int shape = 0; shape <= 3; ++shape)
+        for (int mode = 0; mode < 3; ++mode)
+          EXPECT_EQ(check_gemv(f, s.n_tok, s.in, s.out, mode, shape, rng), 0) << "shape " << shape;
     }
 }
 
@@ -234,6 +239,9 @@ TEST(PackedGemv, RejectsBadViews) {
   EXPECT_TRUE(throws(p));
   p = ok;
   p.accumulate = true;  // f16 output
+  EXPECT_TRUE(throws(p));
+  p = ok;
+  p.shape = 4;  // no such block form
   EXPECT_TRUE(throws(p));
   cudaFree(buf);
 }
@@ -298,8 +306,10 @@ TEST(PackedGemv, Bandwidth) {
       }
       __half* x = reinterpret_cast<__half*>(to_device(std::vector<uint16_t>(static_cast<size_t>(8 * mm.in), 0x3C00)));
       float* y = to_device(std::vector<float>(static_cast<size_t>(8 * mm.out), 0.0f));
+      for (int shape = 0; shape <= 3; ++shape)
       for (int nt = 1; nt <= 8; nt *= 2) {
         dc::PackedGemvParams p;
+        p.shape = shape;
         p.x = x;
         p.y = y;
         p.ldy = mm.out;
@@ -320,12 +330,12 @@ TEST(PackedGemv, Bandwidth) {
         float ms = 0;
         DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         const double us = 1000.0 * ms / reps, gbps = static_cast<double>(bytes) / (us * 1e3);
-        std::printf("bw %-5s %-8s n_tok %d: %8.1f us  %7.1f GB/s of weights  %.2f of the copy rate\n", name(f).c_str(),
-                    mm.name, nt, us, gbps, gbps / copy_gbps);
+        std::printf("bw %-5s %-8s shape %d n_tok %d: %8.1f us  %7.1f GB/s of weights  %.2f of the copy rate\n",
+                    name(f).c_str(), mm.name, shape, nt, us, gbps, gbps / copy_gbps);
         if (jl.is_open())
           jl << "{\"commit\": \"" << (commit ? commit : "unknown") << "\", \"gpu\": \"" << prop.name
              << "\", \"impl\": \"quant-gemv-v2\", \"format\": \"" << name(f) << "\", \"matrix\": \"" << mm.name
-             << "\", \"out\": " << mm.out << ", \"in\": " << mm.in << ", \"n_tok\": " << nt << ", \"us\": " << us
+             << "\", \"shape\": " << shape << ", \"out\": " << mm.out << ", \"in\": " << mm.in << ", \"n_tok\": " << nt << ", \"us\": " << us
              << ", \"weight_GBps\": " << gbps << ", \"d2d_copy_GBps_read_plus_write\": " << copy_gbps
              << ", \"of_copy_rate\": " << gbps / copy_gbps
              << ", \"timing\": \"events over 4 x copies launches, each on its own copy of the weights (> 1 GiB in all), "

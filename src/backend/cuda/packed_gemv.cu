@@ -17,56 +17,60 @@ void require(bool cond, const char* what) {
 }
 
 // ---- geometry ------------------------------------------------------------------------------------
-// A block owns 16 output rows (one mma tile); its warps split the row's chunks into contiguous
-// ranges. Each warp streams its chunks through a private shared-memory ring with 16-byte cp.async:
-// per slot, one chunk (256 elements) of the 16 rows (codes, then the 16-byte meta) and of the NT
-// activation rows. The ring's row pitches keep the fragment loads free of bank conflicts: a W row
-// is 288 B (72 words, 8 mod 32: the 8-byte loads of 4 rows x 4 lanes hit 32 banks) for 1-byte
-// codes and 144 B (36 words, 4 mod 32: the 4-byte loads of 8 rows x 4 lanes) for 4-bit codes; an
-// activation row is 576 B (16 mod 32 words: the 16-byte loads of 2 rows x 4 lanes).
+// A block owns TILES x 16 output rows (mma tiles of 16); its warps split the rows' chunks into
+// contiguous ranges, each warp computing every tile of its chunks (two tiles share each
+// activation fragment, Q4_K's sum of x and the loop's overhead). Each warp streams its chunks
+// through a private shared-memory ring with 16-byte cp.async: per slot, one chunk (256 elements)
+// of the block's rows (codes, then the 16-byte meta) and of the NT activation rows. The ring's row
+// pitches keep the fragment loads free of bank conflicts: a W row is 288 B (72 words, 8 mod 32:
+// the 8-byte loads of 4 rows x 4 lanes hit 32 banks) for 1-byte codes and 144 B (36 words, 4 mod
+// 32: the 4-byte loads of 8 rows x 4 lanes) for 4-bit codes; an activation row is 576 B (16 mod 32
+// words: the 16-byte loads of 2 rows x 4 lanes).
 template <PackedFormat F>
 struct Geo {
   static constexpr int kCodeBytes = static_cast<int>(packed_code_bytes(F));
   static constexpr bool kMeta = packed_has_meta(F);
   static constexpr int kWPitch = F == PackedFormat::Q4_K ? 144 : 288;
   static constexpr int kXPitch = 576;
-  static constexpr int kRows = 16;
 };
 
 // Q4_K's per-chunk scales, one (ds, 1024 ds + dm) pair per (row, group), in a per-warp scratch whose
 // 72-byte row pitch (18 words) keeps the 8 rows a warp reads at once on distinct banks.
 constexpr int kScalePitch = 72;
 
-// One ring slot: a chunk of the 16 rows and of the NT activation rows.
-template <PackedFormat F, int NT>
-__host__ __device__ constexpr int slot_bytes() {
-  return Geo<F>::kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
-}
-// After the rings: the split-K partial sums (at the end) or Q4_K's scale scratch (in the loop).
-template <PackedFormat F>
-constexpr int tail_bytes(int warps) {
-  return F == PackedFormat::Q4_K ? warps * Geo<F>::kRows * kScalePitch : warps * Geo<F>::kRows * 8 * 4;
-}
-
-template <PackedFormat F, int WARPS, int STAGES>
+// (Pick's probe instantiates Shape with one slot only to measure it; nvcc would warn that the probe's
+// kWarps / kStages / kTiles are never read.)
+#pragma nv_diag_suppress 177
+template <PackedFormat F, int WARPS, int STAGES, int TILES>
 struct Shape {
   static constexpr int kWarps = WARPS;
   static constexpr int kStages = STAGES;
+  static constexpr int kTiles = TILES;
+  static constexpr int kRows = 16 * TILES;
+  // One ring slot: a chunk of the block's rows and of the NT activation rows.
+  template <int NT>
+  __host__ __device__ static constexpr int slot_bytes() {
+    return kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
+  }
+  // After the rings: the split-K partial sums (at the end) or Q4_K's scale scratch (in the loop).
+  static constexpr int kTail = F == PackedFormat::Q4_K ? WARPS * kRows * kScalePitch : WARPS * kRows * 8 * 4;
   template <int NT>
   static constexpr int smem_bytes() {
-    return WARPS * STAGES * slot_bytes<F, NT>() + tail_bytes<F>(WARPS);
+    return WARPS * STAGES * slot_bytes<NT>() + kTail;
   }
 };
 
-// The deepest ring (2 to kMaxStages slots per warp, 4 warps) for which PER_SM blocks fit on one
-// SM (228 KB of shared memory, 1 KB of it reserved per block). Measured on the H200: 5 slots at
-// one activation row were slower than 4 for Q8_0 / FP8 (gate/up 46.8 / 41.1 us against 38.5 / 33.9).
-template <PackedFormat F, int NT, int PER_SM>
+// The deepest ring (2 to kMaxStages slots per warp) for which PER_SM blocks of WARPS warps and
+// TILES tiles fit on one SM (228 KB of shared memory, 1 KB of it reserved per block). Measured on
+// the H200: 5 slots at one activation row were slower than 4 for Q8_0 / FP8 (gate/up 46.8 / 41.1 us
+// against 38.5 / 33.9).
+template <PackedFormat F, int NT, int PER_SM, int WARPS = 4, int TILES = 1>
 struct Pick {
+  using Probe = Shape<F, WARPS, 1, TILES>;
   static constexpr int kMaxStages = F == PackedFormat::Q4_K ? 6 : 4;
   static constexpr int kBudget = 233472 / PER_SM - 1024;
-  static constexpr int kFit = (kBudget - tail_bytes<F>(4)) / (4 * slot_bytes<F, NT>());
-  using type = Shape<F, 4, (kFit < 2 ? 2 : kFit > kMaxStages ? kMaxStages : kFit)>;
+  static constexpr int kFit = (kBudget - Probe::kTail) / (WARPS * Probe::template slot_bytes<NT>());
+  using type = Shape<F, WARPS, (kFit < 2 ? 2 : kFit > kMaxStages ? kMaxStages : kFit), TILES>;
   static_assert(type::template smem_bytes<NT>() <= 232448, "packed_gemv: ring too large for one block");
 };
 
@@ -143,8 +147,8 @@ template <PackedFormat F, int NT, class S>
 __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __grid_constant__ PackedGemvParams p) {
   using G = Geo<F>;
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kSlot = slot_bytes<F, NT>();
-  constexpr int kSt = S::kStages, kW = S::kWarps, kRows = G::kRows;
+  constexpr int kSlot = S::template slot_bytes<NT>();
+  constexpr int kSt = S::kStages, kW = S::kWarps, kRows = S::kRows, kTiles = S::kTiles;
   constexpr int kCB = G::kCodeBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -154,7 +158,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
   const uint32_t ring = ptx::smem_u32(smem) + warp * (kSt * kSlot);
   [[maybe_unused]] const uint32_t scales = ptx::smem_u32(smem) + kW * kSt * kSlot + warp * (kRows * kScalePitch);
 
-  // Chunk c of the 16 rows into ring slot `slot` (32-bit slot counters: a 64-bit c % kSt was ~20
+  // Chunk c of the block's rows into ring slot `slot` (32-bit slot counters: a 64-bit c % kSt was ~20
   // instructions), the chunks in increasing order: codes as
   // kRows x kCB / 16 units of 16 bytes, lane l on unit column l % kCols of rows l / kCols + i *
   // (32 / kCols), then (lanes 0-15) the rows' 16-byte meta. Each lane keeps its source pointers
@@ -169,7 +173,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
 #pragma unroll
   for (int i = 0; i < kIt; ++i) code_live |= (row0 + lr + i * kRowsPerIt < rows ? 1u : 0u) << i;
   const bool meta_live = G::kMeta && lane < kRows && row0 + lane < rows;
-  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + (lane & 15)) * chunks * kPackMetaBytes + c_begin * kPackMetaBytes : nullptr;
+  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + lane % kRows) * chunks * kPackMetaBytes + c_begin * kPackMetaBytes : nullptr;
   const auto copy_w = [&](int c, int slot) {
     if (c >= c_end) return;
     const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot);
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
 
   constexpr uint32_t kOnes = 0x3C003C00u;  // f16 pair (1, 1)
   [[maybe_unused]] const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
-  float acc[4] = {};
+  float acc[kTiles][4] = {};
   int use = 0, load = kSt - 1;  // ring slots of chunk c and of chunk c + kSt - 1
   for (int c = c_begin; c < c_end; ++c) {
     if (c == c_begin) ptx::cp_async_wait<0>();
@@ -221,80 +225,94 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
     const uint32_t slot = ring + static_cast<uint32_t>(use * kSlot);
     use = use + 1 == kSt ? 0 : use + 1;
     load = load + 1 == kSt ? 0 : load + 1;
-    const uint32_t w_lo = slot + g * G::kWPitch, w_hi = slot + (g + 8) * G::kWPitch;
     const uint32_t xs = slot + kRows * G::kWPitch + g * G::kXPitch;
-    uint4 meta_lo = make_uint4(0, 0, 0, 0), meta_hi = make_uint4(0, 0, 0, 0);
+    // Tile u's rows g and g + 8 of the slot.
+    const auto w_row = [&](int u, int hi) { return slot + (16 * u + g + 8 * hi) * G::kWPitch; };
+    uint4 meta[kTiles][2] = {};
     if constexpr (F == PackedFormat::Q8_0) {
-      meta_lo = lds128(w_lo + kCB);
-      meta_hi = lds128(w_hi + kCB);
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) {
+        meta[u][0] = lds128(w_row(u, 0) + kCB);
+        meta[u][1] = lds128(w_row(u, 1) + kCB);
+      }
     }
     if constexpr (F == PackedFormat::Q4_K) {
-      // The chunk's 16 rows x 8 groups of (ds, 1024 ds + dm), once per warp: lane l does row l / 2,
-      // groups 4 h .. 4 h + 3 (h = l % 2; the 4 lanes of a quad shared each row's work before).
-      // dequant.cpp's unpack_k_scales four bytes at a time: groups 0-3 are the low 6 bits of
-      // header bytes 4-7 (scales) and 8-11 (mins); groups 4-7 take their low 4 bits from bytes
-      // 12-15 and their high 2 from the top of bytes 4-7 / 8-11.
-      const int r = lane >> 1;
-      const bool h = lane & 1;
-      const uint4 hdr = lds128(slot + r * G::kWPitch + kCB);
-      const uint32_t sc4 = h ? (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u) : hdr.y & 0x3F3F3F3Fu;
-      const uint32_t m4 = h ? ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u) : hdr.z & 0x3F3F3F3Fu;
-      const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xFFFF)));
-      const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16)));
-      const uint32_t at = scales + r * kScalePitch + 32 * h;
+      // The chunk's kRows rows x 8 groups of (ds, 1024 ds + dm), once per warp: (row, half) pairs
+      // lane, lane + 32, ..., a pair's half h taking groups 4 h .. 4 h + 3 (the 4 lanes of a quad
+      // shared each row's work before). dequant.cpp's unpack_k_scales four bytes at a time: groups
+      // 0-3 are the low 6 bits of header bytes 4-7 (scales) and 8-11 (mins); groups 4-7 take their
+      // low 4 bits from bytes 12-15 and their high 2 from the top of bytes 4-7 / 8-11.
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float ds = d * static_cast<float>((sc4 >> (8 * q)) & 0xFF);  // exact (11 x 6 bits), as the CPU's
-        const float dm = dmin * static_cast<float>((m4 >> (8 * q)) & 0xFF);
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * q), "f"(ds), "f"(fmaf(1024.0f, ds, dm)));
+      for (int i = 0; i < kTiles; ++i) {
+        const int r = (lane + 32 * i) >> 1;
+        const bool h = lane & 1;
+        const uint4 hdr = lds128(slot + r * G::kWPitch + kCB);
+        const uint32_t sc4 = h ? (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u) : hdr.y & 0x3F3F3F3Fu;
+        const uint32_t m4 = h ? ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u) : hdr.z & 0x3F3F3F3Fu;
+        const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16)));
+        const uint32_t at = scales + r * kScalePitch + 32 * h;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float ds = d * static_cast<float>((sc4 >> (8 * q)) & 0xFF);  // exact (11 x 6 bits), as the CPU's
+          const float dm = dmin * static_cast<float>((m4 >> (8 * q)) & 0xFF);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at + 8 * q), "f"(ds), "f"(fmaf(1024.0f, ds, dm)));
+        }
       }
       __syncwarp();
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // 32-element groups of the chunk
       const uint4 xv = g < NT ? lds128(xs + 64 * j + 16 * t) : make_uint4(0, 0, 0, 0);
-      uint32_t lo[4], hi[4];
+      [[maybe_unused]] float sx[4] = {};  // Q4_K: the group's sum of x per token (the same on every row)
       if constexpr (F == PackedFormat::Q4_K) {
-        decode_q4_biased(lds32(w_lo + 16 * j + 4 * t), lo);
-        decode_q4_biased(lds32(w_hi + 16 * j + 4 * t), hi);
-      } else if constexpr (F == PackedFormat::Q8_0) {
-        decode_q8(lds64(w_lo + 32 * j + 8 * t), lo);
-        decode_q8(lds64(w_hi + 32 * j + 8 * t), hi);
-      } else {
-        decode_e4m3(lds64(w_lo + 32 * j + 8 * t), lo);
-        decode_e4m3(lds64(w_hi + 32 * j + 8 * t), hi);
+        ptx::mma_f16_16816(sx, ones, xv.x, xv.y);
+        ptx::mma_f16_16816(sx, ones, xv.z, xv.w);
       }
-      const uint32_t a0[4] = {lo[0], hi[0], lo[1], hi[1]};
-      const uint32_t a1[4] = {lo[2], hi[2], lo[3], hi[3]};
-      if constexpr (F == PackedFormat::FP8) {
-        ptx::mma_f16_16816(acc, a0, xv.x, xv.y);
-        ptx::mma_f16_16816(acc, a1, xv.z, xv.w);
-      } else {
-        float blk[4] = {};
-        ptx::mma_f16_16816(blk, a0, xv.x, xv.y);
-        ptx::mma_f16_16816(blk, a1, xv.z, xv.w);
-        if constexpr (F == PackedFormat::Q8_0) {
-          const auto scale = [&](const uint4& m) {
-            const uint32_t word = (&m.x)[j / 2];
-            return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * (j % 2)))));
-          };
-          const float d_lo = scale(meta_lo), d_hi = scale(meta_hi);
-          acc[0] = fmaf(d_lo, blk[0], acc[0]);
-          acc[1] = fmaf(d_lo, blk[1], acc[1]);
-          acc[2] = fmaf(d_hi, blk[2], acc[2]);
-          acc[3] = fmaf(d_hi, blk[3], acc[3]);
+#pragma unroll
+      for (int u = 0; u < kTiles; ++u) {
+        uint32_t lo[4], hi[4];
+        if constexpr (F == PackedFormat::Q4_K) {
+          decode_q4_biased(lds32(w_row(u, 0) + 16 * j + 4 * t), lo);
+          decode_q4_biased(lds32(w_row(u, 1) + 16 * j + 4 * t), hi);
+        } else if constexpr (F == PackedFormat::Q8_0) {
+          decode_q8(lds64(w_row(u, 0) + 32 * j + 8 * t), lo);
+          decode_q8(lds64(w_row(u, 1) + 32 * j + 8 * t), hi);
         } else {
-          // blk = sum (1024 + q) x: the group adds ds * blk - (1024 ds + dm) * sum x.
-          float sx[4] = {};  // the group's sum of x per token (the same on every row)
-          ptx::mma_f16_16816(sx, ones, xv.x, xv.y);
-          ptx::mma_f16_16816(sx, ones, xv.z, xv.w);
-          float s_lo[2], s_hi[2];
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_lo[0]), "=f"(s_lo[1]) : "r"(scales + g * kScalePitch + 8 * j));
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_hi[0]), "=f"(s_hi[1]) : "r"(scales + (g + 8) * kScalePitch + 8 * j));
-          acc[0] = fmaf(-s_lo[1], sx[0], fmaf(s_lo[0], blk[0], acc[0]));
-          acc[1] = fmaf(-s_lo[1], sx[1], fmaf(s_lo[0], blk[1], acc[1]));
-          acc[2] = fmaf(-s_hi[1], sx[2], fmaf(s_hi[0], blk[2], acc[2]));
-          acc[3] = fmaf(-s_hi[1], sx[3], fmaf(s_hi[0], blk[3], acc[3]));
+          decode_e4m3(lds64(w_row(u, 0) + 32 * j + 8 * t), lo);
+          decode_e4m3(lds64(w_row(u, 1) + 32 * j + 8 * t), hi);
+        }
+        const uint32_t a0[4] = {lo[0], hi[0], lo[1], hi[1]};
+        const uint32_t a1[4] = {lo[2], hi[2], lo[3], hi[3]};
+        float* ac = acc[u];
+        if constexpr (F == PackedFormat::FP8) {
+          ptx::mma_f16_16816(acc[u], a0, xv.x, xv.y);
+          ptx::mma_f16_16816(acc[u], a1, xv.z, xv.w);
+        } else {
+          float blk[4] = {};
+          ptx::mma_f16_16816(blk, a0, xv.x, xv.y);
+          ptx::mma_f16_16816(blk, a1, xv.z, xv.w);
+          if constexpr (F == PackedFormat::Q8_0) {
+            const auto scale = [&](const uint4& m) {
+              const uint32_t word = (&m.x)[j / 2];
+              return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * (j % 2)))));
+            };
+            const float d_lo = scale(meta[u][0]), d_hi = scale(meta[u][1]);
+            ac[0] = fmaf(d_lo, blk[0], ac[0]);
+            ac[1] = fmaf(d_lo, blk[1], ac[1]);
+            ac[2] = fmaf(d_hi, blk[2], ac[2]);
+            ac[3] = fmaf(d_hi, blk[3], ac[3]);
+          } else {
+            // blk = sum (1024 + q) x: the group adds ds * blk - (1024 ds + dm) * sum x.
+            const uint32_t sa = scales + (16 * u + g) * kScalePitch + 8 * j;
+            float s_lo[2], s_hi[2];
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_lo[0]), "=f"(s_lo[1]) : "r"(sa));
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(s_hi[0]), "=f"(s_hi[1]) : "r"(sa + 8 * kScalePitch));
+            ac[0] = fmaf(-s_lo[1], sx[0], fmaf(s_lo[0], blk[0], ac[0]));
+            ac[1] = fmaf(-s_lo[1], sx[1], fmaf(s_lo[0], blk[1], ac[1]));
+            ac[2] = fmaf(-s_hi[1], sx[2], fmaf(s_hi[0], blk[2], ac[2]));
+            ac[3] = fmaf(-s_hi[1], sx[3], fmaf(s_hi[0], blk[3], ac[3]));
+          }
         }
       }
     }
@@ -302,14 +320,17 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
   }
   ptx::cp_async_wait<0>();
 
-  // Split-K: the warps' [16 rows][8 tokens] sums through shared memory, added in warp order.
+  // Split-K: the warps' [kRows rows][8 tokens] sums through shared memory, added in warp order.
   float* part = reinterpret_cast<float*>(smem + kW * kSt * kSlot);
   if constexpr (F == PackedFormat::Q4_K) __syncthreads();  // (the partials reuse the warps' scale scratch)
   float* mine = part + warp * (kRows * 8);
-  mine[g * 8 + 2 * t] = acc[0];
-  mine[g * 8 + 2 * t + 1] = acc[1];
-  mine[(g + 8) * 8 + 2 * t] = acc[2];
-  mine[(g + 8) * 8 + 2 * t + 1] = acc[3];
+#pragma unroll
+  for (int u = 0; u < kTiles; ++u) {
+    mine[(16 * u + g) * 8 + 2 * t] = acc[u][0];
+    mine[(16 * u + g) * 8 + 2 * t + 1] = acc[u][1];
+    mine[(16 * u + g + 8) * 8 + 2 * t] = acc[u][2];
+    mine[(16 * u + g + 8) * 8 + 2 * t + 1] = acc[u][3];
+  }
   __syncthreads();
   for (int e = threadIdx.x; e < kRows * 8; e += kW * 32) {
     const int r = e >> 3, tok = e & 7;
@@ -344,7 +365,7 @@ void launch_shape(const PackedGemvParams& p, cudaStream_t stream) {
                                         cudaSharedmemCarveoutMaxShared));
     attrs_set[dev].store(true, std::memory_order_release);
   }
-  const unsigned grid = static_cast<unsigned>((p.w.rows + 15) / 16);
+  const unsigned grid = static_cast<unsigned>((p.w.rows + S::kRows - 1) / S::kRows);
   launch_pdl(packed_gemv_kernel<F, NT, S>, dim3(grid), dim3(S::kWarps * 32), kSmem, stream, p);
 }
 
@@ -361,15 +382,35 @@ int sm_count() {
   return n;
 }
 
-// The ring (Pick). Q8_0 / FP8: 2 blocks per SM, or 3 where that makes the grid one wave and 2
-// would not. Q4_K, whose loop issues ~2x the instructions per byte: 4 blocks per SM (more warps
-// to issue from; 3 at 8 activation rows, where 2 slots no longer fit 4 times).
+// The block's form and ring (Pick), from a sweep of every form on the 8B shape's matrices at 1, 2,
+// 4 and 8 activation rows (docs/kernels/quant_gemv_NOTES.md). Q8_0 / FP8: 8 warps per block up to
+// 4 rows (gate/up Q8_0 32.8 against 39.0 us with 4), except the QKV matrix at 1-2 rows (384
+// blocks: one tile, 4 warps, 3 blocks per SM, one wave); from 5 rows two tiles per warp on large
+// matrices, else one tile and 4 warps. Q4_K, whose loop issues ~2x the instructions per byte:
+// 8 warps where one-tile blocks would not give 2 per SM (down: 256 blocks, 13.9 against 15.7 us),
+// two tiles on large matrices (gate/up), else one tile and 4 blocks per SM (QKV).
+int auto_shape(PackedFormat f, int n_tok, int64_t grid, int64_t sms) {
+  const bool qkv_like = grid > 2 * sms && grid <= 3 * sms, large = grid >= 8 * sms;
+  if (f == PackedFormat::Q4_K) return grid <= 2 * sms ? 2 : large ? 3 : 1;
+  if (n_tok <= 2) return qkv_like ? 1 : 2;
+  if (n_tok <= 4) return 2;
+  return large ? 3 : 1;
+}
+
 template <PackedFormat F, int NT>
 void launch_nt(const PackedGemvParams& p, cudaStream_t stream) {
   const int64_t grid = (p.w.rows + 15) / 16, sms = sm_count();
-  if constexpr (F == PackedFormat::Q4_K) launch_shape<F, NT, typename Pick<F, NT, 4>::type>(p, stream);
-  else if (grid > 2 * sms && grid <= 3 * sms) launch_shape<F, NT, typename Pick<F, NT, 3>::type>(p, stream);
-  else launch_shape<F, NT, typename Pick<F, NT, 2>::type>(p, stream);
+  const int shape = p.shape != 0 ? p.shape : auto_shape(F, NT, grid, sms);
+  constexpr int kOne = F == PackedFormat::Q4_K ? 4 : 2;  // blocks per SM of the one-tile form
+  switch (shape) {
+    case 2: launch_shape<F, NT, typename Pick<F, NT, 2, 8, 1>::type>(p, stream); break;
+    case 3: launch_shape<F, NT, typename Pick<F, NT, 3, 4, 2>::type>(p, stream); break;
+    default:
+      if (F != PackedFormat::Q4_K && grid > 2 * sms && grid <= 3 * sms)
+        launch_shape<F, NT, typename Pick<F, NT, 3>::type>(p, stream);
+      else
+        launch_shape<F, NT, typename Pick<F, NT, kOne>::type>(p, stream);
+  }
 }
 
 template <PackedFormat F>
@@ -495,6 +536,7 @@ void launch_packed_gemv(const PackedGemvParams& p, cudaStream_t stream) {
   require_view(p.w);
   require(p.n_tok >= 1 && p.n_tok <= 8, "packed_gemv: n_tok must be 1..8");
   require(p.ldy >= p.w.rows && p.x != nullptr && p.y != nullptr, "packed_gemv: bad ldy or null pointer");
+  require(p.shape >= 0 && p.shape <= 3, "packed_gemv: shape must be 0..3");
   require((reinterpret_cast<uintptr_t>(p.x) & 15) == 0, "packed_gemv: activations must be 16-byte aligned");
   require((reinterpret_cast<uintptr_t>(p.y) & (p.y_f32 ? 3 : 1)) == 0, "packed_gemv: misaligned output");
   require(!p.accumulate || p.y_f32, "packed_gemv: accumulate needs fp32 output");

@@ -36,6 +36,10 @@ struct PackedGemvParams {
   bool y_f32 = false;
   bool accumulate = false;    // fp32 only: y += x W^T
   int n_tok = 0;              // 1 .. 8
+  // The block's form (0: chosen by the matrix's size and the SM count, docs/kernels/quant_gemv_NOTES.md);
+  // tests and sweeps pin one: 1 = one 16-row tile, 4 warps; 2 = one tile, 8 warps; 3 = two tiles
+  // (32 rows), 4 warps. Every form computes the same sums.
+  int shape = 0;
 };
 
 // Checks the params (throws dhs::Error naming what is wrong); graph-capturable; launched with
