@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   float tie_gap = 0.01f;
   app.add_option("-m,--model", model, "GGUF file")->required();
   app.add_option("--gpu-weights", gpu_weights, "native, packed or f16")->check(CLI::IsMember({"native", "packed", "f16"}));
-  app.add_option("--quantization", quantization, "none or fp8 (the GPU's projections; FP8 is lossy: divergences expected)")
+  app.add_option("--quantization", quantization, "none or fp8 (both backends' projections: the CPU's f32 path with the same FP8-rounded weights is the oracle)")
       ->check(CLI::IsMember({"none", "fp8"}));
   app.add_option("-n,--tokens", n_tokens, "greedy tokens per prompt")->check(CLI::Range(1, 4096));
   app.add_option("--tie-gap", tie_gap, "a divergence where the CPU's top-2 gap is below this is a near-tie");
@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     co.device = "cpu";
     co.weight_type = "f32";
     co.max_context = 2048;
+    co.quantization = quantization;  // fp8: the CPU computes with the same FP8-rounded projections (the oracle)
     dhs::EngineOptions go = co;
     go.device = "cuda";
     go.gpu_weights = gpu_weights;

@@ -9,7 +9,10 @@
 // the recall traffic that rate would be at the 8B shape (each recalled head-page 4 KiB of K + 4
 // KiB of V in f16, page 16). Greedy tokens are checked equal to the all-resident run.
 //   tier_hit_rate [-m MODEL] [--policy coverage:0.99] [--len 4096] [--steps 64] [--samples 3]
-//                 [--ratios 1,1.1,1.25,1.5,2] [--out bench/results/hierarchy_hit_rate.jsonl] [--commit C]
+//                 [--ratios 1,1.1,1.25,1.5,2] [--pool-fracs 0.5,0.7] [--out bench/results/hierarchy_hit_rate.jsonl]
+//                 [--commit C]
+// --pool-fracs: also with the cache manager's budgets (`--kv-device-budget auto`, kv/device_budgets.h)
+// and a device pool of that fraction of the request's pages (what pressure looks like to it).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -60,13 +63,15 @@ int main(int argc, char** argv) {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", policy = "coverage:0.99", out, commit = "unknown";
   int64_t len = 4096;
   int steps = 64, samples = 3;
-  std::vector<double> ratios = {1.0, 1.1, 1.25, 1.5, 2.0};
+  std::vector<double> ratios = {1.0, 1.1, 1.25, 1.5, 2.0}, pool_fracs;
   app.add_option("-m,--model", model, "GGUF model");
   app.add_option("--policy", policy, "sparse policy of the decode steps");
   app.add_option("--len", len, "prompt tokens")->check(CLI::Range(int64_t{256}, int64_t{1} << 20));
   app.add_option("--steps", steps, "decode steps per prompt")->check(CLI::Range(1, 4096));
   app.add_option("--samples", samples, "prompts (niah_single, vt, qa, ... in turn)")->check(CLI::Range(1, 100));
   app.add_option("--ratios", ratios, "device budgets as multiples of the working set")->delimiter(',');
+  app.add_option("--pool-fracs", pool_fracs, "auto budgets with a device pool of these fractions of the request's pages")
+      ->delimiter(',');
   app.add_option("--out", out, "append JSON rows here");
   app.add_option("--commit", commit, "commit recorded in the rows");
   CLI11_PARSE(app, argc, argv);
@@ -81,7 +86,7 @@ int main(int argc, char** argv) {
                                                     dhs::eval::TaskKind::Qa, dhs::eval::TaskKind::NiahMultiKey};
     std::ofstream jl;
     if (!out.empty()) jl.open(out, std::ios::app);
-    std::printf("%-8s %-6s %10s %10s %12s %14s %8s\n", "sample", "ratio", "budget", "hit_rate", "recall/step", "8B GB/step", "tokens");
+    std::printf("%-8s %-9s %10s %10s %12s %14s %8s\n", "sample", "ratio", "budget", "hit_rate", "recall/step", "8B GB/step", "tokens");
     for (int si = 0; si < samples; ++si) {
       const auto task = tasks[static_cast<size_t>(si) % tasks.size()];
       const dhs::eval::Sample smp = dhs::eval::make_sample(task, len, 1000 + static_cast<uint64_t>(si),
@@ -90,12 +95,22 @@ int main(int argc, char** argv) {
       const Run ref = decode(*base, prompt, steps);
       const double working_set = static_cast<double>(ref.read) / steps;  // pages per step
       const int64_t total_pages = cfg.n_layers * cfg.n_heads_kv * ((static_cast<int64_t>(prompt.size()) + steps + 15) / 16);
-      for (double ratio : ratios) {
+      // Fixed budgets (ratio x working set), then auto budgets over smaller pools (ratio < 0 marks them).
+      std::vector<double> runs = ratios;
+      for (double f : pool_fracs) runs.push_back(-f);
+      for (double ratio : runs) {
         dhs::EngineOptions ot = o;
-        // The budget counts full pages; a layer's attention needs its own pages at once, so the
-        // budget is at least one layer's (n_heads_kv x pages per list).
-        const int64_t one_layer = cfg.n_heads_kv * ((static_cast<int64_t>(prompt.size()) + steps + 15) / 16);
-        ot.kv_device_budget = std::max<int64_t>(one_layer, static_cast<int64_t>(std::ceil(ratio * working_set)));
+        const int64_t blocks = (static_cast<int64_t>(prompt.size()) + steps + 15) / 16;
+        const bool auto_budget = ratio < 0;
+        if (auto_budget) {
+          ot.kv_budget_auto = true;
+          ot.kv_blocks = static_cast<int64_t>(std::ceil(-ratio * static_cast<double>(blocks)));
+        } else {
+          // The budget counts full pages; a layer's attention needs its own pages at once, so the
+          // budget is at least one layer's (n_heads_kv x pages per list).
+          const int64_t one_layer = cfg.n_heads_kv * blocks;
+          ot.kv_device_budget = std::max<int64_t>(one_layer, static_cast<int64_t>(std::ceil(ratio * working_set)));
+        }
         ot.cpu_kv_gb = 1.25 * static_cast<double>(total_pages) * 2.0 * 16.0 * static_cast<double>(cfg.head_dim) * 4.0 / 1073741824.0;
         auto e = dhs::Engine::load(ot);
         const Run r = decode(*e, prompt, steps);
@@ -106,19 +121,25 @@ int main(int argc, char** argv) {
         const double frac = per_step / static_cast<double>(total_pages);
         const double gb_8b = frac * 32.0 * 8.0 * std::ceil(static_cast<double>(prompt.size()) / 16.0) * 8192.0 / 1e9;
         const bool same = r.tokens == ref.tokens;
-        std::printf("%-8s %-6.2f %10lld %9.2f%% %12.1f %14.4f %8s\n", dhs::eval::task_name(task).c_str(), ratio,
-                    static_cast<long long>(ot.kv_device_budget), 100.0 * hit, per_step, gb_8b, same ? "equal" : "DIFFER");
-        if (jl.is_open())
+        const std::string label = auto_budget ? "auto@" + std::to_string(-ratio).substr(0, 4) : std::to_string(ratio).substr(0, 4);
+        const int64_t shown = auto_budget ? ot.kv_blocks * cfg.n_layers * cfg.n_heads_kv : ot.kv_device_budget;
+        std::printf("%-8s %-9s %10lld %9.2f%% %12.1f %14.4f %8s\n", dhs::eval::task_name(task).c_str(), label.c_str(),
+                    static_cast<long long>(shown), 100.0 * hit, per_step, gb_8b, same ? "equal" : "DIFFER");
+        if (jl.is_open()) {
           jl << "{\"commit\": \"" << commit << "\", \"model\": \"" << model.substr(model.find_last_of('/') + 1)
              << "\", \"backend\": \"cpu\", \"policy\": \"" << policy << "\", \"task\": \"" << dhs::eval::task_name(task)
              << "\", \"prompt_tokens\": " << prompt.size() << ", \"decode_steps\": " << steps
-             << ", \"working_set_pages\": " << working_set << ", \"total_pages\": " << total_pages
-             << ", \"buffer_ratio\": " << ratio << ", \"budget_pages\": " << ot.kv_device_budget
-             << ", \"hit_rate\": " << hit << ", \"recalled_per_step\": " << per_step
+             << ", \"working_set_pages\": " << working_set << ", \"total_pages\": " << total_pages;
+          if (auto_budget)
+            jl << ", \"budget\": \"auto\", \"device_pool_frac\": " << -ratio << ", \"device_pool_pages\": " << shown;
+          else
+            jl << ", \"buffer_ratio\": " << ratio << ", \"budget_pages\": " << ot.kv_device_budget;
+          jl << ", \"hit_rate\": " << hit << ", \"recalled_per_step\": " << per_step
              << ", \"recalled_frac_per_step\": " << frac << ", \"recall_gb_per_step_8b_equiv\": " << gb_8b
              << ", \"tokens_equal\": " << (same ? "true" : "false") << "}\n";
+        }
         if (!same) {
-          std::fprintf(stderr, "greedy tokens differ with the host tier (ratio %.2f)\n", ratio);
+          std::fprintf(stderr, "greedy tokens differ with the host tier (%s)\n", label.c_str());
           return 1;
         }
       }

@@ -42,6 +42,10 @@ struct EngineOptions {
   // With the host tier: device-tier pages each request may keep (0: no limit); its least
   // recently used full pages go to the host tier past it, and come back when a step reads them.
   int64_t kv_device_budget = 0;
+  // With the host tier: budgets set after every step by the cache manager (kv/device_budgets.h:
+  // working set, miss rate and the device tier's room across requests) instead of one fixed
+  // kv_device_budget. `--kv-device-budget auto`.
+  bool kv_budget_auto = false;
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step

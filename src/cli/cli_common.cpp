@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -82,8 +83,9 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
       ->check(CLI::IsMember({"native", "packed", "f16"}))
       ->capture_default_str();
   app->add_option("--quantization", eo.quantization,
-                  "CUDA: fp8 quantizes every projection matrix at load to FP8 E4M3 with one scale per output row "
-                  "(the output head stays f16); none keeps --gpu-weights")
+                  "fp8 quantizes every projection matrix at load to FP8 E4M3 with one scale per output row (the "
+                  "embeddings and output head stay as loaded; CUDA stores the codes, the CPU their values, its "
+                  "oracle with --weights f32); none keeps --gpu-weights")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->capture_default_str();
 }
@@ -93,11 +95,25 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
                   "KV hierarchy (CPU backend so far): a host tier of this many GiB behind the KV pool; 0 = none")
       ->check(CLI::Range(0.0, 1048576.0))
       ->capture_default_str();
-  app->add_option("--kv-device-budget", eo.kv_device_budget,
-                  "With --cpu-kv-gb: KV pages each request keeps in the device tier (its least recently used full "
-                  "pages go to the host tier past it); 0 = no limit")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
-      ->capture_default_str();
+  app->add_option_function<std::string>(
+         "--kv-device-budget",
+         [&eo](const std::string& v) {
+           if (v == "auto") {
+             eo.kv_budget_auto = true;
+             return;
+           }
+           int64_t n = -1;
+           const char* end = v.data() + v.size();
+           const auto [p, ec] = std::from_chars(v.data(), end, n);
+           if (ec != std::errc() || p != end || n < 0 || n > (int64_t{1} << 40))
+             throw CLI::ValidationError("--kv-device-budget", "a page count in [0, 2^40] or auto, got '" + v + "'");
+           eo.kv_device_budget = n;
+           eo.kv_budget_auto = false;
+         },
+         "With --cpu-kv-gb: KV pages each request keeps in the device tier (its least recently used full "
+         "pages go to the host tier past it); 0 = no limit; auto = sized after every step from the request's "
+         "working set and misses and the device tier's room (kv/device_budgets.h)")
+      ->default_str("0");
 }
 
 }  // namespace dhs::cli

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "engine/host_sampling.h"
 #include "engine/step_runner.h"
+#include "kv/device_budgets.h"
 #include "model/arch/llama_cpu.h"
 
 namespace dhs {
@@ -18,12 +19,14 @@ class CpuRunner final : public StepRunner {
   CpuRunner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx) {
     DHS_CHECK(o.weight_type == "f16" || o.weight_type == "f32", "weight type must be f16 or f32, got '{}'",
               o.weight_type);
-    DHS_CHECK(o.quantization == "none", "--quantization {} is a weight format of the CUDA backend (--device cuda)",
+    DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     DHS_CHECK(o.load_format == "auto", "load format {} (random weights, for speed runs) needs --device cuda",
               o.load_format);
+    // (fp8: the CUDA backend's FP8 projections as fp32 values; with --weights f16 they are rounded
+    // once more, so the oracle of the GPU's FP8 path is --weights f32.)
     model_ = std::make_unique<LlamaCpu>(src, o.weight_type == "f16" ? CpuWeightType::F16 : CpuWeightType::F32,
-                                        o.progress);
+                                        o.progress, o.quantization == "fp8");
     const ModelConfig& c = model_->config();
     DHS_CHECK(o.max_batch >= 0 && o.max_batch <= kMaxBatch, "max batch must be in [0, {}], got {}", kMaxBatch, o.max_batch);
     max_batch_ = o.max_batch > 0 ? o.max_batch : kMaxBatch;
@@ -40,7 +43,8 @@ class CpuRunner final : public StepRunner {
     const int64_t page_bytes = 2 * int64_t{o.page_size} * c.head_dim * 4;  // K and V, fp32
     const int64_t host_pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
     DHS_CHECK(o.cpu_kv_gb == 0.0 || host_pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
-    DHS_CHECK(o.kv_device_budget == 0 || host_pages > 0, "a device KV budget needs the host tier (--cpu-kv-gb)");
+    DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || host_pages > 0,
+              "a device KV budget needs the host tier (--cpu-kv-gb)");
     pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
                                        o.page_size, static_cast<int>(c.head_dim));
     if (host_pages > 0) {
@@ -50,6 +54,7 @@ class CpuRunner final : public StepRunner {
       tiers_ = std::make_unique<TieredKv>(*pool_, *host_pool_,
                                           LruParams{static_cast<int>(c.n_layers), 4, /*cyclic=*/true});
       budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
+      if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
       model_->set_tiers(tiers_.get());
     }
     if (!o.policy.dense()) {
@@ -99,6 +104,7 @@ class CpuRunner final : public StepRunner {
   }
   void release(PageTable& table) override {
     summaries_pending_.erase(&table);
+    if (auto_budgets_) auto_budgets_->forget(static_cast<int64_t>(table.id()));
     if (tiers_ && tiers_->has(table)) tiers_->release(table);
     else table.release(*pool_);
   }
@@ -194,6 +200,9 @@ class CpuRunner final : public StepRunner {
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
+    std::vector<TierStats> before;
+    if (auto_budgets_)
+      for (const StepRequest& r : batch) before.push_back(tiers_->request_stats(*r.table));
     if (!any_verify) {
       model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
     } else {
@@ -215,10 +224,35 @@ class CpuRunner final : public StepRunner {
         at += n;
       }
     }
+    if (auto_budgets_) apply_auto_budgets(batch, before);
     sampling_->sample(batch, out, want_logits);
   }
 
  private:
+  // The cache manager (kv/device_budgets.h): each decode row's pages read and recalled this step
+  // observed, then budgets for the batch's requests over the device pages they can share (free
+  // slots and the full pages they hold; other requests' pages stay as they are).
+  void apply_auto_budgets(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before) {
+    std::vector<DeviceBudgets::Request> reqs;
+    int64_t capacity = pool_->n_free();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const PageTable& t = *batch[i].table;
+      const int64_t id = static_cast<int64_t>(t.id());
+      if (batch[i].n_new == 1 && !batch[i].verify) {
+        const TierStats now = tiers_->request_stats(t);
+        const int64_t recalled = now.recalled - before[i].recalled;
+        auto_budgets_->observe(id, now.hits - before[i].hits + recalled, recalled);
+      }
+      const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
+      reqs.push_back({id, t.n_tokens() / t.page_size() * lists});
+      capacity += tiers_->movable_resident_pages(t);
+    }
+    const std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
+    for (size_t i = 0; i < batch.size(); ++i)
+      tiers_->set_budget(*batch[i].table, b[i] == DeviceBudgets::kUnlimited ? TieredKv::kUnlimited : b[i],
+                         model_->tier_clock());
+  }
+
   static constexpr int kMaxBatch = 256;
   int max_batch_ = kMaxBatch;
   std::unique_ptr<HostSampling> sampling_;
@@ -227,6 +261,7 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<PagePool> host_pool_;  // the host tier, or null
   std::unique_ptr<TieredKv> tiers_;
   int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
+  std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
   // A request's own policy (StepRequest::policy), made once per spelling while the engine's stays.
   const SelectionPolicy* own_policy(const PolicySpec& spec) {

@@ -269,6 +269,8 @@ class LocalEngine final : public Engine {
   int32_t step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits,
                const std::vector<int32_t>* history = nullptr) {
     PagePool& pool = runner_->pages();
+    // With a host tier, cold pages (this request's own earlier chunks among them) make room first.
+    if (pool.n_free() < table.pages_needed(n)) runner_->make_room(table.pages_needed(n));
     DHS_CHECK(table.reserve(pool, n), "out of KV pages ({} free, {} needed)", pool.n_free(), table.pages_needed(n));
     const StepRequest r{&table, kSlot, ids, n, history != nullptr, history};
     runner_->step({r}, &out_, logits != nullptr);

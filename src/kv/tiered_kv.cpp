@@ -220,7 +220,17 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     lru_.set_pinned(d.slot, true);
     t.relocate(w.layer, w.head, w.idx, d);
   }
+  o.hits += st.hits;
+  o.recalled += missing;
   totals_ += st;
+  return st;
+}
+
+TierStats TieredKv::request_stats(const PageTable& t) const {
+  const Owner& o = owner_of(t);
+  TierStats st;
+  st.hits = o.hits;
+  st.recalled = o.recalled;
   return st;
 }
 

@@ -63,6 +63,10 @@ class TieredKv {
   TierStats set_budget(PageTable& t, int64_t budget, int64_t now);
   int64_t budget(const PageTable& t) const;
   int64_t resident_pages(const PageTable& t) const;
+  // t's device pages that may move (resident minus the pages its lists append into).
+  int64_t movable_resident_pages(const PageTable& t) const { return movable_resident(owner_of(t)); }
+  // Pages t's ensure_resident calls found resident (hits) and recalled, since add().
+  TierStats request_stats(const PageTable& t) const;
 
   // After t.reserve(device pool, ...): its new device pages are tracked; then, if t is over its
   // budget, its least recently used full pages are offloaded down to it (as far as the host tier
@@ -140,6 +144,7 @@ class TieredKv {
     int64_t budget;
     int64_t resident = 0;
     bool swapped = false;  // swap_out: every page may move, none is appended to
+    int64_t hits = 0, recalled = 0;  // its ensure_resident calls
   };
   Owner& owner_of(const PageTable& t);
   const Owner& owner_of(const PageTable& t) const;

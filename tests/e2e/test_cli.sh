@@ -60,6 +60,12 @@ expect nonzero "not a GGUF" -- generate -m "$tmp/text.gguf" -p hi
 expect nonzero "unsupported architecture 'gpt2'" -- generate -m "$tmp/gpt2.gguf" -p hi
 expect nonzero "truncated|past the end|out of range|beyond" -- generate -m "$tmp/truncated.gguf" -p hi
 expect nonzero "config.json" -- generate -m "$tmp/emptydir" -p hi
+# The KV hierarchy's device budget: a page count or auto; auto and counts need the host tier.
+for bad in -3 abc 12x 1099511627777; do
+  expect nonzero "kv-device-budget.*(page count|auto)" -- generate -m "$model" -p hi -n 1 --cpu-kv-gb 0.1 --kv-device-budget "$bad"
+done
+expect nonzero "needs the host tier" -- generate -m "$model" -p hi -n 1 --kv-device-budget auto
+expect zero "." -- generate -m "$model" -p hi -n 2 -c 256 --cpu-kv-gb 0.05 --kv-device-budget auto
 expect nonzero "temperature" -- generate -m "$model" -p hi --temperature -1
 expect nonzero "top-p" -- generate -m "$model" -p hi --top-p 2
 expect nonzero "bogus" -- generate -m "$model" -p hi --bogus

@@ -20,12 +20,14 @@
 namespace dhs {
 namespace {
 
-std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0) {
+std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0,
+                             bool auto_budget = false) {
   EngineOptions o;
   o.model_path = test::default_model_path();
   o.policy = PolicySpec::parse(policy);
   o.cpu_kv_gb = cpu_kv_gb;
   o.kv_device_budget = budget;
+  o.kv_budget_auto = auto_budget;
   o.kv_blocks = kv_blocks;
   o.max_context = 2048;
   return Engine::load(o);
@@ -89,9 +91,10 @@ TEST(KvTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers
 TEST(KvTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false); }
 
 // Four requests in one continuous batch (different lengths, prefill chunks beside decode rows),
-// each with a device budget of a few layers' pages, sharing the device tier: each one's greedy
-// tokens equal its tokens decoded alone with everything resident.
-TEST(KvTiers, BatchedRequestsEqualAloneAllResident) {
+// each with a device budget of a few layers' pages (or, auto, budgets from the cache manager over
+// a device pool that holds ~70% of their pages), sharing the device tier: each one's greedy tokens
+// equal its tokens decoded alone with everything resident.
+void expect_batch_equal_alone(bool auto_budget) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
   GenerateOptions g;
   g.max_tokens = 16;
@@ -108,7 +111,10 @@ TEST(KvTiers, BatchedRequestsEqualAloneAllResident) {
     prompts.push_back(plain->tokenize(text));
     want.push_back(plain->generate(prompts.back(), g).tokens);
   }
-  auto e = load("coverage:0.99", 1.0, 3 * 3 * 16);  // 3 layers' worth at ~16 pages per list
+  int64_t blocks = 0;  // the four requests' blocks of 16 tokens, all resident
+  for (const auto& pr : prompts) blocks += (static_cast<int64_t>(pr.size()) + g.max_tokens + 15) / 16;
+  auto e = auto_budget ? load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true)
+                       : load("coverage:0.99", 1.0, 3 * 3 * 16);  // 3 layers' worth at ~16 pages per list
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -128,13 +134,19 @@ TEST(KvTiers, BatchedRequestsEqualAloneAllResident) {
   ASSERT_EQ(done, static_cast<int>(prompts.size()));
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " (" << prompts[i].size() << " prompt tokens)";
   const TierCounts t = e->tier_counts();
-  std::printf("batch of 4: recalled %llu, offloaded %llu, dropped %llu\n", static_cast<unsigned long long>(t.recalled),
-              static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped));
+  std::printf("batch of 4%s: recalled %llu, offloaded %llu, dropped %llu, hits %llu\n", auto_budget ? " (auto budgets)" : "",
+              static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.offloaded),
+              static_cast<unsigned long long>(t.dropped), static_cast<unsigned long long>(t.hits));
   EXPECT_GT(t.recalled, 0u);
+  EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);
   EXPECT_EQ(e->kv_check(), "");
 }
+
+TEST(KvTiers, BatchedRequestsEqualAloneAllResident) { expect_batch_equal_alone(false); }
+
+TEST(KvTiers, AutoBudgetsUnderPressureEqualAloneAllResident) { expect_batch_equal_alone(true); }
 
 // A request whose KV is larger than the whole device pool (24 blocks of 16 tokens for a
 // ~1,000-token prompt: 65 blocks): its prompt streams through the pool chunk by chunk, earlier

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "../test_paths.h"
@@ -27,6 +28,8 @@
 #include "kv/page_table.h"
 #include "model/arch/llama_cpu.h"
 #include "model/hf_source.h"
+#include "model/packed_weight.h"
+#include "model/tensor_load.h"
 
 namespace dhs {
 namespace {
@@ -210,6 +213,74 @@ TEST(TinyModels, Llama31RopeScaled) {
 TEST(TinyModels, Qwen2Bias) { check_tiny_model("qwen2_bias", Arch::Qwen2, true); }
 
 TEST(TinyModels, Qwen3QkNorm) { check_tiny_model("qwen3_qknorm", Arch::Qwen3, false); }
+
+// A source whose projection matrices (attn_{q,k,v,output}, ffn_{gate,up,down}) read as their
+// FP8 rounding (model/packed_weight.h, tested against a brute-force E4M3 search in
+// test_packed_weight) in f32; every other tensor as the wrapped source has it.
+class Fp8RoundedSource final : public WeightSource {
+ public:
+  explicit Fp8RoundedSource(const WeightSource& in) : in_(in) {
+    for (const std::string& name : in.tensor_names()) {
+      const RawTensor* t = in.find(name);
+      const bool proj = name.rfind("blk.", 0) == 0 && t->shape.size() == 2 &&
+                        (name.find(".attn_") != std::string::npos || name.find(".ffn_") != std::string::npos) &&
+                        name.find("norm") == std::string::npos;
+      if (!proj) continue;
+      std::vector<float> f = load_tensor_f32(in, name, t->shape);
+      const PackedMatrix q = quantize_fp8_rows(f.data(), t->shape[0], t->shape[1]);
+      for (int64_t r = 0; r < t->shape[0]; ++r) unpack_row(q, r, f.data() + r * t->shape[1]);
+      data_[name] = std::move(f);
+      RawTensor& rt = raw_[name];
+      rt = *t;
+      rt.dtype = DType::F32;
+      rt.data = reinterpret_cast<const uint8_t*>(data_[name].data());
+      rt.n_bytes = data_[name].size() * sizeof(float);
+    }
+  }
+  const ModelConfig& config() const override { return in_.config(); }
+  const RawTensor* find(const std::string& name) const override {
+    const auto it = raw_.find(name);
+    return it != raw_.end() ? &it->second : in_.find(name);
+  }
+  std::vector<std::string> tensor_names() const override { return in_.tensor_names(); }
+  std::string format() const override { return in_.format(); }
+  size_t n_rounded() const { return raw_.size(); }
+
+ private:
+  const WeightSource& in_;
+  std::map<std::string, std::vector<float>> data_;
+  std::map<std::string, RawTensor> raw_;
+};
+
+// The CPU statement of `--quantization fp8` (LlamaCpu's fp8_projections): the model computes with
+// exactly the FP8-rounded projections — logits bit-equal to a plain load of a source whose
+// projections were rounded beforehand — and nothing else rounded (embeddings, norms, biases, the
+// output head stay: the plain-f32 model's logits differ, and so would a rounding of those).
+TEST(TinyModels, Fp8ProjectionsAreTheRoundedWeights) {
+  for (const char* name : {"llama31_rope_scaled", "qwen2_bias", "qwen3_qknorm"}) {
+    SCOPED_TRACE(name);
+    TinyModel t(name);
+    const Fp8RoundedSource rounded(*t.src);
+    EXPECT_EQ(rounded.n_rounded(), 7u * static_cast<size_t>(t.model->config().n_layers));
+    LlamaCpu fp8(*t.src, CpuWeightType::F32, {}, /*fp8_projections=*/true);
+    LlamaCpu pre(rounded, CpuWeightType::F32);
+    const Seq& s = t.seqs[0];
+    const int64_t n = static_cast<int64_t>(s.ids.size());
+    const auto logits_of = [&](LlamaCpu& m) {
+      PagePool pool = t.make_pool(n);
+      PageTable table = t.make_table();
+      std::vector<float> logits;
+      EXPECT_TRUE(table.reserve(pool, n));
+      m.forward({LlamaCpu::Seq{&table, s.ids.data(), n}}, pool, &logits);
+      table.release(pool);
+      return logits;
+    };
+    const std::vector<float> a = logits_of(fp8), b = logits_of(pre), plain = logits_of(*t.model);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "FP8 load differs from the rounded weights";
+    EXPECT_GT(max_abs_diff(a, plain), 0.0f) << "FP8 rounding changed nothing";
+  }
+}
 
 // Config-level facts the three models are meant to exercise.
 TEST(TinyModels, ConfigsExerciseTheVariants) {

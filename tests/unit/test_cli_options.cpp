@@ -97,3 +97,4 @@ TEST(ThreadCap, GlobalPoolNeverExceedsHardwareThreads) {
   EXPECT_EQ(dhs::ThreadPool::global().n_threads(), 1);
   EXPECT_EQ(dhs::ThreadPool::set_global_threads(0), hw);
 }
+

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/page_lists.h"
+#include "model/packed_weight.h"
 #include "model/tensor_load.h"
 
 namespace dhs {
@@ -57,14 +58,19 @@ void report_true_mass(const cpu::AttentionParams& ap, const std::vector<const Pa
 namespace {
 
 CpuMatrix load_matrix(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols,
-                      CpuWeightType wt) {
+                      CpuWeightType wt, bool fp8 = false) {
   std::vector<float> f = load_tensor_f32(src, name, {rows, cols});
+  if (fp8) {  // the weights --quantization fp8 multiplies: row_scale * e4m3(code), in fp32
+    const PackedMatrix q = quantize_fp8_rows(f.data(), rows, cols);
+    for (int64_t r = 0; r < rows; ++r) unpack_row(q, r, f.data() + r * cols);
+  }
   return CpuMatrix(f.data(), rows, cols, wt);
 }
 
 }  // namespace
 
-LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& progress) : cfg_(src.config()) {
+LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& progress, bool fp8)
+    : cfg_(src.config()) {
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv;
   const int64_t F = cfg_.ffn_hidden, V = cfg_.vocab_size;
   const int64_t total = cfg_.n_layers + 2;
@@ -82,13 +88,13 @@ LlamaCpu::LlamaCpu(const WeightSource& src, CpuWeightType wt, const Progress& pr
     const std::string p = fmt::format("blk.{}.", l);
     L.attn_norm = load_tensor_f32(src, p + "attn_norm.weight", {H});
     L.ffn_norm = load_tensor_f32(src, p + "ffn_norm.weight", {H});
-    L.wq = load_matrix(src, p + "attn_q.weight", Hq * D, H, wt);
-    L.wk = load_matrix(src, p + "attn_k.weight", Hkv * D, H, wt);
-    L.wv = load_matrix(src, p + "attn_v.weight", Hkv * D, H, wt);
-    L.wo = load_matrix(src, p + "attn_output.weight", H, Hq * D, wt);
-    L.w_gate = load_matrix(src, p + "ffn_gate.weight", F, H, wt);
-    L.w_up = load_matrix(src, p + "ffn_up.weight", F, H, wt);
-    L.w_down = load_matrix(src, p + "ffn_down.weight", H, F, wt);
+    L.wq = load_matrix(src, p + "attn_q.weight", Hq * D, H, wt, fp8);
+    L.wk = load_matrix(src, p + "attn_k.weight", Hkv * D, H, wt, fp8);
+    L.wv = load_matrix(src, p + "attn_v.weight", Hkv * D, H, wt, fp8);
+    L.wo = load_matrix(src, p + "attn_output.weight", H, Hq * D, wt, fp8);
+    L.w_gate = load_matrix(src, p + "ffn_gate.weight", F, H, wt, fp8);
+    L.w_up = load_matrix(src, p + "ffn_up.weight", F, H, wt, fp8);
+    L.w_down = load_matrix(src, p + "ffn_down.weight", H, F, wt, fp8);
     if (cfg_.qkv_bias) {
       L.bq = load_tensor_f32(src, p + "attn_q.bias", {Hq * D});
       L.bk = load_tensor_f32(src, p + "attn_k.bias", {Hkv * D});

@@ -26,7 +26,12 @@ class LlamaCpu {
   using DebugHook = std::function<void(const std::string& name, int layer, const float* data, int64_t n_tok, int64_t n)>;
 
   // Throws dhs::Error when a required tensor is missing or has the wrong shape/type.
-  LlamaCpu(const WeightSource& src, CpuWeightType weight_type, const Progress& progress = {});
+  // fp8_projections: every projection matrix (not the embeddings or the output head) rounded at
+  // load to FP8 E4M3 with one scale per output row and stored as the values that makes
+  // (model/packed_weight.h: quantize_fp8_rows, unpack_row) — the CPU statement of the CUDA
+  // backend's `--quantization fp8`, so its greedy tokens have an oracle.
+  LlamaCpu(const WeightSource& src, CpuWeightType weight_type, const Progress& progress = {},
+           bool fp8_projections = false);
 
   const ModelConfig& config() const { return cfg_; }
   size_t weight_bytes() const;
