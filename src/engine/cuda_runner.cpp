@@ -36,6 +36,10 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     co.fp8_weights = o.quantization == "fp8";
+    // (said plainly rather than running without the tier the user asked for)
+    DHS_CHECK(o.cpu_kv_gb == 0.0 && o.kv_device_budget == 0 && !o.kv_budget_auto,
+              "the KV hierarchy (--cpu-kv-gb / --swap-space, --kv-device-budget) runs on the CPU backend only so "
+              "far (issue 23: the GPU side is not built)");
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

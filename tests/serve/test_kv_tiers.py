@@ -6,7 +6,12 @@ Requests run one after another (on a sparse server a decode row sharing its step
 request's prefill chunk reads every page: test_request_policy.py says more)."""
 from __future__ import annotations
 
-from dhs_server import as_cli_prints, assert_pool_clean, generate_alone
+import pytest
+
+from dhs_server import as_cli_prints, assert_pool_clean, device_args, generate_alone
+
+# The hierarchy runs on the CPU backend only so far: the CUDA server refuses --cpu-kv-gb.
+pytestmark = pytest.mark.skipif("cuda" in device_args(), reason="the KV hierarchy's GPU side is not built (issue 23)")
 
 SERVER_POLICY = "coverage:0.99"
 # ~700 tokens: 44 pages per (layer, KV head); 3 KV heads: one layer's pages are ~132.
