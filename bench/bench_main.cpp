@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f16", "q8_0", "q4_k", "fp8"}));
   app.add_option("--gemv-max-tok", bo.gemv_max_tok, "Decode GEMMs of at most this many rows on the GEMV kernels (0: all on cuBLASLt)")->check(int_in(0, 8))->capture_default_str();
   app.add_option("--gemv-tc-shapes", bo.gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(int_in(0, 4));
+  app.add_option("--spec-k", bo.spec_k, "Speculative decoding: drafts per cycle to time (draft and verify steps per policy; none by default)")->delimiter(',')->check(int_in(1, 16));
+  app.add_option("--draft-pages", bo.draft_pages, "Speculative decoding: the draft's sink + recent pages per list")->check(int_in(2, 1 << 20))->capture_default_str();
+  app.add_option("--spec-alpha", bo.spec_alpha, "Speculative decoding: per-token acceptance rates the TPOT is computed at (replayed, not measured)")->delimiter(',')->check(CLI::Range(0.0, 0.999))->capture_default_str();
+  app.add_option("--spec-out", bo.spec_out, "JSON lines of the speculative timing are appended here")->capture_default_str();
   app.add_flag("--no-gemv-tc", no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
   CLI11_PARSE(app, argc, argv);
   if (no_gemm) bo.gemm_batch.clear();

@@ -6,6 +6,8 @@
 #   packed quant_gemv v2 (packed Q8_0 / Q4_K / FP8): test, sanitizers, bandwidth rows, greedy vs
 #          the CPU with FP8 (default model) and packed Q4_K (Qwen, when its parts are in ~/dhs)
 #   weights the 8B shape's TPOT per weight format (f16, FP8, Q8_0, Q4_K), dense and coverage 0.99
+#   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
+#          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
@@ -142,6 +144,21 @@ for stage in "$@"; do
         --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --weights f16,fp8,q8_0,q4_k \
         --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -vE "^prefill" "$OUT/e2e_weights.log" | tail -34 ;;
+    spec)
+      # Speculative decoding on the device (issue 24): verify rows against decoding one at a
+      # time, memcheck on them, the engine's greedy output with and without speculation (default
+      # model, when its parts are here), then draft / verify step times of the 8B shape at 128k
+      # x 1 / 4 (dense and traced coverage 0.99 verification) with the SDPA anchor.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run test_cuda_verify timeout 240 "$B/test_cuda_verify"
+      grep -E "^verify|^decode after|^sparse verify|^engine" "$OUT/test_cuda_verify.log"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_cuda_verify timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$B/test_cuda_verify" --gtest_filter='CudaVerify.VerifyRows*:CudaVerify.Sparse*'
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run e2e_spec timeout 300 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
+        --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
+        --draft-pages ${DHS_DRAFT_PAGES:-16} --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
+      grep -vE "^prefill" "$OUT/e2e_spec.log" | tail -60 ;;
     fp8eval)
       # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -220,6 +221,53 @@ void time_weight_gemms(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
 
 }
 
+// Speculative decoding at one shape, the verifier's policy set on `m` (and timed plainly as
+// `plain_ms`): the draft step (sink + recent pages) and the verify step of k + 1 rows for each k,
+// both graph replays of the real steps; TPOT at each replayed acceptance rate. The policy is set
+// back to the verifier's before returning.
+void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, LlamaCuda& m, std::vector<PageTable>& ts,
+                      const BenchPolicy& verifier, const std::string& pol_spec, const std::string& weights, int64_t ctx,
+                      double plain_ms, double copy_gbps, std::ofstream& jl) {
+  const int64_t batch = static_cast<int64_t>(ts.size());
+  std::vector<int32_t> tok(static_cast<size_t>(batch) * 17, 42);
+  auto seqs = [&](int n, bool verify) {
+    std::vector<LlamaCuda::Seq> b;
+    for (int64_t r = 0; r < batch; ++r) {
+      PageTable& t = ts[static_cast<size_t>(r)];
+      if (t.capacity_tokens() < t.n_tokens() + n) DHS_CHECK(t.reserve(m.allocator(), n), "bench: no room for {} rows", n);
+      LlamaCuda::Seq s{&t, static_cast<int>(r), tok.data() + r * 17, n};
+      s.verify = verify;
+      b.push_back(s);
+    }
+    return b;
+  };
+  // The draft: the scheduler's draft rows carry their own sink + window rule in a step whose
+  // engine policy is the verifier's; the same kernels run with it as the step's policy.
+  const PolicySpec draft = PolicySpec::parse(fmt::format("sinkwindow:{}", opts.draft_pages));
+  m.set_sparsity(draft);
+  const double draft_ms = m.time_decode_step(seqs(1, false), 50);
+  m.set_sparsity(verifier.spec, verifier.frac);
+  for (const int k : opts.spec_k) {
+    const double verify_ms = m.time_decode_step(seqs(k + 1, true), 30);
+    const double read_frac = verifier.spec.dense() ? 1.0 : m.sparsity_stats().read_frac();
+    m.reset_sparsity_stats();
+    for (const double a : opts.spec_alpha) {
+      const double e = (1.0 - std::pow(a, k + 1)) / (1.0 - a);  // tokens per cycle
+      const double tpot = (k * draft_ms + verify_ms) / e;
+      std::printf("  spec k %d (draft sinkwindow:%d %.3f ms, verify %.3f ms, pages %.3f): alpha %.2f -> %.2f tokens/cycle, "
+                  "TPOT %.3f ms, plain/this %.2f\n",
+                  k, opts.draft_pages, draft_ms, verify_ms, read_frac, a, e, tpot, plain_ms / tpot);
+      jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"" << weights
+         << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"verify_policy\":\"" << pol_spec << "\",\"budgets\":\"" << verifier.budgets
+         << "\",\"k\":" << k << ",\"draft_policy\":\"sinkwindow:" << opts.draft_pages << "\",\"draft_ms\":" << draft_ms
+         << ",\"verify_ms\":" << verify_ms << ",\"verify_pages_read_frac\":" << read_frac << ",\"plain_tpot_ms\":" << plain_ms
+         << ",\"alpha\":" << a << ",\"tokens_per_cycle\":" << e << ",\"tpot_ms\":" << tpot << ",\"copy_GBps\":" << copy_gbps
+         << ",\"method\":\"graph replays of the draft and verify steps (random weights and KV); TPOT = (k draft + verify) / E at a "
+            "given per-token acceptance alpha, E = (1 - alpha^(k+1)) / (1 - alpha): acceptance not measured here\"}\n";
+    }
+  }
+}
+
 // TPOT per (context, batch, policy) on random weights and random KV, rows to --out.
 void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, const cudaDeviceProp& prop, double copy_gbps,
                        std::ofstream& jl) {
@@ -230,6 +278,8 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
   const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
   const double weights_est = 16.06e9;
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
+  std::ofstream spec_jl;
+  if (!opts.spec_k.empty()) spec_jl.open(opts.spec_out, std::ios::app);
   for (const std::string& weights : opts.weights)
   for (int64_t ctx : opts.ctx)
     for (int64_t batch : opts.batch) {
@@ -244,6 +294,8 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.max_batch = static_cast<int>(batch);
       o.max_step_tokens = 2048;
       o.max_context = ctx + 64;
+      const int max_k = opts.spec_k.empty() ? 0 : *std::max_element(opts.spec_k.begin(), opts.spec_k.end());
+      o.max_verify_rows = 1 + max_k;
       // Only what the timed policies read: the summary or sketch kernels run in every step that keeps them.
       if (std::any_of(opts.policies.begin(), opts.policies.end(), needs_minmax)) o.summaries = "minmax";
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
@@ -291,6 +343,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"gemv_tc\":" << (opts.gemv_tc ? "true" : "false") << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
+        if (!opts.spec_k.empty()) time_speculation(opts, prop, *m, ts, bp, pol_spec, weights, ctx, ms, copy_gbps, spec_jl);
       }
       for (auto& t : ts) t.release(m->allocator());
     }

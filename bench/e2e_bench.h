@@ -28,6 +28,15 @@ struct E2eBenchOptions {
   // The projections' format in the decode timing (CudaModelOptions::random_weights: f16, q8_0,
   // q4_k, fp8; recorded in the rows' "weights").
   std::vector<std::string> weights = {"f16"};
+  // Speculative decoding (issue 24), per shape and verifier policy: the draft step (sink + recent
+  // pages, draft_pages of them per list) and the verify step of k + 1 rows per request for each k
+  // timed as graphs; TPOT = (k draft + verify) / E(alpha, k), E = (1 - alpha^(k+1)) / (1 - alpha)
+  // tokens per cycle at per-token acceptance alpha (given: replayed, never measured here). Rows
+  // to spec_out.
+  std::vector<int> spec_k;
+  int draft_pages = 16;
+  std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
+  std::string spec_out = "bench/results/spec_e2e.jsonl";
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

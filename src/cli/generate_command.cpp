@@ -51,7 +51,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   go_.draft_policy = SchedulerOptions{}.draft_policy;
   app_->add_option("--speculative-k", go_.speculative_k,
                   "Speculative decoding: draft up to K tokens per cycle on --draft-policy, verify them in one step "
-                  "(greedy: the tokens of decoding without it; sampled: its distribution; CPU backend so far); 0 = off; auto = "
+                  "(greedy: the tokens of decoding without it; sampled: its distribution; on the GPU the verify rows of a sparse policy share one selection); 0 = off; auto = "
                   "drafts chosen per cycle from the measured acceptance and step costs, 0 where speculation would not pay")
       ->transform(speculative_k_value(16))->capture_default_str();
   app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages)")

@@ -45,7 +45,8 @@ ServeCommand::ServeCommand(CLI::App& app) {
   app_->add_option("--shutdown-timeout", http_.shutdown_timeout_s, "SIGTERM/SIGINT: seconds running requests get to finish before they are aborted")->check(real_in(0.0, End::Closed, 86400.0, End::Closed))->capture_default_str();
   app_->add_option("--speculative-k", so_.speculative_k,
                   "Speculative decoding: drafts per cycle on --draft-policy, verified in one step (greedy: the tokens "
-                  "of decoding without it; sampled: its distribution; CPU backend so far); a request's 'speculative_k' "
+                  "of decoding without it; sampled: its distribution; on the GPU the verify rows of a sparse policy share one "
+                  "selection); a request's 'speculative_k' "
                   "overrides; 0 = off; auto = drafts chosen per cycle from the measured acceptance and step costs, 0 where "
                   "speculation would not pay")
       ->transform(speculative_k_value(16))->capture_default_str();

@@ -141,7 +141,11 @@ int64_t ContinuousScheduler::pages_per_token() const {
 std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, PolicySpec* draft) const {
   if ((o.speculative_k < 0 || o.speculative_k > kMaxSpeculativeK) && o.speculative_k != kSpeculativeAuto)
     return fmt::format("speculative_k must be in [0, {}] or auto, got {}", kMaxSpeculativeK, o.speculative_k);
-  if (!runner_.verifies()) return "speculative decoding runs on the CPU backend only so far";
+  if (!runner_.verifies()) return "this backend does not run speculative verification";
+  if (o.speculative_k + 1 > runner_.max_verify_rows())
+    return fmt::format("speculative_k {} is more drafts than this backend verifies in one step ({}: its attention kernel "
+                       "takes {} query rows per request at this model's GQA group)",
+                       o.speculative_k, runner_.max_verify_rows() - 1, runner_.max_verify_rows());
   if (runner_.policy().reselect_every != 1)
     return fmt::format("speculative decoding needs a policy that selects at every step (the engine's reselects every {})",
                        runner_.policy().reselect_every);
@@ -366,7 +370,7 @@ int ContinuousScheduler::cycle_drafts(const Request& r) const {
   in.draft_context = static_cast<int64_t>(r.draft.budget) * runner_.pages().page_size();
   in.batch = std::max<int>(1, static_cast<int>(running_.size()));
   in.verify_reads_once = runner_.verify_reads_kv_once();
-  return choose_speculation(step_cost_, r.acceptance.alpha(), in, kSpeculativeAutoMaxK).k;
+  return choose_speculation(step_cost_, r.acceptance.alpha(), in, std::min(kSpeculativeAutoMaxK, runner_.max_verify_rows() - 1)).k;
 }
 
 bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget) {

@@ -1,5 +1,6 @@
 // StepRunner on the CPU backend.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -85,7 +86,7 @@ class CpuRunner final : public StepRunner {
   int64_t max_step_tokens() const override { return 512; }
   void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
   void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
-  bool verifies() const override { return true; }
+  int max_verify_rows() const override { return std::numeric_limits<int>::max(); }
   void truncate(PageTable& table, int64_t n_tokens) override {
     if (tiers_ && tiers_->has(table)) tiers_->truncate(table, n_tokens, model_->tier_clock());
     else table.truncate(*pool_, n_tokens);

@@ -3,7 +3,9 @@
 // kv_blocks or the GPU memory left), sampling on the device: a step copies back only the
 // sampled ids, and the logits when asked for them.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_attention.h"
 #include "core/error.h"
+#include "dhisparse/scheduler.h"
 #include "engine/sampler.h"
 #include "engine/step_runner.h"
 #include "model/arch/llama_cuda.h"
@@ -47,6 +49,10 @@ class CudaRunner final : public StepRunner {
     co.max_step_tokens = static_cast<int>(kStepTokens);
     co.max_context = max_ctx;
     co.page_size = o.page_size;
+    // Speculative verification: 1 + the drafts a cycle may make (kSpeculativeAutoMaxK), as many
+    // as the attention kernel takes at this GQA group.
+    co.max_verify_rows =
+        std::min<int>(1 + kSpeculativeAutoMaxK, cuda::kDecodeMaxQVecs / static_cast<int>(cfg.n_heads_q / cfg.n_heads_kv));
     const int64_t per_block = cfg.n_layers * cfg.n_heads_kv;  // head-pages of one block of page_size tokens
     DHS_CHECK(o.kv_blocks >= 0 && o.kv_blocks <= ((int64_t{1} << 31) - 1) / per_block, "KV blocks must be in [0, {}], got {}",
               ((int64_t{1} << 31) - 1) / per_block, o.kv_blocks);
@@ -90,6 +96,10 @@ class CudaRunner final : public StepRunner {
     return c;
   }
   const ModelConfig& config() const override { return model_->config(); }
+  // A verify's rows are decode rows of one request in one attention call: each selected page is
+  // read once for all of them (LlamaCuda::Seq::verify).
+  int max_verify_rows() const override { return model_->options().max_verify_rows; }
+  bool verify_reads_kv_once() const override { return true; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }
   int64_t max_step_tokens() const override { return kStepTokens; }
@@ -116,13 +126,16 @@ class CudaRunner final : public StepRunner {
   void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {
     std::vector<LlamaCuda::Seq> seqs;
     seqs.reserve(batch.size());
+    bool any_verify = false;
     for (const StepRequest& r : batch) {
       check_slot(r.slot);
       const size_t s = static_cast<size_t>(r.slot);
       DHS_CHECK(!r.sample || begun_[s], "sampling slot {} before begin_request", r.slot);
-      DHS_CHECK(!r.verify, "speculative decoding runs on the CPU backend only so far (issue 24)");
+      DHS_CHECK(!(r.verify && r.sample), "a verify request is not sampled by the runner");
       LlamaCuda::Seq q{r.table, r.slot, r.tokens, r.n_new};
       q.policy = r.policy;
+      q.verify = r.verify;
+      any_verify = any_verify || r.verify;
       if (r.sample) {
         q.sampling = &rows_[s];
         q.rng_offset = rng_[s];
@@ -132,7 +145,29 @@ class CudaRunner final : public StepRunner {
       seqs.push_back(q);
     }
     out->logits.clear();
-    model_->forward(seqs, want_logits ? &out->logits : nullptr);
+    out->verify_logits.clear();
+    out->verify_row.assign(batch.size(), -1);
+    if (!any_verify) {
+      model_->forward(seqs, want_logits ? &out->logits : nullptr);
+    } else {
+      // The model's output rows: one per request, every row of a verify; split into the last
+      // rows (want_logits) and the verify rows.
+      model_->forward(seqs, &rows_out_);
+      const size_t V = static_cast<size_t>(model_->config().vocab_size);
+      if (want_logits) out->logits.resize(batch.size() * V);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const size_t first = static_cast<size_t>(model_->out_row(i));
+        if (batch[i].verify) {
+          out->verify_row[i] = static_cast<int64_t>(out->verify_logits.size() / V);
+          out->verify_logits.insert(out->verify_logits.end(), rows_out_.begin() + static_cast<std::ptrdiff_t>(first * V),
+                                    rows_out_.begin() + static_cast<std::ptrdiff_t>((first + batch[i].n_new) * V));
+        }
+        if (want_logits) {
+          const size_t last = first + (batch[i].verify ? static_cast<size_t>(batch[i].n_new) - 1 : 0);
+          std::copy_n(rows_out_.begin() + static_cast<std::ptrdiff_t>(last * V), V, out->logits.begin() + i * V);
+        }
+      }
+    }
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);
     for (size_t i = 0; i < batch.size(); ++i)
@@ -154,6 +189,7 @@ class CudaRunner final : public StepRunner {
   std::vector<uint64_t> rng_;            // [max_batch] draws made in each slot's stream
   std::vector<int> window_;              // [max_batch] repetition windows
   std::vector<bool> begun_;
+  std::vector<float> rows_out_;          // a verify step's output rows (reused)
 };
 
 }  // namespace

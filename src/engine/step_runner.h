@@ -62,8 +62,10 @@ class StepRunner {
   // Runs every request's new tokens (each table has room for them), commits them, samples
   // where asked, and copies the last-row logits to the host when want_logits.
   virtual void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) = 0;
-  // Whether step() takes verify requests (StepRequest::verify): speculative decoding.
-  virtual bool verifies() const { return false; }
+  // The most rows a verify request (StepRequest::verify) may have: 1 + the drafts of a cycle;
+  // 0: step() takes no verify requests (no speculative decoding).
+  virtual int max_verify_rows() const { return 0; }
+  bool verifies() const { return max_verify_rows() > 0; }
   // Whether a verify request's rows read its KV pages once between them (the speculation
   // controller's cost model, engine/spec_controller.h); the CPU runner's rows read theirs each.
   virtual bool verify_reads_kv_once() const { return false; }

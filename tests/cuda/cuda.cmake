@@ -21,6 +21,10 @@ include(${CMAKE_CURRENT_LIST_DIR}/ops.cmake)
 dhs_test(test_llama_cuda LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_cuda.cpp
   LIBS dhs_arch_cuda nlohmann_json::nlohmann_json)
+# Speculative verification on the device: verify rows against decoding one at a time.
+dhs_test(test_cuda_verify LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_verify.cpp
+  LIBS dhs_engine dhs_arch_cuda)
 # The CUDA backend at serving sizes: batched decode vs solo, the runner's device sampling.
 dhs_test(test_cuda_serving LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_serving.cpp

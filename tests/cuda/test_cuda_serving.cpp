@@ -30,65 +30,20 @@
 #include "model/arch/llama_cuda.h"
 #include "model/model_shapes.h"
 #include "sampling_reference.h"
+#include "tiny_llama.h"
 
 namespace {
 
 using namespace dhs;
 
-bool env_on(const char* name) {
-  const char* e = std::getenv(name);
-  return e && *e && *e != '0';
-}
-bool small_mode() { return env_on("DHS_TEST_SMALL") || env_on("DHS_TEST_QUICK"); }
-bool have_gpu() { return cuda::device_count() > 0; }
-
-// A small Llama: GQA 8/2 at head_dim 128 (the decode kernel's), 4 layers.
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.name = "tiny-llama (random f16)";
-  c.n_layers = 4;
-  c.hidden = 1024;
-  c.n_heads_q = 8;
-  c.n_heads_kv = 2;
-  c.head_dim = 128;
-  c.ffn_hidden = 2048;
-  c.vocab_size = 8192;
-  c.max_context = 4096;
-  c.rope_theta = 10000.0f;
-  return c;
-}
-
-// What make_cuda_runner reads of a model under --load-format dummy: its config.
-class ConfigSource final : public WeightSource {
- public:
-  explicit ConfigSource(const ModelConfig& c) : c_(c) {}
-  const ModelConfig& config() const override { return c_; }
-  const RawTensor* find(const std::string&) const override { return nullptr; }
-  std::vector<std::string> tensor_names() const override { return {}; }
-  std::string format() const override { return "none"; }
-
- private:
-  ModelConfig c_;
-};
-
-int32_t argmax(const float* l, int64_t n) { return static_cast<int32_t>(std::max_element(l, l + n) - l); }
-float top2_gap(const float* l, int64_t n) {
-  std::vector<float> v(l, l + n);
-  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-  return v[0] - v[1];
-}
-
-std::vector<int32_t> random_ids(int n, int vocab, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = pick(rng);
-  return v;
-}
-
-void expect_pool_empty(PagePool& pool, const char* where) {
-  EXPECT_EQ(pool.n_used(), 0) << where << ": pages still in use";
-  EXPECT_TRUE(pool.check_invariants().empty()) << where << ": " << pool.check_invariants();
-}
+using test::argmax;
+using test::ConfigSource;
+using test::expect_pool_empty;
+using test::have_gpu;
+using test::random_ids;
+using test::small_mode;
+using test::tiny_config;
+using test::top2_gap;
 
 // Batched decode vs each request alone. Tolerance: the random weights give logits of unit scale
 // (|logit| <= ~5); a batched step runs other GEMM shapes (GEMV up to 8 rows, cuBLASLt beyond, and
@@ -396,7 +351,7 @@ TEST(CudaServing, RequestPoliciesInOneStep) {
 // size runs its bucket's graph (17 -> 32 rows: the padding's cost shows as 17 against 16 and 32).
 TEST(CudaServing, DecodeBatchTiming) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
-  if (!env_on("DHS_CUDA_BENCH")) GTEST_SKIP() << "set DHS_CUDA_BENCH=1 for timings";
+  if (!test::env_on("DHS_CUDA_BENCH")) GTEST_SKIP() << "set DHS_CUDA_BENCH=1 for timings";
   const ModelConfig cfg = model_shape("llama3-8b");
   const int64_t ctx = 8192, max_b = 64;
   CudaModelOptions o;

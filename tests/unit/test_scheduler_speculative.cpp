@@ -79,6 +79,7 @@ class SpecRunner final : public StepRunner {
   int64_t most_step_tokens = 0;  // the largest step's tokens
   std::set<std::string> draft_policies, verify_policies;  // spelling, "-" for none
   std::set<int32_t> verified_drafts;                      // draft tokens that verify rows carried
+  int max_rows = 1 << 20;                                 // max_verify_rows() when it verifies
 
   const ModelConfig& config() const override { return cfg_; }
   PagePool& pages() override { return *pool_; }
@@ -86,7 +87,7 @@ class SpecRunner final : public StepRunner {
   int64_t max_step_tokens() const override { return 4096; }
   void set_sampled_vocab(int64_t) override {}
   void begin_request(int, const SamplingParams&) override {}
-  bool verifies() const override { return verifies_; }
+  int max_verify_rows() const override { return verifies_ ? max_rows : 0; }
   void truncate(PageTable& table, int64_t n_tokens) override {
     ++n_truncates;
     EXPECT_LE(n_tokens, table.n_tokens()) << "truncate past the end";
@@ -553,12 +554,23 @@ TEST_F(SpeculativeScheduler, SubmitRefusesWhatCannotSpeculate) {
   auto s2 = sched(no_verify);
   const SubmitResult res = s2->submit(req(3, 5, 4), {});
   EXPECT_EQ(res.status, SubmitStatus::Invalid);
-  EXPECT_NE(res.error.find("CPU backend"), std::string::npos) << res.error;
+  EXPECT_NE(res.error.find("does not run speculative verification"), std::string::npos) << res.error;
   EXPECT_EQ(s2->submit(req(3, 5, 0), {}).status, SubmitStatus::Accepted) << "without speculation it runs";
   SchedulerOptions o;
   o.speculative_k = 4;
   EXPECT_THROW(sched(no_verify, o), Error) << "the scheduler's own speculative_k is checked too";
   s2->stop(false);
+
+  // A runner that verifies at most 4 rows (the CUDA attention kernel's query vectors per KV head
+  // over the GQA group): 3 drafts run, 4 are refused naming the bound.
+  SpecRunner four(1000, script_, /*verifies=*/true);
+  four.max_rows = 4;
+  auto s3 = sched(four);
+  const SubmitResult r4 = s3->submit(req(3, 5, 4), {});
+  EXPECT_EQ(r4.status, SubmitStatus::Invalid);
+  EXPECT_NE(r4.error.find("more drafts than this backend verifies in one step (3"), std::string::npos) << r4.error;
+  EXPECT_EQ(s3->submit(req(3, 5, 3), {}).status, SubmitStatus::Accepted);
+  s3->stop(false);
 }
 
 // Sampled requests speculate too since 5bd45ed (speculative sampling). On the fake's peaked
@@ -654,6 +666,19 @@ TEST_F(AutoSpeculation, OnWhereTheKvReadDominates) {
               static_cast<long long>(aut.out.drafted), plain.seconds - prefill);
   EXPECT_LT(aut.seconds - prefill, 0.7 * (plain.seconds - prefill))
       << "auto " << aut.seconds - prefill << " s, plain " << plain.seconds - prefill << " s of decoding";
+  // A runner that verifies at most 4 rows: auto's cycles stay within them (SpecRunner expects
+  // every verify to have at most max_verify rows), with the same output.
+  runner_ = runner(20000, kNeverWrong);
+  runner_->clock = &clock_;
+  runner_->w = 1e-3;
+  runner_->m = 1e-5;
+  runner_->p = 2e-6;
+  runner_->reads_once = true;
+  runner_->max_rows = 4;
+  runner_->max_verify = 4;
+  const Outcome capped = run_alone(*runner_, req(2000, 150, kSpeculativeAuto));
+  expect_same_output(capped, plain.out);
+  EXPECT_GT(capped.verifies, 0);
 }
 
 TEST_F(AutoSpeculation, OffWhereTheWeightsDominate) {

@@ -32,7 +32,7 @@ PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
   if (in.minmax == nullptr && in.meanspread == nullptr && in.sketch == nullptr) return;  // dense only
   const int64_t L = s.n_layers, Hkv = s.n_heads_kv, n_lists = int64_t{s.max_batch} * Hkv;
   ws_ = std::make_unique<PageSelectWorkspace>(static_cast<int>(n_lists), n_lists * s.max_pages_per_seq,
-                                              s.n_heads_q / s.n_heads_kv);
+                                              s.n_heads_q / s.n_heads_kv * s.max_q_len);
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(alloc(static_cast<size_t>(n) * 4)); };
   sel_indptr_d_ = ints(n_lists + 1);
   sel_slots_d_ = ints(n_lists * s.max_pages_per_seq);
@@ -153,7 +153,7 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   plan.runs_policy = sparse_ && decode;
   if (plan.runs_policy && (dense_below_ > 0 || min_step_tokens_ > 0)) {
     std::vector<int64_t> seq_len;
-    for (const Request& r : batch) seq_len.push_back(r.n_before + 1);
+    for (const Request& r : batch) seq_len.push_back(r.n_before + r.n_new);
     if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
       plan.runs_policy = false;
       ++threshold_dense_steps_;

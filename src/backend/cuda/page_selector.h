@@ -52,6 +52,7 @@ class PageSelector {
     int page_size = 16;
     int max_batch = 0;
     int64_t max_pages_per_seq = 0;  // pages of one (request, layer, KV head) list
+    int max_q_len = 1;              // query rows of one request (speculative verification: 1 + drafts)
   };
   // What the kernels read: the page data kept on append (null where not kept: then no
   // scoring policy can run and nothing is allocated), and the step's buffers, whose fixed
@@ -70,6 +71,7 @@ class PageSelector {
     const void* id = nullptr;  // what identifies its sequence between steps (its page table)
     int req_slot = 0;          // its row of the device page table
     int64_t n_before = 0;      // tokens in KV before the step
+    int64_t n_new = 1;         // tokens the step adds (a verify: its rows)
     // Its own policy (PolicySpec::as_request_policy checked it against set_policy's); null:
     // set_policy's.
     const PolicySpec* policy = nullptr;

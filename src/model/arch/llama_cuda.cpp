@@ -56,6 +56,16 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   gemm_->set_gemv_max_tok(o.gemv_max_tok);
   dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
                                                          static_cast<int>(D), 1);
+  const int64_t group = Hq / Hkv;
+  DHS_CHECK(o.max_verify_rows >= 1 && group * o.max_verify_rows <= cuda::kDecodeMaxQVecs,
+            "CUDA backend: verify rows {} outside [1, {}] (the attention kernel takes {} query vectors per KV head, "
+            "GQA group {})",
+            o.max_verify_rows, cuda::kDecodeMaxQVecs / group, cuda::kDecodeMaxQVecs, group);
+  if (o.max_verify_rows > 1)
+    dws_verify_ = std::make_unique<cuda::DecodeAttentionWorkspace>(
+        static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), o.max_verify_rows);
+  max_out_ = B * o.max_verify_rows;
+  const int64_t O = max_out_;
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
   DHS_CHECK(o.summaries == "none" || o.summaries == "minmax" || o.summaries == "meanspread" || o.summaries == "both",
             "page summaries must be none, minmax, meanspread or both, got '{}'", o.summaries);
@@ -65,11 +75,11 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   q_indptr_d_ = ints(B + 1);
   seq_len_d_ = ints(B);
   req_slot_d_ = ints(B);
-  last_row_d_ = ints(B);
+  last_row_d_ = ints(O);
   indptr_d_ = ints(B * Hkv + 1);
   slots_d_ = ints(B * Hkv * pages_per_seq_);
   page_pos_d_ = ints(B * Hkv * pages_per_seq_);
-  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * B + 1);
+  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 3 * B + 1 + O);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
   auto bf = [&](int64_t n) { return static_cast<__half*>(dalloc(static_cast<size_t>(n) * 2)); };
   x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(T * H) * 4));
@@ -79,20 +89,20 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   att_d_ = bf(T * Hq * D);
   gu_d_ = bf(T * 2 * F);
   act_d_ = bf(T * F);
-  hlast_d_ = bf(B * H);
-  last_x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(B * H) * 4));
-  logits_d_ = static_cast<float*>(dalloc(static_cast<size_t>(B * V) * 4));
+  hlast_d_ = bf(O * H);
+  last_x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(O * H) * 4));
+  logits_d_ = static_cast<float*>(dalloc(static_cast<size_t>(O * V) * 4));
   // The sampler's per-row inputs: one block, one upload per step.
-  samp_block_bytes_ = static_cast<size_t>(B) * (sizeof(cuda::SamplingRow) + 8 + 8 + 4);
+  samp_block_bytes_ = static_cast<size_t>(O) * (sizeof(cuda::SamplingRow) + 8 + 8 + 4);
   samp_block_d_ = static_cast<uint8_t*>(dalloc(samp_block_bytes_));
   DHS_CUDA_CHECK(cudaMallocHost(&samp_block_h_, samp_block_bytes_));
   std::memset(samp_block_h_, 0, samp_block_bytes_);
   samp_rows_d_ = reinterpret_cast<cuda::SamplingRow*>(samp_block_d_);
-  rng_d_ = reinterpret_cast<uint64_t*>(samp_block_d_ + B * sizeof(cuda::SamplingRow));
-  hist_off_d_ = reinterpret_cast<int64_t*>(samp_block_d_ + B * (sizeof(cuda::SamplingRow) + 8));
-  hist_len_d_ = reinterpret_cast<int32_t*>(samp_block_d_ + B * (sizeof(cuda::SamplingRow) + 16));
+  rng_d_ = reinterpret_cast<uint64_t*>(samp_block_d_ + O * sizeof(cuda::SamplingRow));
+  hist_off_d_ = reinterpret_cast<int64_t*>(samp_block_d_ + O * (sizeof(cuda::SamplingRow) + 8));
+  hist_len_d_ = reinterpret_cast<int32_t*>(samp_block_d_ + O * (sizeof(cuda::SamplingRow) + 16));
   {
-    std::vector<cuda::SamplingRow> greedy(static_cast<size_t>(B));  // temperature 0 = greedy
+    std::vector<cuda::SamplingRow> greedy(static_cast<size_t>(O));  // temperature 0 = greedy
     std::memcpy(samp_block_h_, greedy.data(), greedy.size() * sizeof(cuda::SamplingRow));
     DHS_CUDA_CHECK(cudaMemcpy(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice));
   }
@@ -104,8 +114,8 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   DHS_CUDA_CHECK(cudaMallocHost(&hist_stage_h_, static_cast<size_t>(hist_stage_cap_) * 4));
   hist_synced_.assign(static_cast<size_t>(B), 0);
   hist_last_.assign(static_cast<size_t>(B), -1);
-  out_ids_d_ = ints(B);
-  DHS_CUDA_CHECK(cudaMallocHost(&out_ids_h_, static_cast<size_t>(B) * 4));
+  out_ids_d_ = ints(O);
+  DHS_CUDA_CHECK(cudaMallocHost(&out_ids_h_, static_cast<size_t>(O) * 4));
   inv_freq_ = static_cast<float*>(dalloc(static_cast<size_t>(D / 2) * 4));
   std::vector<float> inv(static_cast<size_t>(D / 2));
   rope_inv_freq(cfg_, inv.data());
@@ -130,7 +140,7 @@ void LlamaCuda::allocate_kv() {
     double to_come = 512.0 * (1 << 20);
     if (minmax || meanvar || o.key_sketch) {
       const double nnz = static_cast<double>(B * Hkv * pages_per_seq_);
-      to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv) + 4 + 4 + 8);  // scores, mass, stage, selected lists
+      to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv * o.max_verify_rows) + 4 + 4 + 8);  // scores, mass, stage, lists
     }
     double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, f16
     if (minmax) per_page += 4.0 * static_cast<double>(D);
@@ -153,7 +163,7 @@ void LlamaCuda::allocate_kv() {
   if (meanvar)
     sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
-                                            o.page_size, static_cast<int>(B), pages_per_seq_};
+                                            o.page_size, static_cast<int>(B), pages_per_seq_, o.max_verify_rows};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
                                             cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_});
@@ -431,18 +441,28 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   int32_t* q_indptr = dst + L * T * Hkv;
   int32_t* seq_len = q_indptr + n_rows + 1;
   int32_t* req_slot = seq_len + n_rows;
-  int32_t* last_row = req_slot + n_rows;
-  const size_t B = static_cast<size_t>(opt_.max_batch);
+  int32_t* last_row = req_slot + n_rows;  // [n_out] the output rows
+  const size_t O = static_cast<size_t>(max_out_);
   auto* samp_rows = reinterpret_cast<cuda::SamplingRow*>(samp_block_h_);
-  auto* rng = reinterpret_cast<uint64_t*>(samp_block_h_ + B * sizeof(cuda::SamplingRow));
-  auto* hist_off = reinterpret_cast<int64_t*>(samp_block_h_ + B * (sizeof(cuda::SamplingRow) + 8));
-  auto* hist_len = reinterpret_cast<int32_t*>(samp_block_h_ + B * (sizeof(cuda::SamplingRow) + 16));
+  auto* rng = reinterpret_cast<uint64_t*>(samp_block_h_ + O * sizeof(cuda::SamplingRow));
+  auto* hist_off = reinterpret_cast<int64_t*>(samp_block_h_ + O * (sizeof(cuda::SamplingRow) + 8));
+  auto* hist_len = reinterpret_cast<int32_t*>(samp_block_h_ + O * (sizeof(cuda::SamplingRow) + 16));
+  // Output rows: each request's last row, every row of a verify (its earlier rows greedy, no
+  // history: only the last row's draw is the request's).
+  int64_t n_out = n_rows - n_req;
+  for (const Seq& s : batch) n_out += s.verify ? s.n_new : 1;
+  DHS_CHECK(n_out <= max_out_, "CUDA step: {} output rows (the model keeps {}: max_verify_rows {})", n_out, max_out_,
+            opt_.max_verify_rows);
+  out_first_.assign(static_cast<size_t>(n_req), 0);
   q_indptr[0] = 0;
-  int64_t t = 0;
+  int64_t t = 0, o = 0;
   for (int r = 0; r < n_req; ++r) {
     const Seq& s = batch[static_cast<size_t>(r)];
     DHS_CHECK(s.req_slot >= 0 && s.req_slot < opt_.max_batch, "CUDA step: request slot {} outside [0, {})", s.req_slot,
               opt_.max_batch);
+    DHS_CHECK(!s.verify || (s.n_new >= 1 && s.n_new <= opt_.max_verify_rows), "CUDA step: a verify of {} rows (max {})",
+              s.n_new, opt_.max_verify_rows);
+    DHS_CHECK(!s.verify || !s.sampling, "CUDA step: a verify request is not sampled");
     DHS_ASSERT(s.table->capacity_tokens() >= s.table->n_tokens() + s.n_new);
     for (int64_t i = 0; i < s.n_new; ++i, ++t) {
       DHS_CHECK(s.tokens[i] >= 0 && s.tokens[i] < cfg_.vocab_size, "token id {} out of range", s.tokens[i]);
@@ -458,13 +478,22 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
     q_indptr[r + 1] = static_cast<int32_t>(t);
     seq_len[r] = static_cast<int32_t>(s.table->n_tokens() + s.n_new);
     req_slot[r] = s.req_slot;
-    last_row[r] = static_cast<int32_t>(t - 1);
+    out_first_[static_cast<size_t>(r)] = o;
+    for (int64_t i = s.verify ? t - s.n_new : t - 1; i < t - 1; ++i, ++o) {  // a verify's rows before its last
+      last_row[o] = static_cast<int32_t>(i);
+      samp_rows[o] = cuda::SamplingRow{};
+      rng[o] = 0;
+      hist_off[o] = 0;
+      hist_len[o] = 0;
+    }
+    const int64_t lo = o++;  // the last row
+    last_row[lo] = static_cast<int32_t>(t - 1);
     table_->sync(s.req_slot, *s.table, stream_);
     // Sampling: the row's parameters and draw, and its penalty history (new tokens only).
-    samp_rows[r] = s.sampling ? *s.sampling : cuda::SamplingRow{};
-    rng[r] = s.rng_offset;
-    hist_off[r] = 0;
-    hist_len[r] = 0;
+    samp_rows[lo] = s.sampling ? *s.sampling : cuda::SamplingRow{};
+    rng[lo] = s.rng_offset;
+    hist_off[lo] = 0;
+    hist_len[lo] = 0;
     if (s.sampling && s.history && s.sampling->repetition_penalty != 1.0f && !s.history->empty()) {
       const std::vector<int32_t>& h = *s.history;
       const size_t slot = static_cast<size_t>(s.req_slot);
@@ -487,11 +516,11 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
       }
       have = n;
       hist_last_[slot] = h.back();
-      hist_off[r] = static_cast<int64_t>(slot) * hist_ld_ + from;
-      hist_len[r] = static_cast<int32_t>(n - from);
+      hist_off[lo] = static_cast<int64_t>(slot) * hist_ld_ + from;
+      hist_len[lo] = static_cast<int32_t>(n - from);
     }
   }
-  for (int r = n_req; r < n_rows; ++r, ++t) {  // padding
+  for (int r = n_req; r < n_rows; ++r, ++t, ++o) {  // padding
     ids[t] = 0;
     pos[t] = 0;
     for (int64_t l = 0; l < L; ++l)
@@ -499,12 +528,13 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
     q_indptr[r + 1] = static_cast<int32_t>(t + 1);
     seq_len[r] = 0;
     req_slot[r] = 0;
-    last_row[r] = static_cast<int32_t>(t);
-    samp_rows[r] = cuda::SamplingRow{};
-    rng[r] = 0;
-    hist_off[r] = 0;
-    hist_len[r] = 0;
+    last_row[o] = static_cast<int32_t>(t);
+    samp_rows[o] = cuda::SamplingRow{};
+    rng[o] = 0;
+    hist_off[o] = 0;
+    hist_len[o] = 0;
   }
+  DHS_ASSERT(o == n_out);
   auto cp = [&](int32_t* d, const int32_t* h, int64_t n) {
     DHS_CUDA_CHECK(cudaMemcpyAsync(d, h, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_));
   };
@@ -515,7 +545,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   cp(q_indptr_d_, q_indptr, n_rows + 1);
   cp(seq_len_d_, seq_len, n_rows);
   cp(req_slot_d_, req_slot, n_rows);
-  cp(last_row_d_, last_row, n_rows);
+  cp(last_row_d_, last_row, n_out);
   DHS_CUDA_CHECK(cudaMemcpyAsync(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice, stream_));
 }
 
@@ -525,6 +555,7 @@ void LlamaCuda::set_sampled_vocab(int64_t n) {
   sample_.vocab = static_cast<int>(n);
   for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);  // they bake the sampler's vocabulary
   graphs_.clear();
+  n_verify_graphs_ = 0;
 }
 
 void LlamaCuda::reset_history(int req_slot) {
@@ -589,7 +620,7 @@ void LlamaCuda::run_layers(const Step& s) {
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     dense_lists(l, s.n_req);                                                 // every page of this layer
     if (s.decode)
-      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req);  // the pages the policy keeps
+      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q);  // the pages the policy keeps
     else
       attention_prefill(s.n_tok, s.n_req);
     gemm_->run(w.w_o, att_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
@@ -598,7 +629,7 @@ void LlamaCuda::run_layers(const Step& s) {
     swiglu(s.n_tok);                                                         // act = silu(gate) up
     gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
-  logits_and_sample(s.n_req);                                                // last rows -> ids
+  logits_and_sample(s.n_out);                                                // output rows -> ids
 }
 
 void LlamaCuda::embed(int n_tok) {
@@ -647,8 +678,17 @@ void LlamaCuda::dense_lists(int layer, int n_req) {
   cuda::launch_dense_lists(p, stream_);
 }
 
-void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req) {
+void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q) {
   cuda::DecodeAttentionParams p = decode_attn_;
+  if (max_q > 1) {  // verify rows: the workspace of q_len up to max_verify_rows
+    DHS_ASSERT(dws_verify_ && max_q <= dws_verify_->max_q_len());
+    p.ws_o = dws_verify_->o_d();
+    p.ws_state = dws_verify_->state_d();
+    p.ws_q_vecs = dws_verify_->q_vecs();
+    p.n_workers = dws_verify_->n_workers();
+    p.stages = dws_verify_->stages();
+    p.max_q_len = max_q;
+  }
   p.kv_indptr = lists.indptr;
   p.kv_slots = lists.slots;
   p.kv_page_pos = lists.page_pos;
@@ -670,59 +710,74 @@ void LlamaCuda::swiglu(int n_tok) {
   cuda::launch_swiglu(p, stream_);
 }
 
-// Last row of each request -> final norm -> logits -> greedy ids.
-void LlamaCuda::logits_and_sample(int n_req) {
+// Output rows (each request's last, every verify row) -> final norm -> logits -> sampled ids.
+void LlamaCuda::logits_and_sample(int n_out) {
   cuda::GatherRowsParams g = last_rows_;
-  g.n_out = n_req;
+  g.n_out = n_out;
   cuda::launch_gather_rows(g, stream_);
   cuda::AddRmsNormParams n = final_norm_;
-  n.n_rows = n_req;
+  n.n_rows = n_out;
   cuda::launch_add_rms_norm(n, stream_);
-  gemm_->run(output_, hlast_d_, logits_d_, n_req, cuda::GemmOut::F32, stream_);
+  gemm_->run(output_, hlast_d_, logits_d_, n_out, cuda::GemmOut::F32, stream_);
   cuda::SampleParams sp = sample_;
-  sp.n_rows = n_req;
+  sp.n_rows = n_out;
   cuda::launch_sample(sp, stream_);
 }
 
 void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph) {
   Step step;
   step.decode = true;
-  int64_t T = 0;
+  int64_t T = 0, n_out_real = 0;
   for (const Seq& s : batch) {
-    step.decode = step.decode && s.n_new == 1;
+    // A decode-like step: one token each, or a verify's rows (a verify in a step with a prefill
+    // chunk runs as prefill rows: dense, causal; its logits are the same rows').
+    step.decode = step.decode && (s.n_new == 1 || (s.verify && s.n_new <= opt_.max_verify_rows));
+    step.max_q = std::max(step.max_q, static_cast<int>(s.n_new));
     T += s.n_new;
+    n_out_real += s.verify ? s.n_new : 1;
   }
   const int n_real = static_cast<int>(batch.size());
   const bool graph = step.decode && use_graph;
   const int n_rows = graph ? batch_bucket(n_real) : n_real;  // a graph runs its bucket's rows
   step.n_tok = static_cast<int>(T) + (n_rows - n_real);
   step.n_req = n_rows;
+  step.n_out = static_cast<int>(n_out_real) + (n_rows - n_real);
   upload_step(batch, n_rows);
   std::vector<cuda::PageSelector::Request> reqs;
-  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.policy});
+  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy});
   step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
-  if (graph) {
-    DHS_CUDA_CHECK(cudaGraphLaunch(decode_graph(step), stream_));
+  cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;
+  if (g) {
+    DHS_CUDA_CHECK(cudaGraphLaunch(g, stream_));
   } else {
-    run_layers(step);
+    run_layers(step);  // (a graph's padding rows are inert uncaptured too)
   }
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
-  DHS_CUDA_CHECK(cudaMemcpyAsync(out_ids_h_, out_ids_d_, static_cast<size_t>(n_real) * 4, cudaMemcpyDeviceToHost, stream_));
+  DHS_CUDA_CHECK(cudaMemcpyAsync(out_ids_h_, out_ids_d_, static_cast<size_t>(n_out_real) * 4, cudaMemcpyDeviceToHost, stream_));
   if (logits) {
-    logits->resize(static_cast<size_t>(n_real * cfg_.vocab_size));
+    logits->resize(static_cast<size_t>(n_out_real * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
   hist_stage_used_ = 0;
-  sampled_.assign(out_ids_h_, out_ids_h_ + n_real);
+  sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
+  for (size_t i = 0; i < batch.size(); ++i)
+    sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
-  const std::string key = selector_->graph_key(step.plan);
+  // A step with verify rows runs other sizes than its bucket's decode step: its tokens and
+  // longest request are in the key.
+  const std::string key =
+      step.max_q == 1 ? selector_->graph_key(step.plan) : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q);
   auto it = graphs_.find({key, step.n_req});
+  // Verify steps' graphs are keyed by their sizes; past kMaxVerifyGraphs of them (speculation
+  // with many mixes of k) new ones run uncaptured.
+  constexpr size_t kMaxVerifyGraphs = 64;
+  if (it == graphs_.end() && step.max_q > 1 && n_verify_graphs_++ >= kMaxVerifyGraphs) return nullptr;
   if (it == graphs_.end()) {
     // Capture once per bucket (and plan); replays read the same step-input buffers.
     cudaGraph_t g;
@@ -740,15 +795,16 @@ cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
 double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   // One real step (captures the graph), then replays of it: the same positions are
   // rewritten each time, which costs what a real step costs.
-  for (const Seq& s : batch) DHS_CHECK(s.n_new == 1, "time_decode_step: decode batches only");
+  for (const Seq& s : batch) DHS_CHECK(s.n_new == 1 || s.verify, "time_decode_step: decode or verify batches only");
   selector_->restart_schedule();  // the first step selects at every layer
   forward(batch, nullptr, true);
-  for (const Seq& s : batch) s.table->truncate(allocator(), s.table->n_tokens() - 1);
+  for (const Seq& s : batch) s.table->truncate(allocator(), s.table->n_tokens() - s.n_new);
   // With --reselect-every R the steps cycle through R graphs (each selecting at a different
   // 1/R of the layers, reusing the first step's selections at the others): all are timed.
   std::vector<cudaGraphExec_t> cycle;
   for (const cuda::SelectPlan& plan : selector_->replay_cycle(last_step_.plan))
-    cycle.push_back(decode_graph(Step{last_step_.n_tok, last_step_.n_req, true, plan}));
+    cycle.push_back(decode_graph(Step{last_step_.n_tok, last_step_.n_req, true, last_step_.max_q, last_step_.n_out, plan}));
+  DHS_CHECK(cycle.back() != nullptr, "time_decode_step: too many verify graphs to capture another");
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));
   DHS_CUDA_CHECK(cudaEventCreate(&b));

@@ -71,6 +71,11 @@ struct CudaModelOptions {
   // The random-weight constructor's projection format (the 8B-shape benchmarks): "f16", "q8_0",
   // "q4_k" or "fp8" (random codes with scales that keep activations bounded).
   std::string random_weights = "f16";
+  // Speculative verification: the most rows one request may have in a decode-like step (1 + its
+  // drafts; Seq::verify). Above 1 a second attention workspace is kept for those steps, and the
+  // step's output rows (final norm, logits, sampler) grow to max_batch x max_verify_rows:
+  // 4 x vocab bytes each. The GQA group times this is at most cuda::kDecodeMaxQVecs.
+  int max_verify_rows = 1;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -114,12 +119,21 @@ class LlamaCuda {
     // Its own sparse policy at decode steps (PolicySpec::as_request_policy checked it against
     // set_sparsity's); null: set_sparsity's.
     const PolicySpec* policy = nullptr;
+    // Speculative verification: the n_new (<= max_verify_rows) tokens are decode rows at
+    // positions n_tokens().. — in a step of decode and verify rows only, attention reads the
+    // decode policy's lists with every row of the request as a query (q_len n_new, causal among
+    // them: the rows share one selection, chosen from all their queries' masses) — and every
+    // row's logits come back, not only the last's.
+    bool verify = false;
   };
-  // Prefill (any n_new) or decode (n_new == 1 for all) of a batch. Commits the
-  // tables. logits (host, optional): [n_seqs, vocab] of each sequence's last token.
-  // Decode steps of all-1 batches run through a captured graph when use_graph.
-  // Synchronizes once, at the end (the sampled ids are then in sampled_ids()).
+  // Prefill (any n_new), or a decode-like step: every sequence one token or a verify. Commits
+  // the tables. logits (host, optional): the step's output rows, [n_out, vocab]: one per
+  // sequence (its last token), every row of a verify; sequence i's first at out_row(i).
+  // Decode-like steps run through a captured graph when use_graph. Synchronizes once, at the
+  // end (the sampled ids, from each sequence's last row, are then in sampled_ids()).
   void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
+  // The first output row of sequence i of the last forward (logits' row).
+  int64_t out_row(size_t i) const { return out_first_.at(i); }
 
   // The ids the GPU sampler drew from the last forward's rows ([n_seqs]; greedy rows: argmax).
   const std::vector<int32_t>& sampled_ids() const { return sampled_; }
@@ -156,7 +170,8 @@ class LlamaCuda {
   // where the device allows). Prefill steps are never captured: it applies from the next forward.
   void set_prefill_kernel(const cuda::PrefillKernel& k) { prefill_kernel_ = k; }
 
-  // Times: the decode step (graph replay) for the current batch, in ms (median of n).
+  // Times: the decode-like step (graph replay) for the current batch (one token each, or
+  // verify rows), in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
 
  private:
@@ -169,7 +184,9 @@ class LlamaCuda {
   struct Step {
     int n_tok = 0;
     int n_req = 0;
-    bool decode = false;  // one new token per request
+    bool decode = false;  // one new token per request, or verify rows
+    int max_q = 1;        // rows of the longest request (a decode step with verify rows: > 1)
+    int n_out = 0;        // output rows: one per request, each row of a verify
     cuda::SelectPlan plan;
   };
   void allocate(const CudaModelOptions& o);
@@ -202,10 +219,10 @@ class LlamaCuda {
   void rms_norm(const float* weight, int n_tok);
   void rope_append(int layer, int n_tok);  // and the page summaries / key sketch of the written pages
   void dense_lists(int layer, int n_req);
-  void attention_decode(const cuda::LayerLists& lists, int n_req);
+  void attention_decode(const cuda::LayerLists& lists, int n_req, int max_q);
   void attention_prefill(int n_tok, int n_req);
   void swiglu(int n_tok);
-  void logits_and_sample(int n_req);
+  void logits_and_sample(int n_out);
 
   ModelConfig cfg_;
   CudaModelOptions opt_;
@@ -224,13 +241,15 @@ class LlamaCuda {
   std::unique_ptr<cuda::DevicePageTable> table_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
+  std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_verify_;  // q_len up to max_verify_rows (null at 1)
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
-  int32_t *q_indptr_d_ = nullptr, *seq_len_d_ = nullptr, *req_slot_d_ = nullptr, *last_row_d_ = nullptr;
+  int32_t *q_indptr_d_ = nullptr, *seq_len_d_ = nullptr, *req_slot_d_ = nullptr;
+  int32_t* last_row_d_ = nullptr;  // [max_out] the step's output rows (each request's last; every verify row)
   int32_t *indptr_d_ = nullptr, *slots_d_ = nullptr, *page_pos_d_ = nullptr;  // one layer's lists
   int32_t* staging_h_ = nullptr;  // pinned host copy of the step inputs
   size_t staging_ints_ = 0;
@@ -242,11 +261,13 @@ class LlamaCuda {
   __half* att_d_ = nullptr;     // [T, Hq D]
   __half* gu_d_ = nullptr;      // [T, 2 F]
   __half* act_d_ = nullptr;     // [T, F]
-  __half* hlast_d_ = nullptr;   // [B, hidden] normed last rows
-  float* last_x_d_ = nullptr;          // [B, hidden]
-  float* logits_d_ = nullptr;          // [B, vocab]
-  // Per-row sampling inputs, one block uploaded with one copy: [B] SamplingRow, [B] Philox
-  // counters, [B] history offsets (into hist_d_), [B] history lengths.
+  // The step's output rows: max_out = max_batch x max_verify_rows.
+  int64_t max_out_ = 0;
+  __half* hlast_d_ = nullptr;   // [max_out, hidden] normed output rows
+  float* last_x_d_ = nullptr;          // [max_out, hidden]
+  float* logits_d_ = nullptr;          // [max_out, vocab]
+  // Per-row sampling inputs, one block uploaded with one copy: [max_out] SamplingRow, Philox
+  // counters, history offsets (into hist_d_), history lengths.
   uint8_t* samp_block_d_ = nullptr;
   uint8_t* samp_block_h_ = nullptr;    // pinned mirror
   size_t samp_block_bytes_ = 0;
@@ -260,9 +281,10 @@ class LlamaCuda {
   int64_t hist_stage_cap_ = 0, hist_stage_used_ = 0;
   std::vector<int64_t> hist_synced_;   // [B] history tokens on the device per slot
   std::vector<int32_t> hist_last_;     // [B] the last of them (a changed history is re-sent)
-  int32_t* out_ids_d_ = nullptr;       // [B]
-  int32_t* out_ids_h_ = nullptr;       // pinned [B]
+  int32_t* out_ids_d_ = nullptr;       // [max_out]
+  int32_t* out_ids_h_ = nullptr;       // pinned [max_out]
   std::vector<int32_t> sampled_;
+  std::vector<int64_t> out_first_;     // [n_seqs] of the last forward: each sequence's first output row
   int64_t pages_per_seq_ = 0;
   Step last_step_;  // the last forward's (time_decode_step replays its plan)
 
@@ -283,6 +305,7 @@ class LlamaCuda {
 
   // Decode step per (selection plan, batch bucket): switching policies back and forth (eval) reuses them.
   std::map<std::pair<std::string, int>, cudaGraphExec_t> graphs_;
+  size_t n_verify_graphs_ = 0;  // of them, steps with verify rows
 };
 
 }  // namespace dhs
