@@ -190,7 +190,8 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   return plan;
 }
 
-LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream) const {
+LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream, const __half* q,
+                                const int32_t* q_indptr) const {
   if (!plan.runs_policy) return in_.dense;
   const int64_t l = layer, Hkv = sz_.n_heads_kv, B = sz_.max_batch;
   unsigned long long* stats = stats_d_ + l * Hkv * 2;
@@ -226,6 +227,10 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   }
   p.stats = stats;
   p.n_requests = n_req;
+  if (q) {
+    p.q = q;
+    p.q_indptr = q_indptr;
+  }
   if (plan.per_request) p.row_rules = row_rules_d_;
   launch_page_select(p, stream);
   return {p.indptr, p.slots, p.page_pos};

@@ -101,7 +101,10 @@ class PageSelector {
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
   // written since (a reselect step where the layer does not select), or this step's selection.
-  LayerLists select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream) const;
+  // q / q_indptr (optional): the queries to score instead of Inputs' (a verify step scoring one
+  // row per request: [n_req, n_heads_q, head_dim] with q_indptr 0, 1, .., n_req).
+  LayerLists select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream, const __half* q = nullptr,
+                    const int32_t* q_indptr = nullptr) const;
 
   // Everything a graph captured with `plan` baked in (the rule's parameters, the phase).
   std::string graph_key(const SelectPlan& plan) const;

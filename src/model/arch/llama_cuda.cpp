@@ -61,9 +61,15 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
             "CUDA backend: verify rows {} outside [1, {}] (the attention kernel takes {} query vectors per KV head, "
             "GQA group {})",
             o.max_verify_rows, cuda::kDecodeMaxQVecs / group, cuda::kDecodeMaxQVecs, group);
-  if (o.max_verify_rows > 1)
-    dws_verify_ = std::make_unique<cuda::DecodeAttentionWorkspace>(
-        static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), o.max_verify_rows);
+  if (o.max_verify_rows > 1) {
+    const int one_tile = static_cast<int>(std::min<int64_t>(16 / group, o.max_verify_rows));
+    if (one_tile > 1)
+      dws_verify_[0] = std::make_unique<cuda::DecodeAttentionWorkspace>(
+          static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), one_tile);
+    if (o.max_verify_rows > one_tile)
+      dws_verify_[1] = std::make_unique<cuda::DecodeAttentionWorkspace>(
+          static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), o.max_verify_rows);
+  }
   max_out_ = B * o.max_verify_rows;
   const int64_t O = max_out_;
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4)); };
@@ -76,10 +82,17 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   seq_len_d_ = ints(B);
   req_slot_d_ = ints(B);
   last_row_d_ = ints(O);
+  sel_row_d_ = ints(B);
+  sel_q_indptr_d_ = ints(B + 1);
+  {
+    std::vector<int32_t> iota(static_cast<size_t>(B + 1));
+    for (int64_t i = 0; i <= B; ++i) iota[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    DHS_CUDA_CHECK(cudaMemcpy(sel_q_indptr_d_, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice));
+  }
   indptr_d_ = ints(B * Hkv + 1);
   slots_d_ = ints(B * Hkv * pages_per_seq_);
   page_pos_d_ = ints(B * Hkv * pages_per_seq_);
-  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 3 * B + 1 + O);
+  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * B + 1 + O);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
   auto bf = [&](int64_t n) { return static_cast<__half*>(dalloc(static_cast<size_t>(n) * 2)); };
   x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(T * H) * 4));
@@ -87,6 +100,7 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   qkv_d_ = bf(T * (Hq + 2 * Hkv) * D);
   q_d_ = bf(T * Hq * D);
   att_d_ = bf(T * Hq * D);
+  sel_q_d_ = bf(B * Hq * D);
   gu_d_ = bf(T * 2 * F);
   act_d_ = bf(T * F);
   hlast_d_ = bf(O * H);
@@ -441,7 +455,8 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   int32_t* q_indptr = dst + L * T * Hkv;
   int32_t* seq_len = q_indptr + n_rows + 1;
   int32_t* req_slot = seq_len + n_rows;
-  int32_t* last_row = req_slot + n_rows;  // [n_out] the output rows
+  int32_t* sel_row = req_slot + n_rows;   // [n_rows] each request's last row
+  int32_t* last_row = sel_row + n_rows;   // [n_out] the output rows
   const size_t O = static_cast<size_t>(max_out_);
   auto* samp_rows = reinterpret_cast<cuda::SamplingRow*>(samp_block_h_);
   auto* rng = reinterpret_cast<uint64_t*>(samp_block_h_ + O * sizeof(cuda::SamplingRow));
@@ -488,6 +503,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
     }
     const int64_t lo = o++;  // the last row
     last_row[lo] = static_cast<int32_t>(t - 1);
+    sel_row[r] = static_cast<int32_t>(t - 1);
     table_->sync(s.req_slot, *s.table, stream_);
     // Sampling: the row's parameters and draw, and its penalty history (new tokens only).
     samp_rows[lo] = s.sampling ? *s.sampling : cuda::SamplingRow{};
@@ -529,6 +545,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
     seq_len[r] = 0;
     req_slot[r] = 0;
     last_row[o] = static_cast<int32_t>(t);
+    sel_row[r] = static_cast<int32_t>(t);
     samp_rows[o] = cuda::SamplingRow{};
     rng[o] = 0;
     hist_off[o] = 0;
@@ -546,6 +563,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   cp(seq_len_d_, seq_len, n_rows);
   cp(req_slot_d_, req_slot, n_rows);
   cp(last_row_d_, last_row, n_out);
+  cp(sel_row_d_, sel_row, n_rows);
   DHS_CUDA_CHECK(cudaMemcpyAsync(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice, stream_));
 }
 
@@ -619,10 +637,18 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     dense_lists(l, s.n_req);                                                 // every page of this layer
-    if (s.decode)
+    if (s.decode && s.max_q > 1 && s.plan.runs_policy && !opt_.verify_select_all_rows) {
+      // A verify's shared selection from its last row's queries (CudaModelOptions::verify_select_all_rows).
+      cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,
+                               .dst = reinterpret_cast<float*>(sel_q_d_), .n_out = s.n_req,
+                               .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
+      cuda::launch_gather_rows(g, stream_);
+      attention_decode(selector_->select(l, s.n_req, s.plan, stream_, sel_q_d_, sel_q_indptr_d_), s.n_req, s.max_q);
+    } else if (s.decode) {
       attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q);  // the pages the policy keeps
-    else
+    } else {
       attention_prefill(s.n_tok, s.n_req);
+    }
     gemm_->run(w.w_o, att_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
     rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
     gemm_->run(w.w_gu, h_d_, gu_d_, T, cuda::GemmOut::F16, stream_);  // [gate up] = h W_gu^T
@@ -680,14 +706,16 @@ void LlamaCuda::dense_lists(int layer, int n_req) {
 
 void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q) {
   cuda::DecodeAttentionParams p = decode_attn_;
-  if (max_q > 1) {  // verify rows: the workspace of q_len up to max_verify_rows
-    DHS_ASSERT(dws_verify_ && max_q <= dws_verify_->max_q_len());
-    p.ws_o = dws_verify_->o_d();
-    p.ws_state = dws_verify_->state_d();
-    p.ws_q_vecs = dws_verify_->q_vecs();
-    p.n_workers = dws_verify_->n_workers();
-    p.stages = dws_verify_->stages();
-    p.max_q_len = max_q;
+  if (max_q > 1) {  // verify rows: the smallest workspace (kernel form) that takes them
+    const cuda::DecodeAttentionWorkspace* ws =
+        dws_verify_[0] && max_q <= dws_verify_[0]->max_q_len() ? dws_verify_[0].get() : dws_verify_[1].get();
+    DHS_ASSERT(ws && max_q <= ws->max_q_len());
+    p.ws_o = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->o_d();
+    p.ws_state = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->state_d();
+    p.ws_q_vecs = ws->q_vecs();
+    p.n_workers = ws->n_workers();
+    p.stages = ws->stages();
+    p.max_q_len = ws->max_q_len();
   }
   p.kv_indptr = lists.indptr;
   p.kv_slots = lists.slots;

@@ -76,6 +76,12 @@ struct CudaModelOptions {
   // step's output rows (final norm, logits, sampler) grow to max_batch x max_verify_rows:
   // 4 x vocab bytes each. The GQA group times this is at most cuda::kDecodeMaxQVecs.
   int max_verify_rows = 1;
+  // What a verify's shared selection is scored from under a sparse policy: false (default), its
+  // last row's queries alone — the same scoring and selection work as a decode step, the set the
+  // last row would read decoding plainly, which the earlier rows (at most k tokens before it)
+  // attend causally; true, every row's queries (each list's masses averaged over all of them:
+  // k + 1 times the work).
+  bool verify_select_all_rows = false;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -241,7 +247,10 @@ class LlamaCuda {
   std::unique_ptr<cuda::DevicePageTable> table_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_;
-  std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_verify_;  // q_len up to max_verify_rows (null at 1)
+  // Verify steps' attention workspaces: [0] up to 16 query vectors per KV head (the kernel's
+  // one-tile form, which keeps more warps resident), [1] up to max_verify_rows rows (null where
+  // [0] covers them; both null at max_verify_rows 1).
+  std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_verify_[2];
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
@@ -250,6 +259,10 @@ class LlamaCuda {
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
   int32_t *q_indptr_d_ = nullptr, *seq_len_d_ = nullptr, *req_slot_d_ = nullptr;
   int32_t* last_row_d_ = nullptr;  // [max_out] the step's output rows (each request's last; every verify row)
+  // A verify step's selection from its last rows (verify_select_all_rows false): [B] each
+  // request's last row, those rows' queries gathered [B, Hq D], and q_indptr 0, 1, .., B.
+  int32_t *sel_row_d_ = nullptr, *sel_q_indptr_d_ = nullptr;
+  __half* sel_q_d_ = nullptr;
   int32_t *indptr_d_ = nullptr, *slots_d_ = nullptr, *page_pos_d_ = nullptr;  // one layer's lists
   int32_t* staging_h_ = nullptr;  // pinned host copy of the step inputs
   size_t staging_ints_ = 0;
