@@ -11,6 +11,8 @@
 //    gamma 1 every page is kept and the rows equal the dense verify; at gamma 0.5 fewer pages are
 //    read than dense, every logit stays finite, and (last row) as many pages as that row reads
 //    decoding alone on the same KV;
+//  * DraftWindowListsEqualTheSelectKernels: draft rows' sink + recent lists from the page table
+//    equal the select kernel's SinkWindow lists, also on a dense engine;
 //  * EngineSpeculativeGreedyEqualsPlain: the default model through the engine on the device,
 //    greedy output with --speculative-k 3 / 6 (sink + recent drafts) equal to decoding without
 //    it under dense verification, drafts both kept and rejected; coverage 0.99 run and counted.
@@ -209,6 +211,62 @@ TEST(CudaVerify, SparseVerifySharesOneSelection) {
     // Scored from the last row: the set that row selects decoding alone, up to a page at the cut
     // (its key and query come from other GEMM shapes there: f16 roundings of near-equal masses).
     if (!all_rows) EXPECT_NEAR(frac_half, frac_last, 0.01) << "the shared set is not the last row's";
+  }
+}
+
+// Draft steps read sink + recent pages from window_lists.h's kernel: the same lists as the select
+// kernel's SinkWindow rule (logits bit for bit, pages read equal) with the rule as the engine's
+// policy and as each request's own under a coverage engine; on a dense engine (no page data, no
+// select workspace) the requests' own windows are read too, exactly the pages counted here.
+TEST(CudaVerify, DraftWindowListsEqualTheSelectKernels) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const PolicySpec window = PolicySpec::parse("sinkwindow:3");  // 1 sink + 2 recent pages
+  auto step = [](Fixture& f, const PolicySpec* own, std::vector<float>* l) {
+    std::vector<LlamaCuda::Seq> batch;
+    for (int r = 0; r < 4; ++r) {
+      PageTable& t = f.ts[static_cast<size_t>(r)];
+      EXPECT_TRUE(t.reserve(f.m->allocator(), 1));
+      LlamaCuda::Seq s{&t, r, f.feed[static_cast<size_t>(r)].data(), 1};
+      s.policy = own;
+      batch.push_back(s);
+    }
+    f.m->reset_sparsity_stats();
+    f.m->forward(batch, l);
+    const CudaSparsityStats st = f.m->sparsity_stats();
+    for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
+    uint64_t read = 0;
+    for (uint64_t x : st.read) read += x;
+    return read;
+  };
+  {
+    Fixture f(true);
+    for (const bool engine_rule : {true, false}) {
+      SCOPED_TRACE(engine_rule ? "the engine's policy" : "each request's own under coverage");
+      f.m->set_sparsity(engine_rule ? window : PolicySpec::parse("coverage:0.9@sketch4"));
+      const PolicySpec* own = engine_rule ? nullptr : &window;
+      std::vector<float> fast, slow;
+      f.m->set_window_lists(true);
+      const uint64_t read_fast = step(f, own, &fast);
+      f.m->set_window_lists(false);
+      const uint64_t read_slow = step(f, own, &slow);
+      f.m->set_window_lists(true);
+      EXPECT_EQ(read_fast, read_slow);
+      EXPECT_TRUE(fast == slow) << "window lists and the select kernel's SinkWindow lists gave other logits";
+    }
+    f.m->set_sparsity(PolicySpec{});
+  }
+  {
+    Fixture f(false);  // dense engine: no page data
+    std::vector<float> l;
+    const uint64_t read = step(f, &window, &l);
+    uint64_t want = 0;
+    for (int r = 0; r < 4; ++r) {
+      const int64_t n = (f.n0[static_cast<size_t>(r)] + 1 + 15) / 16;
+      want += static_cast<uint64_t>(std::min<int64_t>(n, 3));
+    }
+    want *= static_cast<uint64_t>(f.cfg.n_layers * f.cfg.n_heads_kv);
+    EXPECT_EQ(read, want) << "a dense engine's draft rows did not read their windows";
+    for (float x : l) ASSERT_TRUE(std::isfinite(x));
   }
 }
 

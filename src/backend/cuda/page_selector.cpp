@@ -29,10 +29,11 @@ void* PageSelector::alloc(size_t bytes) {
 }
 
 PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
-  if (in.minmax == nullptr && in.meanspread == nullptr && in.sketch == nullptr) return;  // dense only
   const int64_t L = s.n_layers, Hkv = s.n_heads_kv, n_lists = int64_t{s.max_batch} * Hkv;
-  ws_ = std::make_unique<PageSelectWorkspace>(static_cast<int>(n_lists), n_lists * s.max_pages_per_seq,
-                                              s.n_heads_q / s.n_heads_kv * s.max_q_len);
+  // (Without page data only window rules run: sink + recent lists, e.g. speculative drafts.)
+  if (in.minmax != nullptr || in.meanspread != nullptr || in.sketch != nullptr)
+    ws_ = std::make_unique<PageSelectWorkspace>(static_cast<int>(n_lists), n_lists * s.max_pages_per_seq,
+                                                s.n_heads_q / s.n_heads_kv * s.max_q_len);
   auto ints = [&](int64_t n) { return static_cast<int32_t*>(alloc(static_cast<size_t>(n) * 4)); };
   sel_indptr_d_ = ints(n_lists + 1);
   sel_slots_d_ = ints(n_lists * s.max_pages_per_seq);
@@ -47,6 +48,9 @@ PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
   reuse_ = {.dense_indptr = in.dense.indptr, .dense_slots = in.dense.slots, .seq_len = in.seq_len,
             .indptr = sel_indptr_d_, .slots = sel_slots_d_, .page_pos = sel_page_pos_d_,
             .n_heads_kv = s.n_heads_kv, .page_size = s.page_size};
+  window_ = {.table = in.table, .req_slot = in.req_slot, .seq_len = in.seq_len, .indptr = sel_indptr_d_,
+             .slots = sel_slots_d_, .page_pos = sel_page_pos_d_, .n_layers = s.n_layers, .n_heads_kv = s.n_heads_kv,
+             .max_pages = s.max_pages_per_seq, .page_size = s.page_size};
 }
 
 PageSelector::~PageSelector() {
@@ -80,6 +84,9 @@ void PageSelector::set_policy(const PolicySpec& spec, const std::vector<float>& 
   DHS_CHECK(ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", spec.str());
   if (spec.reselect_every > 1 && st_indptr_d_ == nullptr) allocate_stored_lists();
   select_ = rule_params(spec, budget_frac);
+  window_.n_sink = select_.n_sink;
+  window_.n_recent = select_.n_recent;
+  window_.dense_below = select_.dense_below;
 }
 
 // The select kernels' parameters for `spec`: the rule (page_select_rule.h), and every buffer
@@ -150,8 +157,10 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   // --sparse-min-tokens in all: the selection would cost more than it saves there
   // (docs/benchmarks.md). A batch that mixes short and long requests selects, and the select
   // kernel gives the short ones their dense lists.
-  plan.runs_policy = sparse_ && decode;
-  if (plan.runs_policy && (dense_below_ > 0 || min_step_tokens_ > 0)) {
+  bool own = false;  // some request has its own rule
+  for (const Request& r : batch) own = own || (r.policy && !(*r.policy == spec_));
+  plan.runs_policy = decode && (sparse_ || own);
+  if (plan.runs_policy && sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
     std::vector<int64_t> seq_len;
     for (const Request& r : batch) seq_len.push_back(r.n_before + r.n_new);
     if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
@@ -173,7 +182,7 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     plan.phase = schedule_.begin_step(ids, n_before);
     // Requests with their own rule: every row's rule goes to the select kernel (the engine's
     // for the others; rows past the batch are padding with no pages).
-    for (const Request& r : batch) plan.per_request = plan.per_request || (r.policy && !(*r.policy == spec_));
+    plan.per_request = own;
     if (plan.per_request) {
       // (Per-head budget fractions are the bench's, never with requests' own rules.)
       DHS_CHECK(select_.budget_frac == nullptr, "per-request policies with per-head budget fractions");
@@ -183,6 +192,17 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
       DHS_CUDA_CHECK(cudaMemcpyAsync(row_rules_d_, row_rules_h_, static_cast<size_t>(sz_.max_batch) * sizeof(RowRule),
                                      cudaMemcpyHostToDevice, stream));
     }
+    // A step of fixed windows only (speculative drafts, or the sinkwindow policy).
+    if (window_lists_ && schedule_.every() == 1) {
+      const auto window = [](const PolicySpec& p) { return p.dense() || p.rule == dhs::SelectRule::SinkWindow; };
+      plan.window_only = spec_.rule == dhs::SelectRule::SinkWindow && !plan.per_request;
+      if (plan.per_request) {
+        plan.window_only = true;
+        for (const Request& r : batch) plan.window_only = plan.window_only && window(r.policy ? *r.policy : spec_);
+      }
+    }
+    DHS_CHECK(plan.window_only || ws_ != nullptr,
+              "a request's own scoring policy on a CUDA model built without page summaries (dense engine)");
   } else {
     schedule_.invalidate();
   }
@@ -216,6 +236,15 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
     launch_reuse_lists(p, stream);
     return {p.indptr, p.slots, p.page_pos};
   }
+  if (plan.window_only) {
+    WindowListsParams w = window_;
+    w.row_rules = plan.per_request ? row_rules_d_ : nullptr;
+    w.stats = stats;
+    w.n_requests = n_req;
+    w.layer = layer;
+    launch_window_lists(w, stream);
+    return {w.indptr, w.slots, w.page_pos};
+  }
   // Score and select on the device; attention reads the selected lists in place.
   PageSelectParams p = select_;
   if (p.budget_frac) p.budget_frac = budget_frac_d_ + l * Hkv;
@@ -239,13 +268,13 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
 std::string PageSelector::graph_key(const SelectPlan& plan) const {
   // A threshold-dense step of a sparse policy runs the dense step's kernels: one graph for all.
   const std::string base = plan.runs_policy || !sparse_ ? policy_key_ : std::string("dense-step");
-  const std::string rows = plan.per_request ? base + "+rows" : base;
+  const std::string rows = (plan.per_request ? base + "+rows" : base) + (plan.window_only ? "+window" : "");
   return plan.phase == ReselectSchedule::kFull ? rows : fmt::format("{}#{}", rows, plan.phase);
 }
 
 std::vector<SelectPlan> PageSelector::replay_cycle(const SelectPlan& last) const {
   if (!last.runs_policy || schedule_.every() == 1)
-    return {SelectPlan{last.runs_policy, ReselectSchedule::kFull, last.per_request}};
+    return {SelectPlan{last.runs_policy, ReselectSchedule::kFull, last.per_request, last.window_only}};
   std::vector<SelectPlan> cycle;
   for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(SelectPlan{true, ph, last.per_request});
   return cycle;

@@ -17,6 +17,7 @@
 #include "backend/cuda/device_page_summary.h"
 #include "backend/cuda/page_select.h"
 #include "backend/cuda/reuse_lists.h"
+#include "backend/cuda/window_lists.h"
 #include "sparse/policy.h"
 #include "sparse/reselect_schedule.h"
 
@@ -40,6 +41,9 @@ struct SelectPlan {
   bool runs_policy = false;             // scores and selects (a decode step under a sparse policy)
   int phase = ReselectSchedule::kFull;  // the layers that select at this step (kFull: all)
   bool per_request = false;             // some request has its own rule (PageSelectParams::row_rules)
+  // Every request reads a fixed window (sink + recent pages, or all pages): the lists come from
+  // the page table directly (window_lists.h), no score or select kernel, no dense lists.
+  bool window_only = false;
 };
 
 class PageSelector {
@@ -65,6 +69,8 @@ class PageSelector {
     const int32_t* seq_len = nullptr;   // [max_batch] tokens in KV, this step's included
     const __half* q = nullptr;   // [max_batch, n_heads_q, head_dim] rotated queries of a decode step
     const int32_t* q_indptr = nullptr;  // [max_batch + 1]
+    const int32_t* table = nullptr;     // the device page table (device_page_table.h), for window lists
+    const int32_t* req_slot = nullptr;  // [max_batch] each request's row of it
   };
   // A request of the step; decode steps add one token to each.
   struct Request {
@@ -97,6 +103,9 @@ class PageSelector {
   SelectPlan begin_step(const std::vector<Request>& batch, bool decode, cudaStream_t stream);
   // The next step selects at every layer.
   void restart_schedule() { schedule_.invalidate(); }
+  // Whether window-only steps take window_lists.h's kernel (default) or the select kernel's
+  // SinkWindow rule (the same lists: the tests compare them).
+  void set_window_lists(bool on) { window_lists_ = on; }
 
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
@@ -137,6 +146,7 @@ class PageSelector {
   std::string policy_key_ = "dense";
   PageSelectParams select_;  // built by set_policy; per launch: the layer's slices and n_requests
   ReuseListsParams reuse_;   // built at construction; likewise
+  WindowListsParams window_; // built at construction (the rule's n_sink / n_recent by set_policy); likewise
 
   // Device buffers (allocated with the workspace).
   float* budget_frac_d_ = nullptr;              // [n_layers, n_heads_kv] or unused
@@ -160,6 +170,7 @@ class PageSelector {
   // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s
   // (read, total) in stats(): they read every page.
   uint64_t dense_step_pages_ = 0;
+  bool window_lists_ = true;
   int64_t threshold_dense_steps_ = 0;
 };
 

@@ -180,7 +180,8 @@ void LlamaCuda::allocate_kv() {
                                             o.page_size, static_cast<int>(B), pages_per_seq_, o.max_verify_rows};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
-                                            cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_});
+                                            cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_,
+                                            table_->table_d(), req_slot_d_});
 }
 
 LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(src.config()) {
@@ -636,7 +637,7 @@ void LlamaCuda::run_layers(const Step& s) {
     rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
-    dense_lists(l, s.n_req);                                                 // every page of this layer
+    if (!s.plan.window_only) dense_lists(l, s.n_req);                        // every page of this layer
     if (s.decode && s.max_q > 1 && s.plan.runs_policy && !opt_.verify_select_all_rows) {
       // A verify's shared selection from its last row's queries (CudaModelOptions::verify_select_all_rows).
       cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,

@@ -163,6 +163,9 @@ class LlamaCuda {
     selector_->set_policy(spec, budget_frac);
   }
   CudaSparsityStats sparsity_stats() const { return selector_->stats(); }
+  // Steps whose requests all read fixed windows take their lists from the page table (default)
+  // or from the select kernel's SinkWindow rule (tests: the same lists).
+  void set_window_lists(bool on) { selector_->set_window_lists(on); }
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
   // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
   // (no scoring or selection kernels ran).
