@@ -153,7 +153,7 @@ for stage in "$@"; do
       run test_cuda_verify timeout 240 "$B/test_cuda_verify"
       grep -E "^verify|^decode after|^sparse verify|^engine" "$OUT/test_cuda_verify.log"
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_cuda_verify timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$B/test_cuda_verify" --gtest_filter='CudaVerify.VerifyRows*:CudaVerify.Sparse*'
+        "$B/test_cuda_verify" --gtest_filter='CudaVerify.VerifyRows*:CudaVerify.Sparse*:CudaVerify.Draft*'
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       run e2e_spec timeout 300 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
         --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
