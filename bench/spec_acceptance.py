@@ -3,7 +3,8 @@
 (the repository's docs, cut to about --ctx tokens), greedy, once without speculation and once per
 (k, draft budget), each run alone. A row per run in bench/results/spec_acceptance.jsonl: drafts
 accepted per verification, drafted per verification, and whether the text equals the run without
-speculation (it must: greedy speculative output is exact by construction).
+speculation (it must on the CPU: greedy speculative output is exact by construction; on the GPU
+f16 roundings may flip near-ties, and a sparse verify's rows share one selection).
 
   python3 bench/spec_acceptance.py --ctx 4096 --k 2,4 --budgets 4,16,64 --tokens 48
 """
@@ -28,9 +29,10 @@ def free_text(n_chars: int) -> str:
     return text[:n_chars]
 
 
-def run(binary: str, model: str, prompt_file: str, tokens: int, policy: str, k: int, budget: int) -> tuple[str, str, float]:
-    cmd = [binary, "generate", "-m", model, "-f", prompt_file, "-n", str(tokens), "--ignore-eos", "--no-escape",
-           "--sparse-policy", policy, "--speculative-k", str(k), "--draft-policy", f"sinkwindow:{budget}"]
+def run(binary: str, model: str, prompt_file: str, tokens: int, policy: str, k: int, budget: int,
+        device: str) -> tuple[str, str, float]:
+    cmd = [binary, "generate", "--device", device, "-m", model, "-f", prompt_file, "-n", str(tokens), "--ignore-eos",
+           "--no-escape", "--sparse-policy", policy, "--speculative-k", str(k), "--draft-policy", f"sinkwindow:{budget}"]
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return r.stdout, r.stderr.strip().splitlines()[-1], time.monotonic() - t0
@@ -45,21 +47,22 @@ def main() -> None:
     ap.add_argument("--budgets", default="4,16,64", help="draft pages per list (sinkwindow:N)")
     ap.add_argument("--policy", default="dense", help="the verifier's policy")
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on the GPU a sparse verify's rows share one selection)")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default=str(ROOT / "bench/results/spec_acceptance.jsonl"))
     a = ap.parse_args()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(free_text(4 * a.ctx))
         prompt_file = f.name
-    base, base_stats, base_s = run(a.bin, a.model, prompt_file, a.tokens, a.policy, 0, 16)
+    base, base_stats, base_s = run(a.bin, a.model, prompt_file, a.tokens, a.policy, 0, 16, a.device)
     n_prompt = int(re.search(r"prompt: (\d+) tokens", base_stats).group(1))
     print(f"prompt {n_prompt} tokens; without speculation: {base_s:.1f} s | {base_stats}")
     rows = []
     for k in (int(x) for x in a.k.split(",")):
         for budget in (int(x) for x in a.budgets.split(",")):
-            text, stats, secs = run(a.bin, a.model, prompt_file, a.tokens, a.policy, k, budget)
+            text, stats, secs = run(a.bin, a.model, prompt_file, a.tokens, a.policy, k, budget, a.device)
             m = STATS.search(stats)
-            row = {"model": pathlib.Path(a.model).stem, "device": "cpu", "prompt": "free text (docs/*.md)",
+            row = {"model": pathlib.Path(a.model).stem, "device": a.device, "prompt": "free text (docs/*.md)",
                    "prompt_tokens": n_prompt, "tokens": a.tokens, "verify_policy": a.policy, "spec_k": k,
                    "draft_policy": f"sinkwindow:{budget}", "draft_budget_tokens": budget * 16,
                    "verifies": int(m.group(1)), "accepted_per_verify": float(m.group(2)),
