@@ -158,7 +158,12 @@ for stage in "$@"; do
       run e2e_spec timeout 300 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
         --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
         --draft-pages ${DHS_DRAFT_PAGES:-16} --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
-      grep -vE "^prefill" "$OUT/e2e_spec.log" | tail -60 ;;
+      grep -vE "^prefill" "$OUT/e2e_spec.log" | tail -60
+      # Each verify row its own coverage set (the exact form): the sparse verifier only.
+      run e2e_spec_per_row timeout 200 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
+        --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
+        --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
+      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row.log" ;;
     fp8eval)
       # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }

@@ -260,7 +260,7 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
                   k, opts.draft_pages, draft_ms, verify_ms, read_frac, a, e, tpot, plain_ms / tpot);
       jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"" << weights
          << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"verify_policy\":\"" << pol_spec << "\",\"budgets\":\"" << verifier.budgets
-         << "\",\"verify_select\":\"" << (opts.verify_select_all_rows ? "all rows" : "last row") << "\",\"k\":" << k << ",\"draft_policy\":\"sinkwindow:" << opts.draft_pages << "\",\"draft_ms\":" << draft_ms
+         << "\",\"verify_select\":\"" << opts.verify_selection << "\",\"k\":" << k << ",\"draft_policy\":\"sinkwindow:" << opts.draft_pages << "\",\"draft_ms\":" << draft_ms
          << ",\"verify_ms\":" << verify_ms << ",\"verify_pages_read_frac\":" << read_frac << ",\"plain_tpot_ms\":" << plain_ms
          << ",\"alpha\":" << a << ",\"tokens_per_cycle\":" << e << ",\"tpot_ms\":" << tpot << ",\"copy_GBps\":" << copy_gbps
          << ",\"method\":\"graph replays of the draft and verify steps (random weights and KV); TPOT = (k draft + verify) / E at a "
@@ -297,7 +297,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.max_context = ctx + 64;
       const int max_k = opts.spec_k.empty() ? 0 : *std::max_element(opts.spec_k.begin(), opts.spec_k.end());
       o.max_verify_rows = 1 + max_k;
-      o.verify_select_all_rows = opts.verify_select_all_rows;
+      o.verify_selection = opts.verify_selection;
       // Only what the timed policies read: the summary or sketch kernels run in every step that keeps them.
       if (std::any_of(opts.policies.begin(), opts.policies.end(), needs_minmax)) o.summaries = "minmax";
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),

@@ -37,7 +37,7 @@ struct E2eBenchOptions {
   int draft_pages = 16;
   std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
   std::string spec_out = "bench/results/spec_e2e.jsonl";
-  bool verify_select_all_rows = false;  // CudaModelOptions::verify_select_all_rows
+  std::string verify_selection = "last-row";  // CudaModelOptions::verify_selection
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

@@ -36,6 +36,11 @@ struct EngineOptions {
   // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
   // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.
   std::string quantization = "none";
+  // CUDA, speculative verification under a sparse policy: what a verify's rows read. "last-row"
+  // (one page set for all rows: the one the last row selects), "all-rows" (one set scored from
+  // every row's queries) or "per-row" (each row the set its decode step would select: greedy output
+  // equal to decoding without speculation; the pages are read once per row). The CPU is per-row.
+  std::string verify_selection = "last-row";
   // The KV hierarchy (issue 23; CPU backend so far): a host tier of this many GiB behind the
   // pool steps read (the device tier); 0: none. vLLM's --swap-space is the same flag.
   double cpu_kv_gb = 0.0;

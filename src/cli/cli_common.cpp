@@ -88,6 +88,12 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
                   "oracle with --weights f32); none keeps --gpu-weights")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->capture_default_str();
+  app->add_option("--verify-selection", eo.verify_selection,
+                  "CUDA speculative decoding under a sparse policy, what a verify's rows read: last-row (one page set "
+                  "for all rows, the last row's), all-rows (one set scored from every row's queries) or per-row (each "
+                  "row its own set: the output of decoding without speculation; the pages read once per row)")
+      ->check(CLI::IsMember({"last-row", "all-rows", "per-row"}))
+      ->capture_default_str();
 }
 
 void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {

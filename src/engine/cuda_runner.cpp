@@ -38,6 +38,9 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     co.fp8_weights = o.quantization == "fp8";
+    DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row",
+              "verify selection must be last-row, all-rows or per-row, got '{}'", o.verify_selection);
+    co.verify_selection = o.verify_selection;
     // (said plainly rather than running without the tier the user asked for)
     DHS_CHECK(o.cpu_kv_gb == 0.0 && o.kv_device_budget == 0 && !o.kv_budget_auto,
               "the KV hierarchy (--cpu-kv-gb / --swap-space, --kv-device-budget) runs on the CPU backend only so "

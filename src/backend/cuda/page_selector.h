@@ -106,6 +106,8 @@ class PageSelector {
   // Whether window-only steps take window_lists.h's kernel (default) or the select kernel's
   // SinkWindow rule (the same lists: the tests compare them).
   void set_window_lists(bool on) { window_lists_ = on; }
+  // Whether the policy set last selects (not dense).
+  bool sparse() const { return sparse_; }
 
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages

@@ -54,9 +54,13 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   table_ = std::make_unique<cuda::DevicePageTable>(static_cast<int>(B), static_cast<int>(L), static_cast<int>(Hkv), pages_per_seq_);
   gemm_ = std::make_unique<cuda::Gemm>();
   gemm_->set_gemv_max_tok(o.gemv_max_tok);
-  dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv),
-                                                         static_cast<int>(D), 1);
   const int64_t group = Hq / Hkv;
+  DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row",
+            "verify selection must be last-row, all-rows or per-row, got '{}'", o.verify_selection);
+  max_attn_ = o.verify_selection == "per-row" ? B * o.max_verify_rows : B;
+  const int64_t R = max_attn_;
+  dws_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(R), static_cast<int>(Hq), static_cast<int>(Hkv),
+                                                         static_cast<int>(D), 1);
   DHS_CHECK(o.max_verify_rows >= 1 && group * o.max_verify_rows <= cuda::kDecodeMaxQVecs,
             "CUDA backend: verify rows {} outside [1, {}] (the attention kernel takes {} query vectors per KV head, "
             "GQA group {})",
@@ -78,21 +82,21 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   ids_d_ = ints(T);
   pos_d_ = ints(T);
   dst_slot_d_ = ints(L * T * Hkv);
-  q_indptr_d_ = ints(B + 1);
-  seq_len_d_ = ints(B);
-  req_slot_d_ = ints(B);
+  q_indptr_d_ = ints(R + 1);
+  seq_len_d_ = ints(R);
+  req_slot_d_ = ints(R);
   last_row_d_ = ints(O);
-  sel_row_d_ = ints(B);
+  sel_row_d_ = ints(R);
   sel_q_indptr_d_ = ints(B + 1);
   {
     std::vector<int32_t> iota(static_cast<size_t>(B + 1));
     for (int64_t i = 0; i <= B; ++i) iota[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     DHS_CUDA_CHECK(cudaMemcpy(sel_q_indptr_d_, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice));
   }
-  indptr_d_ = ints(B * Hkv + 1);
-  slots_d_ = ints(B * Hkv * pages_per_seq_);
-  page_pos_d_ = ints(B * Hkv * pages_per_seq_);
-  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * B + 1 + O);
+  indptr_d_ = ints(R * Hkv + 1);
+  slots_d_ = ints(R * Hkv * pages_per_seq_);
+  page_pos_d_ = ints(R * Hkv * pages_per_seq_);
+  staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * R + 1 + O);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
   auto bf = [&](int64_t n) { return static_cast<__half*>(dalloc(static_cast<size_t>(n) * 2)); };
   x_d_ = static_cast<float*>(dalloc(static_cast<size_t>(T * H) * 4));
@@ -153,7 +157,7 @@ void LlamaCuda::allocate_kv() {
     const double used = static_cast<double>(total_b - free_b);
     double to_come = 512.0 * (1 << 20);
     if (minmax || meanvar || o.key_sketch) {
-      const double nnz = static_cast<double>(B * Hkv * pages_per_seq_);
+      const double nnz = static_cast<double>(max_attn_ * Hkv * pages_per_seq_);
       to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv * o.max_verify_rows) + 4 + 4 + 8);  // scores, mass, stage, lists
     }
     double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, f16
@@ -177,7 +181,7 @@ void LlamaCuda::allocate_kv() {
   if (meanvar)
     sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
-                                            o.page_size, static_cast<int>(B), pages_per_seq_, o.max_verify_rows};
+                                            o.page_size, static_cast<int>(max_attn_), pages_per_seq_, o.max_verify_rows};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
                                             cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_,
@@ -441,12 +445,16 @@ LlamaCuda::~LlamaCuda() {
 // padded to its graph's bucket) are inert: token 0 at position 0, no append slot (the append
 // and summary kernels skip slot -1), no KV (seq_len 0: empty lists, attention output 0),
 // greedy, no history; their sampled ids are never read.
-void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
+void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool split) {
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   const int n_req = static_cast<int>(batch.size());
-  DHS_CHECK(n_req >= 1 && n_req <= n_rows && n_rows <= opt_.max_batch, "CUDA step: batch of {} (max {})", n_req,
-            opt_.max_batch);
-  int64_t T = n_rows - n_req;  // the padding rows' tokens
+  // Attention requests: one per sequence, or (split) one per row of a verify.
+  int n_attn = 0;
+  for (const Seq& s : batch) n_attn += split && s.verify ? static_cast<int>(s.n_new) : 1;
+  DHS_CHECK(n_req >= 1 && n_req <= opt_.max_batch && n_attn <= n_rows && n_rows <= max_attn_,
+            "CUDA step: batch of {} (max {}; {} attention requests of at most {})", n_req, opt_.max_batch, n_attn,
+            max_attn_);
+  int64_t T = n_rows - n_attn;  // the padding rows' tokens
   for (const Seq& s : batch) T += s.n_new;
   DHS_CHECK(T <= std::max<int64_t>(opt_.max_step_tokens, opt_.max_batch), "CUDA step: {} tokens (max {})", T,
             opt_.max_step_tokens);
@@ -465,13 +473,14 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
   auto* hist_len = reinterpret_cast<int32_t*>(samp_block_h_ + O * (sizeof(cuda::SamplingRow) + 16));
   // Output rows: each request's last row, every row of a verify (its earlier rows greedy, no
   // history: only the last row's draw is the request's).
-  int64_t n_out = n_rows - n_req;
+  int64_t n_out = n_rows - n_attn;
   for (const Seq& s : batch) n_out += s.verify ? s.n_new : 1;
   DHS_CHECK(n_out <= max_out_, "CUDA step: {} output rows (the model keeps {}: max_verify_rows {})", n_out, max_out_,
             opt_.max_verify_rows);
   out_first_.assign(static_cast<size_t>(n_req), 0);
   q_indptr[0] = 0;
   int64_t t = 0, o = 0;
+  int a = 0;  // attention request
   for (int r = 0; r < n_req; ++r) {
     const Seq& s = batch[static_cast<size_t>(r)];
     DHS_CHECK(s.req_slot >= 0 && s.req_slot < opt_.max_batch, "CUDA step: request slot {} outside [0, {})", s.req_slot,
@@ -491,9 +500,20 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
           dst[(l * T + t) * Hkv + h] = s.table->page_of_token(static_cast<int>(l), static_cast<int>(h), p, &row).slot;
         }
     }
-    q_indptr[r + 1] = static_cast<int32_t>(t);
-    seq_len[r] = static_cast<int32_t>(s.table->n_tokens() + s.n_new);
-    req_slot[r] = s.req_slot;
+    if (split && s.verify) {
+      for (int64_t j = 0; j < s.n_new; ++j, ++a) {  // row j: its own request, at its own position
+        q_indptr[a + 1] = static_cast<int32_t>(t - s.n_new + j + 1);
+        seq_len[a] = static_cast<int32_t>(s.table->n_tokens() + j + 1);
+        req_slot[a] = s.req_slot;
+        sel_row[a] = static_cast<int32_t>(t - s.n_new + j);
+      }
+    } else {
+      q_indptr[a + 1] = static_cast<int32_t>(t);
+      seq_len[a] = static_cast<int32_t>(s.table->n_tokens() + s.n_new);
+      req_slot[a] = s.req_slot;
+      sel_row[a] = static_cast<int32_t>(t - 1);
+      ++a;
+    }
     out_first_[static_cast<size_t>(r)] = o;
     for (int64_t i = s.verify ? t - s.n_new : t - 1; i < t - 1; ++i, ++o) {  // a verify's rows before its last
       last_row[o] = static_cast<int32_t>(i);
@@ -504,7 +524,6 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
     }
     const int64_t lo = o++;  // the last row
     last_row[lo] = static_cast<int32_t>(t - 1);
-    sel_row[r] = static_cast<int32_t>(t - 1);
     table_->sync(s.req_slot, *s.table, stream_);
     // Sampling: the row's parameters and draw, and its penalty history (new tokens only).
     samp_rows[lo] = s.sampling ? *s.sampling : cuda::SamplingRow{};
@@ -537,7 +556,8 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows) {
       hist_len[lo] = static_cast<int32_t>(n - from);
     }
   }
-  for (int r = n_req; r < n_rows; ++r, ++t, ++o) {  // padding
+  DHS_ASSERT(a == n_attn);
+  for (int r = n_attn; r < n_rows; ++r, ++t, ++o) {  // padding
     ids[t] = 0;
     pos[t] = 0;
     for (int64_t l = 0; l < L; ++l)
@@ -583,10 +603,10 @@ void LlamaCuda::reset_history(int req_slot) {
   hist_last_[static_cast<size_t>(req_slot)] = -1;
 }
 
-int LlamaCuda::batch_bucket(int n) const {
+int LlamaCuda::bucket(int n, int cap) {
   int b = 1;
   while (b < n) b *= 2;
-  return std::min(b, opt_.max_batch);
+  return std::min(b, cap);
 }
 
 void LlamaCuda::build_params() {
@@ -638,8 +658,8 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     if (!s.plan.window_only) dense_lists(l, s.n_req);                        // every page of this layer
-    if (s.decode && s.max_q > 1 && s.plan.runs_policy && !opt_.verify_select_all_rows) {
-      // A verify's shared selection from its last row's queries (CudaModelOptions::verify_select_all_rows).
+    if (s.decode && s.max_q > 1 && s.plan.runs_policy && opt_.verify_selection == "last-row") {
+      // A verify's shared selection from its last row's queries (CudaModelOptions::verify_selection).
       cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,
                                .dst = reinterpret_cast<float*>(sel_q_d_), .n_out = s.n_req,
                                .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
@@ -766,14 +786,26 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     n_out_real += s.verify ? s.n_new : 1;
   }
   const int n_real = static_cast<int>(batch.size());
-  const bool graph = step.decode && use_graph;
-  const int n_rows = graph ? batch_bucket(n_real) : n_real;  // a graph runs its bucket's rows
-  step.n_tok = static_cast<int>(T) + (n_rows - n_real);
-  step.n_req = n_rows;
-  step.n_out = static_cast<int>(n_out_real) + (n_rows - n_real);
-  upload_step(batch, n_rows);
+  // verify_selection "per-row" under a sparse engine: each verify row its own attention request
+  // (and selection), at its own position.
+  const bool split = step.decode && opt_.verify_selection == "per-row" && selector_->sparse();
   std::vector<cuda::PageSelector::Request> reqs;
-  for (const Seq& s : batch) reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy});
+  for (const Seq& s : batch) {
+    if (split && s.verify) {
+      for (int64_t j = 0; j < s.n_new; ++j) reqs.push_back({s.table, s.req_slot, s.table->n_tokens() + j, 1, s.policy});
+    } else {
+      reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy});
+    }
+  }
+  if (split) step.max_q = 1;
+  const int n_attn = static_cast<int>(reqs.size());
+  const bool graph = step.decode && use_graph;
+  // A graph runs its bucket's rows.
+  const int n_rows = !graph ? n_attn : bucket(n_attn, n_attn > opt_.max_batch ? static_cast<int>(max_attn_) : opt_.max_batch);
+  step.n_tok = static_cast<int>(T) + (n_rows - n_attn);
+  step.n_req = n_rows;
+  step.n_out = static_cast<int>(n_out_real) + (n_rows - n_attn);
+  upload_step(batch, n_rows, split);
   step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
   cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;

@@ -76,12 +76,17 @@ struct CudaModelOptions {
   // step's output rows (final norm, logits, sampler) grow to max_batch x max_verify_rows:
   // 4 x vocab bytes each. The GQA group times this is at most cuda::kDecodeMaxQVecs.
   int max_verify_rows = 1;
-  // What a verify's shared selection is scored from under a sparse policy: false (default), its
-  // last row's queries alone — the same scoring and selection work as a decode step, the set the
-  // last row would read decoding plainly, which the earlier rows (at most k tokens before it)
-  // attend causally; true, every row's queries (each list's masses averaged over all of them:
-  // k + 1 times the work).
-  bool verify_select_all_rows = false;
+  // What a verify's rows read under a sparse policy (the engine's):
+  //  "last-row" (default): one set for all rows, the one the last row selects (scored from its
+  //    queries alone: a decode step's scoring and selection work), attended causally by the
+  //    earlier rows (at most k tokens before it);
+  //  "all-rows": one set scored from every row's queries (each list's masses averaged over them:
+  //    k + 1 times the scoring work);
+  //  "per-row": each row its own selection, exactly what its decode step would select (so greedy
+  //    output equals decoding without speculation), each row a separate attention request: the
+  //    pages are read k + 1 times. Request-indexed buffers (lists, attention workspace, selector)
+  //    are sized for max_batch x max_verify_rows requests.
+  std::string verify_selection = "last-row";
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -151,7 +156,7 @@ class LlamaCuda {
   void reset_history(int req_slot);
   // The rows a decode step of n requests runs (its graph's bucket): the next power of two,
   // at most max_batch.
-  int batch_bucket(int n) const;
+  int batch_bucket(int n) const { return bucket(n, opt_.max_batch); }
   const CudaModelOptions& options() const { return opt_; }
 
   // Sparse decode (DESIGN.md §1.1): the policy of every following decode step; prefill
@@ -215,12 +220,15 @@ class LlamaCuda {
   // so that a captured graph keeps reading the same ones): built once, when the weights are in.
   void build_params();
   // n_rows >= batch.size(): the rows past the batch are padding (no KV read or written).
-  void upload_step(const std::vector<Seq>& batch, int n_rows);
+  // split: verify rows run as separate attention requests (verify_selection "per-row").
+  void upload_step(const std::vector<Seq>& batch, int n_rows, bool split);
   // The step's kernels, in order (what the decode graph captures).
   void run_layers(const Step& step);
   // The captured decode step (captured on first use per selection plan and batch size).
   cudaGraphExec_t decode_graph(const Step& step);
   void* dalloc(size_t bytes);
+  // The next power of two >= n, at most cap.
+  static int bucket(int n, int cap);
 
   // The launches of run_layers: the prebuilt parameters, with this step's sizes and this
   // layer's weights and slices.
@@ -262,7 +270,7 @@ class LlamaCuda {
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
   int32_t *q_indptr_d_ = nullptr, *seq_len_d_ = nullptr, *req_slot_d_ = nullptr;
   int32_t* last_row_d_ = nullptr;  // [max_out] the step's output rows (each request's last; every verify row)
-  // A verify step's selection from its last rows (verify_select_all_rows false): [B] each
+  // A verify step's selection from its last rows (verify_selection "last-row"): [B] each
   // request's last row, those rows' queries gathered [B, Hq D], and q_indptr 0, 1, .., B.
   int32_t *sel_row_d_ = nullptr, *sel_q_indptr_d_ = nullptr;
   __half* sel_q_d_ = nullptr;
@@ -279,6 +287,9 @@ class LlamaCuda {
   __half* act_d_ = nullptr;     // [T, F]
   // The step's output rows: max_out = max_batch x max_verify_rows.
   int64_t max_out_ = 0;
+  // Attention requests a step may have: max_batch, or max_batch x max_verify_rows with per-row
+  // verify selections (each verify row its own request).
+  int64_t max_attn_ = 0;
   __half* hlast_d_ = nullptr;   // [max_out, hidden] normed output rows
   float* last_x_d_ = nullptr;          // [max_out, hidden]
   float* logits_d_ = nullptr;          // [max_out, vocab]
