@@ -73,12 +73,15 @@ def main() -> None:
     ap.add_argument("--draft", default="sinkwindow:2")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seed", type=int, default=24)
+    ap.add_argument("--verify-selection", default="", help="GPU: last-row, all-rows or per-row (the server's flag)")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default=str(ROOT / "bench/results/spec_exactness.jsonl"))
     a = ap.parse_args()
     prompts = make_prompts(a.prompts, a.seed)
     args = ["--sparse-policy", a.policy, "--speculative-k", str(a.k), "--draft-policy", a.draft,
             "--max-num-seqs", str(max(a.concurrency, 1))]
+    if a.verify_selection:
+        args += ["--verify-selection", a.verify_selection]
     t0 = time.monotonic()
     with Server(args, name="spec-exactness", start_timeout_s=300) as srv:
         def both(body: dict) -> tuple[str, str]:
@@ -91,7 +94,7 @@ def main() -> None:
     # On the CPU a divergence is a bug (the forward is exact per row); on the GPU the served text
     # carries no logits to tell a near-tie from one, so divergences are counted, not classified.
     row = {"model": "SmolLM2-135M-Instruct.Q4_1", "device": device, "policy": a.policy, "spec_k": a.k,
-           "draft_policy": a.draft, "prompts": len(prompts), "tokens": a.tokens * len(prompts),
+           "draft_policy": a.draft, "verify_selection": a.verify_selection or None, "prompts": len(prompts), "tokens": a.tokens * len(prompts),
            "identical": identical, "near_ties": 0 if device == "cpu" else None, "diverged": len(prompts) - identical,
            "accepted_per_verify": round(m["vllm:spec_decode_num_accepted_tokens_total"]
                                         / max(1.0, m["vllm:spec_decode_num_drafts_total"]), 3),
