@@ -407,7 +407,7 @@ bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, 
   return true;
 }
 
-void ContinuousScheduler::accept_verified(Request& r, float* logits, double now) {
+void ContinuousScheduler::accept_verified(Request& r, float* logits, const int32_t* ids, double now) {
   static const std::vector<int32_t> kNoHistory;
   const int64_t V = runner_.config().vocab_size;
   const int64_t n_vocab = std::min<int64_t>(V, tok_.vocab_size());
@@ -428,7 +428,8 @@ void ContinuousScheduler::accept_verified(Request& r, float* logits, double now)
     // Greedy: the drafts are kept while they equal each row's token; the first that does not is
     // replaced by it (or, all kept, the last row's token follows them).
     for (int j = 0; j <= r.k_cycle; ++j) {
-      const int32_t t = r.verifier->sample(logits + j * V, n_vocab, row_history(j));
+      // (ids: the runner's greedy ids of the rows, for a request without a penalty)
+      const int32_t t = ids ? ids[j] : r.verifier->sample(logits + j * V, n_vocab, row_history(j));
       if (j < r.k_cycle && t == drafts[static_cast<size_t>(j)]) {
         ++a;
         continue;
@@ -584,6 +585,8 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
     if (row.kind == RowKind::Verify) {
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.spec_base, row.n, false, &r.history, own});
       batch.back().verify = true;
+      const SamplingParams& sp = r.params.options.sampling;
+      batch.back().verify_ids = sp.temperature == 0.0f && sp.repetition_penalty == 1.0f;
     } else if (row.kind == RowKind::Draft) {
       // A sampled request's draft is drawn here, from the draft's logits (its distribution q is
       // kept for the acceptance test); a greedy one's by the runner.
@@ -648,7 +651,11 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       ++r.n_draft;
     } else if (rows[i].kind == RowKind::Verify) {
       const size_t V = static_cast<size_t>(runner_.config().vocab_size);
-      accept_verified(r, out_.verify_logits.data() + static_cast<size_t>(out_.verify_row.at(i)) * V, now);
+      const size_t row = static_cast<size_t>(out_.verify_row.at(i));
+      if (!out_.verify_ids.empty())
+        accept_verified(r, nullptr, out_.verify_ids.data() + row, now);
+      else
+        accept_verified(r, out_.verify_logits.data() + row * V, nullptr, now);
     } else if (batch[i].sample) {
       take_token(r, out_.sampled.at(i), now);
     }

@@ -75,7 +75,9 @@ class ContinuousScheduler final : public Scheduler {
   // Speculation: the row a decoding request with speculative_k runs next (a draft, or the verify
   // once its drafts are in); false when it must preempt itself. The verify's outcome after the step.
   bool place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget);
-  void accept_verified(Request& r, float* logits, double now);
+  // logits: the verify rows' [k_cycle + 1, vocab]; or (ids non-null, a greedy request without a
+  // penalty) the runner's greedy id of each row.
+  void accept_verified(Request& r, float* logits, const int32_t* ids, double now);
   // Why a request's speculative options cannot run here ("" when they can); the draft's policy.
   std::string check_speculation(const GenerateOptions& o, PolicySpec* draft) const;
   static constexpr int kMaxSpeculativeK = 16;

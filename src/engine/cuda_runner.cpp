@@ -150,8 +150,22 @@ class CudaRunner final : public StepRunner {
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
+    out->verify_ids.clear();
+    bool ids_only = any_verify && !want_logits;
+    for (const StepRequest& r : batch) ids_only = ids_only && (!r.verify || r.verify_ids);
     if (!any_verify) {
       model_->forward(seqs, want_logits ? &out->logits : nullptr);
+    } else if (ids_only) {
+      // Greedy verifies: the device's argmax of every row, no logits over PCIe.
+      model_->forward(seqs, nullptr);
+      const std::vector<int32_t>& rows = model_->row_ids();
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (batch[i].verify) {
+          out->verify_row[i] = static_cast<int64_t>(out->verify_ids.size());
+          const size_t first = static_cast<size_t>(model_->out_row(i));
+          out->verify_ids.insert(out->verify_ids.end(), rows.begin() + static_cast<std::ptrdiff_t>(first),
+                                 rows.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(batch[i].n_new)));
+        }
     } else {
       // The model's output rows: one per request, every row of a verify; split into the last
       // rows (want_logits) and the verify rows.

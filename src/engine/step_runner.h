@@ -36,6 +36,9 @@ struct StepRequest {
   // step would, so row j's logits equal decoding them one at a time; every row's logits come
   // back (StepOutput::verify_logits). Not sampled by the runner (sample false).
   bool verify = false;
+  // A verify judged by its rows' greedy ids alone (greedy, no repetition penalty): the runner
+  // may return StepOutput::verify_ids instead of the rows' logits.
+  bool verify_ids = false;
 };
 
 struct StepOutput {
@@ -45,6 +48,10 @@ struct StepOutput {
   // verify_row[i] (-1 for the others).
   std::vector<float> verify_logits;
   std::vector<int64_t> verify_row;
+  // Instead of verify_logits, where every verify request of the step asked for ids only
+  // (StepRequest::verify_ids) and the step no logits: each verify row's greedy id over the
+  // sampled vocabulary, [sum of their n_new], request i's first at verify_row[i]. Empty otherwise.
+  std::vector<int32_t> verify_ids;
 };
 
 class StepRunner {

@@ -80,6 +80,8 @@ class SpecRunner final : public StepRunner {
   std::set<std::string> draft_policies, verify_policies;  // spelling, "-" for none
   std::set<int32_t> verified_drafts;                      // draft tokens that verify rows carried
   int max_rows = 1 << 20;                                 // max_verify_rows() when it verifies
+  bool ids_mode = false;        // answer verifies that ask for ids only with ids, as the CUDA runner
+  int64_t n_id_verifies = 0;    // steps answered so
 
   const ModelConfig& config() const override { return cfg_; }
   PagePool& pages() override { return *pool_; }
@@ -107,6 +109,7 @@ class SpecRunner final : public StepRunner {
     out->verify_row.assign(batch.size(), -1);
     out->logits.assign(want_logits ? batch.size() * V : 0, 0.0f);
     out->verify_logits.assign(static_cast<size_t>(verify_rows) * V, 0.0f);
+    out->verify_ids.clear();
     if (verify_rows > 0 && batch.size() > 1) ++mixed_steps;
     if (clock != nullptr) {
       double rows = 0, kv = 0;
@@ -145,6 +148,18 @@ class SpecRunner final : public StepRunner {
         out->sampled[i] = next;
       }
       if (want_logits && next >= 0) out->logits[i * V + static_cast<size_t>(next)] = kPeak;
+    }
+    // Ids for the verify rows instead of their logits, where every verify asked for that (the
+    // rows' argmax: their peak), and the logits poisoned so that reading them fails the test.
+    bool ids_only = ids_mode && verify_rows > 0 && !want_logits;
+    for (const StepRequest& r : batch) ids_only = ids_only && (!r.verify || r.verify_ids);
+    if (ids_only) {
+      ++n_id_verifies;
+      for (int64_t j = 0; j < verify_rows; ++j) {
+        const float* row = out->verify_logits.data() + static_cast<size_t>(j) * V;
+        out->verify_ids.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+      }
+      std::fill(out->verify_logits.begin(), out->verify_logits.end(), 0.0f);
     }
   }
 
@@ -368,6 +383,25 @@ TEST_F(SpeculativeScheduler, OutputEqualsDecodingWithoutIt) {
         }
       }
   }
+}
+
+// 1b. A runner that answers greedy verifies with their rows' ids (the CUDA runner: no logits
+// over PCIe): the same output, and the ids path taken (its logits are zeros, so reading them
+// would keep no draft and emit token 0).
+TEST_F(SpeculativeScheduler, VerifyIdsInsteadOfLogitsGiveTheSameOutput) {
+  for (const int k : {1, 3, 6})
+    for (const Wrong* wrong : {&kNeverWrong, &kEveryThird, &kAlwaysWrong}) {
+      SCOPED_TRACE(testing::Message() << "k " << k);
+      const Outcome want = plain(req(4, 30, 0));
+      auto r = runner(10000, *wrong);
+      r->ids_mode = true;
+      r->max_table = 4 + 30 - 1;
+      r->max_verify = k + 1;
+      const Outcome got = run_alone(*r, req(4, 30, k));
+      expect_same_output(got, want);
+      EXPECT_GT(r->n_id_verifies, 0) << "the ids path was not taken";
+      EXPECT_EQ(r->n_id_verifies, got.verifies);
+    }
 }
 
 // 2. The rows the runner is given (checked row by row in SpecRunner::step), and that drafts and

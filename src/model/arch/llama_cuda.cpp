@@ -824,6 +824,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
   hist_stage_used_ = 0;
+  row_ids_.assign(out_ids_h_, out_ids_h_ + n_out_real);
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
   for (size_t i = 0; i < batch.size(); ++i)
     sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];

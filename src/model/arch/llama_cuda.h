@@ -145,6 +145,9 @@ class LlamaCuda {
   void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
   // The first output row of sequence i of the last forward (logits' row).
   int64_t out_row(size_t i) const { return out_first_.at(i); }
+  // The sampler's id of every output row of the last forward ([n_out]; a verify's rows are
+  // greedy: the argmax over the sampled vocabulary).
+  const std::vector<int32_t>& row_ids() const { return row_ids_; }
 
   // The ids the GPU sampler drew from the last forward's rows ([n_seqs]; greedy rows: argmax).
   const std::vector<int32_t>& sampled_ids() const { return sampled_; }
@@ -312,6 +315,7 @@ class LlamaCuda {
   int32_t* out_ids_h_ = nullptr;       // pinned [max_out]
   std::vector<int32_t> sampled_;
   std::vector<int64_t> out_first_;     // [n_seqs] of the last forward: each sequence's first output row
+  std::vector<int32_t> row_ids_;       // [n_out] of the last forward
   int64_t pages_per_seq_ = 0;
   Step last_step_;  // the last forward's (time_decode_step replays its plan)
 
