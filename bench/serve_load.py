@@ -250,7 +250,9 @@ def summarize(args, res: dict) -> dict:
     e2e = [r.e2e * 1e3 for r in ok]
     out_tokens = sum(r.n_out for r in ok)
     dur = res["duration"]
-    device = args.device or ("cpu" if "cuda" not in res["version"].lower() else res["version"])
+    # (A launched server runs where DHS_DEVICE says; /version names no device.)
+    launched_on = os.environ.get("DHS_DEVICE", "") if args.launch else ""
+    device = args.device or launched_on or ("cpu" if "cuda" not in res["version"].lower() else res["version"])
     row = {
         "commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": device, "model": res["model"],
         "ctx": args.ctx or (args.prompt_len if args.dataset == "synthetic" else "chat"), "policy": args.policy, "dataset": args.dataset,
@@ -270,6 +272,10 @@ def summarize(args, res: dict) -> dict:
         row["pages_read_frac"] = round(delta["dhisparse:kv_pages_read_total"] / delta["dhisparse:kv_pages_total"], 4)
     if "vllm:num_preemptions_total" in delta:
         row["preemptions"] = int(delta["vllm:num_preemptions_total"])
+    if delta.get("vllm:spec_decode_num_drafts_total", 0) > 0:  # speculative decoding: verifies, drafts, kept
+        row["spec_verifies"] = int(delta["vllm:spec_decode_num_drafts_total"])
+        row["spec_draft_tokens"] = int(delta.get("vllm:spec_decode_num_draft_tokens_total", 0))
+        row["spec_accepted_tokens"] = int(delta.get("vllm:spec_decode_num_accepted_tokens_total", 0))
     # Saturated decode: the window in which every request of the run had its first token and none
     # had its last, i.e. all of them decoding together (a run of N requests at concurrency N on a
     # server with max-num-seqs >= N). Events in it per second, times tokens per event over the run
