@@ -30,6 +30,12 @@ struct EvalOptions {
   std::string commit = "unknown", model_name, device;
   std::string gpu_weights, quantization;  // the engine's (EngineOptions), recorded in each row
   std::string estimator = "sketch4";  // the engine's: row labels name another one only
+  // Speculative decoding's acceptance (issue 24), when speculative_k > 0: each policy's greedy
+  // output decoded again as cycles of speculative_k drafts on `draft` (sink + recent pages) and
+  // verification by the policy one row at a time (the exact, per-row form), counting the drafts
+  // kept per verification; the draft costs k steps a cycle, the output is the policy's own.
+  int speculative_k = 0;
+  PolicySpec draft;
   std::function<void(int64_t done, int64_t total)> progress;  // samples done, for a bar on a terminal
   // Progress lines for a log, where a bar cannot go (stderr piped): the plan up front (tasks x
   // lengths x samples, policies), an estimate of the total time after the first sample, and

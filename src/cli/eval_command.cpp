@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/option_checks.h"
+#include "core/error.h"
 
 namespace dhs::cli {
 
@@ -27,10 +28,18 @@ EvalCommand::EvalCommand(CLI::App& app) {
   app_->add_option("--out", ev_.out, "JSON lines are appended here");
   app_->add_option("--trace-out", ev_.trace_out, "Per-(layer, KV head) pages-read fractions per policy and length (JSON)");
   app_->add_option("--commit", ev_.commit, "Commit recorded in each row");
+  app_->add_option("--speculative-k", ev_.speculative_k,
+                   "Speculative decoding's acceptance: each policy's output decoded again as cycles of K drafts on "
+                   "--draft-policy, verified by the policy row by row; drafts kept per verification in the rows (0 = off)")
+      ->check(int_in(0, 16))->capture_default_str();
+  app_->add_option("--draft-policy", draft_, "The drafts' pages with --speculative-k: sinkwindow:PAGES")->capture_default_str();
 }
 
 void EvalCommand::check() {
   for (const std::string& p : policies_) ev_.policies.push_back(policy_.parse(p, "--policies"));
+  ev_.draft = policy_.parse(draft_, "--draft-policy");
+  DHS_CHECK(ev_.draft.rule == SelectRule::SinkWindow, "--draft-policy {}: the draft reads sink and recent pages (sinkwindow:PAGES)",
+            draft_);
 }
 
 int EvalCommand::run(std::string& oom_while) {

@@ -27,6 +27,7 @@ class EvalCommand {
   EngineOptions eo_;
   EvalOptions ev_;
   PolicyFlags policy_;
+  std::string draft_ = "sinkwindow:16";  // --draft-policy
   std::string model_;
   std::vector<std::string> policies_ = {"coverage:0.95", "coverage:0.98", "coverage:0.99"};
   bool no_chat_ = false;

@@ -52,6 +52,7 @@ struct Agg {  // one (task, length, policy)
   uint64_t read = 0, total = 0;
   std::vector<uint64_t> lh_read, lh_total;
   std::vector<int64_t> hist = std::vector<int64_t>(kHistBins, 0);
+  int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;  // EvalOptions::speculative_k
   void add_counts(const PageCounts& c) {
     read += c.read;
     total += c.total;
@@ -85,11 +86,48 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), q * static_cast<double>(v.size())))];
 }
 
+// Greedy speculative decoding of `out` (the verifier's own greedy output after the prompt) on the
+// session: per cycle, from the token t0 = out[p] the verifier emitted last, k drafts under the
+// draft policy (free-running: each fed the draft before it), then the verifier's rows t0, d1, ..
+// as its decode steps one at a time; the drafts equal to out[p + 1 ..] are kept, in order, and the
+// verifier's KV of the committed tokens is what the next cycle sees (the drafts' own KV goes with
+// the truncation). Counts verifies, drafts and those kept into `a`.
+void speculate(Engine& engine, Session& session, int64_t n_prompt, const std::vector<int32_t>& out,
+               const PolicySpec& verifier, const EvalOptions& o, int64_t n_vocab, Agg& a) {
+  if (out.empty()) return;
+  session.truncate(n_prompt);
+  std::vector<float> lg;
+  const int64_t n = static_cast<int64_t>(out.size());
+  int64_t p = 0;  // out[0 .. p) committed with their KV; out[p] emitted, its KV not yet written
+  while (p + 1 < n) {
+    const int k = static_cast<int>(std::min<int64_t>(o.speculative_k, n - 1 - p));  // as the scheduler: within the output
+    engine.set_policy(o.draft);
+    int32_t feed = out[static_cast<size_t>(p)];
+    int kept = 0;
+    bool all_right = true;
+    for (int j = 1; j <= k; ++j) {
+      session.append({feed}, &lg);
+      feed = argmax(lg, n_vocab);
+      if (all_right && feed == out[static_cast<size_t>(p + j)]) ++kept;
+      else all_right = false;
+    }
+    session.truncate(n_prompt + p);
+    engine.set_policy(verifier);
+    for (int j = 0; j <= kept; ++j) session.append({out[static_cast<size_t>(p + j)]}, &lg);  // the verify's rows
+    a.spec_verifies += 1;
+    a.spec_drafted += k;
+    a.spec_accepted += kept;
+    p += kept + 1;
+  }
+  engine.take_page_counts();  // (not the policy's decode steps)
+}
+
 // One sample: its dense reference (greedy tokens, and the logits before each), then under each
 // policy the reference teacher-forced (top-1 agreement, KL, pages read) and the policy's own greedy
 // output from its first disagreement on, scored. All from one prefill, truncated between policies.
 void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval::Sample& smp,
-                 const std::vector<PolicySpec>& policies, int64_t n_vocab, const std::function<bool(int32_t)>& is_stop,
+                 const std::vector<PolicySpec>& policies, const EvalOptions& o, int64_t n_vocab,
+                 const std::function<bool(int32_t)>& is_stop,
                  const std::function<Agg&(int policy_index)>& agg_of) {
   auto session = engine.open_session();
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -113,6 +151,7 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
   ad.n += 1;
   ad.score += eval::score_output(smp, ref_text);
   engine.take_page_counts();
+  if (o.speculative_k > 0) speculate(engine, *session, n_prompt, ref, PolicySpec{}, o, n_vocab, ad);
 
   for (size_t pi = 1; pi < policies.size(); ++pi) {
     const PolicySpec& pol = policies[pi];
@@ -152,6 +191,7 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
     }
     a.n += 1;
     a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
+    if (o.speculative_k > 0) speculate(engine, *session, n_prompt, out, pol, o, n_vocab, a);
   }
 }
 
@@ -162,8 +202,12 @@ void report(const Agg& a, eval::TaskKind task, int64_t len, const PolicySpec& po
   const double top1 = a.steps ? 100.0 * static_cast<double>(a.top1) / static_cast<double>(a.steps) : 100.0;
   const double kl_mean = a.steps ? a.kl_sum / static_cast<double>(a.steps) : 0.0;
   const double frac = a.total ? static_cast<double>(a.read) / static_cast<double>(a.total) : 1.0;
-  std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f\n", eval::task_name(task).c_str(),
+  std::printf("%-16s %7lld %-22s %5d %8.2f %8.3f %9.2e %9.2e %7.3f", eval::task_name(task).c_str(),
               static_cast<long long>(len), pol.label(o.estimator).c_str(), a.n, score, top1, kl_mean, quantile(a.kls, 0.99), frac);
+  if (o.speculative_k > 0)  // drafts kept / drafted per verification
+    std::printf("  %5.2f / %4.2f", a.spec_verifies ? static_cast<double>(a.spec_accepted) / static_cast<double>(a.spec_verifies) : 0.0,
+                a.spec_verifies ? static_cast<double>(a.spec_drafted) / static_cast<double>(a.spec_verifies) : 0.0);
+  std::printf("\n");
   std::vector<double> lh;
   for (size_t i = 0; i < a.lh_read.size(); ++i)
     lh.push_back(a.lh_total[i] ? static_cast<double>(a.lh_read[i]) / static_cast<double>(a.lh_total[i]) : 1.0);
@@ -198,6 +242,14 @@ void report(const Agg& a, eval::TaskKind task, int64_t len, const PolicySpec& po
                           {"layer_head_read_frac", lh},
                           {"hist_bins", kHistBins},
                           {"read_frac_hist", a.hist}};
+    if (o.speculative_k > 0) {
+      row["spec_k"] = o.speculative_k;
+      row["draft_policy"] = o.draft.str();
+      row["spec_verifies"] = a.spec_verifies;
+      row["spec_drafted"] = a.spec_drafted;
+      row["spec_accepted"] = a.spec_accepted;
+      row["spec_accepted_per_verify"] = a.spec_verifies ? static_cast<double>(a.spec_accepted) / static_cast<double>(a.spec_verifies) : 0.0;
+    }
     out << row.dump() << "\n";
   }
   if (!pol.dense() && !lh.empty()) {
@@ -284,8 +336,8 @@ int run_eval(Engine& engine, const EvalOptions& o) {
   }
   nlohmann::json trace = nlohmann::json::object();
   const ModelConfig& cfg = engine.config();
-  std::printf("\n%-16s %7s %-22s %5s %8s %8s %9s %9s %7s\n", "task", "length", "policy", "n", "score", "top1",
-              "KL mean", "KL p99", "pages");
+  std::printf("\n%-16s %7s %-22s %5s %8s %8s %9s %9s %7s%s\n", "task", "length", "policy", "n", "score", "top1",
+              "KL mean", "KL p99", "pages", o.speculative_k > 0 ? "  kept / drafted per verify" : "");
   for (const int64_t len : o.lengths) {
     for (const eval::TaskKind task : tasks)
       for (int s = 0; s < o.samples; ++s) {
@@ -299,7 +351,7 @@ int run_eval(Engine& engine, const EvalOptions& o) {
         DHS_CHECK(static_cast<int64_t>(prompt.size()) + smp.max_new_tokens <= engine.max_context(),
                   "eval: a {}-token prompt plus {} new tokens exceeds the context ({}); lower --lengths", prompt.size(),
                   smp.max_new_tokens, engine.max_context());
-        eval_sample(engine, prompt, smp, policies, n_vocab, is_stop,
+        eval_sample(engine, prompt, smp, policies, o, n_vocab, is_stop,
                     [&](int pi) -> Agg& { return agg[{static_cast<int>(task), len, pi}]; });
         ++done;
         work_done += static_cast<double>(len);

@@ -106,6 +106,41 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   // The policy grammar itself: tests/unit/test_policy_spec.cpp.
 }
 
+// Speculative acceptance (EvalOptions::speculative_k): a draft whose window holds every page is the
+// verifier itself, so every draft is kept, for the dense verifier and for coverage 1; a window of 2
+// pages keeps at most what it drafts and at most k per verification. Fails if the cycles mix up
+// the draft's and the verifier's positions (a kept draft compared with the wrong output token).
+TEST(Eval, SpeculativeAcceptanceCountsCycles) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  auto e = load_sparse_engine();
+  for (const char* draft : {"sinkwindow:1000", "sinkwindow:2"}) {
+    SCOPED_TRACE(draft);
+    const std::string out = testing::TempDir() + "dhs_eval_spec_rows.jsonl";
+    std::filesystem::remove(out);
+    EvalOptions o;
+    o.tasks = {"qa"};
+    o.lengths = {400};
+    o.samples = 2;
+    o.policies = {PolicySpec::parse("coverage:1.0")};
+    o.out = out;
+    o.speculative_k = 3;
+    o.draft = PolicySpec::parse(draft);
+    ASSERT_EQ(run_eval(*e, o), 0);
+    std::ifstream f(out);
+    int rows = 0;
+    for (std::string line; std::getline(f, line); ++rows) {
+      const auto j = nlohmann::json::parse(line);
+      const int64_t v = j["spec_verifies"], d = j["spec_drafted"], a = j["spec_accepted"];
+      EXPECT_GT(v, 0) << j["label"];
+      EXPECT_LE(d, 3 * v);
+      EXPECT_LE(a, d);
+      if (std::string(draft) == "sinkwindow:1000") EXPECT_EQ(a, d) << j["label"] << ": the draft is the verifier";
+    }
+    EXPECT_EQ(rows, 2);
+  }
+  EXPECT_EQ(e->kv_check(), "");
+}
+
 // --reselect-every (sparse/reselect_schedule.h) end to end on the CPU engine, 40 decode steps
 // over page boundaries.
 //  * coverage gamma = 1 with R = 4: every selection is all pages, so a reused list must be all
