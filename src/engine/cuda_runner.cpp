@@ -2,6 +2,8 @@
 // (max_batch requests per step, decode graphs per batch-size bucket, the KV pool sized from
 // kv_blocks or the GPU memory left), sampling on the device: a step copies back only the
 // sampled ids, and the logits when asked for them.
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
 #include "core/error.h"
@@ -54,8 +56,8 @@ class CudaRunner final : public StepRunner {
     co.page_size = o.page_size;
     // Speculative verification: 1 + the drafts a cycle may make (kSpeculativeAutoMaxK), as many
     // as the attention kernel takes at this GQA group.
-    co.max_verify_rows =
-        std::min<int>(1 + kSpeculativeAutoMaxK, cuda::kDecodeMaxQVecs / static_cast<int>(cfg.n_heads_q / cfg.n_heads_kv));
+    co.max_verify_rows = std::clamp<int>(cuda::kDecodeMaxQVecs / static_cast<int>(cfg.n_heads_q / cfg.n_heads_kv), 1,
+                                         1 + kSpeculativeAutoMaxK);
     const int64_t per_block = cfg.n_layers * cfg.n_heads_kv;  // head-pages of one block of page_size tokens
     DHS_CHECK(o.kv_blocks >= 0 && o.kv_blocks <= ((int64_t{1} << 31) - 1) / per_block, "KV blocks must be in [0, {}], got {}",
               ((int64_t{1} << 31) - 1) / per_block, o.kv_blocks);

@@ -47,7 +47,12 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   DHS_CHECK(o.max_batch >= 1 && o.max_batch <= kMaxBatchLimit, "CUDA backend: max batch must be in [1, {}], got {}",
             kMaxBatchLimit, o.max_batch);
   DHS_CHECK(o.max_context >= 1, "CUDA backend: max context must be >= 1");
-  const int64_t T = std::max<int64_t>(o.max_step_tokens, o.max_batch), B = o.max_batch;
+  const int64_t B = o.max_batch;
+  // Tokens of one step: a prefill chunk, or a decode-like step padded to its graph's bucket (a
+  // verify step's rows plus up to max_batch - 1 padding rows; per-row verify requests up to
+  // max_batch x max_verify_rows).
+  const int64_t T = std::max<int64_t>(o.max_step_tokens, B) + B * (o.max_verify_rows > 1 ? o.max_verify_rows : 0);
+  max_tokens_ = T;
   DHS_CHECK(o.page_size == cuda::kDecodePageSize, "CUDA backend: page size must be {}", cuda::kDecodePageSize);
   DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   pages_per_seq_ = (o.max_context + o.page_size - 1) / o.page_size;
@@ -456,8 +461,7 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool spli
             max_attn_);
   int64_t T = n_rows - n_attn;  // the padding rows' tokens
   for (const Seq& s : batch) T += s.n_new;
-  DHS_CHECK(T <= std::max<int64_t>(opt_.max_step_tokens, opt_.max_batch), "CUDA step: {} tokens (max {})", T,
-            opt_.max_step_tokens);
+  DHS_CHECK(T <= max_tokens_, "CUDA step: {} tokens (max {})", T, max_tokens_);
   int32_t* ids = staging_h_;
   int32_t* pos = ids + T;
   int32_t* dst = pos + T;               // [L, T, Hkv]

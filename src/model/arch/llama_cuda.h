@@ -293,6 +293,7 @@ class LlamaCuda {
   // Attention requests a step may have: max_batch, or max_batch x max_verify_rows with per-row
   // verify selections (each verify row its own request).
   int64_t max_attn_ = 0;
+  int64_t max_tokens_ = 0;  // tokens a step may run (its buffers' rows)
   __half* hlast_d_ = nullptr;   // [max_out, hidden] normed output rows
   float* last_x_d_ = nullptr;          // [max_out, hidden]
   float* logits_d_ = nullptr;          // [max_out, vocab]
