@@ -102,9 +102,10 @@ class CudaRunner final : public StepRunner {
   }
   const ModelConfig& config() const override { return model_->config(); }
   // A verify's rows are decode rows of one request in one attention call: each selected page is
-  // read once for all of them (LlamaCuda::Seq::verify).
+  // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
-  bool verify_reads_kv_once() const override { return true; }
+  // (per-row verify selections read them once per row)
+  bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }
   int64_t max_step_tokens() const override { return kStepTokens; }

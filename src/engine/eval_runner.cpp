@@ -86,37 +86,49 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), q * static_cast<double>(v.size())))];
 }
 
-// Greedy speculative decoding of `out` (the verifier's own greedy output after the prompt) on the
-// session: per cycle, from the token t0 = out[p] the verifier emitted last, k drafts under the
-// draft policy (free-running: each fed the draft before it), then the verifier's rows t0, d1, ..
-// as its decode steps one at a time; the drafts equal to out[p + 1 ..] are kept, in order, and the
-// verifier's KV of the committed tokens is what the next cycle sees (the drafts' own KV goes with
-// the truncation). Counts verifies, drafts and those kept into `a`.
-void speculate(Engine& engine, Session& session, int64_t n_prompt, const std::vector<int32_t>& out,
-               const PolicySpec& verifier, const EvalOptions& o, int64_t n_vocab, Agg& a) {
-  if (out.empty()) return;
+// Greedy speculative decoding of `out` (the verifier's own greedy output after the prompt, then
+// `stop` when a stop token ended it, else -1) on the session, as the scheduler runs it: per cycle,
+// from the token t0 = out[p] the verifier emitted last, k drafts (at most what the request may
+// still emit, max_new, minus one) under the draft policy, free-running (each fed the draft before
+// it); then the verifier's rows t0, d1, .. as its decode steps one at a time. The drafts equal to
+// the output's next tokens are kept, in order (a kept stop token ends the request); the verifier's
+// KV of the committed tokens is what the next cycle sees (the drafts' own KV goes with the
+// truncation). Counts verifies, drafts and those kept into `a`.
+void speculate(Engine& engine, Session& session, int64_t n_prompt, const std::vector<int32_t>& out, int32_t stop,
+               int max_new, const PolicySpec& verifier, const EvalOptions& o, int64_t n_vocab, Agg& a) {
+  std::vector<int32_t> target = out;
+  if (stop >= 0) target.push_back(stop);
+  if (target.empty()) return;
   session.truncate(n_prompt);
   std::vector<float> lg;
-  const int64_t n = static_cast<int64_t>(out.size());
-  int64_t p = 0;  // out[0 .. p) committed with their KV; out[p] emitted, its KV not yet written
+  const int64_t n = static_cast<int64_t>(target.size());
+  int64_t p = 0;  // target[0 .. p) committed with their KV; target[p] emitted, its KV not yet written
   while (p + 1 < n) {
-    const int k = static_cast<int>(std::min<int64_t>(o.speculative_k, n - 1 - p));  // as the scheduler: within the output
+    const int64_t room = max_new - (p + 1) - 1;  // the scheduler's: what may still be emitted, minus one
+    const int k = static_cast<int>(std::min<int64_t>(o.speculative_k, room));
+    if (k <= 0) {  // a plain decode row
+      engine.set_policy(verifier);
+      session.append({target[static_cast<size_t>(p)]}, &lg);
+      ++p;
+      continue;
+    }
     engine.set_policy(o.draft);
-    int32_t feed = out[static_cast<size_t>(p)];
+    int32_t feed = target[static_cast<size_t>(p)];
     int kept = 0;
     bool all_right = true;
     for (int j = 1; j <= k; ++j) {
       session.append({feed}, &lg);
       feed = argmax(lg, n_vocab);
-      if (all_right && feed == out[static_cast<size_t>(p + j)]) ++kept;
+      if (all_right && p + j < n && feed == target[static_cast<size_t>(p + j)]) ++kept;
       else all_right = false;
     }
-    session.truncate(n_prompt + p);
-    engine.set_policy(verifier);
-    for (int j = 0; j <= kept; ++j) session.append({out[static_cast<size_t>(p + j)]}, &lg);  // the verify's rows
     a.spec_verifies += 1;
     a.spec_drafted += k;
     a.spec_accepted += kept;
+    if (stop >= 0 && p + kept == n - 1) break;  // the stop token was a kept draft: the request ends
+    session.truncate(n_prompt + p);
+    engine.set_policy(verifier);
+    for (int j = 0; j <= kept; ++j) session.append({target[static_cast<size_t>(p + j)]}, &lg);  // the verify's rows
     p += kept + 1;
   }
   engine.take_page_counts();  // (not the policy's decode steps)
@@ -137,9 +149,13 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
   std::vector<std::vector<float>> ref_logits(1);
   session->append(prompt, &ref_logits[0]);
   std::vector<int32_t> ref;
+  int32_t ref_stop = -1;  // the stop token that ended the reference, if one did
   for (int k = 0; k < smp.max_new_tokens; ++k) {
     const int32_t id = argmax(ref_logits.back(), n_vocab);
-    if (is_stop(id)) break;
+    if (is_stop(id)) {
+      ref_stop = id;
+      break;
+    }
     ref.push_back(id);
     if (k + 1 == smp.max_new_tokens) break;
     ref_logits.emplace_back();
@@ -151,7 +167,7 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
   ad.n += 1;
   ad.score += eval::score_output(smp, ref_text);
   engine.take_page_counts();
-  if (o.speculative_k > 0) speculate(engine, *session, n_prompt, ref, PolicySpec{}, o, n_vocab, ad);
+  if (o.speculative_k > 0) speculate(engine, *session, n_prompt, ref, ref_stop, smp.max_new_tokens, PolicySpec{}, o, n_vocab, ad);
 
   for (size_t pi = 1; pi < policies.size(); ++pi) {
     const PolicySpec& pol = policies[pi];
@@ -176,13 +192,17 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
     }
     // The policy's own greedy output: the dense one up to the first disagreement.
     std::vector<int32_t> out(ref.begin(), ref.begin() + (diverged < 0 ? static_cast<long>(ref.size()) : diverged));
+    int32_t out_stop = diverged < 0 ? ref_stop : -1;  // (agreeing throughout: the stop row too)
     if (diverged >= 0) {
       // Logits after prompt + ref[0 .. diverged-1]: re-run the last token of that prefix.
       session->truncate(n_prompt + diverged - 1);
       session->append({ref[static_cast<size_t>(diverged - 1)]}, &lg);
       for (int k = diverged; k < smp.max_new_tokens; ++k) {
         const int32_t id = argmax(lg, n_vocab);
-        if (is_stop(id)) break;
+        if (is_stop(id)) {
+          out_stop = id;
+          break;
+        }
         out.push_back(id);
         if (k + 1 == smp.max_new_tokens) break;
         session->append({id}, &lg);
@@ -191,7 +211,7 @@ void eval_sample(Engine& engine, const std::vector<int32_t>& prompt, const eval:
     }
     a.n += 1;
     a.score += eval::score_output(smp, engine.tokenizer().decode(out, /*skip_special=*/true));
-    if (o.speculative_k > 0) speculate(engine, *session, n_prompt, out, pol, o, n_vocab, a);
+    if (o.speculative_k > 0) speculate(engine, *session, n_prompt, out, out_stop, smp.max_new_tokens, pol, o, n_vocab, a);
   }
 }
 

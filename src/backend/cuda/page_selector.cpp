@@ -80,10 +80,19 @@ void PageSelector::set_policy(const PolicySpec& spec, const std::vector<float>& 
   dense_below_ = spec.dense_below;
   min_step_tokens_ = spec.min_step_tokens;
   schedule_ = ReselectSchedule(sparse_ ? spec.reselect_every : 1);
+  window_.dense_below = 0;  // (a dense engine's window steps: its requests' own rules, no threshold)
   if (!sparse_) return;
-  DHS_CHECK(ws_ != nullptr, "--sparse-policy {}: the CUDA model was built without page summaries", spec.str());
+  // A window rule reads no page data: window_lists.h builds its lists (every step, not reselected).
+  const bool window_rule = spec.rule == dhs::SelectRule::SinkWindow && spec.reselect_every == 1 && window_lists_;
+  DHS_CHECK(ws_ != nullptr || window_rule, "--sparse-policy {}: the CUDA model was built without page summaries",
+            spec.str());
   if (spec.reselect_every > 1 && st_indptr_d_ == nullptr) allocate_stored_lists();
-  select_ = rule_params(spec, budget_frac);
+  if (ws_ != nullptr) {
+    select_ = rule_params(spec, budget_frac);
+  } else {
+    select_ = PageSelectParams{};
+    (void)set_rule(spec, &select_);
+  }
   window_.n_sink = select_.n_sink;
   window_.n_recent = select_.n_recent;
   window_.dense_below = select_.dense_below;
@@ -161,8 +170,14 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   for (const Request& r : batch) own = own || (r.policy && !(*r.policy == spec_));
   plan.runs_policy = decode && (sparse_ || own);
   if (plan.runs_policy && sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
+    // One length per sequence: a per-row verify's rows (consecutive requests of one table) count once.
     std::vector<int64_t> seq_len;
-    for (const Request& r : batch) seq_len.push_back(r.n_before + r.n_new);
+    const void* prev = nullptr;
+    for (const Request& r : batch) {
+      if (r.id != nullptr && r.id == prev) seq_len.back() = std::max(seq_len.back(), r.n_before + r.n_new);
+      else seq_len.push_back(r.n_before + r.n_new);
+      prev = r.id;
+    }
     if (!step_runs_policy(seq_len, dense_below_, min_step_tokens_)) {
       plan.runs_policy = false;
       ++threshold_dense_steps_;

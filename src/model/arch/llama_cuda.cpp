@@ -163,7 +163,8 @@ void LlamaCuda::allocate_kv() {
     double to_come = 512.0 * (1 << 20);
     if (minmax || meanvar || o.key_sketch) {
       const double nnz = static_cast<double>(max_attn_ * Hkv * pages_per_seq_);
-      to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv * o.max_verify_rows) + 4 + 4 + 8);  // scores, mass, stage, lists
+      const int64_t scored_rows = o.verify_selection == "all-rows" ? o.max_verify_rows : 1;  // per request
+      to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv * scored_rows) + 4 + 4 + 8);  // scores, mass, stage, lists
     }
     double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, f16
     if (minmax) per_page += 4.0 * static_cast<double>(D);
@@ -186,7 +187,8 @@ void LlamaCuda::allocate_kv() {
   if (meanvar)
     sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
-                                            o.page_size, static_cast<int>(max_attn_), pages_per_seq_, o.max_verify_rows};
+                                            o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
+                                            o.verify_selection == "all-rows" ? o.max_verify_rows : 1};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
                                             cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_,
@@ -870,7 +872,7 @@ double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   std::vector<cudaGraphExec_t> cycle;
   for (const cuda::SelectPlan& plan : selector_->replay_cycle(last_step_.plan))
     cycle.push_back(decode_graph(Step{last_step_.n_tok, last_step_.n_req, true, last_step_.max_q, last_step_.n_out, plan}));
-  DHS_CHECK(cycle.back() != nullptr, "time_decode_step: too many verify graphs to capture another");
+  for (cudaGraphExec_t g : cycle) DHS_CHECK(g != nullptr, "time_decode_step: too many verify graphs to capture another");
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));
   DHS_CUDA_CHECK(cudaEventCreate(&b));
