@@ -207,23 +207,10 @@ class CpuRunner final : public StepRunner {
     if (!any_verify) {
       model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
     } else {
-      // The model's rows: one per request, every row of a verify request; split into the
-      // last rows (sampling, want_logits) and the verify rows.
+      // The model's rows: the last rows (sampling, want_logits) and the verify rows.
       std::vector<float> rows;
       model_->forward(seqs, *pool_, &rows);
-      const size_t V = static_cast<size_t>(model_->config().vocab_size);
-      out->logits.resize(batch.size() * V);
-      size_t at = 0;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const size_t n = batch[i].verify ? static_cast<size_t>(batch[i].n_new) : 1;
-        if (batch[i].verify) {
-          out->verify_row[i] = static_cast<int64_t>(out->verify_logits.size() / V);
-          out->verify_logits.insert(out->verify_logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(at * V),
-                                    rows.begin() + static_cast<std::ptrdiff_t>((at + n) * V));
-        }
-        std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>((at + n - 1) * V), V, out->logits.begin() + static_cast<std::ptrdiff_t>(i * V));
-        at += n;
-      }
+      split_output_rows(batch, rows, model_->config().vocab_size, /*last_rows=*/true, out);
     }
     if (auto_budgets_) apply_auto_budgets(batch, before);
     sampling_->sample(batch, out, want_logits);

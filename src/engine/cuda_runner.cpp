@@ -170,23 +170,10 @@ class CudaRunner final : public StepRunner {
                                  rows.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(batch[i].n_new)));
         }
     } else {
-      // The model's output rows: one per request, every row of a verify; split into the last
-      // rows (want_logits) and the verify rows.
+      // The model's output rows (in batch order: LlamaCuda::out_row): the last rows
+      // (want_logits) and the verify rows.
       model_->forward(seqs, &rows_out_);
-      const size_t V = static_cast<size_t>(model_->config().vocab_size);
-      if (want_logits) out->logits.resize(batch.size() * V);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const size_t first = static_cast<size_t>(model_->out_row(i));
-        if (batch[i].verify) {
-          out->verify_row[i] = static_cast<int64_t>(out->verify_logits.size() / V);
-          out->verify_logits.insert(out->verify_logits.end(), rows_out_.begin() + static_cast<std::ptrdiff_t>(first * V),
-                                    rows_out_.begin() + static_cast<std::ptrdiff_t>((first + batch[i].n_new) * V));
-        }
-        if (want_logits) {
-          const size_t last = first + (batch[i].verify ? static_cast<size_t>(batch[i].n_new) - 1 : 0);
-          std::copy_n(rows_out_.begin() + static_cast<std::ptrdiff_t>(last * V), V, out->logits.begin() + i * V);
-        }
-      }
+      split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);

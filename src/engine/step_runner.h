@@ -124,6 +124,11 @@ struct GpuPageData {
 };
 GpuPageData gpu_page_data(const EngineOptions& o);
 
+// A step's model output rows — one per request, every row of a verify request, in batch order —
+// into `out`: verify_logits and verify_row, and (last_rows) each request's last row as logits.
+void split_output_rows(const std::vector<StepRequest>& batch, const std::vector<float>& rows, int64_t vocab,
+                       bool last_rows, StepOutput* out);
+
 std::unique_ptr<StepRunner> make_cpu_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx);
 // Throws dhs::Error when this build has no CUDA backend or no GPU is present.
 std::unique_ptr<StepRunner> make_cuda_runner(const WeightSource& src, const EngineOptions& o, int64_t max_ctx);
