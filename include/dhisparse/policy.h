@@ -3,7 +3,9 @@
 //
 // Grammar (what `--sparse-policy`, eval's `--policies` and a server request take):
 //   RULE[:VALUE][/R][@ESTIMATOR]
-//   dense | coverage:G | topk:K | sinkwindow:K | solohead:G|K | topfrac:F
+//   dense | coverage:G | topk:K | sinkwindow:K[+M] | solohead:G|K | topfrac:F
+//   sinkwindow:K+M: a seeded draft (sparse/draft_seeds.h), K sink and recent pages plus the M
+//   heaviest pages of the request's last scored step, per (layer, KV head);
 //   /R: a layer selects every R decode steps and reuses its last selection in between;
 //   @ESTIMATOR: the page mass estimate (sketch4, minmax, meanspread, gaussian, and the CPU
 //   studies' sketch4:KEEP, minmax:ALPHA, sketch2, psketch4:R[:KEEP], qsketch4:R[:KEEP]).
@@ -52,6 +54,7 @@ struct PolicySpec {
   SelectRule rule = SelectRule::Dense;
   double gamma = 0.99;                 // Coverage, SoloHead (budget 0): mass to reach, (0, 1]
   int budget = 0;                      // TopK, SinkWindow, SoloHead (> 0): pages per list
+  int seed_pages = 0;                  // SinkWindow: plus the heaviest pages of the last scored step
   double frac = 0.25;                  // TopFrac: fraction of each list's pages, (0, 1]
   std::string estimator = "sketch4";   // page mass estimate of scoring rules
   GroupCombine combine = GroupCombine::Sum;

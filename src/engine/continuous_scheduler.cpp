@@ -155,7 +155,8 @@ std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, Pol
     return std::string("draft policy: ") + e.what();
   }
   if (draft->rule != SelectRule::SinkWindow)
-    return fmt::format("draft policy {}: the draft reads sink and recent pages (sinkwindow:PAGES); scoring drafts are not built yet",
+    return fmt::format("draft policy {}: the draft reads sink and recent pages (sinkwindow:PAGES, or sinkwindow:PAGES+SEEDS "
+                       "with the verifier's heaviest pages); scoring drafts are not built yet",
                        draft->str());
   return "";
 }
@@ -367,7 +368,7 @@ int ContinuousScheduler::cycle_drafts(const Request& r) const {
   if (r.params.options.speculative_k != kSpeculativeAuto) return r.params.options.speculative_k;
   SpecCostInputs in;
   in.context = r.table.n_tokens() + 1;
-  in.draft_context = static_cast<int64_t>(r.draft.budget) * runner_.pages().page_size();
+  in.draft_context = static_cast<int64_t>(r.draft.budget + r.draft.seed_pages) * runner_.pages().page_size();
   in.batch = std::max<int>(1, static_cast<int>(running_.size()));
   in.verify_reads_once = runner_.verify_reads_kv_once();
   return choose_speculation(step_cost_, r.acceptance.alpha(), in, std::min(kSpeculativeAutoMaxK, runner_.max_verify_rows() - 1)).k;
@@ -592,6 +593,7 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       // kept for the acceptance test); a greedy one's by the runner.
       const bool greedy = r.params.options.sampling.temperature == 0.0f;
       want_logits = want_logits || !greedy;
+      if (r.draft.seed_pages > 0) runner_.keep_draft_seeds(r.draft.seed_pages);  // (from its next verify on)
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), 1, greedy, &r.history, &r.draft});
     } else {
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});

@@ -87,7 +87,9 @@ class CpuRunner final : public StepRunner {
   void set_sampled_vocab(int64_t n) override { sampling_->set_sampled_vocab(n); }
   void begin_request(int slot, const SamplingParams& p) override { sampling_->begin(slot, p); }
   int max_verify_rows() const override { return std::numeric_limits<int>::max(); }
+  void keep_draft_seeds(int m) override { seed_pages_ = std::max(seed_pages_, m); }
   void truncate(PageTable& table, int64_t n_tokens) override {
+    if (auto it = seeds_.find(&table); it != seeds_.end()) it->second.truncate(n_tokens);
     if (tiers_ && tiers_->has(table)) tiers_->truncate(table, n_tokens, model_->tier_clock());
     else table.truncate(*pool_, n_tokens);
     if (!summaries_) return;
@@ -105,6 +107,7 @@ class CpuRunner final : public StepRunner {
   }
   void release(PageTable& table) override {
     summaries_pending_.erase(&table);
+    seeds_.erase(&table);
     if (auto_budgets_) auto_budgets_->forget(static_cast<int64_t>(table.id()));
     if (tiers_ && tiers_->has(table)) tiers_->release(table);
     else table.release(*pool_);
@@ -181,7 +184,12 @@ class CpuRunner final : public StepRunner {
     bool any_sample = false, any_verify = false;
     for (const StepRequest& r : batch) {
       DHS_CHECK(!(r.verify && r.sample), "a verify request is not sampled by the runner");
-      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new, r.policy ? own_policy(*r.policy) : nullptr, r.verify});
+      DraftSeeds* seeds = nullptr;
+      if (seed_pages_ > 0) {
+        seeds = &seeds_[r.table];
+        seeds->set_capacity(seed_pages_);
+      }
+      seqs.push_back(LlamaCpu::Seq{r.table, r.tokens, r.n_new, r.policy ? own_policy(*r.policy) : nullptr, r.verify, seeds});
       any_sample = any_sample || r.sample;
       any_verify = any_verify || r.verify;
     }
@@ -251,6 +259,8 @@ class CpuRunner final : public StepRunner {
   int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
+  int seed_pages_ = 0;                                // keep_draft_seeds
+  std::map<const PageTable*, DraftSeeds> seeds_;      // each request's, while it holds its table
   // A request's own policy (StepRequest::policy), made once per spelling while the engine's stays.
   const SelectionPolicy* own_policy(const PolicySpec& spec) {
     auto& p = own_[spec.key()];

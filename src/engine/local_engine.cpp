@@ -207,7 +207,11 @@ class LocalEngine final : public Engine {
 
   std::unique_ptr<Session> open_session() override;
 
-  void set_policy(const PolicySpec& policy) override { runner_->set_policy(policy); }
+  void set_policy(const PolicySpec& policy) override {
+    // A seeded draft policy (eval's speculation): the scoring steps record seeds from now on.
+    if (policy.seed_pages > 0) runner_->keep_draft_seeds(policy.seed_pages);
+    runner_->set_policy(policy);
+  }
   // The scheduler's steps and the sessions' steps alike.
   PageCounts take_page_counts() override {
     PageCounts c = sched_->take_page_counts();

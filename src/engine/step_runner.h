@@ -76,6 +76,11 @@ class StepRunner {
   // Whether a verify request's rows read its KV pages once between them (the speculation
   // controller's cost model, engine/spec_controller.h); the CPU runner's rows read theirs each.
   virtual bool verify_reads_kv_once() const { return false; }
+  // Verification-seeded drafts (sparse/draft_seeds.h): from now on every scoring decode step of a
+  // request records its m heaviest pages per (layer, KV head), which the request's seeded drafts
+  // (sinkwindow:K+M) read; 0: nothing recorded (seeded drafts read their window alone). The
+  // largest m asked stays.
+  virtual void keep_draft_seeds(int m) { (void)m; }
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
   // Frees every page of the table, in whichever tier it lives (request finished, cancelled or

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "core/error.h"
@@ -144,7 +145,10 @@ void DensePolicy::select_request(const SelectionInput& in, int req, RequestPages
   fill_dense(in, req, out);
 }
 
-std::string SinkWindowPolicy::name() const { return fmt::format("sinkwindow-{}-{}", n_sink_, n_window_); }
+std::string SinkWindowPolicy::name() const {
+  return n_seeds_ > 0 ? fmt::format("sinkwindow-{}-{}+{}", n_sink_, n_window_, n_seeds_)
+                      : fmt::format("sinkwindow-{}-{}", n_sink_, n_window_);
+}
 
 void SinkWindowPolicy::select_request(const SelectionInput& in, int req, RequestPages* out) const {
   const int64_t n = n_pages_of(in, req);
@@ -152,7 +156,16 @@ void SinkWindowPolicy::select_request(const SelectionInput& in, int req, Request
   std::vector<int32_t> pages;
   for (int64_t i = 0; i < n; ++i)
     if (f[static_cast<size_t>(i)]) pages.push_back(static_cast<int32_t>(i));
-  out->assign(static_cast<size_t>((*in.tables)[static_cast<size_t>(req)]->n_heads_kv()), pages);
+  const int hkv = (*in.tables)[static_cast<size_t>(req)]->n_heads_kv();
+  out->assign(static_cast<size_t>(hkv), pages);
+  const DraftSeeds* seeds = in.seeds ? in.seeds[req] : nullptr;
+  if (n_seeds_ == 0 || seeds == nullptr || seeds->empty()) return;
+  for (int h = 0; h < hkv; ++h) {  // the window's pages and the seeds, ascending, each once
+    std::vector<int32_t> merged;
+    const std::vector<int32_t> s = seeds->pages(in.layer, h, hkv, n_seeds_, n);
+    std::set_union(pages.begin(), pages.end(), s.begin(), s.end(), std::back_inserter(merged));
+    (*out)[static_cast<size_t>(h)] = std::move(merged);
+  }
 }
 
 namespace {
@@ -167,9 +180,11 @@ void select_per_head(const SelectionInput& in, int req, const MassEstimator& est
   const MassQuery mq = mass_query(in, req);
   out->resize(static_cast<size_t>(t.n_heads_kv()));
   std::vector<double> mass;
+  DraftSeeds* seeds = in.seeds ? in.seeds[req] : nullptr;
   for (int h = 0; h < t.n_heads_kv(); ++h) {
     estimate_page_mass(est, *in.summaries, t, in.layer, h, mq, combine, &mass);
     (*out)[static_cast<size_t>(h)] = pick(mass);
+    if (seeds) seeds->record(in.layer, h, t.n_heads_kv(), mass, (*out)[static_cast<size_t>(h)]);
   }
 }
 
@@ -271,7 +286,8 @@ std::unique_ptr<SelectionPolicy> make_policy(const PolicySpec& spec) {
       break;
     case SelectRule::SinkWindow:
       // budget 0: the window is the recent pages.
-      p = std::make_unique<SinkWindowPolicy>(spec.n_sink, spec.budget > 0 ? spec.budget - spec.n_sink : spec.n_recent);
+      p = std::make_unique<SinkWindowPolicy>(spec.n_sink, spec.budget > 0 ? spec.budget - spec.n_sink : spec.n_recent,
+                                             spec.seed_pages);
       break;
     case SelectRule::SoloHead:
       p = std::make_unique<SoloHeadPolicy>(make_estimator(spec.estimator), sp);

@@ -14,6 +14,7 @@
 
 #include "kv/page_lists.h"
 #include "kv/page_table.h"
+#include "sparse/draft_seeds.h"
 #include "sparse/mass_estimator.h"
 #include "sparse/page_summary.h"
 #include "dhisparse/policy.h"
@@ -29,6 +30,9 @@ struct SelectionInput {
   int n_heads_q = 0;
   float scale = 0.0f;                             // softmax scale, usually 1/sqrt(head_dim)
   const PageSummaryStore* summaries = nullptr;    // required by scoring policies (coverage, topk, solohead)
+  // [n_requests] each request's draft seeds (sparse/draft_seeds.h), or null (none kept): scoring
+  // policies record their masses' heaviest pages there, seeded sink-window drafts read them.
+  DraftSeeds* const* seeds = nullptr;
 };
 
 // Logical page indices chosen for each KV head of one request: [n_heads_kv][...], ascending.
@@ -66,15 +70,17 @@ class DensePolicy final : public SelectionPolicy {
   void select_request(const SelectionInput& in, int req, RequestPages* out) const override;
 };
 
-// StreamingLLM: the first n_sink pages and the last n_window pages, no scoring.
+// StreamingLLM: the first n_sink pages and the last n_window pages, no scoring; with n_seeds > 0
+// (a seeded draft, `sinkwindow:W+M`) also the n_seeds heaviest pages the request's last scored
+// step recorded per (layer, KV head) (SelectionInput::seeds; none recorded: the window alone).
 class SinkWindowPolicy final : public SelectionPolicy {
  public:
-  SinkWindowPolicy(int n_sink, int n_window) : n_sink_(n_sink), n_window_(n_window) {}
+  SinkWindowPolicy(int n_sink, int n_window, int n_seeds = 0) : n_sink_(n_sink), n_window_(n_window), n_seeds_(n_seeds) {}
   std::string name() const override;
   void select_request(const SelectionInput& in, int req, RequestPages* out) const override;
 
  private:
-  int n_sink_, n_window_;
+  int n_sink_, n_window_, n_seeds_;
 };
 
 struct ScoredParams {

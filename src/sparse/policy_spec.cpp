@@ -76,7 +76,7 @@ PolicySpec PolicySpec::parse(std::string_view text, const PolicySpec& defaults) 
   }
   const size_t colon = rest.find(':');
   const std::string_view name = rest.substr(0, colon);
-  const std::string_view value = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+  std::string_view value = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
   const RuleInfo* info = nullptr;
   for (const RuleInfo& r : rule_table())
     if (name == r.name) info = &r;
@@ -93,6 +93,11 @@ PolicySpec PolicySpec::parse(std::string_view text, const PolicySpec& defaults) 
       if (!value.empty()) p.gamma = number_in(value, 1e-6, 1.0, text, "a mass");
       break;
     case RuleArg::Pages:
+      if (const size_t plus = value.find('+'); plus != std::string_view::npos) {
+        DHS_CHECK(p.rule == SelectRule::SinkWindow, "policy '{}': only sinkwindow takes seed pages (K+M)", text);
+        p.seed_pages = whole_in(value.substr(plus + 1), 1, 1 << 16, text, "a seed page count");
+        value = value.substr(0, plus);
+      }
       if (!value.empty()) p.budget = whole_in(value, 1, 1 << 24, text, "a page count");
       break;
     case RuleArg::Fraction:
@@ -120,6 +125,8 @@ void PolicySpec::validate() const {
   DHS_CHECK(n_sink >= 0 && n_sink <= (1 << 20) && n_recent >= 0 && n_recent <= (1 << 20),
             "sink and recent page counts must be in [0, 2^20] (got {} and {})", n_sink, n_recent);
   DHS_CHECK(budget >= 0 && budget <= (1 << 24), "--budget must be in [0, 2^24] (got {})", budget);
+  DHS_CHECK(seed_pages >= 0 && seed_pages <= (1 << 16), "seed pages must be in [0, 65536] (got {})", seed_pages);
+  DHS_CHECK(seed_pages == 0 || rule == SelectRule::SinkWindow, "{}: only sinkwindow drafts take seed pages", info.name);
   DHS_CHECK(reselect_every >= 1 && reselect_every <= 64, "--reselect-every must be in [1, 64] (got {})", reselect_every);
   DHS_CHECK(dense_below >= 0, "--dense-below must be >= 0 (got {})", dense_below);
   DHS_CHECK(min_step_tokens >= 0, "--sparse-min-tokens must be >= 0 (got {})", min_step_tokens);
@@ -185,6 +192,7 @@ std::string PolicySpec::str() const {
   if (info.arg == RuleArg::Fraction) s += fmt::format(":{}", frac);
   if ((info.arg == RuleArg::Pages || info.arg == RuleArg::MassOrPages) && !by_mass && budget > 0)
     s += fmt::format(":{}", budget);
+  if (seed_pages > 0) s += fmt::format("{}+{}", budget > 0 ? "" : ":", seed_pages);
   if (reselect_every > 1) s += fmt::format("/{}", reselect_every);
   if (info.scores) s += "@" + estimator;
   return s;
@@ -202,7 +210,9 @@ std::string PolicySpec::label(const std::string& default_estimator) const {
                            (reselect_every > 1 ? fmt::format("-r{}", reselect_every) : std::string());
   const bool by_mass = info.arg == RuleArg::Mass || (info.arg == RuleArg::MassOrPages && budget == 0);
   if (info.arg == RuleArg::Fraction) return fmt::format("{}-{}{}", info.name, frac, tail);
-  return by_mass ? fmt::format("{}-{}{}", info.name, gamma, tail) : fmt::format("{}-{}{}", info.name, budget, tail);
+  const std::string seeds = seed_pages > 0 ? fmt::format("+{}", seed_pages) : std::string();
+  return by_mass ? fmt::format("{}-{}{}", info.name, gamma, tail)
+                 : fmt::format("{}-{}{}{}", info.name, budget, seeds, tail);
 }
 
 }  // namespace dhs

@@ -42,6 +42,16 @@ TEST(PolicySpec, ParsesEveryRuleAndSpellsItBack) {
   EXPECT_EQ(PolicySpec::parse("coverage:0.99/2@minmax").str(), "coverage:0.99/2@minmax");
   EXPECT_EQ(PolicySpec::parse("dense").str(), "dense");
   EXPECT_EQ(PolicySpec::parse("sinkwindow:8").str(), "sinkwindow:8");  // no estimator: it scores nothing
+  // A seeded draft: window pages + the verifier's heaviest pages.
+  const PolicySpec seeded = PolicySpec::parse("sinkwindow:16+8");
+  EXPECT_EQ(seeded.budget, 16);
+  EXPECT_EQ(seeded.seed_pages, 8);
+  EXPECT_EQ(seeded.str(), "sinkwindow:16+8");
+  EXPECT_EQ(PolicySpec::parse(seeded.str()), seeded);
+  EXPECT_EQ(PolicySpec::parse("sinkwindow:+4").seed_pages, 4);
+  EXPECT_EQ(PolicySpec::parse(PolicySpec::parse("sinkwindow:+4").str()), PolicySpec::parse("sinkwindow:+4"));
+  EXPECT_EQ(seeded.label("sketch4"), "sinkwindow-16+8");
+  EXPECT_NE(seeded.key(), PolicySpec::parse("sinkwindow:16").key());
 }
 
 TEST(PolicySpec, DefaultsSupplyWhatTheTextLeavesOut) {
@@ -94,6 +104,9 @@ TEST(PolicySpec, BadTextFailsNamingIt) {
   fails("dense/2", "selects nothing to reuse");
   fails("coverage:0.9@", "give an estimator");
   fails("coverage:0.9@bogus", "bogus");
+  fails("topk:8+2", "only sinkwindow takes seed pages");
+  fails("sinkwindow:8+0", "is not a seed page count");
+  fails("sinkwindow:8+x", "is not a seed page count");
 }
 
 TEST(PolicySpec, KeysDifferExactlyWhenPoliciesDo) {

@@ -438,5 +438,92 @@ TEST(SparsePolicy, StepRunsPolicyThresholds) {
   EXPECT_TRUE(step_runs_policy({}, 0, 0));  // (an empty batch: nothing to force)
 }
 
+// Verification-seeded drafts (sparse/draft_seeds.h): a scoring policy records, per (layer, KV
+// head), the heaviest pages of the masses it selected from; a seeded sink-window draft reads its
+// window and those pages. Checked against the masses computed here, independently of the policy.
+TEST(DraftSeeds, HeaviestPagesByMassThenIndex) {
+  const std::vector<double> m{0.1, 0.3, 0.2, 0.3, 0.05, 0.05};
+  const std::vector<int32_t> all{0, 1, 2, 3, 4, 5};
+  EXPECT_EQ(heaviest_pages(m, all, 3), (std::vector<int32_t>{1, 3, 2}));
+  EXPECT_EQ(heaviest_pages(m, all, 6), (std::vector<int32_t>{1, 3, 2, 0, 4, 5}));
+  EXPECT_EQ(heaviest_pages(m, all, 10).size(), 6u);
+  EXPECT_EQ(heaviest_pages(m, {5, 4, 0, 2}, 3), (std::vector<int32_t>{2, 0, 4}));  // of the given pages only
+  EXPECT_TRUE(heaviest_pages(m, {}, 4).empty());
+  EXPECT_TRUE(heaviest_pages(m, all, 0).empty());
+}
+
+TEST(DraftSeeds, ScoringRecordsAndSeededDraftReadsWindowAndSeeds) {
+  const int Hkv = 2, Hq = 4, D = 16, ps = 16, M = 5;
+  std::mt19937 rng(40);
+  SparseWorld w(3, Hkv, ps, D, 3 * Hkv * 60);
+  const Batch b = random_batch(w, rng, Hq, {500, 90, 20, 0}, 1);
+  std::vector<DraftSeeds> seeds(4);
+  std::vector<DraftSeeds*> seed_ptr;
+  for (DraftSeeds& s : seeds) {
+    s.set_capacity(M);
+    s.begin_step(100);
+    seed_ptr.push_back(&s);
+  }
+  const auto est = make_estimator("meanspread");
+  std::vector<PageLists> chosen(3);
+  for (int layer : {2, 0}) {  // (layers recorded out of order)
+    SelectionInput in = input_of(b, w, layer, Hq);
+    in.seeds = seed_ptr.data();
+    chosen[static_cast<size_t>(layer)] = CoverageGammaPolicy(est, ScoredParams{0.9, 0, 1, 1}).select(in);
+  }
+  for (int r = 0; r < 3; ++r) {
+    const int64_t n = (b.seq_len[r] + ps - 1) / ps;
+    ASSERT_FALSE(seeds[static_cast<size_t>(r)].empty());
+    EXPECT_EQ(seeds[static_cast<size_t>(r)].first_pos(), 100);
+    for (int layer : {0, 2})
+      for (int h = 0; h < Hkv; ++h) {
+        SCOPED_TRACE(::testing::Message() << "req " << r << " layer " << layer << " head " << h);
+        const SelectionInput in = input_of(b, w, layer, Hq);
+        std::vector<double> mass;
+        estimate_page_mass(*est, w.store, *b.tables[r], layer, h, query_of(in, r), GroupCombine::Sum, &mass);
+        // The recorded seeds: the M heaviest of the pages the policy chose (fewer when it chose
+        // fewer), ascending here.
+        std::vector<std::pair<double, int32_t>> ranked;
+        const std::vector<int32_t> set = row_pages(chosen[static_cast<size_t>(layer)], r, h);
+        if (r == 0) ASSERT_LT(set.size(), mass.size()) << "the coverage set holds every page: the check is void";
+        for (int32_t i : set) ranked.push_back({-mass[static_cast<size_t>(i)], i});
+        std::sort(ranked.begin(), ranked.end());
+        std::vector<int32_t> want;
+        for (size_t i = 0; i < std::min<size_t>(M, ranked.size()); ++i) want.push_back(ranked[i].second);
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(seeds[static_cast<size_t>(r)].pages(layer, h, Hkv, M, n), want);
+        // The 2 heaviest only; and none past a shorter list.
+        std::vector<int32_t> top2;
+        for (size_t i = 0; i < std::min<size_t>(2, ranked.size()); ++i) top2.push_back(ranked[i].second);
+        std::sort(top2.begin(), top2.end());
+        EXPECT_EQ(seeds[static_cast<size_t>(r)].pages(layer, h, Hkv, 2, n), top2);
+        for (int32_t p : seeds[static_cast<size_t>(r)].pages(layer, h, Hkv, M, 3)) EXPECT_LT(p, 3);
+
+        // A seeded draft (sink 1 + window 2 + M seeds): the union, ascending, each page once.
+        SelectionInput din = input_of(b, w, layer, Hq);
+        din.seeds = seed_ptr.data();
+        const PageLists pl = SinkWindowPolicy(1, 2, M).select(din);
+        expect_well_formed(pl, b.tables, layer);
+        std::set<int32_t> u(want.begin(), want.end());
+        u.insert(0);
+        for (int64_t i = std::max<int64_t>(0, n - 2); i < n; ++i) u.insert(static_cast<int32_t>(i));
+        EXPECT_EQ(row_pages(pl, r, h), std::vector<int32_t>(u.begin(), u.end()));
+      }
+  }
+  // No seeds recorded at layer 1: the window alone; a request with no pages: nothing.
+  SelectionInput din = input_of(b, w, 1, Hq);
+  din.seeds = seed_ptr.data();
+  const PageLists pl = SinkWindowPolicy(1, 2, M).select(din);
+  EXPECT_EQ(row_pages(pl, 0, 0), (std::vector<int32_t>{0, 30, 31}));
+  EXPECT_TRUE(row_pages(pl, 3, 0).empty());
+  // Rollback: past the recording step's start keeps the seeds, to it or before forgets them.
+  seeds[0].truncate(101);
+  EXPECT_FALSE(seeds[0].empty());
+  seeds[0].truncate(100);
+  EXPECT_TRUE(seeds[0].empty());
+  const PageLists after = SinkWindowPolicy(1, 2, M).select(input_of(b, w, 2, Hq));  // (no seeds given at all)
+  EXPECT_EQ(row_pages(after, 0, 1), (std::vector<int32_t>{0, 30, 31}));
+}
+
 }  // namespace
 }  // namespace dhs

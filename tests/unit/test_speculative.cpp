@@ -168,5 +168,57 @@ TEST_F(Speculative, RollbackLeavesNoTrace) {
   }
 }
 
+// Verification-seeded drafts (sinkwindow:K+M, sparse/draft_seeds.h) through the runner. The
+// seeds are the heaviest pages the verifier's last scoring step selected; with M at least that
+// set and a window inside it (its sink and last page are forced pages of the verifier's sets too),
+// a draft step in the same page reads exactly the pages that step read: the page counts are
+// equal, and larger than the window's alone. Without seeds (none kept, or a rollback past the
+// step that recorded them) the draft reads its window alone, with the window's logits.
+TEST_F(Speculative, SeededDraftReadsTheVerifiersPages) {
+  const std::vector<int32_t> prompt = random_ids(170, 6);  // decode rows at 170..175: page 10 throughout
+  const std::vector<int32_t> rows = random_ids(3, 7);
+  const int32_t next = 11;
+  const PolicySpec seeded = PolicySpec::parse("sinkwindow:2+64");  // sink + last page, + up to 64 seeds (11 pages here)
+  const PolicySpec window = PolicySpec::parse("sinkwindow:2");
+  for (const bool keep : {true, false})
+    for (const bool by_verify : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "keep " << keep << " by_verify " << by_verify);
+      auto r = runner("coverage:0.6@sketch4");
+      const int64_t n_lists = r->config().n_layers * r->config().n_heads_kv;
+      if (keep) r->keep_draft_seeds(64);
+      PageTable t = table(*r);
+      prefill(*r, t, prompt);
+      (void)r->take_page_counts();
+      if (by_verify) {
+        verify(*r, t, rows);  // its last row records the seeds
+      } else {
+        decode(*r, t, std::vector<int32_t>(rows.begin(), rows.end() - 1));
+        (void)r->take_page_counts();
+        decode(*r, t, {rows.back()});  // the step that records them
+      }
+      const uint64_t recorded_read = r->take_page_counts().read;
+      decode(*r, t, {next}, &seeded);
+      const uint64_t draft_read = r->take_page_counts().read;
+      if (!keep) {
+        EXPECT_EQ(draft_read, static_cast<uint64_t>(2 * n_lists)) << "no seeds kept: the window alone";
+      } else {
+        EXPECT_GT(draft_read, static_cast<uint64_t>(2 * n_lists)) << "the seeded draft read its window alone";
+        if (!by_verify) EXPECT_EQ(draft_read, recorded_read) << "the draft did not read the recording step's set";
+        // Rolled back to before the step that recorded them: the window alone again, with the
+        // window's logits.
+        r->truncate(t, static_cast<int64_t>(prompt.size()));
+        const std::vector<float> again = decode(*r, t, {rows[0]}, &seeded)[0];
+        EXPECT_EQ(r->take_page_counts().read, static_cast<uint64_t>(2 * n_lists));
+        auto w = runner("coverage:0.6@sketch4");
+        PageTable tw = table(*w);
+        prefill(*w, tw, prompt);
+        EXPECT_EQ(max_diff(again.data(), decode(*w, tw, {rows[0]}, &window)[0].data(), w->config().vocab_size), 0.0f);
+        tw.release(w->pages());
+      }
+      t.release(r->pages());
+      EXPECT_EQ(r->pages().check_invariants(), "");
+    }
+}
+
 }  // namespace
 }  // namespace dhs

@@ -154,6 +154,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   // Flatten the batch: token t of the step belongs to sequence seq_of[t] at position pos[t].
   std::vector<int32_t> q_indptr{0}, pos, tokens, seq_len;
   std::vector<const PageTable*> tables;
+  std::vector<DraftSeeds*> seeds;  // [n_requests]
   for (const Seq& s : batch) {
     DHS_ASSERT(s.n_new > 0 && s.table->capacity_tokens() >= s.table->n_tokens() + s.n_new);
     for (int64_t i = 0; i < s.n_new; ++i) {
@@ -164,6 +165,8 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     q_indptr.push_back(static_cast<int32_t>(tokens.size()));
     seq_len.push_back(static_cast<int32_t>(s.table->n_tokens() + s.n_new));
     tables.push_back(s.table);
+    seeds.push_back(s.seeds);
+    if (s.seeds) s.seeds->begin_step(s.table->n_tokens());
   }
   const int64_t T = static_cast<int64_t>(tokens.size());
   const bool has_verify = std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify; });
@@ -237,7 +240,8 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
       lists = verify_step_lists(batch, areq, l, a_indptr, a_seq_len, a_tables, q.data(), k.data(), pos, scale);
     } else if (select_step) {
       if (schedule_.selects(l, phase)) {
-        SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_};
+        SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_,
+                          seeds.data()};
         std::vector<const SelectionPolicy*> policies;
         for (const Seq& s : batch) policies.push_back(s.policy ? s.policy : policy_ ? policy_ : &dense_);
         lists = select_each(in, policies);
@@ -362,6 +366,7 @@ PageLists LlamaCpu::verify_step_lists(const std::vector<Seq>& batch, const std::
     std::vector<int32_t> len, qi{0};
     std::vector<float> qrows;  // [rows of the selecting requests, Hq, D]
     std::vector<const SelectionPolicy*> pol;
+    std::vector<DraftSeeds*> seeds;
     for (size_t i = 0; i < areq.size(); ++i) {
       const AttnReq& a = areq[i];
       if (a.stage != st) continue;
@@ -375,8 +380,9 @@ PageLists LlamaCpu::verify_step_lists(const std::vector<Seq>& batch, const std::
       if (a.selects) qrows.insert(qrows.end(), q + a.first_row * Hq * D, q + (a.first_row + n_new) * Hq * D);
       qi.push_back(qi.back() + (a.selects ? static_cast<int32_t>(n_new) : 0));  // (the dense rule reads no query)
       pol.push_back(a.selects ? (s.policy ? s.policy : policy_) : &dense_);
+      seeds.push_back(s.seeds);
     }
-    SelectionInput in{&t, layer, &len, qrows.data(), qi.data(), static_cast<int>(Hq), scale, summaries_};
+    SelectionInput in{&t, layer, &len, qrows.data(), qi.data(), static_cast<int>(Hq), scale, summaries_, seeds.data()};
     parts[static_cast<size_t>(st)] = select_each(in, pol);
   }
   // In the attention's order (the requests' rows ascending), with the page counts.

@@ -77,6 +77,9 @@ class LlamaCpu {
     // own position (rows are appended and selected in stages), so each row's logits equal
     // decoding the tokens one at a time. Needs reselect_every 1.
     bool verify = false;
+    // Its draft seeds (sparse/draft_seeds.h), or null: a scoring step records its heaviest pages
+    // there, a seeded draft step reads them.
+    DraftSeeds* seeds = nullptr;
   };
   // Runs the new tokens of every sequence through the model, appends their K/V
   // and commits them to each table. logits: per sequence in order, its last row's
