@@ -243,9 +243,25 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
   };
   // The draft: the scheduler's draft rows carry their own sink + window rule in a step whose
   // engine policy is the verifier's; the same kernels run with it as the step's policy.
-  const PolicySpec draft = PolicySpec::parse(fmt::format("sinkwindow:{}", opts.draft_pages));
+  const std::string draft_name = opts.draft_seeds > 0 ? fmt::format("sinkwindow:{}+{}", opts.draft_pages, opts.draft_seeds)
+                                                      : fmt::format("sinkwindow:{}", opts.draft_pages);
+  const PolicySpec draft = PolicySpec::parse(draft_name);
+  bool seeded = false;
+  if (opts.draft_seeds > 0 && !verifier.spec.dense()) {
+    // Seeds first: one real decode step under the verifier records them (kept: the draft's steps
+    // come after it), so the timed draft reads its window and the seeds; the verifies below
+    // record them again inside their graphs.
+    m.keep_draft_seeds(opts.draft_seeds);
+    m.set_sparsity(verifier.spec, verifier.frac);
+    m.forward(seqs(1, false), nullptr, true);
+    seeded = true;
+  }
   m.set_sparsity(draft);
+  m.reset_sparsity_stats();
   const double draft_ms = m.time_decode_step(seqs(1, false), 50);
+  const double draft_frac = m.sparsity_stats().read_frac();
+  if (seeded)
+    for (PageTable& t : ts) t.truncate(m.allocator(), t.n_tokens() - 1);
   m.reset_sparsity_stats();
   m.set_sparsity(verifier.spec, verifier.frac);
   for (const int k : opts.spec_k) {
@@ -255,12 +271,13 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
     for (const double a : opts.spec_alpha) {
       const double e = (1.0 - std::pow(a, k + 1)) / (1.0 - a);  // tokens per cycle
       const double tpot = (k * draft_ms + verify_ms) / e;
-      std::printf("  spec k %d (draft sinkwindow:%d %.3f ms, verify %.3f ms, pages %.3f): alpha %.2f -> %.2f tokens/cycle, "
+      std::printf("  spec k %d (draft %s %.3f ms, pages %.4f; verify %.3f ms, pages %.3f): alpha %.2f -> %.2f tokens/cycle, "
                   "TPOT %.3f ms, plain/this %.2f\n",
-                  k, opts.draft_pages, draft_ms, verify_ms, read_frac, a, e, tpot, plain_ms / tpot);
+                  k, draft_name.c_str(), draft_ms, draft_frac, verify_ms, read_frac, a, e, tpot, plain_ms / tpot);
       jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"" << weights
          << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"verify_policy\":\"" << pol_spec << "\",\"budgets\":\"" << verifier.budgets
-         << "\",\"verify_select\":\"" << opts.verify_selection << "\",\"k\":" << k << ",\"draft_policy\":\"sinkwindow:" << opts.draft_pages << "\",\"draft_ms\":" << draft_ms
+         << "\",\"verify_select\":\"" << opts.verify_selection << "\",\"k\":" << k << ",\"draft_policy\":\"" << draft_name << "\",\"draft_ms\":" << draft_ms
+         << ",\"draft_pages_read_frac\":" << draft_frac
          << ",\"verify_ms\":" << verify_ms << ",\"verify_pages_read_frac\":" << read_frac << ",\"plain_tpot_ms\":" << plain_ms
          << ",\"alpha\":" << a << ",\"tokens_per_cycle\":" << e << ",\"tpot_ms\":" << tpot << ",\"copy_GBps\":" << copy_gbps
          << ",\"method\":\"graph replays of the draft and verify steps (random weights and KV); TPOT = (k draft + verify) / E at a "

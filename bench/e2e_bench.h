@@ -35,6 +35,9 @@ struct E2eBenchOptions {
   // to spec_out.
   std::vector<int> spec_k;
   int draft_pages = 16;
+  // Verification-seeded drafts: the draft also reads the verifier's draft_seeds heaviest selected
+  // pages per list (sinkwindow:draft_pages+draft_seeds), the verify records them (0: window only).
+  int draft_seeds = 0;
   std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
   std::string spec_out = "bench/results/spec_e2e.jsonl";
   std::string verify_selection = "last-row";  // CudaModelOptions::verify_selection

@@ -105,6 +105,7 @@ class CudaRunner final : public StepRunner {
   // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
   // (per-row verify selections read them once per row)
+  void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
   bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }

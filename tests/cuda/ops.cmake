@@ -10,6 +10,9 @@ dhs_test(test_cuda_sampling LABEL cuda
 dhs_test(test_page_select LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_page_select.cu
   LIBS dhs_cuda dhs_sparse dhs_kv)
+dhs_test(test_draft_seeds LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_draft_seeds.cu
+  LIBS dhs_cuda dhs_sparse dhs_kv)
 dhs_test(test_reuse_lists LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_reuse_lists.cu
   LIBS dhs_cuda dhs_sparse dhs_kv)

@@ -294,6 +294,44 @@ TEST(CudaVerify, DraftWindowListsEqualTheSelectKernels) {
   }
 }
 
+// Seeded drafts through the model: after a coverage step (which records seeds), a seeded draft
+// step (sinkwindow:2+256: sink + last page, the recording step's forced pages, and every seed)
+// in the same pages reads exactly the pages that step read; rolled back past the recording step,
+// its window alone.
+TEST(CudaVerify, SeededDraftReadsTheRecordingStepsPages) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  Fixture f(true);
+  f.m->set_sparsity(PolicySpec::parse("coverage:0.9@sketch4"));
+  f.m->keep_draft_seeds(256);
+  const PolicySpec seeded = PolicySpec::parse("sinkwindow:2+256");
+  auto step = [&](int fed, const PolicySpec* own) {
+    std::vector<LlamaCuda::Seq> batch;
+    for (int r = 0; r < 4; ++r) {
+      PageTable& t = f.ts[static_cast<size_t>(r)];
+      EXPECT_TRUE(t.reserve(f.m->allocator(), 1));
+      LlamaCuda::Seq s{&t, r, &f.feed[static_cast<size_t>(r)][static_cast<size_t>(fed)], 1};
+      s.policy = own;
+      batch.push_back(s);
+    }
+    f.m->reset_sparsity_stats();
+    std::vector<float> l;
+    f.m->forward(batch, &l);
+    uint64_t read = 0;
+    for (uint64_t x : f.m->sparsity_stats().read) read += x;
+    return read;
+  };
+  uint64_t window = 0;  // sink + last page per list (prompts 13, 40, 75, 130 + 1 or 2 tokens: 1, 3, 5, 9 pages)
+  for (const int64_t n : {1, 3, 5, 9}) window += static_cast<uint64_t>(std::min<int64_t>(n, 2));
+  window *= static_cast<uint64_t>(f.cfg.n_layers * f.cfg.n_heads_kv);
+  const uint64_t recorded = step(0, nullptr);
+  EXPECT_GT(recorded, window) << "the coverage step read only its forced pages: the check is void";
+  EXPECT_EQ(step(1, &seeded), recorded) << "the seeded draft did not read the recording step's pages";
+  for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
+  EXPECT_EQ(step(0, &seeded), window) << "stale seeds (rolled back past their step) were read";
+  for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
+  f.m->set_sparsity(PolicySpec{});
+}
+
 TEST(CudaVerify, EngineSpeculativeGreedyEqualsPlain) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";

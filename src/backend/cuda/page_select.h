@@ -46,6 +46,9 @@ struct RowRule {
   float frac = 0.0f;
   int32_t n_sink = 1;
   int32_t n_recent = 1;
+  // SinkWindow from window_lists.h only: also this many of the request's draft seeds
+  // (draft_seeds.h; 0: none, or none recorded).
+  int32_t n_seeds = 0;
 };
 
 struct PageSelectParams {

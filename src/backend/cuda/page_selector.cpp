@@ -67,6 +67,18 @@ void PageSelector::allocate_stored_lists() {
   st_seq_len_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(L * B) * 4));
 }
 
+void PageSelector::keep_seeds(int m) {
+  DHS_CHECK(m >= 0 && m <= kMaxSeedPages, "draft seed pages: {} (the CUDA backend keeps at most {})", m, kMaxSeedPages);
+  if (m <= seed_cap_ || ws_ == nullptr) return;  // (no page data: nothing is ever scored, drafts read windows)
+  const int64_t B = sz_.max_batch, L = sz_.n_layers, Hkv = sz_.n_heads_kv;
+  seeds_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(B * L * Hkv * m) * 4));
+  DHS_CUDA_CHECK(cudaMemset(seeds_d_, 0xFF, static_cast<size_t>(B * L * Hkv * m) * 4));  // -1: none
+  if (mass_d_ == nullptr) mass_d_ = static_cast<float*>(alloc(static_cast<size_t>(ws_->max_nnz()) * 4));
+  seed_cap_ = m;  // (in every graph key: graphs captured before read the old store)
+  seed_table_.assign(static_cast<size_t>(B), 0);
+  seed_first_pos_.assign(static_cast<size_t>(B), -1);
+}
+
 void PageSelector::set_policy(const PolicySpec& spec, const std::vector<float>& budget_frac) {
   {
     PolicySpec check = spec;  // the CPU factory's validation: one set of rules for both backends
@@ -168,6 +180,9 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   // kernel gives the short ones their dense lists.
   bool own = false;  // some request has its own rule
   for (const Request& r : batch) own = own || (r.policy && !(*r.policy == spec_));
+  // Seeded drafts take their seeds through the per-request rules.
+  bool seeded = false;
+  for (const Request& r : batch) seeded = seeded || (seed_cap_ > 0 && (r.policy ? *r.policy : spec_).seed_pages > 0);
   plan.runs_policy = decode && (sparse_ || own);
   if (plan.runs_policy && sparse_ && (dense_below_ > 0 || min_step_tokens_ > 0)) {
     // One length per sequence: a per-row verify's rows (consecutive requests of one table) count once.
@@ -197,12 +212,21 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     plan.phase = schedule_.begin_step(ids, n_before);
     // Requests with their own rule: every row's rule goes to the select kernel (the engine's
     // for the others; rows past the batch are padding with no pages).
-    plan.per_request = own;
+    plan.per_request = own || seeded;
     if (plan.per_request) {
       // (Per-head budget fractions are the bench's, never with requests' own rules.)
       DHS_CHECK(select_.budget_frac == nullptr, "per-request policies with per-head budget fractions");
       DHS_CHECK(static_cast<int>(batch.size()) <= sz_.max_batch, "a step of {} requests (max {})", batch.size(), sz_.max_batch);
-      for (size_t i = 0; i < batch.size(); ++i) row_rules_h_[i] = row_rule(batch[i].policy ? *batch[i].policy : spec_);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const Request& r = batch[i];
+        const PolicySpec& spec = r.policy ? *r.policy : spec_;
+        row_rules_h_[i] = row_rule(spec);
+        // A seeded draft's seeds, when its row of the store holds this table's, recorded before
+        // the tokens it now has (a rollback to or past the recording step makes them stale).
+        const size_t slot = static_cast<size_t>(r.req_slot);
+        if (spec.seed_pages > 0 && seed_cap_ > 0 && seed_table_[slot] == r.table_id && r.n_before > seed_first_pos_[slot])
+          row_rules_h_[i].n_seeds = std::min(spec.seed_pages, seed_cap_);
+      }
       for (int i = static_cast<int>(batch.size()); i < sz_.max_batch; ++i) row_rules_h_[i] = RowRule{1};
       DHS_CUDA_CHECK(cudaMemcpyAsync(row_rules_d_, row_rules_h_, static_cast<size_t>(sz_.max_batch) * sizeof(RowRule),
                                      cudaMemcpyHostToDevice, stream));
@@ -218,8 +242,28 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     }
     DHS_CHECK(plan.window_only || ws_ != nullptr,
               "a request's own scoring policy on a CUDA model built without page summaries (dense engine)");
+    // This step's scoring records seeds: which rows of the store now hold whose (the kernel
+    // skips the same lists: those not cut by mass).
+    record_seeds_ = seed_cap_ > 0 && !plan.window_only;
+    if (record_seeds_) {
+      std::vector<uint64_t> seen;
+      for (const Request& r : batch) {
+        const PolicySpec& spec = r.policy ? *r.policy : spec_;
+        const bool cut = spec.scores() && !(spec.rule == dhs::SelectRule::Coverage && spec.gamma >= 1.0) &&
+                         r.n_before + r.n_new >= spec_.dense_below && r.n_before + r.n_new > 0;
+        if (!cut) continue;
+        const size_t slot = static_cast<size_t>(r.req_slot);
+        const bool first = std::find(seen.begin(), seen.end(), r.table_id) == seen.end();  // (a per-row verify's first row)
+        if (first) {
+          seen.push_back(r.table_id);
+          seed_table_[slot] = r.table_id;
+          seed_first_pos_[slot] = r.n_before;
+        }
+      }
+    }
   } else {
     schedule_.invalidate();
+    record_seeds_ = false;
   }
   last_req_slots_ = std::move(req_slots);
   return plan;
@@ -254,6 +298,8 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   if (plan.window_only) {
     WindowListsParams w = window_;
     w.row_rules = plan.per_request ? row_rules_d_ : nullptr;
+    w.seeds = seed_cap_ > 0 ? seeds_d_ : nullptr;
+    w.seed_cap = seed_cap_;
     w.stats = stats;
     w.n_requests = n_req;
     w.layer = layer;
@@ -276,14 +322,25 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
     p.q_indptr = q_indptr;
   }
   if (plan.per_request) p.row_rules = row_rules_d_;
+  if (record_seeds_) p.mass_out = mass_d_;
   launch_page_select(p, stream);
+  if (record_seeds_) {
+    RecordSeedsParams r{.sel_indptr = p.indptr, .sel_page_pos = p.page_pos, .dense_indptr = p.dense_indptr,
+                        .mass = mass_d_, .seq_len = p.seq_len, .q_indptr = p.q_indptr, .req_slot = in_.req_slot,
+                        .row_rules = p.row_rules, .budget_frac = p.budget_frac, .dense_below = p.dense_below,
+                        .seeds = seeds_d_, .seed_cap = seed_cap_, .n_requests = n_req, .n_layers = sz_.n_layers,
+                        .n_heads_kv = sz_.n_heads_kv, .layer = layer};
+    r.rule = RowRule{0, p.rule, p.gamma, p.budget, p.frac, p.n_sink, p.n_recent};
+    launch_record_seeds(r, stream);
+  }
   return {p.indptr, p.slots, p.page_pos};
 }
 
 std::string PageSelector::graph_key(const SelectPlan& plan) const {
   // A threshold-dense step of a sparse policy runs the dense step's kernels: one graph for all.
   const std::string base = plan.runs_policy || !sparse_ ? policy_key_ : std::string("dense-step");
-  const std::string rows = (plan.per_request ? base + "+rows" : base) + (plan.window_only ? "+window" : "");
+  const std::string rows = (plan.per_request ? base + "+rows" : base) + (plan.window_only ? "+window" : "") +
+                           (seed_cap_ > 0 ? fmt::format("+seeds{}", seed_cap_) : std::string());
   return plan.phase == ReselectSchedule::kFull ? rows : fmt::format("{}#{}", rows, plan.phase);
 }
 

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/device_key_sketch.h"
 #include "backend/cuda/device_page_summary.h"
+#include "backend/cuda/draft_seeds.h"
 #include "backend/cuda/page_select.h"
 #include "backend/cuda/reuse_lists.h"
 #include "backend/cuda/window_lists.h"
@@ -81,6 +82,7 @@ class PageSelector {
     // Its own policy (PolicySpec::as_request_policy checked it against set_policy's); null:
     // set_policy's.
     const PolicySpec* policy = nullptr;
+    uint64_t table_id = 0;  // its table's PageTable::id() (whose seeds a req_slot row holds)
   };
 
   PageSelector(const Sizes& sizes, const Inputs& in);
@@ -108,6 +110,13 @@ class PageSelector {
   void set_window_lists(bool on) { window_lists_ = on; }
   // Whether the policy set last selects (not dense).
   bool sparse() const { return sparse_; }
+  // Verification-seeded drafts (draft_seeds.h; the CPU statement sparse/draft_seeds.h): from now
+  // on every scoring step records each scored request's m heaviest selected pages per (layer, KV
+  // head), which its seeded drafts (sinkwindow:K+M) read in window-only steps. The largest m
+  // asked stays (<= kMaxSeedPages). A seeded draft in a step where other requests score reads
+  // its window alone (the select kernel's SinkWindow rule).
+  void keep_seeds(int m);
+  int seed_cap() const { return seed_cap_; }
 
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
@@ -167,6 +176,16 @@ class PageSelector {
   // The schedule.
   ReselectSchedule schedule_;
   std::vector<int> last_req_slots_;  // the last step's request rows
+
+  // Draft seeds (keep_seeds): the store, the select kernel's masses, and per store row the table
+  // whose seeds it holds and the tokens before the step that recorded them (a later step of that
+  // table at or below that count was rolled back past it: the seeds are stale).
+  int seed_cap_ = 0;
+  int32_t* seeds_d_ = nullptr;  // [max_batch, n_layers, n_heads_kv, seed_cap]
+  float* mass_d_ = nullptr;     // [max_nnz]
+  std::vector<uint64_t> seed_table_;
+  std::vector<int64_t> seed_first_pos_;
+  bool record_seeds_ = false;   // this step's scoring launches record (set by begin_step)
 
   // Statistics kept on the host.
   // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s

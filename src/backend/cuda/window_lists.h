@@ -3,7 +3,9 @@
 // sinkwindow), with no scoring and no select kernel. The same lists as the select kernel's
 // SinkWindow rule (page_select.h): per (request, KV head) the first n_sink pages and the last
 // n_recent, in index order, every page when they overlap, every page for requests with the
-// all-pages rule or shorter than dense_below. One small kernel, fixed grid, no host sync.
+// all-pages rule or shorter than dense_below. A seeded draft (RowRule::n_seeds > 0) also reads
+// the first n_seeds of its request's draft seeds (draft_seeds.h: heaviest first) that lie
+// outside the window, the list in ascending page order. One small kernel, fixed grid, no host sync.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -21,6 +23,8 @@ struct WindowListsParams {
   int n_sink = 1;
   int n_recent = 1;
   int dense_below = 0;
+  const int32_t* seeds = nullptr;  // [max_slots, n_layers, n_heads_kv, seed_cap] (draft_seeds.h), or null
+  int seed_cap = 0;
   int32_t* indptr = nullptr;    // [n_requests * n_heads_kv + 1]
   int32_t* slots = nullptr;     // [nnz]
   int32_t* page_pos = nullptr;  // [nnz]

@@ -798,9 +798,10 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   std::vector<cuda::PageSelector::Request> reqs;
   for (const Seq& s : batch) {
     if (split && s.verify) {
-      for (int64_t j = 0; j < s.n_new; ++j) reqs.push_back({s.table, s.req_slot, s.table->n_tokens() + j, 1, s.policy});
+      for (int64_t j = 0; j < s.n_new; ++j)
+        reqs.push_back({s.table, s.req_slot, s.table->n_tokens() + j, 1, s.policy, s.table->id()});
     } else {
-      reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy});
+      reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy, s.table->id()});
     }
   }
   if (split) step.max_q = 1;

@@ -174,6 +174,8 @@ class LlamaCuda {
   // Steps whose requests all read fixed windows take their lists from the page table (default)
   // or from the select kernel's SinkWindow rule (tests: the same lists).
   void set_window_lists(bool on) { selector_->set_window_lists(on); }
+  // Verification-seeded drafts: scoring steps record seeds from now on (PageSelector::keep_seeds).
+  void keep_draft_seeds(int m) { selector_->keep_seeds(m); }
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
   // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
   // (no scoring or selection kernels ran).
