@@ -29,3 +29,8 @@ dhs_test(test_cuda_verify LABEL cuda
 dhs_test(test_cuda_serving LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_serving.cpp
   LIBS dhs_engine dhs_arch_cuda)
+# The KV hierarchy's device I/O engine (host tier, page recall / evict kernel, copy-engine forms)
+# against kv/tier_copy.h, bit-exact, with graph replay and guard pages.
+dhs_test(test_page_recall LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_page_recall.cu
+  LIBS dhs_cuda dhs_kv)

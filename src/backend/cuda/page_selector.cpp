@@ -54,6 +54,9 @@ PageSelector::PageSelector(const Sizes& s, const Inputs& in) : sz_(s), in_(in) {
 }
 
 PageSelector::~PageSelector() {
+  if (selected_) cudaEventDestroy(selected_);
+  if (recorded_) cudaEventDestroy(recorded_);
+  if (side_) cudaStreamDestroy(side_);
   for (void* p : allocs_) cudaFree(p);
   if (row_rules_h_) cudaFreeHost(row_rules_h_);
 }
@@ -74,6 +77,11 @@ void PageSelector::keep_seeds(int m) {
   seeds_d_ = static_cast<int32_t*>(alloc(static_cast<size_t>(B * L * Hkv * m) * 4));
   DHS_CUDA_CHECK(cudaMemset(seeds_d_, 0xFF, static_cast<size_t>(B * L * Hkv * m) * 4));  // -1: none
   if (mass_d_ == nullptr) mass_d_ = static_cast<float*>(alloc(static_cast<size_t>(ws_->max_nnz()) * 4));
+  if (side_ == nullptr) {
+    DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    DHS_CUDA_CHECK(cudaEventCreateWithFlags(&selected_, cudaEventDisableTiming));
+    DHS_CUDA_CHECK(cudaEventCreateWithFlags(&recorded_, cudaEventDisableTiming));
+  }
   seed_cap_ = m;  // (in every graph key: graphs captured before read the old store)
   seed_table_.assign(static_cast<size_t>(B), 0);
   seed_first_pos_.assign(static_cast<size_t>(B), -1);
@@ -331,9 +339,20 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
                         .seeds = seeds_d_, .seed_cap = seed_cap_, .n_requests = n_req, .n_layers = sz_.n_layers,
                         .n_heads_kv = sz_.n_heads_kv, .layer = layer};
     r.rule = RowRule{0, p.rule, p.gamma, p.budget, p.frac, p.n_sink, p.n_recent};
-    launch_record_seeds(r, stream);
+    // Forked onto the side stream: attention goes on at once; join() waits for it.
+    DHS_CUDA_CHECK(cudaEventRecord(selected_, stream));
+    DHS_CUDA_CHECK(cudaStreamWaitEvent(side_, selected_, 0));
+    launch_record_seeds(r, side_);
+    DHS_CUDA_CHECK(cudaEventRecord(recorded_, side_));
+    record_pending_ = true;
   }
   return {p.indptr, p.slots, p.page_pos};
+}
+
+void PageSelector::join(cudaStream_t stream) const {
+  if (!record_pending_) return;
+  DHS_CUDA_CHECK(cudaStreamWaitEvent(stream, recorded_, 0));
+  record_pending_ = false;
 }
 
 std::string PageSelector::graph_key(const SelectPlan& plan) const {

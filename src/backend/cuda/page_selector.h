@@ -117,6 +117,10 @@ class PageSelector {
   // its window alone (the select kernel's SinkWindow rule).
   void keep_seeds(int m);
   int seed_cap() const { return seed_cap_; }
+  // The seed record kernels run on a side stream, off the step's critical path (nothing reads
+  // the seeds before the next draft step); the model calls join before anything rewrites what
+  // they read (the next layer's dense lists and selection) and at the end of the step.
+  void join(cudaStream_t stream) const;
 
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
@@ -186,6 +190,9 @@ class PageSelector {
   std::vector<uint64_t> seed_table_;
   std::vector<int64_t> seed_first_pos_;
   bool record_seeds_ = false;   // this step's scoring launches record (set by begin_step)
+  cudaStream_t side_ = nullptr;             // (created with the store)
+  cudaEvent_t selected_ = nullptr, recorded_ = nullptr;
+  mutable bool record_pending_ = false;     // a record kernel not yet joined
 
   // Statistics kept on the host.
   // Pages of the steps that went dense under a sparse policy, added to every (layer, KV head)'s

@@ -663,6 +663,7 @@ void LlamaCuda::run_layers(const Step& s) {
     rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
+    selector_->join(stream_);                                                // (the last layer's seed record)
     if (!s.plan.window_only) dense_lists(l, s.n_req);                        // every page of this layer
     if (s.decode && s.max_q > 1 && s.plan.runs_policy && opt_.verify_selection == "last-row") {
       // A verify's shared selection from its last row's queries (CudaModelOptions::verify_selection).
@@ -682,6 +683,7 @@ void LlamaCuda::run_layers(const Step& s) {
     swiglu(s.n_tok);                                                         // act = silu(gate) up
     gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
+  selector_->join(stream_);
   logits_and_sample(s.n_out);                                                // output rows -> ids
 }
 
