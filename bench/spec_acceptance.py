@@ -29,7 +29,7 @@ def free_text(n_chars: int) -> str:
     return text[:n_chars]
 
 
-def run(binary: str, model: str, prompt_file: str, tokens: int, policy: str, k: int, budget: int,
+def run(binary: str, model: str, prompt_file: str, tokens: int, policy: str, k: int, budget: str,
         device: str) -> tuple[str, str, float]:
     cmd = [binary, "generate", "--device", device, "-m", model, "-f", prompt_file, "-n", str(tokens), "--ignore-eos",
            "--no-escape", "--sparse-policy", policy, "--speculative-k", str(k), "--draft-policy", f"sinkwindow:{budget}"]
@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--model", default=str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--ctx", type=int, default=4096, help="prompt length, about (4 characters a token)")
     ap.add_argument("--k", default="2,4")
-    ap.add_argument("--budgets", default="4,16,64", help="draft pages per list (sinkwindow:N)")
+    ap.add_argument("--budgets", default="4,16,64",
+                    help="draft pages per list (sinkwindow:N), or N+M: N window pages and the verifier's M heaviest")
     ap.add_argument("--policy", default="dense", help="the verifier's policy")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (on the GPU a sparse verify's rows share one selection)")
@@ -54,17 +55,18 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(free_text(4 * a.ctx))
         prompt_file = f.name
-    base, base_stats, base_s = run(a.bin, a.model, prompt_file, a.tokens, a.policy, 0, 16, a.device)
+    base, base_stats, base_s = run(a.bin, a.model, prompt_file, a.tokens, a.policy, 0, "16", a.device)
     n_prompt = int(re.search(r"prompt: (\d+) tokens", base_stats).group(1))
     print(f"prompt {n_prompt} tokens; without speculation: {base_s:.1f} s | {base_stats}")
     rows = []
     for k in (int(x) for x in a.k.split(",")):
-        for budget in (int(x) for x in a.budgets.split(",")):
+        for budget in a.budgets.split(","):
             text, stats, secs = run(a.bin, a.model, prompt_file, a.tokens, a.policy, k, budget, a.device)
             m = STATS.search(stats)
             row = {"model": pathlib.Path(a.model).stem, "device": a.device, "prompt": "free text (docs/*.md)",
                    "prompt_tokens": n_prompt, "tokens": a.tokens, "verify_policy": a.policy, "spec_k": k,
-                   "draft_policy": f"sinkwindow:{budget}", "draft_budget_tokens": budget * 16,
+                   "draft_policy": f"sinkwindow:{budget}",
+                   "draft_budget_tokens": sum(int(x) for x in budget.split("+")) * 16,
                    "verifies": int(m.group(1)), "accepted_per_verify": float(m.group(2)),
                    "drafted_per_verify": float(m.group(3)), "identical_to_plain": text == base,
                    "seconds": round(secs, 2), "commit": a.commit, "date": time.strftime("%Y-%m-%d")}
