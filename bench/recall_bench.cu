@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/host_gather.h"
 #include "backend/cuda/page_recall.h"
 #include "dhisparse/error.h"
 #include "kv/page_lists.h"
@@ -72,6 +73,9 @@ struct Options {
   int reps = 5, ce_reps = 3;  // copy-engine forms: ~0.4 s a rep at 1.4 GB/s
   std::vector<int> blocks = {2, 4, 8, 16, 32, 64, 132};
   std::vector<int> beside_blocks = {4, 8, 16, 32};
+  std::vector<int> gather_threads = {4, 8, 16};  // host_gather.h: CPU gather threads
+  int gather_chunk = 2048;                       // pages per staging buffer (16 MiB of K + V)
+  bool only_gather = false;                      // the bulk anchor and the host form only
   int attn_batch = 4, attn_ctx = 131072;
   double attn_ms = 40.0;
 };
@@ -378,6 +382,122 @@ struct Bench {
     }
   }
 
+  // e. The host-side form (host_gather.h): CPU threads gather scattered host pages into pinned
+  // staging, bulk copies into consecutive device slots. Alone (wall clock of recall() until the
+  // stream drains) at each thread count; then beside attention: the attention loop enqueued, the
+  // host recalls repeated (events on their stream around each) until the loop's end event.
+  void host_gather() {
+    const std::vector<PageMove> mv = make_moves(opt.moves, Tier::Host, n_host, Tier::Device, n_dev, 1, rng);
+    std::vector<int32_t> src;
+    for (const PageMove& m : mv) src.push_back(m.src.slot);
+    const int64_t n = static_cast<int64_t>(src.size());
+    const double bytes = static_cast<double>(n) * kPageBytes;
+    auto check = [&](const char* what) {
+      std::vector<char> a(kHalfPageBytes);
+      for (int64_t i = 0; i < n; i += std::max<int64_t>(1, n / 64))
+        for (int kv = 0; kv < 2; ++kv) {
+          const char* d = reinterpret_cast<const char*>(kv ? dev->v_d() : dev->k_d()) + static_cast<size_t>(i) * kHalfPageBytes;
+          const char* h = reinterpret_cast<const char*>(kv ? host->v_h() : host->k_h()) +
+                          static_cast<size_t>(src[static_cast<size_t>(i)]) * kHalfPageBytes;
+          DHS_CUDA_CHECK(cudaMemcpy(a.data(), d, kHalfPageBytes, cudaMemcpyDeviceToHost));
+          if (std::memcmp(a.data(), h, kHalfPageBytes) != 0) {
+            std::fprintf(stderr, "host gather (%s): move %lld differs\n", what, static_cast<long long>(i));
+            std::exit(1);
+          }
+        }
+    };
+    for (const int t : opt.gather_threads) {
+      dc::HostGatherRecall g(kPage, kD, opt.gather_chunk, t);
+      Timing tm;
+      for (int r = 0; r < opt.reps + 1; ++r) {
+        DHS_CUDA_CHECK(cudaMemsetAsync(dev->k_d(), 0, static_cast<size_t>(n) * kHalfPageBytes, s));
+        DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+        const auto t0 = std::chrono::steady_clock::now();
+        g.recall(*host, src, *dev, 0, s);
+        DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) tm.samples_us.push_back(us);  // (the first warms the pages and threads)
+      }
+      check("alone");
+      std::vector<double> v = tm.samples_us;
+      std::sort(v.begin(), v.end());
+      tm.median_us = v[v.size() / 2];
+      char f[160];
+      std::snprintf(f, sizeof f, ",\"layout\":\"scattered\",\"threads\":%d,\"chunk_pages\":%d,\"of_bulk\":%.3f", t,
+                    opt.gather_chunk, bytes / tm.median_us / 1e3 / bulk_h2d_gb_s);
+      emit("host_gather", "recall", 0, n, bytes, tm, f);
+    }
+    // Beside attention.
+    const int64_t n_attn = int64_t{opt.attn_batch} * kHkv * (opt.attn_ctx / kPage);
+    size_t free_b = 0, total_b = 0;
+    DHS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (static_cast<double>(n_attn) * kPageBytes > static_cast<double>(free_b) - 4e9) return;
+    Attention attn(opt.attn_batch, opt.attn_ctx, rng, s);
+    cudaStream_t s_attn = nullptr, s_rec = nullptr;
+    DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s_attn, cudaStreamNonBlocking));
+    DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s_rec, cudaStreamNonBlocking));
+    const Timing five = time_events([&] { attn.run(5, s_attn); }, s_attn, 3);
+    const int n_calls = std::max(5, static_cast<int>(std::ceil(opt.attn_ms * 1e3 / (five.median_us / 5))));
+    const std::vector<int32_t> src_rep(src.begin(), src.begin() + std::min<int64_t>(n, opt.beside_moves));
+    const double rep_bytes = static_cast<double>(src_rep.size()) * kPageBytes;
+    for (const int t : opt.gather_threads) {
+      dc::HostGatherRecall g(kPage, kD, opt.gather_chunk, t);
+      g.recall(*host, src_rep, *dev, 0, s_rec);  // (warm)
+      DHS_CUDA_CHECK(cudaStreamSynchronize(s_rec));
+      const Timing alone = time_events([&] { attn.run(n_calls, s_attn); }, s_attn, 1, 0);
+      cudaEvent_t a0, a1;
+      DHS_CUDA_CHECK(cudaEventCreate(&a0));
+      DHS_CUDA_CHECK(cudaEventCreate(&a1));
+      std::vector<cudaEvent_t> re;
+      auto mark = [&] {
+        cudaEvent_t e;
+        DHS_CUDA_CHECK(cudaEventCreate(&e));
+        DHS_CUDA_CHECK(cudaEventRecord(e, s_rec));
+        re.push_back(e);
+      };
+      mark();
+      DHS_CUDA_CHECK(cudaEventRecord(a0, s_attn));
+      attn.run(n_calls, s_attn);
+      DHS_CUDA_CHECK(cudaEventRecord(a1, s_attn));
+      int extra = 2;  // reps past the loop's end: the last one inside is whole
+      while (extra > 0) {
+        g.recall(*host, src_rep, *dev, 0, s_rec);
+        mark();
+        if (cudaEventQuery(a1) == cudaSuccess) --extra;
+      }
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const double beside_ms = ms_between(a0, a1);
+      int first = -1, last = -1;
+      for (size_t i = 0; i + 1 < re.size(); ++i)
+        if (ms_between(a0, re[i]) >= 0 && ms_between(re[i + 1], a1) >= 0) {
+          if (first < 0) first = static_cast<int>(i);
+          last = static_cast<int>(i);
+        }
+      const int inside = first < 0 ? 0 : last - first + 1;
+      Timing rt;
+      if (inside > 0) {
+        rt.median_us = 1e3 * ms_between(re[static_cast<size_t>(first)], re[static_cast<size_t>(last + 1)]);
+        rt.samples_us.push_back(rt.median_us);
+      }
+      const double attn_alone = attn.bytes() * n_calls / alone.median_us / 1e3;
+      const double attn_beside = attn.bytes() * n_calls / (beside_ms * 1e3) / 1e3;
+      char fields[512];
+      std::snprintf(fields, sizeof fields,
+                    ",\"layout\":\"scattered\",\"threads\":%d,\"chunk_pages\":%d,\"beside\":\"decode_attention\","
+                    "\"attn_batch\":%d,\"attn_ctx\":%d,\"attn_calls\":%d,\"attn_gb_s_alone\":%.1f,"
+                    "\"attn_gb_s_beside\":%.1f,\"attn_ratio\":%.4f,\"recall_reps\":%d,\"recall_reps_inside\":%d,"
+                    "\"covered\":false,\"note\":\"the recalls start just after the loop is enqueued (the first gather)\"",
+                    t, opt.gather_chunk, attn.batch, attn.ctx, n_calls, attn_alone, attn_beside, attn_beside / attn_alone,
+                    static_cast<int>(re.size()) - 1, inside);
+      emit("host_gather", "recall", 0, static_cast<int64_t>(src_rep.size()) * inside, rep_bytes * inside, rt, fields);
+      for (auto& e : re) DHS_CUDA_CHECK(cudaEventDestroy(e));
+      DHS_CUDA_CHECK(cudaEventDestroy(a0));
+      DHS_CUDA_CHECK(cudaEventDestroy(a1));
+    }
+    DHS_CUDA_CHECK(cudaStreamDestroy(s_attn));
+    DHS_CUDA_CHECK(cudaStreamDestroy(s_rec));
+  }
+
   // c. Attention alone for ~--attn-ms, then with recalls on a second stream started before it and
   // repeated past its end; the recalls wholly inside the loop give the recall's rate beside it.
   // nb > 0: the move kernel on nb blocks; nb == 0: one contiguous cudaMemcpyAsync of the same bytes
@@ -498,11 +618,15 @@ int main(int argc, char** argv) {
     else if (a == "--attn-batch") opt.attn_batch = std::stoi(next());
     else if (a == "--attn-ctx") opt.attn_ctx = std::stoi(next());
     else if (a == "--attn-ms") opt.attn_ms = std::stod(next());
+    else if (a == "--gather-threads") opt.gather_threads = int_list(next());
+    else if (a == "--gather-chunk") opt.gather_chunk = std::stoi(next());
+    else if (a == "--only-gather") opt.only_gather = true;
     else {
       std::fprintf(stderr,
                    "usage: recall_bench [--out F.jsonl] [--commit SHA] [--host-gib 8] [--bulk-gib 1] [--moves 65536]\n"
                    "                    [--beside-moves 16384] [--reps 5] [--ce-reps 3] [--blocks 2,4,8,16,32,64,132]\n"
-                   "                    [--beside-blocks 4,8,16,32] [--attn-batch 4] [--attn-ctx 131072] [--attn-ms 40]\n");
+                   "                    [--beside-blocks 4,8,16,32] [--attn-batch 4] [--attn-ctx 131072] [--attn-ms 40]\n"
+                   "                    [--gather-threads 4,8,16] [--gather-chunk 2048] [--only-gather]\n");
       return 2;
     }
   }
@@ -534,6 +658,12 @@ int main(int argc, char** argv) {
               static_cast<double>(b.host->bytes()) / static_cast<double>(size_t{1} << 30), static_cast<long long>(b.n_dev),
               seconds());
   b.bulk();
+  b.host_gather();
+  std::printf("# host gather done at %.1f s\n", seconds());
+  if (opt.only_gather) {
+    if (b.out != nullptr) std::fclose(b.out);
+    return 0;
+  }
   // Scattered pages (a pool after churn: ~1 page a run) and runs of 64 slots on both sides.
   b.moves_by_form(make_moves(opt.moves, Tier::Host, b.n_host, Tier::Device, b.n_dev, 1, b.rng), true, "scattered",
                   opt.blocks);

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/host_gather.h"
 #include "backend/cuda/page_recall.h"
 #include "device_vectors.h"
 #include "dhisparse/error.h"
@@ -458,6 +459,63 @@ TEST(PageRecall, OpsRefuseWhatTheyCannotDo) {
     dc::recall_pages(empty, host, dev, nullptr);
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
   })) << "capacity 0";
+}
+
+// The host-side form (host_gather.h): scattered host pages (repeats included) into a run of
+// device slots from dst_first, over several staging chunks (a partial last one), 1 and 3 threads:
+// every device page equal bit for bit to what it should hold — the moved host page inside the
+// run, its old bits outside — and slots outside the pools refused.
+TEST(PageRecall, HostGatherEqualsTheCpuStatement) {
+  if (dc::device_count() == 0) GTEST_SKIP() << "no GPU";
+  uint64_t state = 77;
+  for (const int head_dim : {128, 64}) {
+    const int64_t n_host = 1013, n_dev = 701;
+    dc::HostPagePool host(n_host, 16, head_dim);
+    dc::DevicePagePool dev(n_dev, 16, head_dim);
+    const size_t pe = host.page_elems();
+    std::vector<uint16_t> hk(static_cast<size_t>(n_host) * pe), hv(hk.size()), dk(static_cast<size_t>(n_dev) * pe), dv(dk.size());
+    fill_bits(hk, state);
+    fill_bits(hv, state);
+    std::memcpy(host.k_h(), hk.data(), hk.size() * 2);
+    std::memcpy(host.v_h(), hv.data(), hv.size() * 2);
+    for (const int threads : {1, 3}) {
+      fill_bits(dk, state);
+      fill_bits(dv, state);
+      DHS_CUDA_CHECK(cudaMemcpy(dev.k_d(), dk.data(), dk.size() * 2, cudaMemcpyHostToDevice));
+      DHS_CUDA_CHECK(cudaMemcpy(dev.v_d(), dv.data(), dv.size() * 2, cudaMemcpyHostToDevice));
+      std::mt19937 rng(static_cast<uint32_t>(threads + head_dim));
+      std::vector<int32_t> src(333);
+      for (int32_t& x : src) x = static_cast<int32_t>(rng() % n_host);
+      const int64_t first = 101;
+      dc::HostGatherRecall g(16, head_dim, /*chunk_pages=*/50, threads);
+      cudaStream_t s;
+      DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      g.recall(host, src, dev, first, s);
+      DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+      DHS_CUDA_CHECK(cudaStreamDestroy(s));
+      for (size_t i = 0; i < src.size(); ++i) {
+        const size_t d = static_cast<size_t>(first) + i;
+        std::copy_n(hk.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(src[i]) * pe), pe, dk.begin() + static_cast<std::ptrdiff_t>(d * pe));
+        std::copy_n(hv.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(src[i]) * pe), pe, dv.begin() + static_cast<std::ptrdiff_t>(d * pe));
+      }
+      std::vector<uint16_t> gk(dk.size()), gv(dv.size());
+      DHS_CUDA_CHECK(cudaMemcpy(gk.data(), dev.k_d(), gk.size() * 2, cudaMemcpyDeviceToHost));
+      DHS_CUDA_CHECK(cudaMemcpy(gv.data(), dev.v_d(), gv.size() * 2, cudaMemcpyDeviceToHost));
+      ASSERT_TRUE(gk == dk) << "K, head_dim " << head_dim << ", " << threads << " threads";
+      ASSERT_TRUE(gv == dv) << "V, head_dim " << head_dim << ", " << threads << " threads";
+      auto throws = [&](std::vector<int32_t> bad, int64_t at) {
+        try {
+          g.recall(host, bad, dev, at, nullptr);
+        } catch (const dhs::Error&) {
+          return true;
+        }
+        return false;
+      };
+      EXPECT_TRUE(throws({static_cast<int32_t>(n_host)}, 0)) << "host slot past the tier";
+      EXPECT_TRUE(throws({-1}, 0)) << "negative host slot";
+      EXPECT_TRUE(throws({0, 1}, n_dev - 1)) << "device run past the pool";
+    }
+  }
 }
 
 }  // namespace
