@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   app.add_option("--gemv-tc-shapes", bo.gemv_tc_shapes, "Ring shapes of the tensor-core GEMV to time in the one-layer GEMM timing (gemv.h)")->delimiter(',')->check(int_in(0, 4));
   app.add_option("--spec-k", bo.spec_k, "Speculative decoding: drafts per cycle to time (draft and verify steps per policy; none by default)")->delimiter(',')->check(int_in(1, 16));
   app.add_option("--draft-pages", bo.draft_pages, "Speculative decoding: the draft's sink + recent pages per list")->check(int_in(2, 1 << 20))->capture_default_str();
+  app.add_option("--spec-trace", bo.spec_traces, "Speculative decoding: acceptance traces (scripts/acceptance_trace.py) whose k and draft policy match a timed one: TPOT replayed, rows in --out")->delimiter(',')->check(CLI::ExistingFile);
   app.add_option("--draft-seeds", bo.draft_seeds, "Speculative decoding: the draft also reads the verifier's M heaviest selected pages per list (sinkwindow:PAGES+M; the verify records them)")->check(int_in(0, 256))->capture_default_str();
   app.add_option("--spec-alpha", bo.spec_alpha, "Speculative decoding: per-token acceptance rates the TPOT is computed at (replayed, not measured)")->delimiter(',')->check(CLI::Range(0.0, 0.999))->capture_default_str();
   app.add_option("--verify-selection", bo.verify_selection, "Speculative decoding: what a sparse verify's rows read: last-row (one set, the last row's), all-rows (one set from every row's queries), per-row (each row its own)")->check(CLI::IsMember({"last-row", "all-rows", "per-row"}))->capture_default_str();

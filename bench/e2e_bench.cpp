@@ -7,6 +7,8 @@
 // Run as `dhisparse bench` (see src/cli/main.cpp).
 #include <cuda_runtime.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -227,7 +229,7 @@ void time_weight_gemms(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
 // back to the verifier's before returning.
 void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, LlamaCuda& m, std::vector<PageTable>& ts,
                       const BenchPolicy& verifier, const std::string& pol_spec, const std::string& weights, int64_t ctx,
-                      double plain_ms, double copy_gbps, std::ofstream& jl) {
+                      double plain_ms, double dense_ms, double copy_gbps, std::ofstream& jl, std::ofstream& decode_jl) {
   const int64_t batch = static_cast<int64_t>(ts.size());
   std::vector<int32_t> tok(static_cast<size_t>(batch) * 17, 42);
   auto seqs = [&](int n, bool verify) {
@@ -268,6 +270,33 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
     const double verify_ms = m.time_decode_step(seqs(k + 1, true), 30);
     const double read_frac = verifier.spec.dense() ? 1.0 : m.sparsity_stats().read_frac();
     m.reset_sparsity_stats();
+    // Acceptance traces (scripts/acceptance_trace.py: drafts kept per verify measured by `dhisparse
+    // eval` on a real model) for this k and this draft: TPOT replayed, one decode_e2e row each.
+    for (const std::string& path : opts.spec_traces) {
+      std::ifstream f(path);
+      DHS_CHECK(f.good(), "--spec-trace {}: cannot open", path);
+      const nlohmann::json t = nlohmann::json::parse(f);
+      if (t.at("k").get<int>() != k || t.at("draft_policy").get<std::string>() != draft_name) continue;
+      const double kept = t.at("accepted_per_verify").get<double>(), e = kept + 1.0;
+      const double tpot = (k * draft_ms + verify_ms) / e;
+      const double kv = 2.0 * m.config().n_layers * m.config().n_heads_kv * m.config().head_dim * 2 * static_cast<double>(ctx) *
+                        static_cast<double>(batch);
+      const double w = static_cast<double>(m.weight_bytes());
+      const double floor_ms = (k * (w + draft_frac * kv) + (w + read_frac * kv)) / e / (copy_gbps * 1e9) * 1e3;
+      const std::string stem = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+      std::printf("  spec k %d, %s, trace %s: %.3f kept per verify -> TPOT %.3f ms (floor %.3f), plain/this %.2f%s\n", k,
+                  draft_name.c_str(), stem.c_str(), kept, tpot, floor_ms, plain_ms / tpot,
+                  dense_ms > 0 ? fmt::format(", dense/this {:.2f}", dense_ms / tpot).c_str() : "");
+      decode_jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\""
+                << weights << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec
+                << "\",\"budgets\":\"" << verifier.budgets << "\",\"pages_read_frac\":" << read_frac << ",\"spec_k\":" << k
+                << ",\"draft_budget\":\"" << draft_name << "\",\"verify_select\":\"" << opts.verify_selection
+                << "\",\"accepted_per_verify\":" << kept << ",\"acceptance_trace\":\"" << stem << " ("
+                << t.at("model").get<std::string>() << " at " << t.at("length").get<int>() << " tokens, "
+                << t.at("verifies").get<int>() << " verifies)\",\"draft_ms\":" << draft_ms << ",\"verify_ms\":" << verify_ms
+                << ",\"tpot_ms\":" << tpot << ",\"floor_ms\":" << floor_ms << ",\"plain_tpot_ms\":" << plain_ms
+                << ",\"dense_tpot_ms\":" << dense_ms << ",\"copy_GBps\":" << copy_gbps << ",\"graph\":true}\n";
+    }
     for (const double a : opts.spec_alpha) {
       const double e = (1.0 - std::pow(a, k + 1)) / (1.0 - a);  // tokens per cycle
       const double tpot = (k * draft_ms + verify_ms) / e;
@@ -362,7 +391,8 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
            << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"gemv_tc\":" << (opts.gemv_tc ? "true" : "false") << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
-        if (!opts.spec_k.empty()) time_speculation(opts, prop, *m, ts, bp, pol_spec, weights, ctx, ms, copy_gbps, spec_jl);
+        if (!opts.spec_k.empty())
+          time_speculation(opts, prop, *m, ts, bp, pol_spec, weights, ctx, ms, bp.dense_label ? ms : dense_ms, copy_gbps, spec_jl, jl);
       }
       for (auto& t : ts) t.release(m->allocator());
     }

@@ -38,6 +38,9 @@ struct E2eBenchOptions {
   // Verification-seeded drafts: the draft also reads the verifier's draft_seeds heaviest selected
   // pages per list (sinkwindow:draft_pages+draft_seeds), the verify records them (0: window only).
   int draft_seeds = 0;
+  // Acceptance traces (scripts/acceptance_trace.py) replayed at their k and draft: decode_e2e rows
+  // with spec_k, draft_budget, accepted_per_verify, acceptance_trace.
+  std::vector<std::string> spec_traces;
   std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
   std::string spec_out = "bench/results/spec_e2e.jsonl";
   std::string verify_selection = "last-row";  // CudaModelOptions::verify_selection
