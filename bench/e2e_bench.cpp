@@ -277,6 +277,8 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
       DHS_CHECK(f.good(), "--spec-trace {}: cannot open", path);
       const nlohmann::json t = nlohmann::json::parse(f);
       if (t.at("k").get<int>() != k || t.at("draft_policy").get<std::string>() != draft_name) continue;
+      // (A trace's acceptance is its verifier's: a dense verifier records no seeds, for one.)
+      if (verifier.spec.dense() != (t.at("verify_policy").get<std::string>() == "dense")) continue;
       const double kept = t.at("accepted_per_verify").get<double>(), e = kept + 1.0;
       const double tpot = (k * draft_ms + verify_ms) / e;
       const double kv = 2.0 * m.config().n_layers * m.config().n_heads_kv * m.config().head_dim * 2 * static_cast<double>(ctx) *
