@@ -206,7 +206,8 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
 
 // Speculative decoding (greedy): every token equals decoding without it, on a dense engine and on
 // coverage 0.99, for chat questions (whose few pages the draft reads all of) and a long list (on
-// which a draft of 2 pages guesses wrong), and the draft both hits and misses over the prompts.
+// which a draft of 2 pages guesses wrong), window drafts and seeded ones, and the draft both hits
+// and misses over the prompts.
 TEST(EngineSpeculative, GreedyOutputEqualsDecodingWithoutIt) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   std::string items;
@@ -227,11 +228,12 @@ TEST(EngineSpeculative, GreedyOutputEqualsDecodingWithoutIt) {
       GenerateOptions go;
       go.max_tokens = 24;
       const GenerateResult plain = e->generate(prompts[i], go);
-      for (const int k : {3, 6}) {
+      // (sinkwindow:2+3: the window and the verifier's 3 heaviest pages per list, seeded drafts.)
+      for (const auto& [k, draft] : {std::pair{3, "sinkwindow:2"}, std::pair{6, "sinkwindow:2"}, std::pair{3, "sinkwindow:2+3"}}) {
         go.speculative_k = k;
-        go.draft_policy = "sinkwindow:2";
+        go.draft_policy = draft;
         const GenerateResult spec = e->generate(prompts[i], go);
-        EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ", k " << k;
+        EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << i << ", k " << k << ", draft " << draft;
         EXPECT_EQ(spec.finish_reason, plain.finish_reason);
         EXPECT_GT(spec.spec_verifies, 0);
         EXPECT_LE(spec.spec_drafted, spec.spec_verifies * k);
