@@ -278,7 +278,7 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
       const nlohmann::json t = nlohmann::json::parse(f);
       if (t.at("k").get<int>() != k || t.at("draft_policy").get<std::string>() != draft_name) continue;
       // (A trace's acceptance is its verifier's: a dense verifier records no seeds, for one.)
-      if (verifier.spec.dense() != (t.at("verify_policy").get<std::string>() == "dense")) continue;
+      if (t.at("verify_policy").get<std::string>() != verifier.spec.label("sketch4")) continue;
       const double kept = t.at("accepted_per_verify").get<double>(), e = kept + 1.0;
       const double tpot = (k * draft_ms + verify_ms) / e;
       const double kv = 2.0 * m.config().n_layers * m.config().n_heads_kv * m.config().head_dim * 2 * static_cast<double>(ctx) *
@@ -351,6 +351,9 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
                                  [](const std::string& p) { return chosen_by_sketch(without_reselect(p)); });
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+      // Seeded drafts: every scoring step of this model records seeds (on a side stream), plain
+      // steps included, so every policy's rows are timed alike whatever the order of --policies.
+      if (opts.draft_seeds > 0 && !opts.spec_k.empty()) m->keep_draft_seeds(opts.draft_seeds);
       m->gemm().set_gemv_kernel(gemv_kernel);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
       if (auto* sm = m->summaries(cuda::SummaryKind::MinMax))  // summaries of the random KV: values do not change the cost

@@ -411,6 +411,7 @@ struct Bench {
       Timing tm;
       for (int r = 0; r < opt.reps + 1; ++r) {
         DHS_CUDA_CHECK(cudaMemsetAsync(dev->k_d(), 0, static_cast<size_t>(n) * kHalfPageBytes, s));
+        DHS_CUDA_CHECK(cudaMemsetAsync(dev->v_d(), 0, static_cast<size_t>(n) * kHalfPageBytes, s));
         DHS_CUDA_CHECK(cudaStreamSynchronize(s));
         const auto t0 = std::chrono::steady_clock::now();
         g.recall(*host, src, *dev, 0, s);

@@ -154,6 +154,9 @@ std::string ContinuousScheduler::check_speculation(const GenerateOptions& o, Pol
   } catch (const Error& e) {
     return std::string("draft policy: ") + e.what();
   }
+  if (draft->seed_pages > runner_.max_draft_seeds())
+    return fmt::format("draft policy {}: {} seed pages per list, this backend keeps at most {}", draft->str(),
+                       draft->seed_pages, runner_.max_draft_seeds());
   if (draft->rule != SelectRule::SinkWindow)
     return fmt::format("draft policy {}: the draft reads sink and recent pages (sinkwindow:PAGES, or sinkwindow:PAGES+SEEDS "
                        "with the verifier's heaviest pages); scoring drafts are not built yet",
@@ -616,7 +619,8 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       const double ctx = static_cast<double>(batch[i].table->n_tokens());
       n_rows += n;
       if (rows[i].kind == RowKind::Draft)
-        kv += std::min(ctx, static_cast<double>(rows[i].req->draft.budget) * runner_.pages().page_size());
+        kv += std::min(ctx, static_cast<double>(rows[i].req->draft.budget + rows[i].req->draft.seed_pages) *
+                                runner_.pages().page_size());
       else if (rows[i].kind == RowKind::Verify && runner_.verify_reads_kv_once())
         kv += ctx;
       else

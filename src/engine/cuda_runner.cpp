@@ -106,6 +106,15 @@ class CudaRunner final : public StepRunner {
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
+  int max_draft_seeds() const override { return cuda::kMaxSeedPages; }
+  void truncate(PageTable& table, int64_t n_tokens) override {
+    model_->forget_draft_seeds(table.id(), n_tokens);
+    table.truncate(pages(), n_tokens);
+  }
+  void release(PageTable& table) override {
+    model_->forget_draft_seeds(table.id(), 0);
+    table.release(pages());
+  }
   bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }

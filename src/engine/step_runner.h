@@ -81,6 +81,8 @@ class StepRunner {
   // (sinkwindow:K+M) read; 0: nothing recorded (seeded drafts read their window alone). The
   // largest m asked stays.
   virtual void keep_draft_seeds(int m) { (void)m; }
+  // The most seeds per list keep_draft_seeds takes.
+  virtual int max_draft_seeds() const { return 1 << 16; }
   // Drops tokens past n_tokens (and whatever the backend derived from them).
   virtual void truncate(PageTable& table, int64_t n_tokens) { table.truncate(pages(), n_tokens); }
   // Frees every page of the table, in whichever tier it lives (request finished, cancelled or

@@ -230,7 +230,9 @@ TEST(CudaVerify, SparseVerifySelections) {
     // sets of decoding one at a time, so the pages read and, within 5% of the largest |logit|,
     // the logits (a page flipped at the cut moves a row by ~0.1 on these near-uniform random
     // weights; a row reading past its position or another row's set, by units).
-    if (mode == "last-row") EXPECT_NEAR(frac_half, frac_last, 0.01) << "the shared set is not the last row's";
+    if (mode == "last-row") {
+      EXPECT_NEAR(frac_half, frac_last, 0.01) << "the shared set is not the last row's";
+    }
     if (mode == "per-row") {
       EXPECT_NEAR(frac_half, frac_one, 0.01) << "the rows' sets are not their decode steps'";
       EXPECT_LE(md_one, 0.05f * scale) << "per-row verify rows differ from decoding one at a time";

@@ -490,8 +490,18 @@ TEST(PageRecall, HostGatherEqualsTheCpuStatement) {
       dc::HostGatherRecall g(16, head_dim, /*chunk_pages=*/50, threads);
       cudaStream_t s;
       DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      // A first recall into other slots, not waited for: the second reuses the staging buffers
+      // only after its copies (and its pages are then overwritten where the runs overlap).
+      const std::vector<int32_t> before(src.rbegin(), src.rbegin() + 120);
+      g.recall(host, before, dev, first + 40, s);
       g.recall(host, src, dev, first, s);
       DHS_CUDA_CHECK(cudaStreamSynchronize(s));
+      for (size_t i = 0; i < before.size(); ++i) {  // the first recall's pages past the second's run
+        const size_t d = static_cast<size_t>(first + 40) + i;
+        if (d < static_cast<size_t>(first) + src.size()) continue;
+        std::copy_n(hk.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(before[i]) * pe), pe, dk.begin() + static_cast<std::ptrdiff_t>(d * pe));
+        std::copy_n(hv.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(before[i]) * pe), pe, dv.begin() + static_cast<std::ptrdiff_t>(d * pe));
+      }
       DHS_CUDA_CHECK(cudaStreamDestroy(s));
       for (size_t i = 0; i < src.size(); ++i) {
         const size_t d = static_cast<size_t>(first) + i;

@@ -90,6 +90,8 @@ class SpecRunner final : public StepRunner {
   void set_sampled_vocab(int64_t) override {}
   void begin_request(int, const SamplingParams&) override {}
   int max_verify_rows() const override { return verifies_ ? max_rows : 0; }
+  int max_seeds = 1 << 16;  // max_draft_seeds()
+  int max_draft_seeds() const override { return max_seeds; }
   void truncate(PageTable& table, int64_t n_tokens) override {
     ++n_truncates;
     EXPECT_LE(n_tokens, table.n_tokens()) << "truncate past the end";
@@ -580,9 +582,17 @@ TEST_F(SpeculativeScheduler, SubmitRefusesWhatCannotSpeculate) {
   refused(p, "sinkwindow");
   p.options.draft_policy = "nonsense";
   refused(p, "draft policy");
+  r->max_seeds = 8;  // (the CUDA backend keeps 256 seeds per list)
+  p.options.draft_policy = "sinkwindow:4+16";
+  refused(p, "16 seed pages per list, this backend keeps at most 8");
+  p.options.draft_policy = "sinkwindow:4+8";
+  EXPECT_EQ(s->submit(p, {}).status, SubmitStatus::Accepted) << "seeds within the bound run";
+  s->stop(false);
+  s = sched(*r);
   r->set_policy(PolicySpec::parse("coverage:0.99/2@sketch4"));
   refused(req(3, 5, 4), "selects at every step");
   EXPECT_EQ(s->stats().n_submitted, 0u) << "a refused request was queued";
+  r->set_policy(PolicySpec{});
 
   SpecRunner no_verify(1000, script_, /*verifies=*/false);
   auto s2 = sched(no_verify);

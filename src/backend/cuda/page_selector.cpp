@@ -252,21 +252,33 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
               "a request's own scoring policy on a CUDA model built without page summaries (dense engine)");
     // This step's scoring records seeds: which rows of the store now hold whose (the kernel
     // skips the same lists: those not cut by mass).
-    record_seeds_ = seed_cap_ > 0 && !plan.window_only;
+    // (SoloHead shares one set over the heads and records nothing, as on the CPU.)
+    record_seeds_ = seed_cap_ > 0 && !plan.window_only && spec_.rule != dhs::SelectRule::SoloHead;
     if (record_seeds_) {
-      std::vector<uint64_t> seen;
-      for (const Request& r : batch) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const Request& r = batch[i];
         const PolicySpec& spec = r.policy ? *r.policy : spec_;
-        const bool cut = spec.scores() && !(spec.rule == dhs::SelectRule::Coverage && spec.gamma >= 1.0) &&
-                         r.n_before + r.n_new >= spec_.dense_below && r.n_before + r.n_new > 0;
-        if (!cut) continue;
-        const size_t slot = static_cast<size_t>(r.req_slot);
-        const bool first = std::find(seen.begin(), seen.end(), r.table_id) == seen.end();  // (a per-row verify's first row)
-        if (first) {
-          seen.push_back(r.table_id);
-          seed_table_[slot] = r.table_id;
-          seed_first_pos_[slot] = r.n_before;
+        // The lists the select kernel cuts by mass (the record kernel skips the others).
+        const int64_t seq = r.n_before + r.n_new, n = (seq + sz_.page_size - 1) / sz_.page_size;
+        bool cut = spec.scores() && !(spec.rule == dhs::SelectRule::Coverage && spec.gamma >= 1.0) &&
+                   seq >= spec_.dense_below && n > 0;
+        if (cut && (spec.rule == dhs::SelectRule::TopK || spec.rule == dhs::SelectRule::TopFrac) && select_.budget_frac == nullptr) {
+          const int64_t k = spec.rule == dhs::SelectRule::TopFrac ? top_frac_k(spec.frac, static_cast<int>(n)) : spec.budget;
+          cut = k < n;
         }
+        if (!cut) continue;
+        // Stamped with the tokens before the step: a per-row verify's rows are consecutive
+        // requests of one table, the first of them holds the smallest count.
+        int64_t first_pos = r.n_before;
+        for (size_t j = i; j-- > 0 && batch[j].table_id == r.table_id;) first_pos = std::min(first_pos, batch[j].n_before);
+        const size_t slot = static_cast<size_t>(r.req_slot);
+        if (seed_table_[slot] != r.table_id) {  // another table's seeds: gone, so a skipped list reads none
+          const size_t per_slot = static_cast<size_t>(sz_.n_layers) * static_cast<size_t>(sz_.n_heads_kv) *
+                                  static_cast<size_t>(seed_cap_);
+          DHS_CUDA_CHECK(cudaMemsetAsync(seeds_d_ + slot * per_slot, 0xFF, per_slot * 4, stream));
+        }
+        seed_table_[slot] = r.table_id;
+        seed_first_pos_[slot] = first_pos;
       }
     }
   } else {
@@ -335,10 +347,11 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   if (record_seeds_) {
     RecordSeedsParams r{.sel_indptr = p.indptr, .sel_page_pos = p.page_pos, .dense_indptr = p.dense_indptr,
                         .mass = mass_d_, .seq_len = p.seq_len, .q_indptr = p.q_indptr, .req_slot = in_.req_slot,
-                        .row_rules = p.row_rules, .budget_frac = p.budget_frac, .dense_below = p.dense_below,
+                        .row_rules = p.row_rules,
+                        .rule = RowRule{0, p.rule, p.gamma, p.budget, p.frac, p.n_sink, p.n_recent},
+                        .budget_frac = p.budget_frac, .dense_below = p.dense_below,
                         .seeds = seeds_d_, .seed_cap = seed_cap_, .n_requests = n_req, .n_layers = sz_.n_layers,
                         .n_heads_kv = sz_.n_heads_kv, .layer = layer};
-    r.rule = RowRule{0, p.rule, p.gamma, p.budget, p.frac, p.n_sink, p.n_recent};
     // Forked onto the side stream: attention goes on at once; join() waits for it.
     DHS_CUDA_CHECK(cudaEventRecord(selected_, stream));
     DHS_CUDA_CHECK(cudaStreamWaitEvent(side_, selected_, 0));
@@ -347,6 +360,11 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
     record_pending_ = true;
   }
   return {p.indptr, p.slots, p.page_pos};
+}
+
+void PageSelector::forget_seeds(uint64_t table_id, int64_t n_tokens) {
+  for (size_t slot = 0; slot < seed_table_.size(); ++slot)
+    if (seed_table_[slot] == table_id && seed_first_pos_[slot] >= n_tokens) seed_table_[slot] = 0;
 }
 
 void PageSelector::join(cudaStream_t stream) const {

@@ -117,6 +117,9 @@ class PageSelector {
   // its window alone (the select kernel's SinkWindow rule).
   void keep_seeds(int m);
   int seed_cap() const { return seed_cap_; }
+  // The runner's rollback (n_tokens: the table's tokens after it) or release (0) of a table: its
+  // seeds recorded at a step that started at or past n_tokens are stale (the CPU's rule).
+  void forget_seeds(uint64_t table_id, int64_t n_tokens);
   // The seed record kernels run on a side stream, off the step's critical path (nothing reads
   // the seeds before the next draft step); the model calls join before anything rewrites what
   // they read (the next layer's dense lists and selection) and at the end of the step.
