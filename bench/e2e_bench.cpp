@@ -254,6 +254,7 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
     // come after it), so the timed draft reads its window and the seeds; the verifies below
     // record them again inside their graphs.
     m.keep_draft_seeds(opts.draft_seeds);
+    m.record_draft_seeds(true);
     m.set_sparsity(verifier.spec, verifier.frac);
     m.forward(seqs(1, false), nullptr, true);
     seeded = true;
@@ -351,8 +352,8 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),
                                  [](const std::string& p) { return chosen_by_sketch(without_reselect(p)); });
       auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
-      // Seeded drafts: every scoring step of this model records seeds (on a side stream), plain
-      // steps included, so every policy's rows are timed alike whatever the order of --policies.
+      // Seeded drafts: the model keeps a seed store; plain steps are timed without recording into
+      // it (decoding without speculation records nothing), the speculative ones with it.
       if (opts.draft_seeds > 0 && !opts.spec_k.empty()) m->keep_draft_seeds(opts.draft_seeds);
       m->gemm().set_gemv_kernel(gemv_kernel);
       m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
@@ -377,6 +378,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
         const BenchPolicy bp = parse_bench_policy(pol_spec, opts, cfg);
         const PolicySpec& pc = bp.spec;
         m->set_sparsity(pc, bp.frac);
+        m->record_draft_seeds(false);
         // time_decode_step hands the step's page back when it rolls the step back: room again.
         for (auto& t : ts)
           if (t.capacity_tokens() < t.n_tokens() + 1) t.reserve(m->allocator(), 1);

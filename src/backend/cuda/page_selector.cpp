@@ -253,7 +253,7 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
     // This step's scoring records seeds: which rows of the store now hold whose (the kernel
     // skips the same lists: those not cut by mass).
     // (SoloHead shares one set over the heads and records nothing, as on the CPU.)
-    record_seeds_ = seed_cap_ > 0 && !plan.window_only && spec_.rule != dhs::SelectRule::SoloHead;
+    record_seeds_ = seed_cap_ > 0 && seed_recording_ && !plan.window_only && spec_.rule != dhs::SelectRule::SoloHead;
     if (record_seeds_) {
       for (size_t i = 0; i < batch.size(); ++i) {
         const Request& r = batch[i];
@@ -377,7 +377,7 @@ std::string PageSelector::graph_key(const SelectPlan& plan) const {
   // A threshold-dense step of a sparse policy runs the dense step's kernels: one graph for all.
   const std::string base = plan.runs_policy || !sparse_ ? policy_key_ : std::string("dense-step");
   const std::string rows = (plan.per_request ? base + "+rows" : base) + (plan.window_only ? "+window" : "") +
-                           (seed_cap_ > 0 ? fmt::format("+seeds{}", seed_cap_) : std::string());
+                           (seed_cap_ > 0 ? fmt::format("+seeds{}{}", seed_cap_, seed_recording_ ? "" : "-norec") : std::string());
   return plan.phase == ReselectSchedule::kFull ? rows : fmt::format("{}#{}", rows, plan.phase);
 }
 

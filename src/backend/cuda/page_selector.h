@@ -120,6 +120,9 @@ class PageSelector {
   // The runner's rollback (n_tokens: the table's tokens after it) or release (0) of a table: its
   // seeds recorded at a step that started at or past n_tokens are stale (the CPU's rule).
   void forget_seeds(uint64_t table_id, int64_t n_tokens);
+  // Whether scoring steps record seeds while a store is kept (default on; the bench times plain
+  // decoding with it off: a step that records is another graph).
+  void set_seed_recording(bool on) { seed_recording_ = on; }
   // The seed record kernels run on a side stream, off the step's critical path (nothing reads
   // the seeds before the next draft step); the model calls join before anything rewrites what
   // they read (the next layer's dense lists and selection) and at the end of the step.
@@ -193,6 +196,7 @@ class PageSelector {
   std::vector<uint64_t> seed_table_;
   std::vector<int64_t> seed_first_pos_;
   bool record_seeds_ = false;   // this step's scoring launches record (set by begin_step)
+  bool seed_recording_ = true;  // set_seed_recording
   cudaStream_t side_ = nullptr;             // (created with the store)
   cudaEvent_t selected_ = nullptr, recorded_ = nullptr;
   mutable bool record_pending_ = false;     // a record kernel not yet joined

@@ -178,6 +178,7 @@ class LlamaCuda {
   void keep_draft_seeds(int m) { selector_->keep_seeds(m); }
   // A table rolled back to n_tokens (or released: 0): its stale seeds are forgotten.
   void forget_draft_seeds(uint64_t table_id, int64_t n_tokens) { selector_->forget_seeds(table_id, n_tokens); }
+  void record_draft_seeds(bool on) { selector_->set_seed_recording(on); }
   // Decode steps since reset_sparsity_stats() that a sparse policy ran as the dense step because
   // every request was shorter than --dense-below or the batch held fewer than --sparse-min-tokens
   // (no scoring or selection kernels ran).
