@@ -32,13 +32,13 @@ EvalCommand::EvalCommand(CLI::App& app) {
                    "Speculative decoding's acceptance: each policy's output decoded again as cycles of K drafts on "
                    "--draft-policy, verified by the policy row by row; drafts kept per verification in the rows (0 = off)")
       ->check(int_in(0, 16))->capture_default_str();
-  app_->add_option("--draft-policy", draft_, "The drafts' pages with --speculative-k: sinkwindow:PAGES")->capture_default_str();
+  app_->add_option("--draft-policy", draft_, "The drafts' pages with --speculative-k: sinkwindow:PAGES, or sinkwindow:PAGES+SEEDS (also the verifier's SEEDS heaviest selected pages per list)")->capture_default_str();
 }
 
 void EvalCommand::check() {
   for (const std::string& p : policies_) ev_.policies.push_back(policy_.parse(p, "--policies"));
   ev_.draft = policy_.parse(draft_, "--draft-policy");
-  DHS_CHECK(ev_.draft.rule == SelectRule::SinkWindow, "--draft-policy {}: the draft reads sink and recent pages (sinkwindow:PAGES)",
+  DHS_CHECK(ev_.draft.rule == SelectRule::SinkWindow, "--draft-policy {}: the draft reads sink and recent pages (sinkwindow:PAGES[+SEEDS])",
             draft_);
 }
 

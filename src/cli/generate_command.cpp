@@ -54,7 +54,7 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
                   "(greedy: the tokens of decoding without it; sampled: its distribution; on the GPU the verify rows of a sparse policy share one selection); 0 = off; auto = "
                   "drafts chosen per cycle from the measured acceptance and step costs, 0 where speculation would not pay")
       ->transform(speculative_k_value(16))->capture_default_str();
-  app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages)")
+  app_->add_option("--draft-policy", go_.draft_policy, "The draft's pages: sinkwindow:PAGES (sink and recent pages), or sinkwindow:PAGES+SEEDS (also the verifier's SEEDS heaviest selected pages per list)")
       ->capture_default_str();
   app_->add_option("--device", eo_.device, "Backend: cpu, or cuda (needs a GPU and a CUDA build)")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app_->add_option("-t,--threads", eo_.n_threads, "CPU threads; 0 = all (more than the machine's hardware threads are not started)")->check(int_in(0, 4096));

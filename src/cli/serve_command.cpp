@@ -50,7 +50,7 @@ ServeCommand::ServeCommand(CLI::App& app) {
                   "overrides; 0 = off; auto = drafts chosen per cycle from the measured acceptance and step costs, 0 where "
                   "speculation would not pay")
       ->transform(speculative_k_value(16))->capture_default_str();
-  app_->add_option("--draft-policy", so_.draft_policy, "The draft's pages: sinkwindow:PAGES")->capture_default_str();
+  app_->add_option("--draft-policy", so_.draft_policy, "The draft's pages: sinkwindow:PAGES, or sinkwindow:PAGES+SEEDS (also the verifier's SEEDS heaviest selected pages per list)")->capture_default_str();
   // The sparse flags of generate (generate_command.cpp), same names and meaning.
   app_->add_option("--sparse-policy", sparse_policy_,
                   "KV pages each head reads: RULE[:VALUE][/R][@ESTIMATOR] (as generate's --sparse-policy)")
