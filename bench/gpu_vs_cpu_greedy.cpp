@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_text.h"
 #include "dhisparse/engine.h"
 
 namespace {
@@ -56,22 +57,10 @@ const std::vector<Prompt>& prompts() {
   return p;
 }
 
-float top2_gap(const std::vector<float>& l) {
-  std::vector<float> v(l);
-  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-  return v[0] - v[1];
-}
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (c == '\n') o += "\\n";
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
-  }
-  return o;
-}
+
+using dhs::bench::json_escape;
+using dhs::bench::top2_gap;
 
 }  // namespace
 
@@ -123,7 +112,8 @@ int main(int argc, char** argv) {
       }
       std::vector<int32_t> ctx = ids;
       ctx.insert(ctx.end(), a.begin(), a.begin() + static_cast<std::ptrdiff_t>(s));
-      const float gap = top2_gap(cpu->prompt_logits(ctx));
+      const std::vector<float> lg = cpu->prompt_logits(ctx);
+      const float gap = top2_gap(lg, static_cast<int64_t>(lg.size()));
       const bool tie = gap < tie_gap;
       (tie ? near : diverged) += 1;
       const int32_t ca = s < a.size() ? a[s] : -1, gb = s < b.size() ? b[s] : -1;

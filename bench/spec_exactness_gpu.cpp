@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_text.h"
 #include "dhisparse/engine.h"
 #include "dhisparse/policy.h"
 
@@ -68,22 +69,10 @@ std::vector<Prompt> make_prompts(int n, uint32_t seed, const std::string& docs_d
   return out;
 }
 
-float top2_gap(const std::vector<float>& l, int64_t n) {
-  std::vector<float> v(l.begin(), l.begin() + n);
-  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
-  return v[0] - v[1];
-}
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (c == '\n') o += "\\n";
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
-  }
-  return o;
-}
+
+using dhs::bench::json_escape;
+using dhs::bench::top2_gap;
 
 }  // namespace
 

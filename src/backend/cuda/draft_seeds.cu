@@ -3,6 +3,7 @@
 // floats order as their bits: four 8-bit passes with a shared histogram), ties at the threshold
 // going to the lowest page indices (the list is in ascending page order: a block prefix count);
 // the chosen ones are then ranked by counting and written heaviest first.
+#include "backend/cuda/block_sum.cuh"
 #include "backend/cuda/draft_seeds.h"
 #include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
@@ -13,17 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ int block_count(int v, int* s_red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) s_red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int s = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) s += s_red[w];
-  __syncthreads();
-  return s;
-}
 
 __global__ void __launch_bounds__(kThreads) record_seeds_kernel(const __grid_constant__ RecordSeedsParams p) {
   ptx::griddep_wait();  // the select launch's lists and masses
@@ -92,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) record_seeds_kernel(const __grid_con
     thr = s_prefix;
     int above = 0;
     for (int e = threadIdx.x; e < c; e += kThreads) above += key(e) > thr ? 1 : 0;
-    n_above = block_count(above, s_red);
+    n_above = block_sum<kThreads>(above, s_red);  // (s_red is next written after a __syncthreads)
   }
   // Take every key above thr and the first (m - n_above) equal to it in list order (lowest pages).
   if (threadIdx.x == 0) s_n = 0;
