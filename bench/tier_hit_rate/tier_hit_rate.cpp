@@ -10,7 +10,11 @@
 // KiB of V in f16, page 16). Greedy tokens are checked equal to the all-resident run.
 //   tier_hit_rate [-m MODEL] [--policy coverage:0.99] [--len 4096] [--steps 64] [--samples 3]
 //                 [--ratios 1,1.1,1.25,1.5,2] [--pool-fracs 0.5,0.7] [--out bench/results/hierarchy_hit_rate.jsonl]
-//                 [--commit C]
+//                 [--recall layer,ahead] [--commit C]
+// --recall: the hierarchy's schedules (EngineOptions::kv_recall), each run at every budget. With
+// "layer" a miss is a page recalled before its layer's attention; with "ahead" (the GPU's) a miss
+// is a page read in place from the host tier (late), and the pages recalled per step are the
+// ones recalled after each step for the next.
 // --pool-fracs: also with the cache manager's budgets (`--kv-device-budget auto`, kv/device_budgets.h)
 // and a device pool of that fraction of the request's pages (what pressure looks like to it).
 #include <CLI/CLI.hpp>
@@ -51,8 +55,12 @@ Run decode(dhs::Engine& e, const std::vector<int32_t>& prompt, int steps) {
   }
   r.read = e.take_page_counts().read;
   const dhs::TierCounts t1 = e.tier_counts();
-  r.tiers = {t1.hits - t0.hits, t1.recalled - t0.recalled, t1.offloaded - t0.offloaded, t1.dropped - t0.dropped,
-             t1.host_used};
+  r.tiers.hits = t1.hits - t0.hits;
+  r.tiers.late = t1.late - t0.late;
+  r.tiers.recalled = t1.recalled - t0.recalled;
+  r.tiers.offloaded = t1.offloaded - t0.offloaded;
+  r.tiers.dropped = t1.dropped - t0.dropped;
+  r.tiers.host_used = t1.host_used;
   return r;
 }
 
@@ -64,6 +72,7 @@ int main(int argc, char** argv) {
   int64_t len = 4096;
   int steps = 64, samples = 3;
   std::vector<double> ratios = {1.0, 1.1, 1.25, 1.5, 2.0}, pool_fracs;
+  std::vector<std::string> recalls = {"layer"};
   app.add_option("-m,--model", model, "GGUF model");
   app.add_option("--policy", policy, "sparse policy of the decode steps");
   app.add_option("--len", len, "prompt tokens")->check(CLI::Range(int64_t{256}, int64_t{1} << 20));
@@ -72,6 +81,7 @@ int main(int argc, char** argv) {
   app.add_option("--ratios", ratios, "device budgets as multiples of the working set")->delimiter(',');
   app.add_option("--pool-fracs", pool_fracs, "auto budgets with a device pool of these fractions of the request's pages")
       ->delimiter(',');
+  app.add_option("--recall", recalls, "schedules: layer, ahead")->delimiter(',')->check(CLI::IsMember({"layer", "ahead"}));
   app.add_option("--out", out, "append JSON rows here");
   app.add_option("--commit", commit, "commit recorded in the rows");
   CLI11_PARSE(app, argc, argv);
@@ -86,7 +96,8 @@ int main(int argc, char** argv) {
                                                     dhs::eval::TaskKind::Qa, dhs::eval::TaskKind::NiahMultiKey};
     std::ofstream jl;
     if (!out.empty()) jl.open(out, std::ios::app);
-    std::printf("%-8s %-9s %10s %10s %12s %14s %8s\n", "sample", "ratio", "budget", "hit_rate", "recall/step", "8B GB/step", "tokens");
+    std::printf("%-8s %-6s %-9s %10s %10s %12s %10s %14s %8s\n", "sample", "recall", "ratio", "budget", "hit_rate",
+                "recall/step", "late/step", "8B GB/step", "tokens");
     for (int si = 0; si < samples; ++si) {
       const auto task = tasks[static_cast<size_t>(si) % tasks.size()];
       const dhs::eval::Sample smp = dhs::eval::make_sample(task, len, 1000 + static_cast<uint64_t>(si),
@@ -98,6 +109,7 @@ int main(int argc, char** argv) {
       // Fixed budgets (ratio x working set), then auto budgets over smaller pools (ratio < 0 marks them).
       std::vector<double> runs = ratios;
       for (double f : pool_fracs) runs.push_back(-f);
+      for (const std::string& recall : recalls)
       for (double ratio : runs) {
         dhs::EngineOptions ot = o;
         const int64_t blocks = (static_cast<int64_t>(prompt.size()) + steps + 15) / 16;
@@ -111,30 +123,37 @@ int main(int argc, char** argv) {
           const int64_t one_layer = cfg.n_heads_kv * blocks;
           ot.kv_device_budget = std::max<int64_t>(one_layer, static_cast<int64_t>(std::ceil(ratio * working_set)));
         }
+        ot.kv_recall = recall;
         ot.cpu_kv_gb = 1.25 * static_cast<double>(total_pages) * 2.0 * 16.0 * static_cast<double>(cfg.head_dim) * 4.0 / 1073741824.0;
         auto e = dhs::Engine::load(ot);
         const Run r = decode(*e, prompt, steps);
-        const double reads = static_cast<double>(r.tiers.hits + r.tiers.recalled);
+        // Misses: recalled before their layer (layer), or read in place (ahead).
+        const bool ahead = recall == "ahead";
+        const uint64_t missed = ahead ? r.tiers.late : r.tiers.recalled;
+        const double reads = static_cast<double>(r.tiers.hits + missed);
         const double hit = reads > 0 ? static_cast<double>(r.tiers.hits) / reads : 1.0;
         const double per_step = static_cast<double>(r.tiers.recalled) / steps;
+        const double late_per_step = static_cast<double>(r.tiers.late) / steps;
         // The same fraction of an 8B request's pages at this length: 32 layers x 8 KV heads.
         const double frac = per_step / static_cast<double>(total_pages);
         const double gb_8b = frac * 32.0 * 8.0 * std::ceil(static_cast<double>(prompt.size()) / 16.0) * 8192.0 / 1e9;
         const bool same = r.tokens == ref.tokens;
         const std::string label = auto_budget ? "auto@" + std::to_string(-ratio).substr(0, 4) : std::to_string(ratio).substr(0, 4);
         const int64_t shown = auto_budget ? ot.kv_blocks * cfg.n_layers * cfg.n_heads_kv : ot.kv_device_budget;
-        std::printf("%-8s %-9s %10lld %9.2f%% %12.1f %14.4f %8s\n", dhs::eval::task_name(task).c_str(), label.c_str(),
-                    static_cast<long long>(shown), 100.0 * hit, per_step, gb_8b, same ? "equal" : "DIFFER");
+        std::printf("%-8s %-6s %-9s %10lld %9.2f%% %12.1f %10.1f %14.4f %8s\n", dhs::eval::task_name(task).c_str(),
+                    recall.c_str(), label.c_str(), static_cast<long long>(shown), 100.0 * hit, per_step, late_per_step,
+                    gb_8b, same ? "equal" : "DIFFER");
         if (jl.is_open()) {
           jl << "{\"commit\": \"" << commit << "\", \"model\": \"" << model.substr(model.find_last_of('/') + 1)
              << "\", \"backend\": \"cpu\", \"policy\": \"" << policy << "\", \"task\": \"" << dhs::eval::task_name(task)
              << "\", \"prompt_tokens\": " << prompt.size() << ", \"decode_steps\": " << steps
-             << ", \"working_set_pages\": " << working_set << ", \"total_pages\": " << total_pages;
+             << ", \"recall\": \"" << recall << "\", \"working_set_pages\": " << working_set << ", \"total_pages\": " << total_pages;
           if (auto_budget)
             jl << ", \"budget\": \"auto\", \"device_pool_frac\": " << -ratio << ", \"device_pool_pages\": " << shown;
           else
             jl << ", \"buffer_ratio\": " << ratio << ", \"budget_pages\": " << ot.kv_device_budget;
           jl << ", \"hit_rate\": " << hit << ", \"recalled_per_step\": " << per_step
+             << ", \"late_per_step\": " << late_per_step
              << ", \"recalled_frac_per_step\": " << frac << ", \"recall_gb_per_step_8b_equiv\": " << gb_8b
              << ", \"tokens_equal\": " << (same ? "true" : "false") << "}\n";
         }

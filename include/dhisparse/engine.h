@@ -51,6 +51,13 @@ struct EngineOptions {
   // working set, miss rate and the device tier's room across requests) instead of one fixed
   // kv_device_budget. `--kv-device-budget auto`.
   bool kv_budget_auto = false;
+  // With the host tier, when pages move: "layer" (before each layer's attention, the pages it
+  // reads are recalled: the host knows every list in time) or "ahead" (the GPU's schedule: no
+  // move inside a step — each layer reads late pages in place from the host tier and merges them
+  // by log-sum-exp — and after the step the pages it read are recalled for the next one).
+  // `--kv-recall`. Tokens are the all-resident run's with either (ahead: up to the merge's
+  // rounding).
+  std::string kv_recall = "layer";
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step

@@ -23,6 +23,7 @@ struct PageCounts {
 // the engine loaded, and the host tier's pages in use. All 0 without a host tier.
 struct TierCounts {
   uint64_t hits = 0;       // pages a step read that were resident
+  uint64_t late = 0;       // pages a step read in place from the host tier (--kv-recall ahead)
   uint64_t recalled = 0;   // host -> device copies
   uint64_t offloaded = 0;  // device -> host copies
   uint64_t dropped = 0;    // evictions of pages whose host copy was still valid (no copy)

@@ -120,6 +120,13 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
          "pages go to the host tier past it); 0 = no limit; auto = sized after every step from the request's "
          "working set and misses and the device tier's room (kv/device_budgets.h)")
       ->default_str("0");
+  app->add_option("--kv-recall", eo.kv_recall,
+                  "With --cpu-kv-gb, when pages move: layer = before each layer's attention the pages it reads are "
+                  "recalled; ahead = nothing moves inside a step (late pages are read in place from the host tier "
+                  "and merged by log-sum-exp) and after it the pages it read are recalled for the next step "
+                  "(the GPU's schedule)")
+      ->check(CLI::IsMember({"layer", "ahead"}))
+      ->capture_default_str();
 }
 
 }  // namespace dhs::cli

@@ -38,4 +38,16 @@ DHS_HD void merge(MergeState& a, float* oa, const MergeState& b, const float* ob
   a.m = m;
 }
 
+// Two attention results over disjoint sets of keys, each normalised and with its log-sum-exp
+// (-inf: it saw no key), merged in place into (oa, lse_a): the result over both sets. The KV
+// hierarchy's in-place reads (attention over the resident pages and over the late ones apart).
+DHS_HD void merge_normalized(float* oa, float& lse_a, const float* ob, float lse_b, int n) {
+  MergeState a{lse_a, lse_a > -INFINITY ? 1.0f : 0.0f};
+  const MergeState b{lse_b, lse_b > -INFINITY ? 1.0f : 0.0f};
+  merge(a, oa, b, ob, n);
+  if (a.d > 0.0f)
+    for (int i = 0; i < n; ++i) oa[i] /= a.d;
+  lse_a = a.lse();
+}
+
 }  // namespace dhs

@@ -46,6 +46,10 @@ class CpuRunner final : public StepRunner {
     DHS_CHECK(o.cpu_kv_gb == 0.0 || host_pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
     DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || host_pages > 0,
               "a device KV budget needs the host tier (--cpu-kv-gb)");
+    DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead", "--kv-recall must be layer or ahead, got '{}'",
+              o.kv_recall);
+    DHS_CHECK(o.kv_recall == "layer" || host_pages > 0, "--kv-recall {} needs the host tier (--cpu-kv-gb)", o.kv_recall);
+    recall_ahead_ = o.kv_recall == "ahead";
     pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
                                        o.page_size, static_cast<int>(c.head_dim));
     if (host_pages > 0) {
@@ -56,7 +60,7 @@ class CpuRunner final : public StepRunner {
                                           LruParams{static_cast<int>(c.n_layers), 4, /*cyclic=*/true});
       budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
       if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
-      model_->set_tiers(tiers_.get());
+      model_->set_tiers(tiers_.get(), recall_ahead_ ? LlamaCpu::RecallSchedule::Ahead : LlamaCpu::RecallSchedule::Layer);
     }
     if (!o.policy.dense()) {
       summaries_ = host_pool_ ? std::make_unique<PageSummaryStore>(*pool_, *host_pool_) : std::make_unique<PageSummaryStore>(*pool_);
@@ -128,6 +132,7 @@ class CpuRunner final : public StepRunner {
     if (!tiers_) return c;
     const TierStats& t = tiers_->totals();
     c.hits = static_cast<uint64_t>(t.hits);
+    c.late = static_cast<uint64_t>(t.late);
     c.recalled = static_cast<uint64_t>(t.recalled);
     c.offloaded = static_cast<uint64_t>(t.offloaded);
     c.dropped = static_cast<uint64_t>(t.dropped);
@@ -235,9 +240,10 @@ class CpuRunner final : public StepRunner {
       const PageTable& t = *batch[i].table;
       const int64_t id = static_cast<int64_t>(t.id());
       if (batch[i].n_new == 1 && !batch[i].verify) {
+        // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
         const TierStats now = tiers_->request_stats(t);
-        const int64_t recalled = now.recalled - before[i].recalled;
-        auto_budgets_->observe(id, now.hits - before[i].hits + recalled, recalled);
+        const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
+        auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
       }
       const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
       reqs.push_back({id, t.n_tokens() / t.page_size() * lists});
@@ -257,6 +263,7 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<PagePool> host_pool_;  // the host tier, or null
   std::unique_ptr<TieredKv> tiers_;
   int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
+  bool recall_ahead_ = false;              // --kv-recall ahead
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
   int seed_pages_ = 0;                                // keep_draft_seeds

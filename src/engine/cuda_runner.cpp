@@ -44,8 +44,8 @@ class CudaRunner final : public StepRunner {
               "verify selection must be last-row, all-rows or per-row, got '{}'", o.verify_selection);
     co.verify_selection = o.verify_selection;
     // (said plainly rather than running without the tier the user asked for)
-    DHS_CHECK(o.cpu_kv_gb == 0.0 && o.kv_device_budget == 0 && !o.kv_budget_auto,
-              "the KV hierarchy (--cpu-kv-gb / --swap-space, --kv-device-budget) runs on the CPU backend only so "
+    DHS_CHECK(o.cpu_kv_gb == 0.0 && o.kv_device_budget == 0 && !o.kv_budget_auto && o.kv_recall == "layer",
+              "the KV hierarchy (--cpu-kv-gb / --swap-space, --kv-device-budget, --kv-recall) runs on the CPU backend only so "
               "far (issue 23: the GPU side is not built)");
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;

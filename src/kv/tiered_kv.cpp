@@ -13,6 +13,7 @@ TierStats& TierStats::operator+=(const TierStats& o) {
   offloaded += o.offloaded;
   dropped += o.dropped;
   hits += o.hits;
+  late += o.late;
   recall_runs += o.recall_runs;
   offload_runs += o.offload_runs;
   return *this;
@@ -101,7 +102,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   for (int32_t s : slots)
     if (host_copy_[static_cast<size_t>(s)] < 0) moves.push_back({PageRef{Tier::Device, s}, hs[k++]});
   std::sort(moves.begin(), moves.end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
-  st.offload_runs += copy_pages(dev_, host_, moves);
+  st.offload_runs += mover_(dev_, host_, moves);
   st.offloaded += static_cast<int64_t>(moves.size());
   for (const PageMove& m : moves) {
     host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
@@ -208,7 +209,7 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     moves.push_back({t.page(l, h, i), fresh[k++]});
     where.push_back({&t, l, h, i});
   }
-  st.recall_runs += copy_pages(host_, dev_, moves);
+  st.recall_runs += mover_(host_, dev_, moves);
   if (on_move_)
     for (const PageMove& m : moves) on_move_(m.src, m.dst);
   st.recalled += missing;
@@ -231,6 +232,68 @@ TierStats TieredKv::request_stats(const PageTable& t) const {
   TierStats st;
   st.hits = o.hits;
   st.recalled = o.recalled;
+  st.late = o.late;
+  return st;
+}
+
+TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int64_t now) {
+  Owner& o = owner_of(t);
+  TierStats st;
+  for (const PageId& id : pages) {
+    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
+                  id.idx < t.n_pages_per_list(),
+              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    const PageRef p = t.page(id.layer, id.head, id.idx);
+    if (p.tier == Tier::Host) {
+      ++st.late;
+    } else {
+      ++st.hits;
+      lru_.touch(p.slot, now);
+    }
+  }
+  o.hits += st.hits;
+  o.late += st.late;
+  totals_ += st;
+  return st;
+}
+
+TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
+  Owner& o = owner_of(t);
+  // The listed pages, once each: those resident stay (pinned by ensure_resident), the missing
+  // ones come in order while the budget has room beside them.
+  std::set<std::tuple<int, int, int64_t>> seen;
+  std::vector<PageId> keep, missing;
+  int64_t keep_movable = 0;
+  for (const PageId& id : pages) {
+    if (!seen.emplace(id.layer, id.head, id.idx).second) continue;
+    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
+                  id.idx < t.n_pages_per_list(),
+              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    if (t.page(id.layer, id.head, id.idx).tier == Tier::Host) {
+      missing.push_back(id);
+    } else {
+      keep.push_back(id);
+      keep_movable += may_move(t, id.idx);
+    }
+  }
+  if (missing.empty()) return {};
+  const int64_t room = o.budget == kUnlimited ? static_cast<int64_t>(missing.size()) : o.budget - keep_movable;
+  if (room <= 0) return {};
+  missing.resize(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(missing.size()))));
+  const int64_t hits_before = o.hits;
+  keep.insert(keep.end(), missing.begin(), missing.end());
+  TierStats st;
+  try {
+    st = ensure_resident(t, keep, now);
+  } catch (const Error&) {
+    return {};  // (no room now: changed nothing but LRU stamps of pages that were read anyway)
+  }
+  // Unpin what the call pinned (nothing else is pinned between steps), and count the call's
+  // resident pages as no new hits: note_reads counted them when the step read them.
+  lru_.unpin_all();
+  totals_.hits -= st.hits;
+  o.hits = hits_before;
+  st.hits = 0;
   return st;
 }
 

@@ -43,6 +43,7 @@ struct TierStats {
   int64_t offloaded = 0;     // pages copied device -> host
   int64_t dropped = 0;       // evictions that needed no copy (a clean host copy existed)
   int64_t hits = 0;          // requested pages already resident
+  int64_t late = 0;          // pages a step read where they were, in the host tier (note_reads)
   int64_t recall_runs = 0;   // coalesced copies of the recalls
   int64_t offload_runs = 0;  // and of the offloads
   TierStats& operator+=(const TierStats& o);
@@ -65,7 +66,8 @@ class TieredKv {
   int64_t resident_pages(const PageTable& t) const;
   // t's device pages that may move (resident minus the pages its lists append into).
   int64_t movable_resident_pages(const PageTable& t) const { return movable_resident(owner_of(t)); }
-  // Pages t's ensure_resident calls found resident (hits) and recalled, since add().
+  // Pages t's ensure_resident calls found resident (hits) and recalled, since add(); with the
+  // recall-ahead schedule, note_reads' hits and late reads and recall_ahead's recalls.
   TierStats request_stats(const PageTable& t) const;
 
   // After t.reserve(device pool, ...): its new device pages are tracked; then, if t is over its
@@ -79,6 +81,19 @@ class TieredKv {
   // pages cannot all be resident at once (more than the device pool holds beside other pinned
   // pages, or than the host tier can take in evictions).
   TierStats ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now);
+
+  // The recall-ahead schedule (the GPU's, docs/hierarchy.md "Recall ahead"): a step reads each
+  // page where it lives, with no move inside the step. note_reads records a layer's reads at
+  // `now`: a device page is a hit (touched in the LRU), a host page a late read (read in place,
+  // from the host tier; counted in `late`). Changes no page's tier.
+  TierStats note_reads(PageTable& t, std::span<const PageId> pages, int64_t now);
+  // After the step: the pages it read that live in the host tier recalled, in the given order
+  // (the prediction of the next step's reads is this step's reads), as many as t's budget takes
+  // beside the listed pages already resident; t's other pages are evicted for them (its least
+  // recently used first, then any request's when the device pool is full). Best effort: when
+  // the room is not there it recalls nothing and returns (the next step reads those pages in
+  // place). Pins nothing past the call.
+  TierStats recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now);
 
   // Offloads up to n of t's least recently used full, unpinned device pages (fewer when the host
   // tier has no room for their copies); returns the stats.
@@ -123,6 +138,14 @@ class TieredKv {
   // no host copy of an appending page. "" when consistent.
   std::string check_invariants() const;
 
+  // What copies the pages' bytes between the tiers (the I/O engine): copy_pages (kv/tier_copy.h)
+  // by default, for pools with storage; a backend whose pools keep their bytes elsewhere (the
+  // CUDA backend: HBM and pinned DRAM, storage-less PagePools for the accounting) gives its own.
+  // Called with every move of one eviction or recall at once (one direction); returns the number
+  // of copies issued (coalesced runs).
+  using PageMover = std::function<int64_t(const PagePool& src, PagePool& dst, std::span<const PageMove> moves)>;
+  void set_mover(PageMover mover) { mover_ = std::move(mover); }
+
   // Called for every page copied between the tiers, after its bytes (from, to): what follows a
   // page besides its K and V (its summary, kept per slot) moves there.
   void set_move_hook(std::function<void(PageRef from, PageRef to)> hook) { on_move_ = std::move(hook); }
@@ -130,6 +153,7 @@ class TieredKv {
   bool has(const PageTable& t) const { return owners_.count(t.id()) != 0; }
 
   const TierStats& totals() const { return totals_; }
+  const PagePool& host_pool() const { return host_; }
   const BucketedLru& lru() const { return lru_; }
 
  private:
@@ -144,7 +168,8 @@ class TieredKv {
     int64_t budget;
     int64_t resident = 0;
     bool swapped = false;  // swap_out: every page may move, none is appended to
-    int64_t hits = 0, recalled = 0;  // its ensure_resident calls
+    int64_t hits = 0, recalled = 0;  // its ensure_resident / note_reads / recall_ahead calls
+    int64_t late = 0;                // its note_reads of host pages
   };
   Owner& owner_of(const PageTable& t);
   const Owner& owner_of(const PageTable& t) const;
@@ -176,6 +201,7 @@ class TieredKv {
   int32_t next_owner_ = 0;
   TierStats totals_;
   std::function<void(PageRef, PageRef)> on_move_;
+  PageMover mover_ = copy_pages;
 };
 
 }  // namespace dhs

@@ -104,6 +104,9 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
             static_cast<double>(s.n_swapped));
   w.counter("dhisparse:kv_tier_hits_total", "KV hierarchy: pages a step read that were in the device tier.",
             static_cast<double>(s.tiers.hits));
+  w.counter("dhisparse:kv_tier_late_total",
+            "KV hierarchy (--kv-recall ahead): pages a step read in place from the host tier.",
+            static_cast<double>(s.tiers.late));
   w.counter("dhisparse:kv_tier_recalled_total", "KV hierarchy: pages recalled from the host tier.",
             static_cast<double>(s.tiers.recalled));
   w.counter("dhisparse:kv_tier_offloaded_total", "KV hierarchy: pages copied to the host tier.",

@@ -21,7 +21,7 @@ namespace dhs {
 namespace {
 
 std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0,
-                             bool auto_budget = false) {
+                             bool auto_budget = false, const std::string& recall = "layer") {
   EngineOptions o;
   o.model_path = test::default_model_path();
   o.policy = PolicySpec::parse(policy);
@@ -29,6 +29,7 @@ std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_
   o.kv_device_budget = budget;
   o.kv_budget_auto = auto_budget;
   o.kv_blocks = kv_blocks;
+  o.kv_recall = recall;
   o.max_context = 2048;
   return Engine::load(o);
 }
@@ -43,7 +44,11 @@ std::vector<int32_t> long_prompt(const Engine& e) {
   return e.tokenize(text);
 }
 
-void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_recalls) {
+// recall "ahead" (the GPU's schedule): nothing moves inside a step; pages not resident are read
+// in place from the host tier (late) and merged by log-sum-exp, and the pages a step read come
+// back after it as far as the budget goes. The merge sums in another order than one pass over
+// all pages, so tokens equal the all-resident run up to rounding: on this prompt, exactly.
+void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_recalls, const std::string& recall = "layer") {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
   GenerateOptions g;
   g.max_tokens = 24;
@@ -66,7 +71,7 @@ void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_r
     const int64_t n = static_cast<int64_t>(long_prompt(*probe).size()) + g.max_tokens;
     budget = probe->config().n_heads_kv * ((n + 15) / 16);
   }
-  auto e = load(policy, 1.0, budget);
+  auto e = load(policy, 1.0, budget, 0, false, recall);
   const std::vector<int32_t> prompt = long_prompt(*e);
   ASSERT_GT(prompt.size(), 600u);
   const GenerateResult r = e->generate(prompt, g);
@@ -77,9 +82,18 @@ void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_r
   std::printf("%s: %zu tokens; page hits %llu, recalled %llu, offloaded %llu, dropped (clean copy) %llu\n", policy.c_str(),
               r.tokens.size(), static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.recalled),
               static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped));
+  std::printf("  read in place (late): %llu\n", static_cast<unsigned long long>(t.late));
   const uint64_t layers = static_cast<uint64_t>(e->config().n_layers);
-  if (every_layer_recalls) EXPECT_GE(t.recalled, layers * static_cast<uint64_t>(g.max_tokens)) << "pages did not move every step";
-  else EXPECT_GT(t.recalled, 0u);
+  if (recall == "ahead") {
+    // Every layer of every step reads pages from the host tier; under coverage the selection
+    // moves and pages come back between steps (dense reads every page: what is resident stays).
+    EXPECT_GE(t.late, layers * static_cast<uint64_t>(g.max_tokens)) << "no step read pages in place";
+    if (!every_layer_recalls) EXPECT_GT(t.recalled, 0u);
+  } else {
+    if (every_layer_recalls) EXPECT_GE(t.recalled, layers * static_cast<uint64_t>(g.max_tokens)) << "pages did not move every step";
+    else EXPECT_GT(t.recalled, 0u);
+    EXPECT_EQ(t.late, 0u);
+  }
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(e->tier_counts().host_used, 0);
@@ -90,11 +104,17 @@ TEST(KvTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers
 
 TEST(KvTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false); }
 
+TEST(KvTiers, RecallAheadDenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("dense", true, "ahead"); }
+
+TEST(KvTiers, RecallAheadCoverageGreedyTokensEqualAllResident) {
+  expect_same_tokens_with_tiers("coverage:0.99", false, "ahead");
+}
+
 // Four requests in one continuous batch (different lengths, prefill chunks beside decode rows),
 // each with a device budget of a few layers' pages (or, auto, budgets from the cache manager over
 // a device pool that holds ~70% of their pages), sharing the device tier: each one's greedy tokens
 // equal its tokens decoded alone with everything resident.
-void expect_batch_equal_alone(bool auto_budget) {
+void expect_batch_equal_alone(bool auto_budget, const std::string& recall = "layer") {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
   GenerateOptions g;
   g.max_tokens = 16;
@@ -113,8 +133,8 @@ void expect_batch_equal_alone(bool auto_budget) {
   }
   int64_t blocks = 0;  // the four requests' blocks of 16 tokens, all resident
   for (const auto& pr : prompts) blocks += (static_cast<int64_t>(pr.size()) + g.max_tokens + 15) / 16;
-  auto e = auto_budget ? load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true)
-                       : load("coverage:0.99", 1.0, 3 * 3 * 16);  // 3 layers' worth at ~16 pages per list
+  auto e = auto_budget ? load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true, recall)
+                       : load("coverage:0.99", 1.0, 3 * 3 * 16, 0, false, recall);  // 3 layers' worth at ~16 pages per list
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -134,9 +154,11 @@ void expect_batch_equal_alone(bool auto_budget) {
   ASSERT_EQ(done, static_cast<int>(prompts.size()));
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i << " (" << prompts[i].size() << " prompt tokens)";
   const TierCounts t = e->tier_counts();
-  std::printf("batch of 4%s: recalled %llu, offloaded %llu, dropped %llu, hits %llu\n", auto_budget ? " (auto budgets)" : "",
-              static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.offloaded),
-              static_cast<unsigned long long>(t.dropped), static_cast<unsigned long long>(t.hits));
+  std::printf("batch of 4%s, recall %s: recalled %llu, offloaded %llu, dropped %llu, hits %llu, late %llu\n",
+              auto_budget ? " (auto budgets)" : "", recall.c_str(), static_cast<unsigned long long>(t.recalled),
+              static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped),
+              static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.late));
+  if (recall == "ahead") EXPECT_GT(t.late, 0u);
   EXPECT_GT(t.recalled, 0u);
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
@@ -147,6 +169,8 @@ void expect_batch_equal_alone(bool auto_budget) {
 TEST(KvTiers, BatchedRequestsEqualAloneAllResident) { expect_batch_equal_alone(false); }
 
 TEST(KvTiers, AutoBudgetsUnderPressureEqualAloneAllResident) { expect_batch_equal_alone(true); }
+
+TEST(KvTiers, RecallAheadAutoBudgetsUnderPressureEqualAloneAllResident) { expect_batch_equal_alone(true, "ahead"); }
 
 // A request whose KV is larger than the whole device pool (24 blocks of 16 tokens for a
 // ~1,000-token prompt: 65 blocks): its prompt streams through the pool chunk by chunk, earlier
@@ -166,22 +190,27 @@ TEST(KvTiers, ARequestLargerThanThePoolRuns) {
     }
     auto small = load(policy, 0.0, 0, /*kv_blocks=*/24);
     EXPECT_THROW(small->generate(long_prompt(*small), g), std::exception) << "the pool alone was large enough";
-    auto e = load(policy, 1.0, 0, /*kv_blocks=*/24);
-    const GenerateResult r = e->generate(long_prompt(*e), g);
-    EXPECT_EQ(r.tokens, want) << policy;
-    const TierCounts t = e->tier_counts();
-    std::printf("%s, pool of 24 blocks: offloaded %llu, recalled %llu\n", policy.c_str(),
-                static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.recalled));
-    EXPECT_GT(t.offloaded, 0u);
-    EXPECT_EQ(e->kv_stats().n_used, 0);
-    EXPECT_EQ(t.host_used, 0);
-    EXPECT_EQ(e->kv_check(), "");
+    for (const std::string recall : {"layer", "ahead"}) {
+      auto e = load(policy, 1.0, 0, /*kv_blocks=*/24, false, recall);
+      const GenerateResult r = e->generate(long_prompt(*e), g);
+      EXPECT_EQ(r.tokens, want) << policy << ", recall " << recall;
+      const TierCounts t = e->tier_counts();
+      std::printf("%s, recall %s, pool of 24 blocks: offloaded %llu, recalled %llu, late %llu\n", policy.c_str(),
+                  recall.c_str(), static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.recalled),
+                  static_cast<unsigned long long>(t.late));
+      EXPECT_GT(t.offloaded, 0u);
+      EXPECT_EQ(e->kv_stats().n_used, 0);
+      EXPECT_EQ(t.host_used, 0);
+      EXPECT_EQ(e->kv_check(), "");
+    }
   }
 }
 
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);
+  EXPECT_THROW(load("dense", 0.0, 0, 0, false, "ahead"), std::exception);
+  EXPECT_THROW(load("dense", 1.0, 0, 0, false, "soon"), std::exception);
 }
 
 }  // namespace

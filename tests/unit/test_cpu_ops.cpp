@@ -8,8 +8,10 @@
 #include "backend/cpu/attention.h"
 #include "model/rope.h"
 #include "backend/cpu/ops.h"
+#include "core/error.h"
 #include "core/fp16.h"
 #include "core/merge_state.h"
+#include "kv/tier_split.h"
 
 namespace dhs {
 namespace {
@@ -233,6 +235,108 @@ TEST(CpuAttention, MatchesNaiveOnRandomPageLists) {
   for (auto& t : tables) t.release(pool);
   EXPECT_EQ(pool.check_invariants(), "");
   EXPECT_EQ(pool.n_used(), 0);
+}
+
+// The recall-ahead schedule's read (kv/tier_split.h): lists naming pages in either tier split
+// into the device part and the late part, rows and order kept; attention over each from its own
+// pool, merged by log-sum-exp (merge_normalized), equals attention over the whole list in one
+// pool — rows all resident, all late, mixed, empty, q_len 1 and 4, partly full last pages.
+TEST(TierSplit, SplitsByTierKeepingRowsAndOrder) {
+  PageLists in;
+  in.n_requests = 2;
+  in.n_heads_kv = 2;
+  in.seq_len = {40, 9};
+  in.indptr = {0, 3, 3, 5, 6};
+  in.slots = {4, -1 - 7, 2, -1 - 0, -1 - 3, 9};
+  in.page_pos = {0, 1, 2, 0, 1, 0};
+  PageLists dev, late;
+  split_lists_by_tier(in, &dev, &late);
+  EXPECT_EQ(dev.indptr, (std::vector<int32_t>{0, 2, 2, 2, 3}));
+  EXPECT_EQ(dev.slots, (std::vector<int32_t>{4, 2, 9}));
+  EXPECT_EQ(dev.page_pos, (std::vector<int32_t>{0, 2, 0}));
+  EXPECT_EQ(late.indptr, (std::vector<int32_t>{0, 1, 1, 3, 3}));
+  EXPECT_EQ(late.slots, (std::vector<int32_t>{7, 0, 3}));
+  EXPECT_EQ(late.page_pos, (std::vector<int32_t>{1, 0, 1}));
+  EXPECT_EQ(late.seq_len, in.seq_len);
+  EXPECT_EQ(decode_tier_slot(encode_tier_slot({Tier::Host, 0})), (PageRef{Tier::Host, 0}));
+  EXPECT_EQ(decode_tier_slot(encode_tier_slot({Tier::Device, 0})), (PageRef{Tier::Device, 0}));
+  in.indptr.back() = 5;  // malformed
+  EXPECT_THROW(split_lists_by_tier(in, &dev, &late), Error);
+}
+
+TEST(TierSplit, AttentionOverBothTiersMergedEqualsWhole) {
+  std::mt19937 rng(7);
+  const int ps = 16, d = 64, hq = 8, hkv = 2, n_req = 4;
+  PagePool whole(Tier::Device, 200, ps, d), dev(Tier::Device, 200, ps, d), host(Tier::Host, 200, ps, d);
+  const std::vector<int32_t> seq_len = {97, 40, 33, 5}, q_len = {1, 4, 1, 1};
+  // Each (request, head): pages kept with probability 0.7, each in the host tier with
+  // probability 0.5 — except (0, 0) all resident, (1, 1) all late, (2, 1) empty.
+  PageLists in, ref;
+  in.n_requests = ref.n_requests = n_req;
+  in.n_heads_kv = ref.n_heads_kv = hkv;
+  in.seq_len = ref.seq_len = seq_len;
+  in.indptr = ref.indptr = {0};
+  int32_t next = 0;
+  for (int r = 0; r < n_req; ++r)
+    for (int h = 0; h < hkv; ++h) {
+      const int n_pages = (seq_len[r] + ps - 1) / ps;
+      for (int i = 0; i < n_pages; ++i) {
+        if (r == 2 && h == 1) break;
+        if (rng() % 10 >= 7 && i + 1 < n_pages) continue;  // (the last page always: every row sees a key)
+        const int32_t slot = next++;
+        const PageRef w{Tier::Device, slot};
+        const auto k = randn(ps * d, rng), v = randn(ps * d, rng);
+        std::copy(k.begin(), k.end(), whole.k_page(w));
+        std::copy(v.begin(), v.end(), whole.v_page(w));
+        const bool late = (r == 1 && h == 1) || (!(r == 0 && h == 0) && rng() % 2 == 0);
+        const PageRef p{late ? Tier::Host : Tier::Device, slot};
+        PagePool& to = late ? host : dev;
+        std::copy(k.begin(), k.end(), to.k_page(p));
+        std::copy(v.begin(), v.end(), to.v_page(p));
+        in.slots.push_back(encode_tier_slot(p));
+        ref.slots.push_back(slot);
+        in.page_pos.push_back(i);
+        ref.page_pos.push_back(i);
+      }
+      in.indptr.push_back(static_cast<int32_t>(in.slots.size()));
+      ref.indptr.push_back(static_cast<int32_t>(ref.slots.size()));
+    }
+  PageLists dl, ll;
+  split_lists_by_tier(in, &dl, &ll);
+  ASSERT_GT(dl.nnz(), 0);
+  ASSERT_GT(ll.nnz(), 0);
+  std::vector<int32_t> q_indptr = {0};
+  for (int r = 0; r < n_req; ++r) q_indptr.push_back(q_indptr.back() + q_len[r]);
+  const int n_rows = q_indptr.back();
+  const auto q = randn(static_cast<size_t>(n_rows * hq * d), rng);
+  const auto run = [&](const PageLists& lists, const PagePool& pool, std::vector<float>* out, std::vector<float>* lse) {
+    out->assign(q.size(), 0.0f);
+    lse->assign(static_cast<size_t>(n_rows * hq), 0.0f);
+    cpu::AttentionParams p;
+    p.q = q.data();
+    p.out = out->data();
+    p.lse = lse->data();
+    p.q_indptr = q_indptr.data();
+    p.lists = &lists;
+    p.pool = &pool;
+    p.n_heads_q = hq;
+    p.n_heads_kv = hkv;
+    p.head_dim = d;
+    p.scale = 0.125f;
+    cpu::attention(p);
+  };
+  std::vector<float> ow, lw, od, ld, ol, lla;
+  run(ref, whole, &ow, &lw);
+  run(dl, dev, &od, &ld);
+  run(ll, host, &ol, &lla);
+  for (int i = 0; i < n_rows * hq; ++i) {
+    merge_normalized(od.data() + i * d, ld[static_cast<size_t>(i)], ol.data() + i * d, lla[static_cast<size_t>(i)], d);
+    // Convex combinations of unit normals, two fp32 passes and one merge against one pass: 1e-5
+    // is ~100x the rounding.
+    for (int j = 0; j < d; ++j) ASSERT_NEAR(od[static_cast<size_t>(i * d + j)], ow[static_cast<size_t>(i * d + j)], 1e-5) << "row-head " << i;
+    if (lw[static_cast<size_t>(i)] == -INFINITY) EXPECT_EQ(ld[static_cast<size_t>(i)], -INFINITY);
+    else EXPECT_NEAR(ld[static_cast<size_t>(i)], lw[static_cast<size_t>(i)], 1e-4) << "row-head " << i;
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // least 10^6 page moves in all.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -233,6 +234,106 @@ TEST(TieredKv, RollbackBringsTheAppendingPageBack) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// The recall-ahead schedule (the GPU's): a step's reads change no tier, hits and late reads are
+// counted apart, and after the step the pages it read come back in the order given, as far as
+// the budget goes beside the pages already resident; with no room, nothing moves.
+TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
+  Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0, /*budget=*/12);
+  ASSERT_TRUE(s.append(r, 32));  // 8 full pages per list, 32 in all, 12 resident
+  const auto first_pages = [](int64_t n) {
+    std::vector<PageId> v;
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t i = 0; i < n; ++i) v.push_back({l, h, i});
+    return v;
+  };
+  const auto tiers_of = [&](const std::vector<PageId>& ids) {
+    std::vector<Tier> v;
+    for (const PageId& id : ids) v.push_back(r.t->page(id.layer, id.head, id.idx).tier);
+    return v;
+  };
+  s.now_ = 1;
+  const std::vector<PageId> want = first_pages(3);  // 12 pages: the budget exactly
+  int64_t resident_before = 0;
+  for (Tier t : tiers_of(want)) resident_before += t == Tier::Device;
+  ASSERT_LT(resident_before, 12) << "the scenario should start with some of them offloaded";
+  const std::vector<Tier> tiers_before = tiers_of(want);
+  const TierStats read = s.kv_.note_reads(*r.t, want, s.now_);
+  EXPECT_EQ(read.hits, resident_before);
+  EXPECT_EQ(read.late, 12 - resident_before);
+  EXPECT_EQ(tiers_of(want), tiers_before) << "a step's reads moved pages";
+  const TierStats back = s.kv_.recall_ahead(*r.t, want, s.now_);
+  EXPECT_EQ(back.recalled, 12 - resident_before);
+  EXPECT_EQ(back.hits, 0) << "hits are counted when read, not when recalled";
+  for (Tier t : tiers_of(want)) EXPECT_EQ(t, Tier::Device);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 12);
+  for (int32_t slot = 0; slot < 64; ++slot) EXPECT_FALSE(s.kv_.lru().resident(slot) && s.kv_.lru().pinned(slot));
+  s.check();
+  // 16 pages read with a budget of 12, 12 of them resident: those stay (no page read is evicted
+  // for another), the 4 others stay in the host tier.
+  s.now_ = 2;
+  std::vector<PageId> more = first_pages(4);
+  std::rotate(more.begin(), more.end() - 1, more.end());  // the last list's page 3 first
+  s.kv_.note_reads(*r.t, more, s.now_);
+  EXPECT_EQ(s.kv_.recall_ahead(*r.t, more, s.now_).recalled, 0);
+  for (const PageId& id : more) EXPECT_EQ(r.t->page(id.layer, id.head, id.idx).tier, id.idx < 3 ? Tier::Device : Tier::Host);
+  s.check();
+  // Room for two more: the first two missing in the given order come back — (1, 1, 3), then
+  // (0, 0, 3) — and the budget holds.
+  s.kv_.set_budget(*r.t, 14, s.now_);
+  s.now_ = 3;
+  EXPECT_EQ(s.kv_.recall_ahead(*r.t, more, s.now_).recalled, 2);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 14);
+  for (const PageId& id : more) {
+    const bool back = id.idx < 3 || (id.layer == 1 && id.head == 1) || (id.layer == 0 && id.head == 0);
+    EXPECT_EQ(r.t->page(id.layer, id.head, id.idx).tier, back ? Tier::Device : Tier::Host)
+        << "(" << id.layer << ", " << id.head << ", " << id.idx << ")";
+  }
+  s.check();
+  // A budget of 0: no room, nothing comes back (and nothing left pinned).
+  s.kv_.set_budget(*r.t, 0, s.now_);
+  const TierStats none = s.kv_.recall_ahead(*r.t, want, s.now_);
+  EXPECT_EQ(none.recalled, 0);
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 0);
+  s.check();
+  s.kv_.release(*r.t);
+  EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
+}
+
+// The bytes move through the mover the backend gives (the CUDA backend's copies): every
+// recall and offload goes through it, in the direction its pools say, and nothing else copies.
+TEST(TieredKv, PagesMoveThroughTheGivenMover) {
+  Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
+  int64_t to_host = 0, to_device = 0;
+  s.kv_.set_mover([&](const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
+    for (const PageMove& m : moves) {
+      EXPECT_EQ(m.src.tier, src.tier());
+      EXPECT_EQ(m.dst.tier, dst.tier());
+    }
+    (src.tier() == Tier::Device ? to_host : to_device) += static_cast<int64_t>(moves.size());
+    return copy_pages(src, dst, moves);
+  });
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0, /*budget=*/8);
+  ASSERT_TRUE(s.append(r, 32));
+  std::vector<PageId> want;
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h) want.push_back({l, h, 7});
+  s.kv_.ensure_resident(*r.t, want, 1);
+  s.kv_.end_step(1);
+  s.check();
+  const TierStats& t = s.kv_.totals();
+  EXPECT_EQ(to_host, t.offloaded);
+  EXPECT_EQ(to_device, t.recalled);
+  EXPECT_GT(to_host, 0);
+  EXPECT_GT(to_device, 0);
+  s.kv_.release(*r.t);
+}
+
 TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
   std::mt19937 rng(23);
   int64_t moves = 0, swaps = 0;
@@ -277,9 +378,15 @@ TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
           for (int k = 0; k < n; ++k)
             want.push_back({static_cast<int>(rng() % kLayers), static_cast<int>(rng() % kHeads),
                             static_cast<int64_t>(rng() % static_cast<uint64_t>(r.t->n_pages_per_list()))});
-          try {
-            s.kv_.ensure_resident(*r.t, want, s.now_);
-          } catch (const Error&) {  // more than the budget or the pool at once: refused whole
+          if (rng() % 2 == 0) {  // the recall-ahead schedule: read in place, then recall for the next step
+            const TierStats st = s.kv_.note_reads(*r.t, want, s.now_);
+            ASSERT_EQ(st.hits + st.late, static_cast<int64_t>(want.size()));
+            s.kv_.recall_ahead(*r.t, want, s.now_);
+          } else {
+            try {
+              s.kv_.ensure_resident(*r.t, want, s.now_);
+            } catch (const Error&) {  // more than the budget or the pool at once: refused whole
+            }
           }
           s.kv_.end_step(s.now_);
           s.now_ += static_cast<int64_t>(rng() % 3);

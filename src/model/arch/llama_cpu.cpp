@@ -2,6 +2,7 @@
 #include "model/rope.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,8 +10,10 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/merge_state.h"
 #include "core/thread_pool.h"
 #include "kv/page_lists.h"
+#include "kv/tier_split.h"
 #include "model/packed_weight.h"
 #include "model/tensor_load.h"
 
@@ -143,6 +146,30 @@ void make_resident(TieredKv& kv, const std::vector<const PageTable*>& tables, in
   }
 }
 
+// The recall-ahead schedule's layer: `lists` keeps the entries whose page is in the device tier
+// (pointing at their slots); `late` gets the others, pointing at their host slots, rows alike
+// (kv/tier_split.h, the device's statement). Every page read is noted (TieredKv::note_reads) and
+// appended to its table's `reads`.
+void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, int layer, PageLists& lists,
+                   PageLists& late, std::map<const PageTable*, std::vector<PageId>>& reads, int64_t now) {
+  for (int r = 0; r < lists.n_requests; ++r) {
+    PageTable& t = const_cast<PageTable&>(*tables[static_cast<size_t>(r)]);
+    std::vector<PageId> ids;
+    for (int h = 0; h < lists.n_heads_kv; ++h)
+      for (int32_t k = lists.row_begin(r, h); k < lists.row_end(r, h); ++k) {
+        const int32_t pos = lists.page_pos[static_cast<size_t>(k)];
+        ids.push_back({layer, h, pos});
+        lists.slots[static_cast<size_t>(k)] = encode_tier_slot(t.page(layer, h, pos));
+      }
+    kv.note_reads(t, ids, now);
+    std::vector<PageId>& all = reads[&t];
+    all.insert(all.end(), ids.begin(), ids.end());
+  }
+  PageLists dev;
+  split_lists_by_tier(lists, &dev, &late);
+  lists = std::move(dev);
+}
+
 }  // namespace
 
 void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
@@ -210,6 +237,8 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t step = ++tier_step_;
   DHS_CHECK(!tiers_ || pool.tier() == Tier::Device, "the KV hierarchy needs forward() on its device tier");
+  const bool ahead = tiers_ && recall_ == RecallSchedule::Ahead;
+  std::map<const PageTable*, std::vector<PageId>> reads;  // (ahead) what each table's step read, in order
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     cpu::rms_norm(x.data(), L.attn_norm.data(), h.data(), T, H, cfg_.rms_eps);
@@ -260,7 +289,9 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
       }
     }
     const int64_t now = step * cfg_.n_layers + l;  // the hierarchy's clock (set_tiers)
-    if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
+    PageLists late;
+    if (ahead) split_by_tier(*tiers_, a_tables, l, lists, late, reads, now);
+    else if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
     cpu::AttentionParams ap;
     ap.q = q.data();
     ap.out = att.data();
@@ -271,8 +302,24 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     ap.n_heads_kv = static_cast<int>(Hkv);
     ap.head_dim = static_cast<int>(D);
     ap.scale = scale;
-    cpu::attention(ap);
-    if (tiers_) tiers_->end_step(now);
+    if (ahead && late.nnz() > 0) {
+      // The late pages apart, from the host tier, and the two results merged row by row.
+      std::vector<float> lse(static_cast<size_t>(T * Hq)), late_att(att.size()), late_lse(lse.size());
+      ap.lse = lse.data();
+      cpu::attention(ap);
+      cpu::AttentionParams lp = ap;
+      lp.lists = &late;
+      lp.pool = &tiers_->host_pool();
+      lp.out = late_att.data();
+      lp.lse = late_lse.data();
+      cpu::attention(lp);
+      for (int64_t i = 0; i < T * Hq; ++i)
+        merge_normalized(att.data() + i * D, lse[static_cast<size_t>(i)], late_att.data() + i * D,
+                         late_lse[static_cast<size_t>(i)], static_cast<int>(D));
+    } else {
+      cpu::attention(ap);
+    }
+    if (tiers_ && !ahead) tiers_->end_step(now);
     dump("attn_out", l, att.data(), T, Hq * D);
     if (select_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
 
@@ -288,6 +335,10 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     dump("l_out", l, x.data(), T, H);
   }
   for (const Seq& s : batch) s.table->commit(s.n_new);
+  // Recall ahead: a decode-like step's reads are the next step's prediction (a prefill chunk's
+  // are every page, which the next step does not read again).
+  if (ahead && (decode_step || has_verify))
+    for (auto& [t, ids] : reads) tiers_->recall_ahead(const_cast<PageTable&>(*t), ids, step * cfg_.n_layers + cfg_.n_layers - 1);
   if (!logits) return;  // a prefill chunk before the last: no output head
   output_head(batch, q_indptr, x, all_logits, logits);
 }

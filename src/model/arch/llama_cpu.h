@@ -60,7 +60,16 @@ class LlamaCpu {
   // the layers a step goes through, so eviction takes pages of layers this step has passed (and
   // did not select) before pages of layers still to come, which the step may read in a moment:
   // least recently used is then also the page needed last, layer-wise.
-  void set_tiers(TieredKv* kv) { tiers_ = kv; }
+  // schedule Ahead (the GPU's; docs/hierarchy.md "Recall ahead") moves nothing inside a step
+  // instead: each layer reads its pages where they live — attention over the resident ones and
+  // over the late ones (host tier) apart, merged by their log-sum-exps (merge_normalized) — and
+  // after a decode-like step the pages it read that live in the host tier are recalled for the
+  // next step (TieredKv::recall_ahead: the prediction of a step's reads is the step before's).
+  enum class RecallSchedule { Layer, Ahead };
+  void set_tiers(TieredKv* kv, RecallSchedule schedule = RecallSchedule::Layer) {
+    tiers_ = kv;
+    recall_ = schedule;
+  }
   // The clock between steps (the next step's start).
   int64_t tier_clock() const { return (tier_step_ + 1) * cfg_.n_layers; }
 
@@ -142,6 +151,7 @@ class LlamaCpu {
  private:
   SparsityStats stats_;
   TieredKv* tiers_ = nullptr;
+  RecallSchedule recall_ = RecallSchedule::Layer;
   int64_t tier_step_ = 0;
   int64_t min_step_tokens_ = 0;
   int64_t dense_below_ = 0;
