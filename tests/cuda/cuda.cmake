@@ -34,3 +34,8 @@ dhs_test(test_cuda_serving LABEL cuda
 dhs_test(test_page_recall LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_page_recall.cu
   LIBS dhs_cuda dhs_kv)
+# The KV hierarchy's recall-ahead read: lists split by tier, attention over HBM and over the
+# host tier's mapped pages, LSE merge, against kv/tier_split.h and cpu::attention.
+dhs_test(test_tier_split LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_split.cu
+  LIBS dhs_cuda dhs_cpu dhs_kv)

@@ -651,15 +651,20 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   decode_attention(a, lists, pool, ws, stream, DecodeAttentionProbe{});
 }
 
-void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists, const DevicePagePool& pool,
-                      DecodeAttentionWorkspace& ws, cudaStream_t stream, const DecodeAttentionProbe& probe) {
-  require(pool.page_size() == kPage, "decode_attention: page_size " + std::to_string(pool.page_size()) +
-                                         " is not supported (16)");
-  require(pool.head_dim() == ws.head_dim(), "decode_attention: pool head_dim differs from the workspace's");
-  require(lists.n_heads_kv() == ws.n_heads_kv(), "decode_attention: lists n_heads_kv differs from the workspace's");
-  require(lists.n_requests() >= 1 && lists.n_requests() <= ws.max_requests(),
-          "decode_attention: " + std::to_string(lists.n_requests()) + " requests, workspace holds " +
+namespace {
+
+void decode_attention_checked(const DecodeAttentionArgs& a, const DecodeListsView& lists, const PagePoolView& pool,
+                              DecodeAttentionWorkspace& ws, cudaStream_t stream, const DecodeAttentionProbe& probe) {
+  require(pool.page_size == kPage, "decode_attention: page_size " + std::to_string(pool.page_size) +
+                                       " is not supported (16)");
+  require(pool.head_dim == ws.head_dim(), "decode_attention: pool head_dim differs from the workspace's");
+  require(pool.k != nullptr && pool.v != nullptr, "decode_attention: null pool");
+  require(lists.n_heads_kv == ws.n_heads_kv(), "decode_attention: lists n_heads_kv differs from the workspace's");
+  require(lists.n_requests >= 1 && lists.n_requests <= ws.max_requests(),
+          "decode_attention: " + std::to_string(lists.n_requests) + " requests, workspace holds " +
               std::to_string(ws.max_requests()));
+  require(lists.indptr != nullptr && lists.slots != nullptr && lists.page_pos != nullptr && lists.seq_len != nullptr,
+          "decode_attention: null lists");
   require(a.max_q_len >= 1 && a.max_q_len <= ws.max_q_len(),
           "decode_attention: max_q_len " + std::to_string(a.max_q_len) + " outside the workspace's 1.." +
               std::to_string(ws.max_q_len()));
@@ -674,15 +679,15 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.out = a.out_d;
   p.lse = a.lse_d;
   p.q_indptr = a.q_indptr_d;
-  p.kv_indptr = lists.indptr_d();
-  p.kv_slots = lists.slots_d();
-  p.kv_page_pos = lists.page_pos_d();
-  p.seq_len = lists.seq_len_d();
-  p.k_pool = pool.k_d();
-  p.v_pool = pool.v_d();
+  p.kv_indptr = lists.indptr;
+  p.kv_slots = lists.slots;
+  p.kv_page_pos = lists.page_pos;
+  p.seq_len = lists.seq_len;
+  p.k_pool = pool.k;
+  p.v_pool = pool.v;
   p.ws_o = ws.o_d();
   p.ws_state = ws.state_d();
-  p.n_requests = lists.n_requests();
+  p.n_requests = lists.n_requests;
   p.n_heads_q = ws.n_heads_q();
   p.n_heads_kv = ws.n_heads_kv();
   p.head_dim = ws.head_dim();
@@ -694,6 +699,22 @@ void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists
   p.scale = a.scale;
   p.l2_evict_first = a.l2_evict_first ? 1 : 0;
   launch_decode_attention(p, probe, stream);
+}
+
+DecodeListsView view_of(const DevicePageLists& l) {
+  return {l.indptr_d(), l.slots_d(), l.page_pos_d(), l.seq_len_d(), l.n_requests(), l.n_heads_kv()};
+}
+
+}  // namespace
+
+void decode_attention(const DecodeAttentionArgs& a, const DevicePageLists& lists, const DevicePagePool& pool,
+                      DecodeAttentionWorkspace& ws, cudaStream_t stream, const DecodeAttentionProbe& probe) {
+  decode_attention_checked(a, view_of(lists), pool.view(), ws, stream, probe);
+}
+
+void decode_attention(const DecodeAttentionArgs& a, const DecodeListsView& lists, const PagePoolView& pool,
+                      DecodeAttentionWorkspace& ws, cudaStream_t stream) {
+  decode_attention_checked(a, lists, pool, ws, stream, DecodeAttentionProbe{});
 }
 
 }  // namespace dhs::cuda

@@ -110,10 +110,24 @@ struct DecodeAttentionArgs {
   bool l2_evict_first = true;
 };
 
+// One layer's lists by pointer, as the device holds them (a selection's, or a part of a split
+// by tier: tier_split.h).
+struct DecodeListsView {
+  const int32_t* indptr = nullptr;    // [n_requests * n_heads_kv + 1]
+  const int32_t* slots = nullptr;     // [nnz] slots of the pool the call reads
+  const int32_t* page_pos = nullptr;  // [nnz]
+  const int32_t* seq_len = nullptr;   // [n_requests]
+  int n_requests = 0;
+  int n_heads_kv = 0;
+};
+
 // The backend op: checks shapes against the workspace, pool and lists, then launches.
+// The pool may be HBM or the host tier's mapped pages (PagePoolView).
 // Throws dhs::Error on unsupported shapes (head_dim other than 64/128, page_size other than 16,
 // group * max_q_len > 32, more requests than the workspace holds).
 void decode_attention(const DecodeAttentionArgs& args, const DevicePageLists& lists, const DevicePagePool& pool,
+                      DecodeAttentionWorkspace& ws, cudaStream_t stream);
+void decode_attention(const DecodeAttentionArgs& args, const DecodeListsView& lists, const PagePoolView& pool,
                       DecodeAttentionWorkspace& ws, cudaStream_t stream);
 // The same with the benchmark's probe.
 void decode_attention(const DecodeAttentionArgs& args, const DevicePageLists& lists, const DevicePagePool& pool,

@@ -19,6 +19,17 @@
 
 namespace dhs::cuda {
 
+// The pages a kernel reads: K and V of a pool in the device's address space — HBM
+// (DevicePagePool::view) or the host tier's pinned pages mapped into it (HostPagePool::view in
+// page_recall.h: every byte read crosses PCIe).
+struct PagePoolView {
+  const __half* k = nullptr;  // [n_pages, page_size, head_dim]
+  const __half* v = nullptr;  // [n_pages, page_size, head_dim]
+  int64_t n_pages = 0;
+  int page_size = 0;
+  int head_dim = 0;
+};
+
 class DevicePagePool {
  public:
   DevicePagePool(int64_t n_pages, int page_size, int head_dim);
@@ -35,6 +46,7 @@ class DevicePagePool {
   __half* v_d() { return v_d_; }
   const __half* k_d() const { return k_d_; }
   const __half* v_d() const { return v_d_; }
+  PagePoolView view() const { return {k_d_, v_d_, n_pages_, page_size_, head_dim_}; }
 
   // Copies every page of a host pool of the same shape, rounding fp32 to f16
   // (nearest even). Synchronous.

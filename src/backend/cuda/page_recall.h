@@ -50,6 +50,8 @@ class HostPagePool {
   __half* v_d() { return v_d_; }
   const __half* k_d() const { return k_d_; }
   const __half* v_d() const { return v_d_; }
+  // The mapped pages as kernels read them (decode attention over late pages, tier_split.h).
+  PagePoolView view() const { return {k_d_, v_d_, n_pages_, page_size_, head_dim_}; }
 
  private:
   int64_t n_pages_;
