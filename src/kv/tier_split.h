@@ -4,8 +4,10 @@
 // results merged by log-sum-exp (core/merge_state.h: merge_normalized). This is the CPU statement
 // of the split that the device runs (backend/cuda/tier_split.h) and the oracle of its test.
 //
-// In such lists a slot names its tier by its sign: a device slot s is s, a host slot h is -1 - h
-// (so a device page table can hold both in one int32).
+// In such lists a slot names its tier as a key: a device slot s is s, a host slot h is
+// n_device + h (n_device: the device pool's pages) — the key under which the page's summaries and
+// key sketch are kept (PageSummaryStore::key; the GPU's sketch likewise), so a device page table
+// holds both tiers in one int32 and the estimators read a page's data wherever the page lives.
 #pragma once
 #include <cstdint>
 
@@ -14,12 +16,16 @@
 
 namespace dhs {
 
-inline int32_t encode_tier_slot(PageRef p) { return p.tier == Tier::Device ? p.slot : -1 - p.slot; }
-inline PageRef decode_tier_slot(int32_t v) { return v >= 0 ? PageRef{Tier::Device, v} : PageRef{Tier::Host, -1 - v}; }
+inline int32_t tier_key(PageRef p, int64_t n_device) {
+  return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_device + p.slot);
+}
+inline PageRef tier_of_key(int32_t key, int64_t n_device) {
+  return key < n_device ? PageRef{Tier::Device, key} : PageRef{Tier::Host, static_cast<int32_t>(key - n_device)};
+}
 
-// `in`'s entries (slots encoded as above) split by tier into `dev` (device slots) and `late`
-// (host slots, decoded), with in's rows (n_requests x n_heads_kv, seq_len alike): each row keeps
-// its entries' order, so each part is read in the order the whole list is.
-void split_lists_by_tier(const PageLists& in, PageLists* dev, PageLists* late);
+// `in`'s entries (slots as keys) split by tier into `dev` (device slots) and `late` (host slots),
+// with in's rows (n_requests x n_heads_kv, seq_len alike): each row keeps its entries' order, so
+// each part is read in the order the whole list is.
+void split_lists_by_tier(const PageLists& in, int64_t n_device, PageLists* dev, PageLists* late);
 
 }  // namespace dhs

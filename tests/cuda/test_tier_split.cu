@@ -57,8 +57,10 @@ bool quick() {
   return e != nullptr && e[0] != '\0' && e[0] != '0';
 }
 
-// Random encoded lists: n_rows rows of 0..max_len entries (some rows empty, all resident, all
-// late), slots in [0, 5000) encoded by a coin of probability p_late.
+// Random lists of keys: n_rows rows of 0..max_len entries (some rows empty, all resident, all
+// late), slots in [0, 5000) of the device pool (kDev slots) or the host tier by a coin of
+// probability p_late.
+constexpr int64_t kDev = 5000;
 PageLists random_encoded_lists(int n_rows, int max_len, std::mt19937& rng) {
   PageLists L;
   L.n_requests = n_rows;
@@ -72,7 +74,7 @@ PageLists random_encoded_lists(int n_rows, int max_len, std::mt19937& rng) {
     for (int i = 0; i < len; ++i) {
       const int32_t slot = static_cast<int32_t>(rng() % 5000);
       const bool late = (rng() % 1000) / 1000.0 < p_late;
-      L.slots.push_back(dhs::encode_tier_slot({late ? Tier::Host : Tier::Device, slot}));
+      L.slots.push_back(dhs::tier_key({late ? Tier::Host : Tier::Device, slot}, kDev));
       L.page_pos.push_back(static_cast<int32_t>(rng() % 100000));
     }
     L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
@@ -89,12 +91,12 @@ TEST(TierSplit, EqualsTheCpuStatement) {
   for (const auto& [n_rows, max_len] : shapes) {
     const PageLists in = random_encoded_lists(n_rows, max_len, rng);
     PageLists dev, late;
-    dhs::split_lists_by_tier(in, &dev, &late);
+    dhs::split_lists_by_tier(in, kDev, &dev, &late);
     int32_t* indptr_d = to_device(in.indptr);
     int32_t* slots_d = to_device(in.slots);
     int32_t* pos_d = to_device(in.page_pos);
     dc::TierSplitLists out(n_rows, in.nnz());
-    dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, out, nullptr);
+    dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, kDev, out, nullptr);
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
     const std::string at = std::to_string(n_rows) + " rows of <= " + std::to_string(max_len);
     EXPECT_TRUE(to_host(out.dev_indptr(), in.indptr.size()) == dev.indptr) << at << ": resident indptr";
@@ -116,7 +118,7 @@ struct TwoTierProblem {
   std::vector<int32_t> seq_len, q_indptr;
   std::unique_ptr<dhs::PagePool> whole;
   PageLists ref_lists;      // slots of `whole`
-  PageLists encoded_lists;  // the same entries, slots encoded by tier
+  PageLists encoded_lists;  // the same entries, slots as keys (tier_key over the whole pool's size)
   std::vector<float> q;
   std::vector<uint16_t> k_dev, v_dev, k_host, v_host;  // f16 bits of each tier's pool
 };
@@ -165,7 +167,7 @@ TwoTierProblem make_problem(int hq, int hkv, int d, const std::vector<int32_t>& 
         }
         if (rng() % 10 < 3 && i + 1 < n_pg) continue;  // (not listed; the last page always is)
         p.ref_lists.slots.push_back(slot);
-        p.encoded_lists.slots.push_back(dhs::encode_tier_slot({late ? Tier::Host : Tier::Device, slot}));
+        p.encoded_lists.slots.push_back(dhs::tier_key({late ? Tier::Host : Tier::Device, slot}, n_pages));
         p.ref_lists.page_pos.push_back(i);
         p.encoded_lists.page_pos.push_back(i);
       }
@@ -218,7 +220,7 @@ Outputs run_gpu(const TwoTierProblem& p, int max_q) {
   a.max_q_len = max_q;
   a.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   Outputs o;
-  dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, split, nullptr);
+  dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, n_pages, split, nullptr);
   a.out_d = out_d;
   a.lse_d = lse_d;
   dc::decode_attention(a, dc::DecodeListsView{split.dev_indptr(), split.dev_slots(), split.dev_page_pos(), seq_d, n_req, p.n_heads_kv},

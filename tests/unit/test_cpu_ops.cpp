@@ -247,10 +247,11 @@ TEST(TierSplit, SplitsByTierKeepingRowsAndOrder) {
   in.n_heads_kv = 2;
   in.seq_len = {40, 9};
   in.indptr = {0, 3, 3, 5, 6};
-  in.slots = {4, -1 - 7, 2, -1 - 0, -1 - 3, 9};
+  const int64_t n_dev = 10;  // keys >= 10 name host slots
+  in.slots = {4, 10 + 7, 2, 10 + 0, 10 + 3, 9};
   in.page_pos = {0, 1, 2, 0, 1, 0};
   PageLists dev, late;
-  split_lists_by_tier(in, &dev, &late);
+  split_lists_by_tier(in, n_dev, &dev, &late);
   EXPECT_EQ(dev.indptr, (std::vector<int32_t>{0, 2, 2, 2, 3}));
   EXPECT_EQ(dev.slots, (std::vector<int32_t>{4, 2, 9}));
   EXPECT_EQ(dev.page_pos, (std::vector<int32_t>{0, 2, 0}));
@@ -258,10 +259,11 @@ TEST(TierSplit, SplitsByTierKeepingRowsAndOrder) {
   EXPECT_EQ(late.slots, (std::vector<int32_t>{7, 0, 3}));
   EXPECT_EQ(late.page_pos, (std::vector<int32_t>{1, 0, 1}));
   EXPECT_EQ(late.seq_len, in.seq_len);
-  EXPECT_EQ(decode_tier_slot(encode_tier_slot({Tier::Host, 0})), (PageRef{Tier::Host, 0}));
-  EXPECT_EQ(decode_tier_slot(encode_tier_slot({Tier::Device, 0})), (PageRef{Tier::Device, 0}));
+  EXPECT_EQ(tier_key({Tier::Host, 0}, n_dev), 10);
+  EXPECT_EQ(tier_of_key(tier_key({Tier::Host, 0}, n_dev), n_dev), (PageRef{Tier::Host, 0}));
+  EXPECT_EQ(tier_of_key(tier_key({Tier::Device, 9}, n_dev), n_dev), (PageRef{Tier::Device, 9}));
   in.indptr.back() = 5;  // malformed
-  EXPECT_THROW(split_lists_by_tier(in, &dev, &late), Error);
+  EXPECT_THROW(split_lists_by_tier(in, n_dev, &dev, &late), Error);
 }
 
 TEST(TierSplit, AttentionOverBothTiersMergedEqualsWhole) {
@@ -293,7 +295,7 @@ TEST(TierSplit, AttentionOverBothTiersMergedEqualsWhole) {
         PagePool& to = late ? host : dev;
         std::copy(k.begin(), k.end(), to.k_page(p));
         std::copy(v.begin(), v.end(), to.v_page(p));
-        in.slots.push_back(encode_tier_slot(p));
+        in.slots.push_back(tier_key(p, 200));
         ref.slots.push_back(slot);
         in.page_pos.push_back(i);
         ref.page_pos.push_back(i);
@@ -302,7 +304,7 @@ TEST(TierSplit, AttentionOverBothTiersMergedEqualsWhole) {
       ref.indptr.push_back(static_cast<int32_t>(ref.slots.size()));
     }
   PageLists dl, ll;
-  split_lists_by_tier(in, &dl, &ll);
+  split_lists_by_tier(in, 200, &dl, &ll);
   ASSERT_GT(dl.nnz(), 0);
   ASSERT_GT(ll.nnz(), 0);
   std::vector<int32_t> q_indptr = {0};

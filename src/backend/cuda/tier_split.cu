@@ -5,6 +5,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -22,12 +23,12 @@ void require(bool cond, const std::string& what) {
 constexpr int kRowThreads = 256;   // count and scatter: one block per row
 constexpr int kScanThreads = 1024;  // the row scan: one block
 
-// Late entries (slot < 0) of each row.
+// Late entries (key >= n_device) of each row.
 __global__ void __launch_bounds__(kRowThreads) tier_count_kernel(const __grid_constant__ TierSplitParams p) {
   const int row = static_cast<int>(blockIdx.x);
   const int b = p.indptr[row], e = p.indptr[row + 1];
   int n = 0;
-  for (int k = b + static_cast<int>(threadIdx.x); k < e; k += kRowThreads) n += p.slots[k] < 0;
+  for (int k = b + static_cast<int>(threadIdx.x); k < e; k += kRowThreads) n += p.slots[k] >= p.n_device;
   __shared__ int total;
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
@@ -86,14 +87,14 @@ __global__ void __launch_bounds__(kRowThreads) tier_scatter_kernel(const __grid_
   for (int base = b; base < e; base += kRowThreads) {
     const int k = base + static_cast<int>(threadIdx.x);
     const int32_t s = k < e ? p.slots[k] : 0;
-    const int late = k < e && s < 0 ? 1 : 0;
+    const int late = k < e && s >= p.n_device ? 1 : 0;
     int excl, tile_late;
     Scan(tmp).ExclusiveSum(late, excl, tile_late);
     if (k < e) {
       const int32_t pos = p.page_pos[k];
       if (late) {
         const int j = late0 + late_before + excl;
-        p.late_slots[j] = -1 - s;
+        p.late_slots[j] = s - p.n_device;
         p.late_page_pos[j] = pos;
       } else {
         const int j = dev0 + (k - b) - (late_before + excl);
@@ -154,15 +155,17 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream) {
 }
 
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         TierSplitLists& out, cudaStream_t stream) {
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream) {
   require(n_rows >= 1 && n_rows <= out.max_rows(),
           "split_lists_by_tier: " + std::to_string(n_rows) + " rows, the buffers hold " + std::to_string(out.max_rows()));
   require(indptr != nullptr && slots != nullptr && page_pos != nullptr, "split_lists_by_tier: null lists");
+  require(n_device >= 0 && n_device < INT32_MAX, "split_lists_by_tier: device pool of " + std::to_string(n_device) + " pages");
   TierSplitParams p;
   p.indptr = indptr;
   p.slots = slots;
   p.page_pos = page_pos;
   p.n_rows = n_rows;
+  p.n_device = static_cast<int32_t>(n_device);
   p.dev_indptr = out.dev_indptr();
   p.dev_slots = out.dev_slots();
   p.dev_page_pos = out.dev_page_pos();

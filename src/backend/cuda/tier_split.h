@@ -1,6 +1,7 @@
 // The KV hierarchy's recall-ahead schedule on the device (issue 23; the CPU statement is
 // kv/tier_split.h and LlamaCpu's RecallSchedule::Ahead): nothing moves inside a step, so one
-// layer's lists name pages in either tier — a device slot s as s, a host slot h as -1 - h — and
+// layer's lists name pages in either tier by key — a device slot s as s, a host slot h as
+// n_device + h, the key of the page's sketch and summaries — and
 //  1. split_lists_by_tier splits them into the resident part (HBM slots) and the late part (host
 //     slots), each row keeping its order (three small kernels: count per row, scan, scatter;
 //     no host sync, capturable);
@@ -12,7 +13,7 @@
 // The host learns the step's reads afterwards (the lists, copied back) and recalls them for the
 // next step (TieredKv::recall_ahead, the I/O engine of page_recall.h / host_gather.h).
 //
-//   in:   indptr [n_rows + 1], slots [nnz] (encoded), page_pos [nnz]
+//   in:   indptr [n_rows + 1], slots [nnz] (keys), page_pos [nnz]
 //   dev:  indptr [n_rows + 1], slots [<= nnz] HBM slots,  page_pos
 //   late: indptr [n_rows + 1], slots [<= nnz] host slots, page_pos
 #pragma once
@@ -53,9 +54,10 @@ class TierSplitLists {
 
 struct TierSplitParams {
   const int32_t* indptr = nullptr;    // [n_rows + 1]
-  const int32_t* slots = nullptr;     // [nnz] encoded
+  const int32_t* slots = nullptr;     // [nnz] keys: < n_device a device slot, else n_device + host slot
   const int32_t* page_pos = nullptr;  // [nnz]
   int n_rows = 0;
+  int32_t n_device = 0;
   int32_t *dev_indptr = nullptr, *dev_slots = nullptr, *dev_page_pos = nullptr;
   int32_t *late_indptr = nullptr, *late_slots = nullptr, *late_page_pos = nullptr;
   int32_t* late_count = nullptr;  // [n_rows]
@@ -66,7 +68,7 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);
 // The op: checks n_rows against the buffers, then launches. The lists' nnz (indptr[n_rows], on
 // the device) must be <= out.max_nnz() (the caller sizes the buffers as the lists it splits).
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         TierSplitLists& out, cudaStream_t stream);
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream);
 
 struct MergeLateParams {
   __half* out = nullptr;             // [n, head_dim] the resident part's output; merged in place

@@ -150,8 +150,8 @@ void make_resident(TieredKv& kv, const std::vector<const PageTable*>& tables, in
 // (pointing at their slots); `late` gets the others, pointing at their host slots, rows alike
 // (kv/tier_split.h, the device's statement). Every page read is noted (TieredKv::note_reads) and
 // appended to its table's `reads`.
-void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, int layer, PageLists& lists,
-                   PageLists& late, std::map<const PageTable*, std::vector<PageId>>& reads, int64_t now) {
+void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, int layer, int64_t n_device,
+                   PageLists& lists, PageLists& late, std::map<const PageTable*, std::vector<PageId>>& reads, int64_t now) {
   for (int r = 0; r < lists.n_requests; ++r) {
     PageTable& t = const_cast<PageTable&>(*tables[static_cast<size_t>(r)]);
     std::vector<PageId> ids;
@@ -159,14 +159,14 @@ void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, in
       for (int32_t k = lists.row_begin(r, h); k < lists.row_end(r, h); ++k) {
         const int32_t pos = lists.page_pos[static_cast<size_t>(k)];
         ids.push_back({layer, h, pos});
-        lists.slots[static_cast<size_t>(k)] = encode_tier_slot(t.page(layer, h, pos));
+        lists.slots[static_cast<size_t>(k)] = tier_key(t.page(layer, h, pos), n_device);
       }
     kv.note_reads(t, ids, now);
     std::vector<PageId>& all = reads[&t];
     all.insert(all.end(), ids.begin(), ids.end());
   }
   PageLists dev;
-  split_lists_by_tier(lists, &dev, &late);
+  split_lists_by_tier(lists, n_device, &dev, &late);
   lists = std::move(dev);
 }
 
@@ -290,7 +290,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     }
     const int64_t now = step * cfg_.n_layers + l;  // the hierarchy's clock (set_tiers)
     PageLists late;
-    if (ahead) split_by_tier(*tiers_, a_tables, l, lists, late, reads, now);
+    if (ahead) split_by_tier(*tiers_, a_tables, l, pool.n_pages(), lists, late, reads, now);
     else if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
     cpu::AttentionParams ap;
     ap.q = q.data();
