@@ -26,6 +26,75 @@ DevicePageTable::DevicePageTable(int max_requests, int n_layers, int n_heads_kv,
 DevicePageTable::~DevicePageTable() {
   cudaFree(table_d_);
   cudaFreeHost(staging_h_);
+  cudaFree(patch_d_);
+  cudaFreeHost(patch_h_);
+}
+
+int32_t DevicePageTable::key_of(const PageTable& t, int layer, int head, int64_t idx) const {
+  const PageRef p = t.page(layer, head, idx);
+  return p.tier == Tier::Device || n_device_ == 0 ? p.slot : static_cast<int32_t>(n_device_ + p.slot);
+}
+
+void DevicePageTable::patch(const PageTable& t, int layer, int head, int64_t idx) {
+  for (int req = 0; req < max_requests_; ++req) {
+    if (table_id_[static_cast<size_t>(req)] != t.id() || idx >= synced_[static_cast<size_t>(req)]) continue;
+    const int64_t off = (static_cast<int64_t>(req) * n_lists_ + static_cast<int64_t>(layer) * n_heads_kv_ + head) * max_pages_ + idx;
+    patches_.push_back({off, key_of(t, layer, head, idx), 0});
+    ++n_patches_;
+  }
+}
+
+namespace {
+
+__global__ void apply_patches_kernel(int32_t* table, const int64_t* pairs, int64_t n) {
+  // pairs: [n] Patch records (offset, key, pad) read as int64 words.
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t off = pairs[2 * i];
+  const int32_t key = static_cast<int32_t>(pairs[2 * i + 1] & 0xffffffffll);
+  table[off] = key;
+}
+
+}  // namespace
+
+void DevicePageTable::flush_patches(cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(patches_.size());
+  if (n == 0) return;
+  // A page patched twice: the later record wins (the kernel's threads race on one entry), so
+  // keep only each offset's last one.
+  {
+    std::vector<Patch> last;
+    last.reserve(patches_.size());
+    std::vector<size_t> order(patches_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return patches_[a].offset < patches_[b].offset; });
+    for (size_t k = 0; k < order.size(); ++k)
+      if (k + 1 == order.size() || patches_[order[k + 1]].offset != patches_[order[k]].offset)
+        last.push_back(patches_[order[k]]);
+    patches_.swap(last);
+  }
+  const int64_t m = static_cast<int64_t>(patches_.size());
+  if (patches_used_ + m > patch_cap_) {
+    // Grow (rare: the first large recall): wait for the copies in flight, then reallocate.
+    DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    patches_used_ = 0;
+    if (m > patch_cap_) {
+      cudaFree(patch_d_);
+      cudaFreeHost(patch_h_);
+      patch_cap_ = std::max<int64_t>(m, 2 * patch_cap_ + 1024);
+      DHS_CUDA_CHECK(cudaMallocHost(&patch_h_, static_cast<size_t>(patch_cap_) * sizeof(Patch)));
+      DHS_CUDA_CHECK(cudaMalloc(&patch_d_, static_cast<size_t>(patch_cap_) * sizeof(Patch)));
+    }
+  }
+  Patch* h = patch_h_ + patches_used_;
+  Patch* d = patch_d_ + patches_used_;
+  std::copy(patches_.begin(), patches_.end(), h);
+  patches_used_ += m;
+  DHS_CUDA_CHECK(cudaMemcpyAsync(d, h, static_cast<size_t>(m) * sizeof(Patch), cudaMemcpyHostToDevice, stream));
+  apply_patches_kernel<<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(table_d_, reinterpret_cast<const int64_t*>(d), m);
+  DHS_CUDA_CHECK(cudaGetLastError());
+  patches_.clear();
+  n_patches_ = 0;
 }
 
 void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
@@ -54,7 +123,7 @@ void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
   for (int l = 0; l < n_layers_; ++l)
     for (int h = 0; h < n_heads_kv_; ++h)
       for (int64_t i = 0; i < n_new; ++i)
-        stage[(static_cast<int64_t>(l) * n_heads_kv_ + h) * n_new + i] = t.page(l, h, have + i).slot;
+        stage[(static_cast<int64_t>(l) * n_heads_kv_ + h) * n_new + i] = key_of(t, l, h, have + i);
   int32_t* dst = table_d_ + (static_cast<int64_t>(req) * n_lists_) * max_pages_ + have;
   DHS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(max_pages_) * 4, stage, static_cast<size_t>(n_new) * 4,
                                    static_cast<size_t>(n_new) * 4, static_cast<size_t>(n_lists_),

@@ -28,7 +28,21 @@ class DevicePageTable {
   // stream and starts over).
   void sync(int req, const PageTable& t, cudaStream_t stream);
   // The caller synchronized `stream` after its last sync(): the staging buffer is free again.
-  void step_done() { staging_used_ = 0; }
+  void step_done() {
+    staging_used_ = 0;
+    patches_used_ = 0;
+  }
+
+  // The KV hierarchy (issue 23): entries are keys — a device slot s as s, a host slot h as
+  // n_device + h (kv/tier_split.h) — so that lists built from the table name pages in either
+  // tier. 0 (the default): no host tier, entries are device slots.
+  void set_tier_keys(int64_t n_device) { n_device_ = n_device; }
+  // A page of t moved between tiers (TieredKv's relocation): its entry rewritten where a request
+  // slot mirrors t and has copied that page; staged, applied by flush_patches.
+  void patch(const PageTable& t, int layer, int head, int64_t idx);
+  // The staged rewrites, applied on `stream` (one copy and one small kernel; nothing when none).
+  void flush_patches(cudaStream_t stream);
+  int64_t pending_patches() const { return n_patches_; }
   // Forgets request slot `req` (its table was released or truncated to zero).
   void reset(int req) { synced_[static_cast<size_t>(req)] = 0; table_id_[static_cast<size_t>(req)] = 0; }
 
@@ -46,6 +60,20 @@ class DevicePageTable {
   int64_t staging_used_ = 0;      // ints of staging_h_ holding copies in flight
   std::vector<int64_t> synced_;   // pages copied per request
   std::vector<uint64_t> table_id_; // PageTable::id() each slot mirrors
+  int64_t n_device_ = 0;           // set_tier_keys
+  // Staged rewrites (offset into table_d_, key) and the pinned buffer they are copied from; the
+  // buffer is reused once the stream that read it synchronized (step_done).
+  struct Patch {
+    int64_t offset;
+    int32_t key;
+    int32_t pad;
+  };
+  std::vector<Patch> patches_;
+  int64_t n_patches_ = 0;
+  Patch* patch_h_ = nullptr;        // pinned
+  Patch* patch_d_ = nullptr;
+  int64_t patch_cap_ = 0, patches_used_ = 0;
+  int32_t key_of(const PageTable& t, int layer, int head, int64_t idx) const;
 };
 
 struct DenseListsParams {
