@@ -6,6 +6,8 @@
 #   packed quant_gemv v2 (packed Q8_0 / Q4_K / FP8): test, sanitizers, bandwidth rows, greedy vs
 #          the CPU with FP8 (default model) and packed Q4_K (Qwen, when its parts are in ~/dhs)
 #   weights the 8B shape's TPOT per weight format (f16, FP8, Q8_0, Q4_K), dense and coverage 0.99
+#   tiers  the KV hierarchy on the device: test_tier_split (+ memcheck, racecheck), test_page_recall,
+#          test_cuda_tiers (the engine with a host tier, default model)
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -144,6 +146,15 @@ for stage in "$@"; do
         --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --weights f16,fp8,q8_0,q4_k \
         --out "$OUT/decode_e2e.jsonl" --no-gemm --commit "$C"
       grep -vE "^prefill" "$OUT/e2e_weights.log" | tail -34 ;;
+    tiers)
+      # The KV hierarchy's recall-ahead read on the device (issue 23): the split / merge kernels
+      # against the CPU, memcheck and racecheck on them, the I/O engine's test, and (default model
+      # here) the engine's greedy tokens with a host tier equal all-resident.
+      run test_tier_split timeout 120 "$B/test_tier_split"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split"
+      DHS_TEST_QUICK=1 run sanitizer_racecheck_test_tier_split timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_tier_split"
+      run test_page_recall timeout 120 "$B/test_page_recall"
+      [ -f $SMOL ] && { run test_cuda_tiers timeout 300 "$B/test_cuda_tiers"; grep -E "^cuda" "$OUT/test_cuda_tiers.log"; } ;;
     spec)
       # Speculative decoding on the device (issue 24): verify rows against decoding one at a
       # time, memcheck on them, the engine's greedy output with and without speculation (default

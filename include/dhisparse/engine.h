@@ -41,8 +41,9 @@ struct EngineOptions {
   // every row's queries) or "per-row" (each row the set its decode step would select: greedy output
   // equal to decoding without speculation; the pages are read once per row). The CPU is per-row.
   std::string verify_selection = "last-row";
-  // The KV hierarchy (issue 23; CPU backend so far): a host tier of this many GiB behind the
-  // pool steps read (the device tier); 0: none. vLLM's --swap-space is the same flag.
+  // The KV hierarchy (issue 23): a host tier of this many GiB behind the pool steps read (the
+  // device tier; on the GPU pinned DRAM, with kv_recall "ahead"); 0: none. vLLM's --swap-space
+  // is the same flag.
   double cpu_kv_gb = 0.0;
   // With the host tier: device-tier pages each request may keep (0: no limit); its least
   // recently used full pages go to the host tier past it, and come back when a step reads them.

@@ -98,7 +98,8 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
 
 void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
   app->add_option("--cpu-kv-gb,--swap-space", eo.cpu_kv_gb,
-                  "KV hierarchy (CPU backend so far): a host tier of this many GiB behind the KV pool; 0 = none")
+                  "KV hierarchy: a host tier of this many GiB behind the KV pool (on the GPU: pinned DRAM, with --kv-recall "
+                  "ahead); 0 = none")
       ->check(CLI::Range(0.0, 1048576.0))
       ->capture_default_str();
   app->add_option_function<std::string>(

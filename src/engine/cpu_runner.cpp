@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "engine/host_sampling.h"
 #include "engine/step_runner.h"
-#include "kv/device_budgets.h"
+#include "engine/runner_tiers.h"
 #include "model/arch/llama_cpu.h"
 
 namespace dhs {
@@ -40,32 +40,21 @@ class CpuRunner final : public StepRunner {
     // The KV hierarchy (kv/tiered_kv.h) when a host tier is asked for: the pool forward() reads
     // is then its device tier, and a second pool of cpu_kv_gb the host tier (both in host memory
     // here: the logic of the GPU's HBM-over-DRAM, run where CI runs).
-    DHS_CHECK(o.cpu_kv_gb >= 0.0 && o.kv_device_budget >= 0, "the host KV tier and device budget must be >= 0");
-    const int64_t page_bytes = 2 * int64_t{o.page_size} * c.head_dim * 4;  // K and V, fp32
-    const int64_t host_pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
-    DHS_CHECK(o.cpu_kv_gb == 0.0 || host_pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
-    DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || host_pages > 0,
-              "a device KV budget needs the host tier (--cpu-kv-gb)");
-    DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead", "--kv-recall must be layer or ahead, got '{}'",
-              o.kv_recall);
-    DHS_CHECK(o.kv_recall == "layer" || host_pages > 0, "--kv-recall {} needs the host tier (--cpu-kv-gb)", o.kv_recall);
-    recall_ahead_ = o.kv_recall == "ahead";
+    const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * c.head_dim * 4);  // K and V, fp32
     pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
                                        o.page_size, static_cast<int>(c.head_dim));
     if (host_pages > 0) {
-      host_pool_ = std::make_unique<PagePool>(Tier::Host, host_pages, o.page_size, static_cast<int>(c.head_dim));
-      // The clock ticks once per layer (LlamaCpu::set_tiers): the cyclic order, a cycle per step,
-      // pages kept apart by how many steps ago they were used, up to 4.
-      tiers_ = std::make_unique<TieredKv>(*pool_, *host_pool_,
-                                          LruParams{static_cast<int>(c.n_layers), 4, /*cyclic=*/true});
-      budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
-      if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
-      model_->set_tiers(tiers_.get(), recall_ahead_ ? LlamaCpu::RecallSchedule::Ahead : LlamaCpu::RecallSchedule::Layer);
+      // The clock ticks once per layer (LlamaCpu::set_tiers).
+      tiers_ = std::make_unique<RunnerTiers>(
+          *pool_, std::make_unique<PagePool>(Tier::Host, host_pages, o.page_size, static_cast<int>(c.head_dim)), o,
+          static_cast<int>(c.n_layers), [m = model_.get()] { return m->tier_clock(); });
+      model_->set_tiers(&tiers_->kv(),
+                        tiers_->recall_ahead() ? LlamaCpu::RecallSchedule::Ahead : LlamaCpu::RecallSchedule::Layer);
     }
     if (!o.policy.dense()) {
-      summaries_ = host_pool_ ? std::make_unique<PageSummaryStore>(*pool_, *host_pool_) : std::make_unique<PageSummaryStore>(*pool_);
+      summaries_ = tiers_ ? std::make_unique<PageSummaryStore>(*pool_, tiers_->host()) : std::make_unique<PageSummaryStore>(*pool_);
       if (tiers_)  // a page's summary goes where the page goes
-        tiers_->set_move_hook([s = summaries_.get()](PageRef from, PageRef to) { s->copy_page(s->key(from), s->key(to)); });
+        tiers_->kv().set_move_hook([s = summaries_.get()](PageRef from, PageRef to) { s->copy_page(s->key(from), s->key(to)); });
       set_policy(o.policy);
     }
   }
@@ -94,8 +83,7 @@ class CpuRunner final : public StepRunner {
   void keep_draft_seeds(int m) override { seed_pages_ = std::max(seed_pages_, m); }
   void truncate(PageTable& table, int64_t n_tokens) override {
     if (auto it = seeds_.find(&table); it != seeds_.end()) it->second.truncate(n_tokens);
-    if (tiers_ && tiers_->has(table)) tiers_->truncate(table, n_tokens, model_->tier_clock());
-    else table.truncate(*pool_, n_tokens);
+    if (!(tiers_ && tiers_->truncate(table, n_tokens))) table.truncate(*pool_, n_tokens);
     if (!summaries_) return;
     // The last page's rows changed: its summary is rebuilt from the pool, now or, when the
     // hierarchy left that page in the host tier for lack of room, once the next step has it back.
@@ -112,33 +100,16 @@ class CpuRunner final : public StepRunner {
   void release(PageTable& table) override {
     summaries_pending_.erase(&table);
     seeds_.erase(&table);
-    if (auto_budgets_) auto_budgets_->forget(static_cast<int64_t>(table.id()));
-    if (tiers_ && tiers_->has(table)) tiers_->release(table);
-    else table.release(*pool_);
+    if (!(tiers_ && tiers_->release(table))) table.release(*pool_);
   }
-  std::string check_pages() const override { return tiers_ ? tiers_->check_invariants() : pool_->check_invariants(); }
-  int64_t host_tier_pages() const override { return host_pool_ ? host_pool_->n_pages() : 0; }
-  bool make_room(int64_t n) override {
-    return tiers_ ? tiers_->make_room(n, model_->tier_clock()) : pool_->n_free() >= n;
-  }
+  std::string check_pages() const override { return tiers_ ? tiers_->check() : pool_->check_invariants(); }
+  int64_t host_tier_pages() const override { return tiers_ ? tiers_->host().n_pages() : 0; }
+  bool make_room(int64_t n) override { return tiers_ ? tiers_->make_room(n) : pool_->n_free() >= n; }
   int64_t reclaimable_pages() const override { return tiers_ ? tiers_->reclaimable() : 0; }
-  bool swap_out(PageTable& t) override { return tiers_ && tiers_->has(t) && tiers_->swap_out(t, model_->tier_clock()); }
-  int64_t swap_in_pages(const PageTable& t) const override {
-    return tiers_ && tiers_->has(t) && tiers_->swapped(t) ? tiers_->swap_in_pages(t) : 0;
-  }
-  bool swap_in(PageTable& t) override { return !tiers_ || !tiers_->has(t) || tiers_->swap_in(t, model_->tier_clock()); }
-  TierCounts tier_counts() const override {
-    TierCounts c;
-    if (!tiers_) return c;
-    const TierStats& t = tiers_->totals();
-    c.hits = static_cast<uint64_t>(t.hits);
-    c.late = static_cast<uint64_t>(t.late);
-    c.recalled = static_cast<uint64_t>(t.recalled);
-    c.offloaded = static_cast<uint64_t>(t.offloaded);
-    c.dropped = static_cast<uint64_t>(t.dropped);
-    c.host_used = host_pool_->n_used();
-    return c;
-  }
+  bool swap_out(PageTable& t) override { return tiers_ && tiers_->swap_out(t); }
+  int64_t swap_in_pages(const PageTable& t) const override { return tiers_ ? tiers_->swap_in_pages(t) : 0; }
+  bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
+  TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   void capture_queries(bool on) override {
     queries_.clear();
     if (!on) {
@@ -198,25 +169,15 @@ class CpuRunner final : public StepRunner {
       any_sample = any_sample || r.sample;
       any_verify = any_verify || r.verify;
     }
-    if (tiers_) {
-      // Every table's new pages tracked before any offload; then the pages each appends into
-      // resident (a rollback may have left one in the host tier), and budgets kept.
-      for (const StepRequest& r : batch)
-        if (!tiers_->has(*r.table)) tiers_->add(*r.table, model_->tier_clock(), budget_);
-      for (const StepRequest& r : batch) tiers_->track_new_pages(*r.table, model_->tier_clock());
-      for (const StepRequest& r : batch) {
-        tiers_->prepare_append(*r.table, model_->tier_clock());
-        if (summaries_pending_.erase(r.table))  // (truncate left its last page in the host tier)
-          truncate_summaries(*r.table, *pool_, *summaries_, r.table->n_tokens());
-      }
-      for (const StepRequest& r : batch) tiers_->adopt_new_pages(*r.table, model_->tier_clock());
-    }
+    if (tiers_)
+      tiers_->before_step(batch, [this](PageTable& t) {
+        if (summaries_pending_.erase(&t))  // (truncate left its last page in the host tier)
+          truncate_summaries(t, *pool_, *summaries_, t.n_tokens());
+      });
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
-    std::vector<TierStats> before;
-    if (auto_budgets_)
-      for (const StepRequest& r : batch) before.push_back(tiers_->request_stats(*r.table));
+    const std::vector<TierStats> before = tiers_ ? tiers_->stats_of(batch) : std::vector<TierStats>{};
     if (!any_verify) {
       model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
     } else {
@@ -225,46 +186,17 @@ class CpuRunner final : public StepRunner {
       model_->forward(seqs, *pool_, &rows);
       split_output_rows(batch, rows, model_->config().vocab_size, /*last_rows=*/true, out);
     }
-    if (auto_budgets_) apply_auto_budgets(batch, before);
+    if (tiers_) tiers_->after_step(batch, before);
     sampling_->sample(batch, out, want_logits);
   }
 
  private:
-  // The cache manager (kv/device_budgets.h): each decode row's pages read and recalled this step
-  // observed, then budgets for the batch's requests over the device pages they can share (free
-  // slots and the full pages they hold; other requests' pages stay as they are).
-  void apply_auto_budgets(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before) {
-    std::vector<DeviceBudgets::Request> reqs;
-    int64_t capacity = pool_->n_free();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const PageTable& t = *batch[i].table;
-      const int64_t id = static_cast<int64_t>(t.id());
-      if (batch[i].n_new == 1 && !batch[i].verify) {
-        // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
-        const TierStats now = tiers_->request_stats(t);
-        const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
-        auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
-      }
-      const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
-      reqs.push_back({id, t.n_tokens() / t.page_size() * lists});
-      capacity += tiers_->movable_resident_pages(t);
-    }
-    const std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
-    for (size_t i = 0; i < batch.size(); ++i)
-      tiers_->set_budget(*batch[i].table, b[i] == DeviceBudgets::kUnlimited ? TieredKv::kUnlimited : b[i],
-                         model_->tier_clock());
-  }
-
   static constexpr int kMaxBatch = 256;
   int max_batch_ = kMaxBatch;
   std::unique_ptr<HostSampling> sampling_;
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;       // the pool forward() reads: the device tier with a host tier
-  std::unique_ptr<PagePool> host_pool_;  // the host tier, or null
-  std::unique_ptr<TieredKv> tiers_;
-  int64_t budget_ = TieredKv::kUnlimited;  // device pages per request
-  bool recall_ahead_ = false;              // --kv-recall ahead
-  std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
+  std::unique_ptr<RunnerTiers> tiers_;   // the KV hierarchy, or null
   std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
   int seed_pages_ = 0;                                // keep_draft_seeds
   std::map<const PageTable*, DraftSeeds> seeds_;      // each request's, while it holds its table

@@ -8,6 +8,7 @@
 #include "backend/cuda/decode_attention.h"
 #include "core/error.h"
 #include "dhisparse/scheduler.h"
+#include "engine/runner_tiers.h"
 #include "engine/sampler.h"
 #include "engine/step_runner.h"
 #include "model/arch/llama_cuda.h"
@@ -43,10 +44,13 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row",
               "verify selection must be last-row, all-rows or per-row, got '{}'", o.verify_selection);
     co.verify_selection = o.verify_selection;
-    // (said plainly rather than running without the tier the user asked for)
-    DHS_CHECK(o.cpu_kv_gb == 0.0 && o.kv_device_budget == 0 && !o.kv_budget_auto && o.kv_recall == "layer",
-              "the KV hierarchy (--cpu-kv-gb / --swap-space, --kv-device-budget, --kv-recall) runs on the CPU backend only so "
-              "far (issue 23: the GPU side is not built)");
+    // The KV hierarchy: a host tier of pinned DRAM (f16 head-pages, K and V), on the recall-ahead
+    // schedule only (a step moves nothing: its late pages are read in place; docs/hierarchy.md).
+    const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * cfg.head_dim * 2);
+    DHS_CHECK(host_pages == 0 || o.kv_recall == "ahead",
+              "the KV hierarchy on the GPU runs the recall-ahead schedule: add --kv-recall ahead (the layer "
+              "schedule needs a host round trip per layer inside the step)");
+    co.host_pages = host_pages;
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;
@@ -73,6 +77,17 @@ class CudaRunner final : public StepRunner {
     if (o.progress) o.progress(0, 1);
     model_ = dummy ? std::make_unique<LlamaCuda>(cfg, kDummySeed, co) : std::make_unique<LlamaCuda>(src, co);
     if (o.progress) o.progress(1, 1);
+    if (host_pages > 0) {
+      tiers_ = std::make_unique<RunnerTiers>(
+          model_->allocator(),
+          std::make_unique<PagePool>(Tier::Host, host_pages, o.page_size, static_cast<int>(cfg.head_dim), /*with_storage=*/false),
+          o, static_cast<int>(cfg.n_layers), [this] { return (steps_ + 1) * model_->config().n_layers; });
+      LlamaCuda* m = model_.get();
+      tiers_->kv().set_mover([m](const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
+        return m->move_pages(src, dst, moves);
+      });
+      tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
+    }
     rows_.resize(static_cast<size_t>(max_batch_));
     rng_.assign(static_cast<size_t>(max_batch_), 0);
     window_.assign(static_cast<size_t>(max_batch_), 0);
@@ -109,12 +124,21 @@ class CudaRunner final : public StepRunner {
   int max_draft_seeds() const override { return cuda::kMaxSeedPages; }
   void truncate(PageTable& table, int64_t n_tokens) override {
     model_->forget_draft_seeds(table.id(), n_tokens);
-    table.truncate(pages(), n_tokens);
+    if (!(tiers_ && tiers_->truncate(table, n_tokens))) table.truncate(pages(), n_tokens);
   }
   void release(PageTable& table) override {
     model_->forget_draft_seeds(table.id(), 0);
-    table.release(pages());
+    if (!(tiers_ && tiers_->release(table))) table.release(pages());
   }
+  // The KV hierarchy (RunnerTiers), as the CPU runner keeps it.
+  std::string check_pages() const override { return tiers_ ? tiers_->check() : model_->allocator().check_invariants(); }
+  int64_t host_tier_pages() const override { return tiers_ ? tiers_->host().n_pages() : 0; }
+  bool make_room(int64_t n) override { return tiers_ ? tiers_->make_room(n) : model_->allocator().n_free() >= n; }
+  int64_t reclaimable_pages() const override { return tiers_ ? tiers_->reclaimable() : 0; }
+  bool swap_out(PageTable& t) override { return tiers_ && tiers_->swap_out(t); }
+  int64_t swap_in_pages(const PageTable& t) const override { return tiers_ ? tiers_->swap_in_pages(t) : 0; }
+  bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
+  TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }
@@ -160,6 +184,23 @@ class CudaRunner final : public StepRunner {
       }
       seqs.push_back(q);
     }
+    const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
+    std::vector<TierStats> tier_before;
+    if (tiers_) {
+      DHS_CHECK(!any_verify, "speculative decoding with the host KV tier on the GPU is not supported yet");
+      tiers_->before_step(batch);
+      // Prefill attention reads every page from HBM: the batch's pages resident (pinned) first.
+      if (prefill)
+        for (const StepRequest& r : batch) {
+          std::vector<PageId> all;
+          const PageTable& t = *r.table;
+          for (int l = 0; l < t.n_layers(); ++l)
+            for (int h = 0; h < t.n_heads_kv(); ++h)
+              for (int64_t i = 0; i < t.n_pages_per_list(); ++i) all.push_back({l, h, i});
+          tiers_->kv().ensure_resident(*r.table, all, tiers_->clock());
+        }
+      tier_before = tiers_->stats_of(batch);
+    }
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
@@ -185,6 +226,8 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
+    if (tiers_) after_tier_step(batch, prefill, tier_before);
+    ++steps_;
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);
     for (size_t i = 0; i < batch.size(); ++i)
@@ -195,6 +238,28 @@ class CudaRunner final : public StepRunner {
   }
 
  private:
+  // After a step with the host tier: a prefill's pins dropped (budgets kept); a decode step's late
+  // reads noted and recalled for the next step, in the order logged (TieredKv::recall_ahead:
+  // the prediction of a step's reads is the last step's late ones on the GPU, whose hits are not
+  // logged); then the cache manager's budgets.
+  void after_tier_step(const std::vector<StepRequest>& batch, bool prefill, const std::vector<TierStats>& before) {
+    TieredKv& kv = tiers_->kv();
+    const int64_t now = tiers_->clock() + model_->config().n_layers - 1;  // this step's last layer
+    if (prefill) {
+      kv.end_step(now);
+    } else {
+      std::vector<std::vector<PageId>> late(batch.size());
+      for (const LlamaCuda::LateRead& r : model_->late_reads())
+        late[static_cast<size_t>(r.seq)].push_back({r.layer, r.head, r.page});
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (late[i].empty()) continue;
+        kv.note_reads(*batch[i].table, late[i], now);
+        kv.recall_ahead(*batch[i].table, late[i], now);
+      }
+    }
+    tiers_->after_step(batch, before);
+  }
+
   void check_slot(int slot) const {
     DHS_CHECK(slot >= 0 && slot < max_batch_, "request slot {} outside [0, {})", slot, max_batch_);
   }
@@ -207,6 +272,8 @@ class CudaRunner final : public StepRunner {
   std::vector<int> window_;              // [max_batch] repetition windows
   std::vector<bool> begun_;
   std::vector<float> rows_out_;          // a verify step's output rows (reused)
+  std::unique_ptr<RunnerTiers> tiers_;   // the KV hierarchy (--cpu-kv-gb), or null
+  int64_t steps_ = 0;                    // steps run: the hierarchy's clock is steps_ x n_layers
 };
 
 }  // namespace

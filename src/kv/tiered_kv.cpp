@@ -112,6 +112,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   for (int32_t s : slots) {
     const Where w = dev_where_[static_cast<size_t>(s)];
     w.t->relocate(w.layer, w.head, w.idx, PageRef{Tier::Host, host_copy_[static_cast<size_t>(s)]});
+    if (on_relocate_) on_relocate_(*w.t, w.layer, w.head, w.idx);
     --owner_of(*w.t).resident;
     host_copy_[static_cast<size_t>(s)] = -1;
     lru_.erase(s);
@@ -220,6 +221,7 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     host_copy_[static_cast<size_t>(d.slot)] = moves[j].src.slot;
     lru_.set_pinned(d.slot, true);
     t.relocate(w.layer, w.head, w.idx, d);
+    if (on_relocate_) on_relocate_(t, w.layer, w.head, w.idx);
   }
   o.hits += st.hits;
   o.recalled += missing;

@@ -149,6 +149,11 @@ class TieredKv {
   // Called for every page copied between the tiers, after its bytes (from, to): what follows a
   // page besides its K and V (its summary, kept per slot) moves there.
   void set_move_hook(std::function<void(PageRef from, PageRef to)> hook) { on_move_ = std::move(hook); }
+  // Called for every page whose tier changed, after its table says where it is now: a backend
+  // that mirrors the tables (the CUDA backend's device page table) rewrites that entry.
+  void set_relocate_hook(std::function<void(const PageTable& t, int layer, int head, int64_t idx)> hook) {
+    on_relocate_ = std::move(hook);
+  }
   // Whether t is registered (add) and not released.
   bool has(const PageTable& t) const { return owners_.count(t.id()) != 0; }
 
@@ -202,6 +207,7 @@ class TieredKv {
   TierStats totals_;
   std::function<void(PageRef, PageRef)> on_move_;
   PageMover mover_ = copy_pages;
+  std::function<void(const PageTable&, int, int, int64_t)> on_relocate_;
 };
 
 }  // namespace dhs

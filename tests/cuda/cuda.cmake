@@ -39,3 +39,8 @@ dhs_test(test_page_recall LABEL cuda
 dhs_test(test_tier_split LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_split.cu
   LIBS dhs_cuda dhs_cpu dhs_kv)
+# The KV hierarchy on the CUDA backend: the default model's greedy tokens with a host tier equal
+# all-resident, dense and coverage 0.99, batched under auto budgets.
+dhs_test(test_cuda_tiers LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_tiers.cpp
+  LIBS dhs_engine dhs_arch_cuda)

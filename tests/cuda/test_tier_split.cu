@@ -2,7 +2,8 @@
 // (kv/tier_split.h and cpu::attention with merge_normalized):
 //  - the split of lists whose slots name either tier equals split_lists_by_tier's, int for int,
 //    on awkward shapes: 1 to 2,500 rows (the scan's 1,024-row tiles), rows of 0 to 900 entries
-//    (the scatter's 256-entry tiles), all resident, all late, mixed, in random order;
+//    (the scatter's 256-entry tiles), all resident, all late, mixed, in random order; the late
+//    reads' log counts every late entry and holds late entries only, up to its capacity;
 //  - decode attention over the resident part from the HBM pool and over the late part from the
 //    host tier's mapped pinned pages, merged by merge_late_attention, against the CPU's attention
 //    over the whole list (the same f16-rounded values), GQA 32/8 d128 and 9/3 d64, q_len 1 and 4;
@@ -96,8 +97,33 @@ TEST(TierSplit, EqualsTheCpuStatement) {
     int32_t* slots_d = to_device(in.slots);
     int32_t* pos_d = to_device(in.page_pos);
     dc::TierSplitLists out(n_rows, in.nnz());
-    dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, kDev, out, nullptr);
+    // The late reads' log, one entry short of them when there are any (the count still counts
+    // every one; the entries past the cap are dropped).
+    const int cap = std::max<int>(1, static_cast<int>(late.nnz()) - 1);
+    int32_t* log_d = nullptr;
+    DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(3 * cap + 1) * 4));
+    DHS_CUDA_CHECK(cudaMemset(log_d + 3 * cap, 0, 4));
+    dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, kDev, out, nullptr, dc::TierSplitLog{log_d, log_d + 3 * cap, cap, 7});
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    {
+      const std::vector<int32_t> log = to_host(log_d, static_cast<size_t>(3 * cap + 1));
+      EXPECT_EQ(log[static_cast<size_t>(3 * cap)], static_cast<int32_t>(late.nnz())) << "late reads counted";
+      // Every logged entry is a late entry of its row (layer 7), each at most as often as it is one.
+      std::vector<std::pair<int32_t, int32_t>> want_entries, got_entries;
+      for (int r = 0; r < n_rows; ++r)
+        for (int32_t k = late.indptr[static_cast<size_t>(r)]; k < late.indptr[static_cast<size_t>(r) + 1]; ++k)
+          want_entries.push_back({r, late.page_pos[static_cast<size_t>(k)]});
+      const int logged = std::min<int>(cap, static_cast<int>(late.nnz()));
+      for (int i = 0; i < logged; ++i) {
+        EXPECT_EQ(log[static_cast<size_t>(3 * i + 1)], 7);
+        got_entries.push_back({log[static_cast<size_t>(3 * i)], log[static_cast<size_t>(3 * i + 2)]});
+      }
+      std::sort(want_entries.begin(), want_entries.end());
+      std::sort(got_entries.begin(), got_entries.end());
+      EXPECT_TRUE(std::includes(want_entries.begin(), want_entries.end(), got_entries.begin(), got_entries.end()))
+          << "a logged entry is not a late read";
+    }
+    cudaFree(log_d);
     const std::string at = std::to_string(n_rows) + " rows of <= " + std::to_string(max_len);
     EXPECT_TRUE(to_host(out.dev_indptr(), in.indptr.size()) == dev.indptr) << at << ": resident indptr";
     EXPECT_TRUE(to_host(out.late_indptr(), in.indptr.size()) == late.indptr) << at << ": late indptr";

@@ -304,7 +304,8 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
 }
 
 // The bytes move through the mover the backend gives (the CUDA backend's copies): every
-// recall and offload goes through it, in the direction its pools say, and nothing else copies.
+// recall and offload goes through it, in the direction its pools say, and nothing else copies;
+// every tier change is reported to the relocation hook (the CUDA backend's table mirror).
 TEST(TieredKv, PagesMoveThroughTheGivenMover) {
   Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
   int64_t to_host = 0, to_device = 0;
@@ -315,6 +316,12 @@ TEST(TieredKv, PagesMoveThroughTheGivenMover) {
     }
     (src.tier() == Tier::Device ? to_host : to_device) += static_cast<int64_t>(moves.size());
     return copy_pages(src, dst, moves);
+  });
+  int64_t relocated = 0;
+  s.kv_.set_relocate_hook([&](const PageTable& t, int layer, int head, int64_t idx) {
+    ++relocated;
+    const PageRef p = t.page(layer, head, idx);
+    EXPECT_TRUE(p.tier == Tier::Device ? s.dev_.is_used(p) : s.host_.is_used(p)) << "the table names its new place";
   });
   s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
   Req& r = s.reqs_.back();
@@ -329,6 +336,7 @@ TEST(TieredKv, PagesMoveThroughTheGivenMover) {
   const TierStats& t = s.kv_.totals();
   EXPECT_EQ(to_host, t.offloaded);
   EXPECT_EQ(to_device, t.recalled);
+  EXPECT_EQ(relocated, t.recalled + t.offloaded + t.dropped) << "every tier change reported once";
   EXPECT_GT(to_host, 0);
   EXPECT_GT(to_device, 0);
   s.kv_.release(*r.t);

@@ -235,6 +235,30 @@ void DeviceMoveList::upload(std::span<const PageMove> moves) {
 
 // ---- The kernel's launcher and ops
 
+namespace {
+
+// One thread per 16-byte word of the moved rows.
+__global__ void move_rows_kernel(uint4* base, int64_t row_words, const int2* pairs, int n) {
+  const int64_t total = static_cast<int64_t>(n) * row_words;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = i / row_words, w = i - m * row_words;
+    const int2 pr = pairs[m];
+    base[static_cast<int64_t>(pr.y) * row_words + w] = base[static_cast<int64_t>(pr.x) * row_words + w];
+  }
+}
+
+}  // namespace
+
+void launch_move_rows(void* base, int64_t row_bytes, const int32_t* pairs, int n, cudaStream_t stream) {
+  if (n <= 0) return;
+  require(row_bytes > 0 && row_bytes % 16 == 0, "launch_move_rows: row bytes must be a positive multiple of 16");
+  const int64_t words = static_cast<int64_t>(n) * (row_bytes / 16);
+  const int blocks = static_cast<int>(std::min<int64_t>((words + 255) / 256, 1024));
+  move_rows_kernel<<<blocks, 256, 0, stream>>>(static_cast<uint4*>(base), row_bytes / 16, reinterpret_cast<const int2*>(pairs), n);
+  DHS_CUDA_CHECK(cudaGetLastError());
+}
+
 void launch_page_move(const PageMoveParams& p, int n_blocks, cudaStream_t stream) {
   if (n_blocks <= 0 || p.max_moves <= 0) return;
   // The SM's shared memory / L1 split that decode attention needs (2 blocks of 112 KiB per SM):

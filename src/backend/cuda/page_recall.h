@@ -129,6 +129,13 @@ void recall_pages(const DeviceMoveList& moves, const HostPagePool& host, DeviceP
 void evict_pages(const DeviceMoveList& moves, const DevicePagePool& dev, HostPagePool& host, cudaStream_t stream,
                  int n_blocks = kPageMoveBlocks);
 
+// Rows of one device array copied to other rows of the same array: what follows a page between
+// the tiers besides its K and V — its key sketch and summary rows, kept under the page's key
+// (kv/tier_split.h: device slot s, host slot n_device + h). pairs: [n, 2] (source row,
+// destination row) in device memory; row_bytes a multiple of 16; no row both a source and a
+// destination of one call.
+void launch_move_rows(void* base, int64_t row_bytes, const int32_t* pairs, int n, cudaStream_t stream);
+
 // ---- The copy-engine forms, for comparison: the host builds the copies from a host move list.
 
 // A run of moves whose source and destination slots both advance by one (as tier_copy.cpp

@@ -96,6 +96,14 @@ __global__ void __launch_bounds__(kRowThreads) tier_scatter_kernel(const __grid_
         const int j = late0 + late_before + excl;
         p.late_slots[j] = s - p.n_device;
         p.late_page_pos[j] = pos;
+        if (p.late_log) {
+          const int at = atomicAdd(p.late_log_n, 1);
+          if (at < p.late_log_cap) {
+            p.late_log[3 * at] = row;
+            p.late_log[3 * at + 1] = p.layer;
+            p.late_log[3 * at + 2] = pos;
+          }
+        }
       } else {
         const int j = dev0 + (k - b) - (late_before + excl);
         p.dev_slots[j] = s;
@@ -155,7 +163,7 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream) {
 }
 
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         int64_t n_device, TierSplitLists& out, cudaStream_t stream) {
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log) {
   require(n_rows >= 1 && n_rows <= out.max_rows(),
           "split_lists_by_tier: " + std::to_string(n_rows) + " rows, the buffers hold " + std::to_string(out.max_rows()));
   require(indptr != nullptr && slots != nullptr && page_pos != nullptr, "split_lists_by_tier: null lists");
@@ -173,6 +181,11 @@ void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int3
   p.late_slots = out.late_slots();
   p.late_page_pos = out.late_page_pos();
   p.late_count = out.late_count();
+  require(log.entries == nullptr || (log.count != nullptr && log.cap > 0), "split_lists_by_tier: a log needs its count and capacity");
+  p.late_log = log.entries;
+  p.late_log_n = log.count;
+  p.late_log_cap = log.cap;
+  p.layer = log.layer;
   launch_tier_split(p, stream);
 }
 

@@ -61,6 +61,21 @@ struct TierSplitParams {
   int32_t *dev_indptr = nullptr, *dev_slots = nullptr, *dev_page_pos = nullptr;
   int32_t *late_indptr = nullptr, *late_slots = nullptr, *late_page_pos = nullptr;
   int32_t* late_count = nullptr;  // [n_rows]
+  // The late reads' log (TierSplitLog), or null.
+  int32_t* late_log = nullptr;    // [late_log_cap, 3] (row, layer, page_pos)
+  int32_t* late_log_n = nullptr;  // [1] entries appended (may pass the cap: those past it are dropped)
+  int late_log_cap = 0;
+  int layer = 0;
+};
+
+// Where a step's late reads are logged, for the host to recall them after the step
+// (TieredKv::recall_ahead): each late entry of each layer appends (row, layer, page_pos), in no
+// particular order; the count is set to 0 before the step's first layer.
+struct TierSplitLog {
+  int32_t* entries = nullptr;  // [cap, 3]
+  int32_t* count = nullptr;    // [1]
+  int cap = 0;
+  int layer = 0;
 };
 // The three kernels (no checks).
 void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);
@@ -68,7 +83,7 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);
 // The op: checks n_rows against the buffers, then launches. The lists' nnz (indptr[n_rows], on
 // the device) must be <= out.max_nnz() (the caller sizes the buffers as the lists it splits).
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         int64_t n_device, TierSplitLists& out, cudaStream_t stream);
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log = {});
 
 struct MergeLateParams {
   __half* out = nullptr;             // [n, head_dim] the resident part's output; merged in place

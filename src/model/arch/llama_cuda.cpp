@@ -182,10 +182,25 @@ void LlamaCuda::allocate_kv() {
   }
   alloc_ = std::make_unique<PagePool>(Tier::Device, n_pages, o.page_size, static_cast<int>(D), /*with_storage=*/false);
   pool_ = std::make_unique<cuda::DevicePagePool>(n_pages, o.page_size, static_cast<int>(D));
-  if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_pages, o.page_size, static_cast<int>(D));
-  if (minmax) sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MinMax);
+  // With a host tier the page data the estimators read keeps a row per page of both tiers, under
+  // the page's key (device slot s, host slot n_pages + h): a page is scored wherever it lives.
+  DHS_CHECK(o.host_pages >= 0 && n_pages + o.host_pages < (int64_t{1} << 31), "host tier of {} pages (with {} in HBM) is too large",
+            o.host_pages, n_pages);
+  const int64_t n_keys = n_pages + o.host_pages;
+  if (o.key_sketch) sketch_ = std::make_unique<cuda::DeviceKeySketch>(n_keys, o.page_size, static_cast<int>(D));
+  if (minmax) sum_minmax_ = std::make_unique<cuda::DevicePageSummaries>(n_keys, static_cast<int>(D), cuda::SummaryKind::MinMax);
   if (meanvar)
-    sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_pages, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
+    sum_meanvar_ = std::make_unique<cuda::DevicePageSummaries>(n_keys, static_cast<int>(D), cuda::SummaryKind::MeanSpread);
+  if (o.host_pages > 0) {
+    host_pool_ = std::make_unique<cuda::HostPagePool>(o.host_pages, o.page_size, static_cast<int>(D));
+    table_->set_tier_keys(n_pages);
+    split_ = std::make_unique<cuda::TierSplitLists>(static_cast<int>(max_attn_ * Hkv), max_attn_ * Hkv * pages_per_seq_);
+    late_att_d_ = static_cast<__half*>(dalloc(static_cast<size_t>(max_tokens_ * Hq * D) * 2));
+    lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
+    late_lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
+    late_log_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(3 * kLateLogCap + 1) * 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&late_log_h_, static_cast<size_t>(3 * kLateLogCap + 1) * 4));
+  }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
                                             o.verify_selection == "all-rows" ? o.max_verify_rows : 1};
@@ -438,6 +453,9 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
 }
 
 LlamaCuda::~LlamaCuda() {
+  if (late_log_h_) cudaFreeHost(late_log_h_);
+  if (move_h_) cudaFreeHost(move_h_);
+  if (move_d_) cudaFree(move_d_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   for (void* p : allocs_) cudaFree(p);
   cudaFreeHost(staging_h_);
@@ -657,6 +675,8 @@ void LlamaCuda::build_params() {
 // The model, as one step runs it on the stream (and as the decode graph captures it).
 void LlamaCuda::run_layers(const Step& s) {
   const int64_t T = s.n_tok;
+  const bool log_late = host_pool_ && s.decode;  // (the late reads' count starts at 0)
+  if (log_late) DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * kLateLogCap, 0, 4, stream_));
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& w = layers_[static_cast<size_t>(l)];
@@ -671,9 +691,9 @@ void LlamaCuda::run_layers(const Step& s) {
                                .dst = reinterpret_cast<float*>(sel_q_d_), .n_out = s.n_req,
                                .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
       cuda::launch_gather_rows(g, stream_);
-      attention_decode(selector_->select(l, s.n_req, s.plan, stream_, sel_q_d_, sel_q_indptr_d_), s.n_req, s.max_q);
+      attention_decode(selector_->select(l, s.n_req, s.plan, stream_, sel_q_d_, sel_q_indptr_d_), s.n_req, s.max_q, l, s.n_tok);
     } else if (s.decode) {
-      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q);  // the pages the policy keeps
+      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q, l, s.n_tok);  // the pages the policy keeps
     } else {
       attention_prefill(s.n_tok, s.n_req);
     }
@@ -684,6 +704,9 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
   selector_->join(stream_);
+  if (log_late)  // the step's late reads back to the host (the whole log: its size is fixed in a graph)
+    DHS_CUDA_CHECK(cudaMemcpyAsync(late_log_h_, late_log_d_, static_cast<size_t>(3 * kLateLogCap + 1) * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
   logits_and_sample(s.n_out);                                                // output rows -> ids
 }
 
@@ -733,7 +756,7 @@ void LlamaCuda::dense_lists(int layer, int n_req) {
   cuda::launch_dense_lists(p, stream_);
 }
 
-void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q) {
+void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok) {
   cuda::DecodeAttentionParams p = decode_attn_;
   if (max_q > 1) {  // verify rows: the smallest workspace (kernel form) that takes them
     const cuda::DecodeAttentionWorkspace* ws =
@@ -750,7 +773,87 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   p.kv_slots = lists.slots;
   p.kv_page_pos = lists.page_pos;
   p.n_requests = n_req;
+  if (!host_pool_) {
+    cuda::launch_decode_attention(p, stream_);
+    return;
+  }
+  // The recall-ahead schedule (tier_split.h): the lists' keys split by tier, attention over the
+  // resident part from HBM and over the late part in place from the host tier, merged by LSE.
+  const int n_rows = n_req * static_cast<int>(cfg_.n_heads_kv);
+  cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
+                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * kLateLogCap, kLateLogCap, layer});
+  p.kv_indptr = split_->dev_indptr();
+  p.kv_slots = split_->dev_slots();
+  p.kv_page_pos = split_->dev_page_pos();
+  p.lse = lse_d_;
   cuda::launch_decode_attention(p, stream_);
+  cuda::DecodeAttentionParams late = p;
+  late.kv_indptr = split_->late_indptr();
+  late.kv_slots = split_->late_slots();
+  late.kv_page_pos = split_->late_page_pos();
+  late.k_pool = host_pool_->k_d();
+  late.v_pool = host_pool_->v_d();
+  late.out = late_att_d_;
+  late.lse = late_lse_d_;
+  cuda::launch_decode_attention(late, stream_);
+  cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_tok * static_cast<int>(cfg_.n_heads_q),
+                           static_cast<int>(cfg_.head_dim)},
+                          stream_);
+}
+
+int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
+  DHS_CHECK(host_pool_, "move_pages: no host tier");
+  DHS_CHECK(src.tier() != dst.tier(), "move_pages: both pools of one tier");
+  const int64_t n = static_cast<int64_t>(moves.size());
+  if (n == 0) return 0;
+  const bool recall = src.tier() == Tier::Host;
+  const int64_t n_dev = pool_->n_pages(), n_host = host_pool_->n_pages();
+  // The staging (slot pairs, count, key pairs) is rewritten only once the moves before it ran.
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (n > move_cap_) {
+    if (move_h_) cudaFreeHost(move_h_);
+    if (move_d_) cudaFree(move_d_);
+    move_cap_ = std::max<int64_t>(n, 4096);
+    DHS_CUDA_CHECK(cudaMallocHost(&move_h_, static_cast<size_t>(4 * move_cap_ + 1) * 4));
+    DHS_CUDA_CHECK(cudaMalloc(&move_d_, static_cast<size_t>(4 * move_cap_ + 1) * 4));
+  }
+  const auto key = [&](PageRef p) { return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot); };
+  int32_t* keys_h = move_h_ + 2 * n + 1;
+  int64_t runs = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const PageMove& m = moves[static_cast<size_t>(i)];
+    DHS_CHECK(m.src.tier == src.tier() && m.dst.tier == dst.tier(), "move_pages: a move of other tiers than the pools'");
+    move_h_[2 * i] = m.src.slot;
+    move_h_[2 * i + 1] = m.dst.slot;
+    keys_h[2 * i] = key(m.src);
+    keys_h[2 * i + 1] = key(m.dst);
+    runs += i == 0 || m.src.slot != moves[static_cast<size_t>(i - 1)].src.slot + 1 ||
+            m.dst.slot != moves[static_cast<size_t>(i - 1)].dst.slot + 1;
+  }
+  move_h_[2 * n] = static_cast<int32_t>(n);
+  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_, move_h_, static_cast<size_t>(4 * n + 1) * 4, cudaMemcpyHostToDevice, stream_));
+  cuda::PageMoveParams mp;
+  mp.moves = move_d_;
+  mp.n_moves = move_d_ + 2 * n;
+  mp.src_k = recall ? host_pool_->k_d() : pool_->k_d();
+  mp.src_v = recall ? host_pool_->v_d() : pool_->v_d();
+  mp.dst_k = recall ? pool_->k_d() : host_pool_->k_d();
+  mp.dst_v = recall ? pool_->v_d() : host_pool_->v_d();
+  mp.max_moves = static_cast<int>(n);
+  mp.n_src_pages = recall ? n_host : n_dev;
+  mp.n_dst_pages = recall ? n_dev : n_host;
+  mp.page_words = static_cast<int>(pool_->page_elems() / 8);
+  cuda::launch_page_move(mp, cuda::kPageMoveBlocks, stream_);
+  // The page's estimator rows follow it (their keys: the tiers' slots apart).
+  const int32_t* key_pairs = move_d_ + 2 * n + 1;
+  const int64_t ps = opt_.page_size, D = cfg_.head_dim;
+  if (sketch_) {
+    cuda::launch_move_rows(sketch_->codes_d(), ps * (D / 2), key_pairs, static_cast<int>(n), stream_);
+    cuda::launch_move_rows(sketch_->steps_d(), ps * 4, key_pairs, static_cast<int>(n), stream_);
+  }
+  for (cuda::DevicePageSummaries* st : {sum_minmax_.get(), sum_meanvar_.get()})
+    if (st) cuda::launch_move_rows(st->data_d(), 2 * D * 2, key_pairs, static_cast<int>(n), stream_);
+  return runs;
 }
 
 // Prefill reads the dense lists: policies apply to decode steps only.
@@ -807,6 +910,19 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     }
   }
   if (split) step.max_q = 1;
+  if (host_pool_) {
+    // Moved pages' entries first (a later sync of the same entries writes after them).
+    table_->flush_patches(stream_);
+    DHS_CHECK((!split && step.max_q == 1) || !step.decode,
+              "speculative verification with the host KV tier on the GPU is not supported yet");
+    if (!step.decode)  // prefill attention reads the pool by the table: every page must be in HBM
+      for (const Seq& s : batch)
+        for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l)
+          for (int h = 0; h < static_cast<int>(cfg_.n_heads_kv); ++h)
+            for (int64_t i = 0; i < s.table->n_pages_per_list(); ++i)
+              DHS_CHECK(s.table->page(l, h, i).tier == Tier::Device,
+                        "a prefill step reads every page from HBM: page {} of layer {}, KV head {} is in the host tier", i, l, h);
+  }
   const int n_attn = static_cast<int>(reqs.size());
   const bool graph = step.decode && use_graph;
   // A graph runs its bucket's rows.
@@ -832,6 +948,18 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   }
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
+  late_reads_.clear();
+  late_overflow_ = false;
+  if (host_pool_ && step.decode) {
+    const int32_t n = late_log_h_[3 * kLateLogCap];
+    late_overflow_ = n > kLateLogCap;
+    const int hkv = static_cast<int>(cfg_.n_heads_kv);
+    for (int32_t i = 0; i < std::min(n, kLateLogCap); ++i) {
+      const int row = late_log_h_[3 * i];
+      if (row / hkv >= n_real) continue;  // (padding rows read nothing)
+      late_reads_.push_back({row / hkv, late_log_h_[3 * i + 1], row % hkv, late_log_h_[3 * i + 2]});
+    }
+  }
   hist_stage_used_ = 0;
   row_ids_.assign(out_ids_h_, out_ids_h_ + n_out_real);
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,11 +26,14 @@
 #include "backend/cuda/gather_rows.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/page_recall.h"
 #include "backend/cuda/page_selector.h"
 #include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/sampling.h"
+#include "backend/cuda/tier_split.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
+#include "kv/tier_copy.h"
 #include "model/packed_weight.h"
 #include "model/weight_source.h"
 #include "sparse/policy.h"
@@ -87,6 +91,13 @@ struct CudaModelOptions {
   //    pages are read k + 1 times. Request-indexed buffers (lists, attention workspace, selector)
   //    are sized for max_batch x max_verify_rows requests.
   std::string verify_selection = "last-row";
+  // The KV hierarchy's host tier (issue 23): this many head-pages of pinned DRAM mapped into the
+  // device (cuda::HostPagePool); 0: none. With it the device page table holds keys (device slot
+  // s, host slot n_pages + h; kv/tier_split.h), the key sketch and summaries keep a row for every
+  // page of both tiers, and each decode step reads its late pages in place (the recall-ahead
+  // schedule: split by tier, attention over each, LSE merge) and logs them (late_reads()).
+  // Prefill steps need their requests' pages resident (forward checks).
+  int64_t host_pages = 0;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -192,6 +203,22 @@ class LlamaCuda {
   // where the device allows). Prefill steps are never captured: it applies from the next forward.
   void set_prefill_kernel(const cuda::PrefillKernel& k) { prefill_kernel_ = k; }
 
+  // The KV hierarchy (CudaModelOptions::host_pages): the host tier's storage, the mover of page
+  // bytes between it and the HBM pool (TieredKv::set_mover; the pages' sketch and summary rows
+  // move with them), the device page table's rewrite of a moved page's entry (its relocation
+  // hook; applied before the next step), and the last decode step's late reads, by sequence.
+  cuda::HostPagePool* host_pool() { return host_pool_.get(); }
+  int64_t move_pages(const PagePool& src, PagePool& dst, std::span<const PageMove> moves);
+  void patch_table(const PageTable& t, int layer, int head, int64_t idx) { table_->patch(t, layer, head, idx); }
+  struct LateRead {
+    int seq, layer, head;
+    int32_t page;
+  };
+  const std::vector<LateRead>& late_reads() const { return late_reads_; }
+  // The last step logged more late reads than the log holds (those past it were not logged).
+  bool late_log_overflowed() const { return late_overflow_; }
+  static constexpr int kLateLogCap = 1 << 16;
+
   // Times: the decode-like step (graph replay) for the current batch (one token each, or
   // verify rows), in ms (median of n).
   double time_decode_step(const std::vector<Seq>& batch, int n_iters);
@@ -244,7 +271,7 @@ class LlamaCuda {
   void rms_norm(const float* weight, int n_tok);
   void rope_append(int layer, int n_tok);  // and the page summaries / key sketch of the written pages
   void dense_lists(int layer, int n_req);
-  void attention_decode(const cuda::LayerLists& lists, int n_req, int max_q);
+  void attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok);
   void attention_prefill(int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
@@ -273,6 +300,20 @@ class LlamaCuda {
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
+  // The host tier (CudaModelOptions::host_pages), or null; with it: the split of each decode
+  // layer's lists, the late part's attention output and both parts' LSE ([T, Hq]), the late log
+  // and its pinned mirror, and the pinned staging of page moves.
+  std::unique_ptr<cuda::HostPagePool> host_pool_;
+  std::unique_ptr<cuda::TierSplitLists> split_;
+  __half* late_att_d_ = nullptr;
+  float *lse_d_ = nullptr, *late_lse_d_ = nullptr;
+  int32_t* late_log_d_ = nullptr;  // [kLateLogCap, 3] then the count
+  int32_t* late_log_h_ = nullptr;  // pinned mirror
+  std::vector<LateRead> late_reads_;
+  bool late_overflow_ = false;
+  int32_t* move_h_ = nullptr;      // pinned: [cap, 2] slot pairs, count, [cap, 2] key pairs
+  int32_t* move_d_ = nullptr;
+  int64_t move_cap_ = 0;
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]

@@ -1,0 +1,96 @@
+#include "engine/runner_tiers.h"
+
+#include "core/error.h"
+
+namespace dhs {
+
+int64_t RunnerTiers::host_pages(const EngineOptions& o, int64_t page_bytes) {
+  DHS_CHECK(o.cpu_kv_gb >= 0.0 && o.kv_device_budget >= 0, "the host KV tier and device budget must be >= 0");
+  const int64_t pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
+  DHS_CHECK(o.cpu_kv_gb == 0.0 || pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
+  DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || pages > 0, "a device KV budget needs the host tier (--cpu-kv-gb)");
+  DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead", "--kv-recall must be layer or ahead, got '{}'", o.kv_recall);
+  DHS_CHECK(o.kv_recall == "layer" || pages > 0, "--kv-recall {} needs the host tier (--cpu-kv-gb)", o.kv_recall);
+  return pages;
+}
+
+RunnerTiers::RunnerTiers(PagePool& device, std::unique_ptr<PagePool> host, const EngineOptions& o, int n_layers,
+                         std::function<int64_t()> clock)
+    : host_(std::move(host)), clock_(std::move(clock)), device_(device) {
+  // The cyclic order, a cycle per step, pages kept apart by how many steps ago they were used, up to 4.
+  kv_ = std::make_unique<TieredKv>(device, *host_, LruParams{n_layers, 4, /*cyclic=*/true});
+  budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
+  if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
+  recall_ahead_ = o.kv_recall == "ahead";
+}
+
+void RunnerTiers::before_step(const std::vector<StepRequest>& batch, const std::function<void(PageTable&)>& prepared) {
+  const int64_t now = clock_();
+  for (const StepRequest& r : batch)
+    if (!kv_->has(*r.table)) kv_->add(*r.table, now, budget_);
+  for (const StepRequest& r : batch) kv_->track_new_pages(*r.table, now);
+  for (const StepRequest& r : batch) {
+    kv_->prepare_append(*r.table, now);
+    if (prepared) prepared(*r.table);
+  }
+  for (const StepRequest& r : batch) kv_->adopt_new_pages(*r.table, now);
+}
+
+std::vector<TierStats> RunnerTiers::stats_of(const std::vector<StepRequest>& batch) const {
+  std::vector<TierStats> st;
+  if (!auto_budgets_) return st;
+  for (const StepRequest& r : batch) st.push_back(kv_->request_stats(*r.table));
+  return st;
+}
+
+// The cache manager (kv/device_budgets.h): each decode row's pages read and missed this step
+// observed, then budgets for the batch's requests over the device pages they can share (free
+// slots and the full pages they hold; other requests' pages stay as they are).
+void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before) {
+  if (!auto_budgets_) return;
+  std::vector<DeviceBudgets::Request> reqs;
+  int64_t capacity = device_.n_free();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PageTable& t = *batch[i].table;
+    const int64_t id = static_cast<int64_t>(t.id());
+    if (batch[i].n_new == 1 && !batch[i].verify) {
+      // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
+      const TierStats now = kv_->request_stats(t);
+      const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
+      auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
+    }
+    const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
+    reqs.push_back({id, t.n_tokens() / t.page_size() * lists});
+    capacity += kv_->movable_resident_pages(t);
+  }
+  const std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
+  for (size_t i = 0; i < batch.size(); ++i)
+    kv_->set_budget(*batch[i].table, b[i] == DeviceBudgets::kUnlimited ? TieredKv::kUnlimited : b[i], clock_());
+}
+
+bool RunnerTiers::truncate(PageTable& t, int64_t n_tokens) {
+  if (!kv_->has(t)) return false;
+  kv_->truncate(t, n_tokens, clock_());
+  return true;
+}
+
+bool RunnerTiers::release(PageTable& t) {
+  if (auto_budgets_) auto_budgets_->forget(static_cast<int64_t>(t.id()));
+  if (!kv_->has(t)) return false;
+  kv_->release(t);
+  return true;
+}
+
+TierCounts RunnerTiers::counts() const {
+  TierCounts c;
+  const TierStats& t = kv_->totals();
+  c.hits = static_cast<uint64_t>(t.hits);
+  c.late = static_cast<uint64_t>(t.late);
+  c.recalled = static_cast<uint64_t>(t.recalled);
+  c.offloaded = static_cast<uint64_t>(t.offloaded);
+  c.dropped = static_cast<uint64_t>(t.dropped);
+  c.host_used = host_->n_used();
+  return c;
+}
+
+}  // namespace dhs

@@ -1,0 +1,73 @@
+// The KV hierarchy as a step runner keeps it (issue 23): the host tier's page accounting, the
+// TieredKv over the runner's pool and it, the per-request budgets (fixed, or the cache
+// manager's: kv/device_budgets.h) and what the StepRunner interface asks of a hierarchy
+// (make_room, swap, truncate, release, counts). One class for both backends: the CPU runner's
+// pools hold their bytes; the CUDA runner's are accounting only and its mover copies HBM and
+// pinned DRAM (TieredKv::set_mover).
+//
+// The clock ticks once per layer: step s, layer l is s * n_layers + l (the model's; `clock`
+// returns the next step's start), the LRU's cyclic order with a cycle per step.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dhisparse/engine.h"
+#include "dhisparse/kv_stats.h"
+#include "engine/step_runner.h"
+#include "kv/device_budgets.h"
+#include "kv/page_pool.h"
+#include "kv/tiered_kv.h"
+
+namespace dhs {
+
+class RunnerTiers {
+ public:
+  // The host tier's pages for o.cpu_kv_gb at page_bytes each (0: none), after checking the
+  // options that go with it (budgets and --kv-recall need the tier).
+  static int64_t host_pages(const EngineOptions& o, int64_t page_bytes);
+
+  // device: the pool steps read (Tier::Device); host: the host tier's pool (Tier::Host).
+  RunnerTiers(PagePool& device, std::unique_ptr<PagePool> host, const EngineOptions& o, int n_layers,
+              std::function<int64_t()> clock);
+
+  TieredKv& kv() { return *kv_; }
+  const TieredKv& kv() const { return *kv_; }
+  PagePool& host() { return *host_; }
+  bool recall_ahead() const { return recall_ahead_; }
+  int64_t clock() const { return clock_(); }
+
+  // Before a step: every table registered and its new pages tracked, then the pages each
+  // appends into resident (a rollback may have left one in the host tier; `prepared` is called
+  // for each table after that), and budgets kept.
+  void before_step(const std::vector<StepRequest>& batch, const std::function<void(PageTable&)>& prepared = {});
+  // After it: the cache manager's budgets from the step's decode rows (no-op without it).
+  // `before` is the batch's request_stats taken before the step (stats_of).
+  std::vector<TierStats> stats_of(const std::vector<StepRequest>& batch) const;
+  void after_step(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before);
+
+  // StepRunner's hierarchy calls. truncate / release: false when the table is not registered
+  // (the caller frees it in its pool).
+  bool truncate(PageTable& t, int64_t n_tokens);
+  bool release(PageTable& t);
+  bool make_room(int64_t n) { return kv_->make_room(n, clock_()); }
+  int64_t reclaimable() const { return kv_->reclaimable(); }
+  bool swap_out(PageTable& t) { return kv_->has(t) && kv_->swap_out(t, clock_()); }
+  int64_t swap_in_pages(const PageTable& t) const { return kv_->has(t) && kv_->swapped(t) ? kv_->swap_in_pages(t) : 0; }
+  bool swap_in(PageTable& t) { return !kv_->has(t) || kv_->swap_in(t, clock_()); }
+  TierCounts counts() const;
+  std::string check() const { return kv_->check_invariants(); }
+
+ private:
+  std::unique_ptr<PagePool> host_;
+  std::unique_ptr<TieredKv> kv_;
+  std::function<int64_t()> clock_;
+  int64_t budget_ = TieredKv::kUnlimited;        // device pages per request
+  std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
+  bool recall_ahead_ = false;                    // --kv-recall ahead
+  PagePool& device_;
+};
+
+}  // namespace dhs

@@ -1,0 +1,151 @@
+// The KV hierarchy on the CUDA backend (issue 23; docs/hierarchy.md "Recall ahead"): the default
+// model's greedy tokens with a host tier of pinned DRAM and a device budget of one layer's pages
+// (so every decode step reads most pages in place from the host tier, zero-copy, and merges them
+// by LSE with the resident ones) equal the tokens with everything in HBM, dense and coverage
+// γ 0.99 on the 4-bit key sketch (the offloaded pages' sketch rows move with them: the selection
+// scores them wherever they are); the late reads are counted, pages come back after steps, and
+// both tiers' accounting is clean afterwards. Then four requests batched under the cache
+// manager's budgets over a small pool, each equal to its tokens alone.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dhisparse/engine.h"
+#include "dhisparse/policy.h"
+#include "dhisparse/scheduler.h"
+#include "gtest_shim.h"
+#include "test_paths.h"
+#include "tiny_llama.h"
+
+namespace {
+
+using namespace dhs;
+using test::have_gpu;
+
+std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0,
+                             bool auto_budget = false) {
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.device = "cuda";
+  o.policy = PolicySpec::parse(policy);
+  o.cpu_kv_gb = cpu_kv_gb;
+  o.kv_device_budget = budget;
+  o.kv_budget_auto = auto_budget;
+  o.kv_recall = cpu_kv_gb > 0 ? "ahead" : "layer";
+  o.kv_blocks = kv_blocks;
+  o.max_context = 2048;
+  if (kv_blocks > 0) o.max_batch = 4;
+  return Engine::load(o);
+}
+
+std::vector<int32_t> long_prompt(const Engine& e) {
+  std::string text = "Notes from the archive, read them carefully.\n";
+  for (int i = 0; i < 40; ++i)
+    text += "Entry " + std::to_string(i) + ": the keeper of shelf " + std::to_string(i * 7 % 13) +
+            " moved the blue ledger to room " + std::to_string(100 + i) + ".\n";
+  text += "The special code word is PELICAN. Entry 41: nothing moved.\nQuestion: what is the special code word?\nAnswer:";
+  return e.tokenize(text);
+}
+
+void expect_same_tokens(const std::string& policy) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  GenerateOptions g;
+  g.max_tokens = 24;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> want;
+  {
+    auto e = load(policy, 0.0, 0);
+    want = e->generate(long_prompt(*e), g).tokens;
+  }
+  auto e = load(policy, 1.0, 0);
+  const int64_t n = static_cast<int64_t>(long_prompt(*e).size()) + g.max_tokens;
+  e.reset();
+  const int64_t one_layer = 3 * ((n + 15) / 16);  // (3 KV heads)
+  e = load(policy, 1.0, one_layer);
+  const GenerateResult r = e->generate(long_prompt(*e), g);
+  EXPECT_TRUE(r.tokens == want) << policy << ": greedy tokens differ with the host tier";
+  const TierCounts t = e->tier_counts();
+  std::printf("cuda %s: %zu tokens; hits %llu, late (read in place) %llu, recalled %llu, offloaded %llu, dropped %llu\n",
+              policy.c_str(), r.tokens.size(), static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.late),
+              static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.offloaded),
+              static_cast<unsigned long long>(t.dropped));
+  EXPECT_GT(t.late, 30u * static_cast<uint64_t>(g.max_tokens)) << "steps did not read pages in place";
+  EXPECT_GT(t.offloaded, 0u);
+  EXPECT_EQ(e->kv_stats().n_used, 0);
+  EXPECT_EQ(t.host_used, 0);
+  EXPECT_EQ(e->kv_check(), "");
+}
+
+TEST(CudaTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens("dense"); }
+TEST(CudaTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens("coverage:0.99"); }
+
+TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  GenerateOptions g;
+  g.max_tokens = 16;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  auto plain = load("coverage:0.99", 0.0, 0);
+  std::vector<std::vector<int32_t>> prompts, want;
+  for (int i = 0; i < 4; ++i) {
+    std::string text = "Log " + std::to_string(i) + ".\n";
+    for (int j = 0; j < 8 + 9 * i; ++j)
+      text += "Line " + std::to_string(j) + ": crate " + std::to_string(j * 31 % 17 + i) + " went to dock " +
+              std::to_string(j % 5) + ".\n";
+    text += "Which dock did crate 3 go to?";
+    prompts.push_back(plain->tokenize(text));
+    want.push_back(plain->generate(prompts.back(), g).tokens);
+  }
+  int64_t blocks = 0;
+  for (const auto& pr : prompts) blocks += (static_cast<int64_t>(pr.size()) + g.max_tokens + 15) / 16;
+  auto e = load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true);
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  int done = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.options = g;
+    const SubmitResult sub = e->scheduler().submit(p, [&, i](const RequestEvent& ev) {
+      got[i].insert(got[i].end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) {
+        EXPECT_TRUE(ev.finish_reason == "length") << ev.error;
+        ++done;
+      }
+    });
+    ASSERT_TRUE(sub.status == SubmitStatus::Accepted) << sub.error;
+  }
+  for (int n = 0; done < static_cast<int>(prompts.size()) && n < 10000; ++n) e->scheduler().step();
+  ASSERT_EQ(done, static_cast<int>(prompts.size()));
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << "request " << i;
+  const TierCounts t = e->tier_counts();
+  std::printf("cuda batch of 4 (auto budgets): late %llu, recalled %llu, offloaded %llu, hits %llu\n",
+              static_cast<unsigned long long>(t.late), static_cast<unsigned long long>(t.recalled),
+              static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.hits));
+  EXPECT_EQ(e->kv_stats().n_used, 0);
+  EXPECT_EQ(t.host_used, 0);
+  EXPECT_EQ(e->kv_check(), "");
+}
+
+TEST(CudaTiers, RefusesTheLayerScheduleAndSpeculation) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.device = "cuda";
+  o.cpu_kv_gb = 1.0;
+  o.kv_recall = "layer";
+  bool refused = false;
+  try {
+    Engine::load(o);
+  } catch (const std::exception& ex) {
+    refused = std::string(ex.what()).find("--kv-recall ahead") != std::string::npos;
+  }
+  EXPECT_TRUE(refused) << "the layer schedule on the GPU was not refused with its reason";
+}
+
+}  // namespace
