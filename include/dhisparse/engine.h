@@ -59,6 +59,12 @@ struct EngineOptions {
   // `--kv-recall`. Tokens are the all-resident run's with either (ahead: up to the merge's
   // rounding).
   std::string kv_recall = "layer";
+  // With the host tier: the rate of the link between the tiers in GB/s, against which the
+  // hierarchy's I/O load is measured (pages moved and read in place per step / what the link
+  // moves in the step's time); 0: measured at load (a bulk copy between the tiers' memories).
+  // Admission offloads running requests' pages for a new one only while that load is below
+  // SchedulerOptions::kv_io_admit_max. `--kv-io-gbps`.
+  double kv_io_gbps = 0.0;
   std::string chat_template;        // override: a file path or the template text itself
   std::function<void(int64_t done, int64_t total)> progress;  // model loading
   // Sparse decode, both backends: which KV pages each (layer, KV head) reads at each decode step

@@ -37,6 +37,10 @@ struct SchedulerOptions {
   // the draft's pages.
   int speculative_k = 0;
   std::string draft_policy = "sinkwindow:16";
+  // IO-aware admission (a KV hierarchy): a new request that needs room made by offloading running
+  // requests' pages waits while the hierarchy's I/O load (StepRunner::kv_io_load: the share of
+  // the link its page moves and in-place reads took over recent steps) is above this.
+  double kv_io_admit_max = 0.8;
 };
 
 struct RequestParams {
@@ -100,6 +104,8 @@ struct SchedulerStats {
   uint64_t n_steps = 0;
   uint64_t n_preemptions = 0;
   uint64_t n_swapped = 0;          // of those, swapped to the KV hierarchy's host tier (not recomputed)
+  uint64_t n_admission_io_waits = 0;  // steps at which an admission waited: the hierarchy's I/O load was too high
+  double kv_io_load = 0.0;         // the hierarchy's I/O load now (0 without one)
   uint64_t n_submitted = 0, n_rejected_full = 0;
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)

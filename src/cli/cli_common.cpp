@@ -121,6 +121,12 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
          "pages go to the host tier past it); 0 = no limit; auto = sized after every step from the request's "
          "working set and misses and the device tier's room (kv/device_budgets.h)")
       ->default_str("0");
+  app->add_option("--kv-io-gbps", eo.kv_io_gbps,
+                  "With --cpu-kv-gb: the link between the tiers in GB/s, for the hierarchy's I/O load (IO-aware "
+                  "admission: a request that needs running requests' pages offloaded waits while the load is above "
+                  "0.8); 0 = measured at load")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   app->add_option("--kv-recall", eo.kv_recall,
                   "With --cpu-kv-gb, when pages move: layer = before each layer's attention the pages it reads are "
                   "recalled; ahead = nothing moves inside a step (late pages are read in place from the host tier "

@@ -512,9 +512,16 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       first = runner_.host_tier_pages() > 0 ? std::min({head.remaining(), *budget, chunk_cap()}) : head.remaining();
       const int64_t need = runner_.swap_in_pages(head.table) + head.table.pages_needed(first);
       const int64_t headroom = static_cast<int64_t>(running_.size()) * pages_per_token();
-      // With a KV hierarchy, running requests' cold pages can make the room.
-      if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom)
+      // With a KV hierarchy, running requests' cold pages can make the room — while the link
+      // between the tiers has capacity left (IO-aware admission): offloading more when the
+      // running requests' recalls already fill it would stall every step.
+      if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
+        if (!running_.empty() && runner_.kv_io_load() > opt_.kv_io_admit_max) {
+          ++io_waits_;
+          return;  // wait: the running requests' steps free the link (or finish)
+        }
         runner_.make_room(need + headroom);
+      }
       if (pool.n_free() < need + headroom) {
         if (!running_.empty()) return;  // wait for pages to come back
         if (pool.n_free() >= need) {
@@ -680,6 +687,8 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
     std::lock_guard sl(stats_mu_);
     stats_.kv = runner_.pages().stats();
     stats_.tiers = runner_.tier_counts();
+    stats_.kv_io_load = runner_.kv_io_load();
+    stats_.n_admission_io_waits = io_waits_;
     // The full accounting check walks every page: when the scheduler goes quiet, not per step.
     if (quiet) {
       stats_.kv_check = runner_.pages().check_invariants();

@@ -112,6 +112,7 @@ class ContinuousScheduler final : public Scheduler {
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   int64_t n_running_ = 0;
+  uint64_t io_waits_ = 0;  // admissions deferred by the hierarchy's I/O load (loop thread only)
   bool accepting_ = true, stopping_ = false, abort_all_ = false;
   std::thread loop_;
 

@@ -1,5 +1,6 @@
 // StepRunner on the CPU backend.
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <set>
@@ -50,6 +51,8 @@ class CpuRunner final : public StepRunner {
           static_cast<int>(c.n_layers), [m = model_.get()] { return m->tier_clock(); });
       model_->set_tiers(&tiers_->kv(),
                         tiers_->recall_ahead() ? LlamaCpu::RecallSchedule::Ahead : LlamaCpu::RecallSchedule::Layer);
+      tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : RunnerTiers::measure_host_copy_gbps(),
+                          2 * int64_t{o.page_size} * c.head_dim * 4);
     }
     if (!o.policy.dense()) {
       summaries_ = tiers_ ? std::make_unique<PageSummaryStore>(*pool_, tiers_->host()) : std::make_unique<PageSummaryStore>(*pool_);
@@ -110,6 +113,7 @@ class CpuRunner final : public StepRunner {
   int64_t swap_in_pages(const PageTable& t) const override { return tiers_ ? tiers_->swap_in_pages(t) : 0; }
   bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
+  double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   void capture_queries(bool on) override {
     queries_.clear();
     if (!on) {
@@ -169,6 +173,7 @@ class CpuRunner final : public StepRunner {
       any_sample = any_sample || r.sample;
       any_verify = any_verify || r.verify;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     if (tiers_)
       tiers_->before_step(batch, [this](PageTable& t) {
         if (summaries_pending_.erase(&t))  // (truncate left its last page in the host tier)
@@ -186,7 +191,10 @@ class CpuRunner final : public StepRunner {
       model_->forward(seqs, *pool_, &rows);
       split_output_rows(batch, rows, model_->config().vocab_size, /*last_rows=*/true, out);
     }
-    if (tiers_) tiers_->after_step(batch, before);
+    if (tiers_) {
+      tiers_->after_step(batch, before);
+      tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     sampling_->sample(batch, out, want_logits);
   }
 

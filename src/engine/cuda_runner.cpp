@@ -3,6 +3,8 @@
 // kv_blocks or the GPU memory left), sampling on the device: a step copies back only the
 // sampled ids, and the logits when asked for them.
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
@@ -87,6 +89,7 @@ class CudaRunner final : public StepRunner {
         return m->move_pages(src, dst, moves);
       });
       tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
+      tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
     }
     rows_.resize(static_cast<size_t>(max_batch_));
     rng_.assign(static_cast<size_t>(max_batch_), 0);
@@ -139,6 +142,7 @@ class CudaRunner final : public StepRunner {
   int64_t swap_in_pages(const PageTable& t) const override { return tiers_ ? tiers_->swap_in_pages(t) : 0; }
   bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
+  double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }
@@ -184,6 +188,7 @@ class CudaRunner final : public StepRunner {
       }
       seqs.push_back(q);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     std::vector<TierStats> tier_before;
     if (tiers_) {
@@ -226,7 +231,10 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
-    if (tiers_) after_tier_step(batch, prefill, tier_before);
+    if (tiers_) {
+      after_tier_step(batch, prefill, tier_before);
+      tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     ++steps_;
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);
@@ -238,6 +246,34 @@ class CudaRunner final : public StepRunner {
   }
 
  private:
+  // GB/s of a 64 MiB copy from pinned DRAM into HBM (the best of three): the link the host tier's
+  // pages cross.
+  static double measure_pcie_gbps() {
+    const size_t n = size_t{64} << 20;
+    void *h = nullptr, *d = nullptr;
+    DHS_CUDA_CHECK(cudaMallocHost(&h, n));
+    DHS_CUDA_CHECK(cudaMalloc(&d, n));
+    std::memset(h, 1, n);
+    cudaEvent_t a, b;
+    DHS_CUDA_CHECK(cudaEventCreate(&a));
+    DHS_CUDA_CHECK(cudaEventCreate(&b));
+    float best_ms = 0.0f;
+    for (int i = 0; i < 3; ++i) {
+      DHS_CUDA_CHECK(cudaEventRecord(a));
+      DHS_CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice));
+      DHS_CUDA_CHECK(cudaEventRecord(b));
+      DHS_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0.0f;
+      DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      if (ms > 0.0f && (best_ms == 0.0f || ms < best_ms)) best_ms = ms;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(d);
+    cudaFreeHost(h);
+    return best_ms > 0.0f ? static_cast<double>(n) / (best_ms * 1e-3) / 1e9 : 50.0;
+  }
+
   // After a step with the host tier: a prefill's pins dropped (budgets kept); a decode step's late
   // reads noted and recalled for the next step, in the order logged (TieredKv::recall_ahead:
   // the prediction of a step's reads is the last step's late ones on the GPU, whose hits are not

@@ -1,5 +1,9 @@
 #include "engine/runner_tiers.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
 #include "core/error.h"
 
 namespace dhs {
@@ -79,6 +83,37 @@ bool RunnerTiers::release(PageTable& t) {
   if (!kv_->has(t)) return false;
   kv_->release(t);
   return true;
+}
+
+double RunnerTiers::measure_host_copy_gbps() {
+  // 64 MiB, the best of three copies (the first touches the pages).
+  const size_t n = size_t{64} << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 0.0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, static_cast<double>(n) / s / 1e9);
+    a[static_cast<size_t>(i)] = b[n - 1 - static_cast<size_t>(i)];  // (keeps the copies observable)
+  }
+  return best > 0 ? best : 1.0;
+}
+
+void RunnerTiers::set_io_rate(double gbps, int64_t page_bytes) {
+  DHS_CHECK(gbps > 0.0 && page_bytes > 0, "the host tier's link rate must be > 0 GB/s, got {}", gbps);
+  io_gbps_ = gbps;
+  page_bytes_ = page_bytes;
+}
+
+void RunnerTiers::end_step_io(double step_seconds) {
+  const TierStats& t = kv_->totals();
+  const int64_t pages = t.recalled + t.offloaded + t.late;
+  const int64_t moved = pages - io_pages_seen_;
+  io_pages_seen_ = pages;
+  if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
+  const double load = static_cast<double>(moved) * static_cast<double>(page_bytes_) / (io_gbps_ * 1e9 * step_seconds);
+  io_load_ = 0.7 * io_load_ + 0.3 * load;
 }
 
 TierCounts RunnerTiers::counts() const {

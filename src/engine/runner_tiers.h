@@ -60,6 +60,16 @@ class RunnerTiers {
   TierCounts counts() const;
   std::string check() const { return kv_->check_invariants(); }
 
+  // The I/O load (StepRunner::kv_io_load): each step's pages moved or read in place, at
+  // page_bytes each, over what the link moves in the step's seconds at `gbps`; averaged (the
+  // newest step 0.3). The rate: EngineOptions::kv_io_gbps, or the runner's measurement.
+  void set_io_rate(double gbps, int64_t page_bytes);
+  // GB/s of one bulk copy between two host buffers (the CPU backend's link between its tiers).
+  static double measure_host_copy_gbps();
+  void end_step_io(double step_seconds);
+  double io_load() const { return io_load_; }
+  double io_gbps() const { return io_gbps_; }
+
  private:
   std::unique_ptr<PagePool> host_;
   std::unique_ptr<TieredKv> kv_;
@@ -67,6 +77,8 @@ class RunnerTiers {
   int64_t budget_ = TieredKv::kUnlimited;        // device pages per request
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   bool recall_ahead_ = false;                    // --kv-recall ahead
+  double io_gbps_ = 0.0, io_load_ = 0.0;
+  int64_t page_bytes_ = 0, io_pages_seen_ = 0;   // pages moved or read in place counted so far
   PagePool& device_;
 };
 

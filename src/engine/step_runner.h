@@ -95,6 +95,9 @@ class StepRunner {
   // With a KV hierarchy (kv/tiered_kv.h; the defaults: none): room for n free pages in the pool
   // by offloading running requests' cold pages (false when they do not add up to n), and how many
   // such pages there are now;
+  // The share of the link between the tiers that the hierarchy's page moves and in-place reads
+  // took over recent steps (an average; 0 without a hierarchy): what IO-aware admission reads.
+  virtual double kv_io_load() const { return 0.0; }
   // Pages of the host tier (0: no hierarchy).
   virtual int64_t host_tier_pages() const { return 0; }
   virtual bool make_room(int64_t n) { return pages().n_free() >= n; }

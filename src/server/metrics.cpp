@@ -104,6 +104,13 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
             static_cast<double>(s.n_swapped));
   w.counter("dhisparse:kv_tier_hits_total", "KV hierarchy: pages a step read that were in the device tier.",
             static_cast<double>(s.tiers.hits));
+  w.gauge("dhisparse:kv_io_load",
+          "KV hierarchy: share of the link between the tiers its page moves and in-place reads took over recent steps.",
+          s.kv_io_load);
+  w.counter("dhisparse:admissions_deferred_io_total",
+            "KV hierarchy: scheduler steps at which an admission waited because the link between the tiers was busy "
+            "(IO-aware admission).",
+            static_cast<double>(s.n_admission_io_waits));
   w.counter("dhisparse:kv_tier_late_total",
             "KV hierarchy (--kv-recall ahead): pages a step read in place from the host tier.",
             static_cast<double>(s.tiers.late));

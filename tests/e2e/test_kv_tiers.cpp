@@ -206,6 +206,77 @@ TEST(KvTiers, ARequestLargerThanThePoolRuns) {
   }
 }
 
+// IO-aware admission: a request that can only be admitted by offloading a running request's
+// pages waits while the hierarchy's I/O load (pages moved per step over what the link moves in the
+// step's time) is above SchedulerOptions::kv_io_admit_max. Request A decodes on a small pool
+// under a budget that makes its layers recall every step; B arrives once A is decoding. With a
+// link of 1 MB/s (--kv-io-gbps 0.001: any recall fills it) B waits until A finishes; with a link
+// of 10^6 GB/s it is admitted beside A. B's greedy tokens equal its tokens alone either way.
+TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 12;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  std::vector<int32_t> prompt_b, want_b;
+  {
+    auto plain = load("dense", 0.0, 0);
+    std::string text = "Dock log.\n";  // ~150 tokens: 10 blocks, more than the pool has free beside A
+    for (int i = 0; i < 10; ++i) text += "The crane lifted crate " + std::to_string(i * 3) + " onto dock " + std::to_string(i % 4) + ".\n";
+    prompt_b = plain->tokenize(text + "Which dock did crate 12 go to?");
+    ASSERT_GT(prompt_b.size(), 120u);
+    want_b = plain->generate(prompt_b, g).tokens;
+  }
+  for (const double gbps : {0.001, 1e6}) {
+    EngineOptions o;
+    o.model_path = test::default_model_path();
+    o.cpu_kv_gb = 1.0;
+    o.kv_device_budget = 1700;  // of A's ~5,900 pages: its layers recall at every step
+    o.kv_blocks = 24;           // 2,160 pages, ~370 free beside A: B's ~900 need A's pages offloaded
+    o.kv_io_gbps = gbps;
+    o.max_context = 2048;
+    auto e = Engine::load(o);
+    std::vector<int32_t> got_b;
+    int step = 0, a_done_at = -1, b_first_at = -1;
+    bool b_done = false;
+    const auto submit = [&](const std::vector<int32_t>& prompt, bool is_b) {
+      RequestParams p;
+      p.prompt = prompt;
+      p.options = g;
+      const SubmitResult sub = e->scheduler().submit(p, [&, is_b](const RequestEvent& ev) {
+        if (is_b) {
+          if (b_first_at < 0 && !ev.tokens.empty()) b_first_at = step;
+          got_b.insert(got_b.end(), ev.tokens.begin(), ev.tokens.end());
+          b_done = b_done || ev.finished;
+        } else if (ev.finished) {
+          a_done_at = step;
+        }
+      });
+      ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
+    };
+    submit(long_prompt(*e), false);
+    // A's prefill and first decode steps (the load builds up over them), then B.
+    for (; step < 8; ++step) e->scheduler().step();
+    ASSERT_LT(a_done_at, 0);
+    submit(prompt_b, true);
+    for (; (a_done_at < 0 || !b_done) && step < 2000; ++step) e->scheduler().step();
+    ASSERT_TRUE(b_done && a_done_at >= 0);
+    EXPECT_EQ(got_b, want_b) << "link " << gbps << " GB/s";
+    const SchedulerStats st = e->scheduler().stats();
+    std::printf("link %g GB/s: A finished at step %d, B's first token at step %d; admission waits %llu, I/O load %.3g\n",
+                gbps, a_done_at, b_first_at, static_cast<unsigned long long>(st.n_admission_io_waits), st.kv_io_load);
+    if (gbps < 1.0) {
+      EXPECT_GT(st.n_admission_io_waits, 0u);
+      EXPECT_GT(b_first_at, a_done_at) << "B was admitted while the link was full";
+    } else {
+      EXPECT_EQ(st.n_admission_io_waits, 0u);
+      EXPECT_LT(b_first_at, a_done_at) << "B waited with a link to spare";
+    }
+    EXPECT_EQ(e->kv_check(), "");
+    EXPECT_EQ(e->tier_counts().host_used, 0);
+  }
+}
+
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);

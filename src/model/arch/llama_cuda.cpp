@@ -818,7 +818,8 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
     DHS_CUDA_CHECK(cudaMalloc(&move_d_, static_cast<size_t>(4 * move_cap_ + 1) * 4));
   }
   const auto key = [&](PageRef p) { return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot); };
-  int32_t* keys_h = move_h_ + 2 * n + 1;
+  // Staging: [n, 2] slot pairs, [n, 2] key pairs (both 8-byte aligned: the kernels read int2), the count.
+  int32_t* keys_h = move_h_ + 2 * n;
   int64_t runs = 0;
   for (int64_t i = 0; i < n; ++i) {
     const PageMove& m = moves[static_cast<size_t>(i)];
@@ -830,11 +831,11 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
     runs += i == 0 || m.src.slot != moves[static_cast<size_t>(i - 1)].src.slot + 1 ||
             m.dst.slot != moves[static_cast<size_t>(i - 1)].dst.slot + 1;
   }
-  move_h_[2 * n] = static_cast<int32_t>(n);
+  move_h_[4 * n] = static_cast<int32_t>(n);
   DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_, move_h_, static_cast<size_t>(4 * n + 1) * 4, cudaMemcpyHostToDevice, stream_));
   cuda::PageMoveParams mp;
   mp.moves = move_d_;
-  mp.n_moves = move_d_ + 2 * n;
+  mp.n_moves = move_d_ + 4 * n;
   mp.src_k = recall ? host_pool_->k_d() : pool_->k_d();
   mp.src_v = recall ? host_pool_->v_d() : pool_->v_d();
   mp.dst_k = recall ? pool_->k_d() : host_pool_->k_d();
@@ -845,7 +846,7 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   mp.page_words = static_cast<int>(pool_->page_elems() / 8);
   cuda::launch_page_move(mp, cuda::kPageMoveBlocks, stream_);
   // The page's estimator rows follow it (their keys: the tiers' slots apart).
-  const int32_t* key_pairs = move_d_ + 2 * n + 1;
+  const int32_t* key_pairs = move_d_ + 2 * n;
   const int64_t ps = opt_.page_size, D = cfg_.head_dim;
   if (sketch_) {
     cuda::launch_move_rows(sketch_->codes_d(), ps * (D / 2), key_pairs, static_cast<int>(n), stream_);

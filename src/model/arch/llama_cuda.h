@@ -311,7 +311,7 @@ class LlamaCuda {
   int32_t* late_log_h_ = nullptr;  // pinned mirror
   std::vector<LateRead> late_reads_;
   bool late_overflow_ = false;
-  int32_t* move_h_ = nullptr;      // pinned: [cap, 2] slot pairs, count, [cap, 2] key pairs
+  int32_t* move_h_ = nullptr;      // pinned: [n, 2] slot pairs, [n, 2] key pairs, the count
   int32_t* move_d_ = nullptr;
   int64_t move_cap_ = 0;
 
