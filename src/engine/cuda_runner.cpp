@@ -275,15 +275,15 @@ class CudaRunner final : public StepRunner {
   }
 
   // After a step with the host tier: a prefill's pins dropped (budgets kept); a decode step's late
-  // reads noted and recalled for the next step, in the order logged (TieredKv::recall_ahead:
-  // the prediction of a step's reads is the last step's late ones on the GPU, whose hits are not
-  // logged); then the cache manager's budgets.
+  // reads noted and recalled for the next step, in the order logged (TieredKv::recall_ahead), its
+  // hits touched in the LRU (read_slots); then the cache manager's budgets.
   void after_tier_step(const std::vector<StepRequest>& batch, bool prefill, const std::vector<TierStats>& before) {
     TieredKv& kv = tiers_->kv();
     const int64_t now = tiers_->clock() + model_->config().n_layers - 1;  // this step's last layer
     if (prefill) {
       kv.end_step(now);
     } else {
+      kv.touch_slots(model_->read_slots(), now);  // the hits, for the LRU
       std::vector<std::vector<PageId>> late(batch.size());
       for (const LlamaCuda::LateRead& r : model_->late_reads())
         late[static_cast<size_t>(r.seq)].push_back({r.layer, r.head, r.page});

@@ -259,6 +259,19 @@ TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int6
   return st;
 }
 
+TierStats TieredKv::touch_slots(std::span<const int32_t> slots, int64_t now) {
+  TierStats st;
+  for (int32_t s : slots) {
+    DHS_CHECK(s >= 0 && s < lru_.n_slots(), "tiered KV: device slot {} outside [0, {})", s, lru_.n_slots());
+    if (!lru_.resident(s)) continue;
+    lru_.touch(s, now);
+    ++owner_of(*dev_where_[static_cast<size_t>(s)].t).hits;
+    ++st.hits;
+  }
+  totals_ += st;
+  return st;
+}
+
 TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
   Owner& o = owner_of(t);
   // The listed pages, once each: those resident stay (pinned by ensure_resident), the missing

@@ -87,6 +87,10 @@ class TieredKv {
   // `now`: a device page is a hit (touched in the LRU), a host page a late read (read in place,
   // from the host tier; counted in `late`). Changes no page's tier.
   TierStats note_reads(PageTable& t, std::span<const PageId> pages, int64_t now);
+  // The same for hits known by device slot (the GPU records which slots a step read): each slot
+  // holding a page is touched at `now` and counted as a hit of the request that holds it; free
+  // slots are skipped.
+  TierStats touch_slots(std::span<const int32_t> slots, int64_t now);
   // After the step: the pages it read that live in the host tier recalled, in the given order
   // (the prediction of the next step's reads is this step's reads), as many as t's budget takes
   // beside the listed pages already resident; t's other pages are evicted for them (its least

@@ -293,6 +293,22 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
         << "(" << id.layer << ", " << id.head << ", " << id.idx << ")";
   }
   s.check();
+  // Hits known by device slot (the GPU's record): counted for the request, free slots skipped.
+  std::vector<int32_t> slots;
+  for (const PageId& id : want) slots.push_back(r.t->page(id.layer, id.head, id.idx).slot);
+  const int32_t free_slot = [&] {
+    for (int32_t slot = 0; slot < 64; ++slot)
+      if (!s.kv_.lru().resident(slot)) return slot;
+    return -1;
+  }();
+  ASSERT_GE(free_slot, 0);
+  slots.push_back(free_slot);
+  const int64_t hits_before = s.kv_.request_stats(*r.t).hits;
+  EXPECT_EQ(s.kv_.touch_slots(slots, 4).hits, 12);
+  EXPECT_EQ(s.kv_.request_stats(*r.t).hits, hits_before + 12);
+  for (const PageId& id : want) EXPECT_EQ(s.kv_.lru().last_use(r.t->page(id.layer, id.head, id.idx).slot), 4);
+  s.now_ = 4;
+  s.check();
   // A budget of 0: no room, nothing comes back (and nothing left pinned).
   s.kv_.set_budget(*r.t, 0, s.now_);
   const TierStats none = s.kv_.recall_ahead(*r.t, want, s.now_);

@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(kRowThreads) tier_scatter_kernel(const __grid_
         const int j = dev0 + (k - b) - (late_before + excl);
         p.dev_slots[j] = s;
         p.dev_page_pos[j] = pos;
+        if (p.last_use) p.last_use[s] = *p.stamp;
       }
     }
     late_before += tile_late;
@@ -186,6 +187,9 @@ void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int3
   p.late_log_n = log.count;
   p.late_log_cap = log.cap;
   p.layer = log.layer;
+  require(log.last_use == nullptr || log.stamp != nullptr, "split_lists_by_tier: a last-use record needs its stamp");
+  p.last_use = log.last_use;
+  p.stamp = log.stamp;
   launch_tier_split(p, stream);
 }
 

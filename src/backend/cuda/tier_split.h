@@ -66,6 +66,9 @@ struct TierSplitParams {
   int32_t* late_log_n = nullptr;  // [1] entries appended (may pass the cap: those past it are dropped)
   int late_log_cap = 0;
   int layer = 0;
+  // The resident reads' record, or null: last_use[slot] = *stamp for every device entry.
+  int32_t* last_use = nullptr;      // [n_device]
+  const int32_t* stamp = nullptr;   // [1]
 };
 
 // Where a step's late reads are logged, for the host to recall them after the step
@@ -76,6 +79,10 @@ struct TierSplitLog {
   int32_t* count = nullptr;    // [1]
   int cap = 0;
   int layer = 0;
+  // And which device slots the step read (its hits, for the LRU): last_use[slot] = *stamp, the
+  // step's number; null: not recorded.
+  int32_t* last_use = nullptr;     // [n_device]
+  const int32_t* stamp = nullptr;  // [1]
 };
 // The three kernels (no checks).
 void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);

@@ -200,6 +200,11 @@ void LlamaCuda::allocate_kv() {
     late_lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
     late_log_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(3 * kLateLogCap + 1) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&late_log_h_, static_cast<size_t>(3 * kLateLogCap + 1) * 4));
+    last_use_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n_pages + 1) * 4));  // (+1: the stamp)
+    DHS_CUDA_CHECK(cudaMemset(last_use_d_, 0, static_cast<size_t>(n_pages + 1) * 4));
+    stamp_d_ = last_use_d_ + n_pages;
+    DHS_CUDA_CHECK(cudaMallocHost(&last_use_h_, static_cast<size_t>(n_pages) * 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&stamp_h_, 4));
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
@@ -454,6 +459,8 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
 
 LlamaCuda::~LlamaCuda() {
   if (late_log_h_) cudaFreeHost(late_log_h_);
+  if (last_use_h_) cudaFreeHost(last_use_h_);
+  if (stamp_h_) cudaFreeHost(stamp_h_);
   if (move_h_) cudaFreeHost(move_h_);
   if (move_d_) cudaFree(move_d_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
@@ -781,7 +788,8 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   // resident part from HBM and over the late part in place from the host tier, merged by LSE.
   const int n_rows = n_req * static_cast<int>(cfg_.n_heads_kv);
   cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
-                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * kLateLogCap, kLateLogCap, layer});
+                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * kLateLogCap, kLateLogCap, layer, last_use_d_,
+                                               stamp_d_});
   p.kv_indptr = split_->dev_indptr();
   p.kv_slots = split_->dev_slots();
   p.kv_page_pos = split_->dev_page_pos();
@@ -934,6 +942,10 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   upload_step(batch, n_rows, split);
   step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
+  if (host_pool_ && step.decode) {  // this step's stamp for the resident reads' record
+    *stamp_h_ = ++stamp_;
+    DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
+  }
   cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;
   if (g) {
     DHS_CUDA_CHECK(cudaGraphLaunch(g, stream_));
@@ -947,8 +959,15 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     logits->resize(static_cast<size_t>(n_out_real * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
+  if (host_pool_ && step.decode)
+    DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
+  read_slots_.clear();
+  if (host_pool_ && step.decode)
+    for (int32_t s = 0; s < static_cast<int32_t>(pool_->n_pages()); ++s)
+      if (last_use_h_[s] == stamp_) read_slots_.push_back(s);
   late_reads_.clear();
   late_overflow_ = false;
   if (host_pool_ && step.decode) {

@@ -215,6 +215,8 @@ class LlamaCuda {
     int32_t page;
   };
   const std::vector<LateRead>& late_reads() const { return late_reads_; }
+  // The HBM slots the last decode step read (its hits; each once).
+  const std::vector<int32_t>& read_slots() const { return read_slots_; }
   // The last step logged more late reads than the log holds (those past it were not logged).
   bool late_log_overflowed() const { return late_overflow_; }
   static constexpr int kLateLogCap = 1 << 16;
@@ -310,6 +312,14 @@ class LlamaCuda {
   int32_t* late_log_d_ = nullptr;  // [kLateLogCap, 3] then the count
   int32_t* late_log_h_ = nullptr;  // pinned mirror
   std::vector<LateRead> late_reads_;
+  // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
+  // each decode step from stamp_h_), copied back after the step (last_use_h_) and scanned.
+  int32_t* last_use_d_ = nullptr;
+  int32_t* last_use_h_ = nullptr;  // pinned [n_pages]
+  int32_t* stamp_d_ = nullptr;
+  int32_t* stamp_h_ = nullptr;     // pinned [1]
+  int32_t stamp_ = 0;
+  std::vector<int32_t> read_slots_;
   bool late_overflow_ = false;
   int32_t* move_h_ = nullptr;      // pinned: [n, 2] slot pairs, [n, 2] key pairs, the count
   int32_t* move_d_ = nullptr;
