@@ -8,3 +8,4 @@ dhs_test(test_speculative LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec
 dhs_test(test_spec_accept LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_accept.cpp LIBS dhs_engine)
 dhs_test(test_spec_controller LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_spec_controller.cpp LIBS dhs_engine)
 dhs_test(test_scheduler_speculative LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scheduler_speculative.cpp LIBS dhs_engine)
+dhs_test(test_runner_tiers LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_runner_tiers.cpp LIBS dhs_engine)

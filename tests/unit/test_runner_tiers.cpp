@@ -1,0 +1,72 @@
+// RunnerTiers (engine/runner_tiers.h), the KV hierarchy as both runners keep it: the options it
+// refuses, and the I/O load IO-aware admission reads — pages moved or read in place per step, at
+// the page's bytes, over what the link moves in the step's seconds, averaged with the newest step
+// at 0.3 — against hand-computed values.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/runner_tiers.h"
+
+namespace dhs {
+namespace {
+
+constexpr int kPage = 4, kDim = 2, kLayers = 2, kHeads = 1;
+
+TEST(RunnerTiers, RefusesWhatNeedsAHostTierWithoutOne) {
+  EngineOptions o;
+  EXPECT_EQ(RunnerTiers::host_pages(o, 1024), 0);
+  o.cpu_kv_gb = 1.0;
+  EXPECT_EQ(RunnerTiers::host_pages(o, 1024), 1 << 20);
+  o.cpu_kv_gb = 0.0;
+  o.kv_device_budget = 10;
+  EXPECT_THROW(RunnerTiers::host_pages(o, 1024), Error);
+  o.kv_device_budget = 0;
+  o.kv_recall = "ahead";
+  EXPECT_THROW(RunnerTiers::host_pages(o, 1024), Error);
+  o.cpu_kv_gb = 1.0;
+  o.kv_recall = "later";
+  EXPECT_THROW(RunnerTiers::host_pages(o, 1024), Error);
+}
+
+TEST(RunnerTiers, IoLoadIsPagesMovedOverTheLinksCapacity) {
+  PagePool dev(Tier::Device, 16, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  o.kv_device_budget = 4;
+  int64_t clock = 0;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  EXPECT_THROW(tiers.set_io_rate(0.0, 1000), Error);
+  // 1e-6 GB/s (1,000 B/s) and pages of 1,000 B: one page moved in a 1 s step fills the link.
+  tiers.set_io_rate(1e-6, 1000);
+  EXPECT_EQ(tiers.io_load(), 0.0);
+  PageTable t(kLayers, kHeads, kPage);
+  ASSERT_TRUE(t.reserve(dev, 32));  // 8 pages per list, 16 in all: the pool full
+  t.commit(32);
+  tiers.kv().add(t, 0, 16);
+  tiers.kv().set_budget(t, 4, 0);  // 12 offloaded
+  tiers.end_step_io(2.0);          // 12 pages in 2 s at 1 page/s: a load of 6, averaged: 1.8
+  EXPECT_NEAR(tiers.io_load(), 0.3 * 6.0, 1e-12);
+  tiers.end_step_io(1.0);          // nothing moved since: 0.7 x 1.8
+  EXPECT_NEAR(tiers.io_load(), 0.7 * 1.8, 1e-12);
+  // Two offloaded pages read in place (late) and one of them recalled in a 0.5 s step: 3 pages
+  // in 0.5 s, a load of 6.
+  std::vector<PageId> late;
+  for (int l = 0; l < kLayers && late.size() < 2; ++l)
+    for (int64_t i = 0; i < 8 && late.size() < 2; ++i)
+      if (t.page(l, 0, i).tier == Tier::Host) late.push_back({l, 0, i});
+  ASSERT_EQ(late.size(), 2u);
+  EXPECT_EQ(tiers.kv().note_reads(t, late, 1).late, 2);
+  tiers.kv().set_budget(t, 5, 1);
+  EXPECT_EQ(tiers.kv().recall_ahead(t, std::vector<PageId>{late[0]}, 1).recalled, 1);
+  tiers.end_step_io(0.5);
+  EXPECT_NEAR(tiers.io_load(), 0.7 * (0.7 * 1.8) + 0.3 * 6.0, 1e-12);
+  EXPECT_EQ(tiers.check(), "");
+  EXPECT_TRUE(tiers.release(t));
+  EXPECT_FALSE(tiers.release(t));
+}
+
+}  // namespace
+}  // namespace dhs
