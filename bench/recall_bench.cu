@@ -8,7 +8,10 @@
 //   c. interference: decode attention (8B shape, --attn-batch x --attn-ctx, dense lists over a
 //      shuffled pool) in a loop of ~--attn-ms alone, then with recalls repeated on a second stream
 //      over the whole loop: attention's bandwidth alone and beside, the recall's GB/s meanwhile;
-//   d. evict (device -> host) of as many scattered pages, kernel and copy-engine forms.
+//   d. evict (device -> host) of as many scattered pages, kernel and copy-engine forms;
+//   e. the recall-ahead schedule's in-step read (tier_split.h): decode attention (--attn-batch
+//      requests, 8 KV heads, GQA 32/8) over lists of --late-lists scattered pages each, read in
+//      place from the host tier's mapped pages, and the same lists over the HBM pool.
 // One JSON object per measurement on stdout and appended to --out (JSON lines). GB/s = 1e9 B/s.
 //
 //   recall_bench [--out F.jsonl] [--host-gib 8] [--moves 65536] [--reps 5] [--blocks 2,4,..]
@@ -76,8 +79,10 @@ struct Options {
   std::vector<int> gather_threads = {4, 8, 16};  // host_gather.h: CPU gather threads
   int gather_chunk = 2048;                       // pages per staging buffer (16 MiB of K + V)
   bool only_gather = false;                      // the bulk anchor and the host form only
+  bool only_late = false;                        // the bulk anchor and e. only
   int attn_batch = 4, attn_ctx = 131072;
   double attn_ms = 40.0;
+  std::vector<int> late_lists = {16, 64, 256, 1024};  // e. late pages per (request, KV head) list
 };
 
 std::vector<int> int_list(const std::string& v) {
@@ -503,6 +508,63 @@ struct Bench {
   // repeated past its end; the recalls wholly inside the loop give the recall's rate beside it.
   // nb > 0: the move kernel on nb blocks; nb == 0: one contiguous cudaMemcpyAsync of the same bytes
   // per launch (the copy engine's best case, for reference).
+  // e. Decode attention over late pages: lists of n scattered host-tier pages per (request, KV
+  // head), read in place through the mapped pointers, against the same lists in HBM.
+  void late_attention() {
+    const int batch = opt.attn_batch;
+    dc::DecodeAttentionWorkspace ws(batch, kHq, kHkv, kD, 1);
+    __half *q_d = nullptr, *out_d = nullptr;
+    int32_t *q_indptr_d = nullptr, *seq_d = nullptr;
+    DHS_CUDA_CHECK(cudaMalloc(&q_d, static_cast<size_t>(batch) * kHq * kD * 2));
+    DHS_CUDA_CHECK(cudaMalloc(&out_d, static_cast<size_t>(batch) * kHq * kD * 2));
+    DHS_CUDA_CHECK(cudaMalloc(&q_indptr_d, static_cast<size_t>(batch + 1) * 4));
+    DHS_CUDA_CHECK(cudaMalloc(&seq_d, static_cast<size_t>(batch) * 4));
+    dc::fill_random_f16(q_d, static_cast<size_t>(batch) * kHq * kD, 7, -3.0f, 3.0f, s);
+    std::vector<int32_t> qi(static_cast<size_t>(batch + 1));
+    std::iota(qi.begin(), qi.end(), 0);
+    DHS_CUDA_CHECK(cudaMemcpy(q_indptr_d, qi.data(), qi.size() * 4, cudaMemcpyHostToDevice));
+    for (const int n : opt.late_lists) {
+      const int64_t total = int64_t{batch} * kHkv * n;
+      if (total > std::min(n_host, n_dev)) {
+        std::printf("# late attention: %lld pages do not fit the pools\n", static_cast<long long>(total));
+        continue;
+      }
+      // Scattered slots, positions 0..n-1 of a context of n pages (every key visible).
+      const std::vector<int32_t> host_slots = distinct(n_host, total, rng), dev_slots = distinct(n_dev, total, rng);
+      std::vector<int32_t> indptr(static_cast<size_t>(batch) * kHkv + 1), pos(static_cast<size_t>(total));
+      for (size_t r = 0; r <= static_cast<size_t>(batch) * kHkv; ++r) indptr[r] = static_cast<int32_t>(r * static_cast<size_t>(n));
+      for (int64_t k = 0; k < total; ++k) pos[static_cast<size_t>(k)] = static_cast<int32_t>(k % n);
+      const std::vector<int32_t> seq(static_cast<size_t>(batch), n * kPage);
+      DHS_CUDA_CHECK(cudaMemcpy(seq_d, seq.data(), seq.size() * 4, cudaMemcpyHostToDevice));
+      int32_t *indptr_d = nullptr, *pos_d = nullptr, *hs_d = nullptr, *ds_d = nullptr;
+      DHS_CUDA_CHECK(cudaMalloc(&indptr_d, indptr.size() * 4));
+      DHS_CUDA_CHECK(cudaMalloc(&pos_d, pos.size() * 4));
+      DHS_CUDA_CHECK(cudaMalloc(&hs_d, host_slots.size() * 4));
+      DHS_CUDA_CHECK(cudaMalloc(&ds_d, dev_slots.size() * 4));
+      DHS_CUDA_CHECK(cudaMemcpy(indptr_d, indptr.data(), indptr.size() * 4, cudaMemcpyHostToDevice));
+      DHS_CUDA_CHECK(cudaMemcpy(pos_d, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+      DHS_CUDA_CHECK(cudaMemcpy(hs_d, host_slots.data(), host_slots.size() * 4, cudaMemcpyHostToDevice));
+      DHS_CUDA_CHECK(cudaMemcpy(ds_d, dev_slots.data(), dev_slots.size() * 4, cudaMemcpyHostToDevice));
+      dc::DecodeAttentionArgs args;
+      args.q_d = q_d;
+      args.q_indptr_d = q_indptr_d;
+      args.out_d = out_d;
+      args.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+      const double bytes = static_cast<double>(total) * kPageBytes;
+      for (const bool in_host : {true, false}) {
+        const dc::DecodeListsView lv{indptr_d, in_host ? hs_d : ds_d, pos_d, seq_d, batch, kHkv};
+        const dc::PagePoolView pv = in_host ? host->view() : dev->view();
+        const Timing t = time_events([&] { dc::decode_attention(args, lv, pv, ws, s); }, s, opt.reps);
+        char fields[256];
+        std::snprintf(fields, sizeof fields, ",\"layout\":\"scattered\",\"pool\":\"%s\",\"attn_batch\":%d,\"pages_per_list\":%d",
+                      in_host ? "host_mapped" : "hbm", batch, n);
+        emit("late_attention", "read", 0, total, bytes, t, fields);
+      }
+      for (int32_t* p : {indptr_d, pos_d, hs_d, ds_d}) cudaFree(p);
+    }
+    for (void* p : std::initializer_list<void*>{q_d, out_d, q_indptr_d, seq_d}) cudaFree(p);
+  }
+
   void beside_attention() {
     const int64_t n_attn = int64_t{opt.attn_batch} * kHkv * (opt.attn_ctx / kPage);
     size_t free_b = 0, total_b = 0;
@@ -622,12 +684,15 @@ int main(int argc, char** argv) {
     else if (a == "--gather-threads") opt.gather_threads = int_list(next());
     else if (a == "--gather-chunk") opt.gather_chunk = std::stoi(next());
     else if (a == "--only-gather") opt.only_gather = true;
+    else if (a == "--late-lists") opt.late_lists = int_list(next());
+    else if (a == "--only-late") opt.only_late = true;
     else {
       std::fprintf(stderr,
                    "usage: recall_bench [--out F.jsonl] [--commit SHA] [--host-gib 8] [--bulk-gib 1] [--moves 65536]\n"
                    "                    [--beside-moves 16384] [--reps 5] [--ce-reps 3] [--blocks 2,4,8,16,32,64,132]\n"
                    "                    [--beside-blocks 4,8,16,32] [--attn-batch 4] [--attn-ctx 131072] [--attn-ms 40]\n"
-                   "                    [--gather-threads 4,8,16] [--gather-chunk 2048] [--only-gather]\n");
+                   "                    [--gather-threads 4,8,16] [--gather-chunk 2048] [--only-gather]\n"
+                   "                    [--late-lists 16,64,256,1024] [--only-late]\n");
       return 2;
     }
   }
@@ -659,8 +724,15 @@ int main(int argc, char** argv) {
               static_cast<double>(b.host->bytes()) / static_cast<double>(size_t{1} << 30), static_cast<long long>(b.n_dev),
               seconds());
   b.bulk();
+  if (opt.only_late) {
+    b.late_attention();
+    if (b.out != nullptr) std::fclose(b.out);
+    return 0;
+  }
   b.host_gather();
   std::printf("# host gather done at %.1f s\n", seconds());
+  b.late_attention();
+  std::printf("# late attention done at %.1f s\n", seconds());
   if (opt.only_gather) {
     if (b.out != nullptr) std::fclose(b.out);
     return 0;
