@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
@@ -98,6 +99,10 @@ class CudaRunner final : public StepRunner {
     if (!o.policy.dense()) set_policy(o.policy);
   }
   void set_policy(const PolicySpec& spec) override {
+    // A reused selection holds the keys its pages had when it was made; the hierarchy moves pages
+    // between steps (the CPU re-reads them from the tables; the GPU does not yet).
+    DHS_CHECK(!tiers_ || spec.reselect_every <= 1,
+              "--reselect-every {} with the host KV tier on the GPU is not supported yet", spec.reselect_every);
     model_->set_sparsity(spec);
     policy_ = spec;
   }
@@ -195,15 +200,21 @@ class CudaRunner final : public StepRunner {
       DHS_CHECK(!any_verify, "speculative decoding with the host KV tier on the GPU is not supported yet");
       tiers_->before_step(batch);
       // Prefill attention reads every page from HBM: the batch's pages resident (pinned) first.
-      if (prefill)
-        for (const StepRequest& r : batch) {
-          std::vector<PageId> all;
-          const PageTable& t = *r.table;
-          for (int l = 0; l < t.n_layers(); ++l)
-            for (int h = 0; h < t.n_heads_kv(); ++h)
-              for (int64_t i = 0; i < t.n_pages_per_list(); ++i) all.push_back({l, h, i});
-          tiers_->kv().ensure_resident(*r.table, all, tiers_->clock());
+      if (prefill) {
+        try {
+          for (const StepRequest& r : batch) {
+            std::vector<PageId> all;
+            const PageTable& t = *r.table;
+            for (int l = 0; l < t.n_layers(); ++l)
+              for (int h = 0; h < t.n_heads_kv(); ++h)
+                for (int64_t i = 0; i < t.n_pages_per_list(); ++i) all.push_back({l, h, i});
+            tiers_->kv().ensure_resident(*r.table, all, tiers_->clock());
+          }
+        } catch (...) {
+          tiers_->kv().end_step(tiers_->clock());  // (no pins left behind)
+          throw;
         }
+      }
       tier_before = tiers_->stats_of(batch);
     }
     out->logits.clear();
@@ -212,6 +223,13 @@ class CudaRunner final : public StepRunner {
     out->verify_ids.clear();
     bool ids_only = any_verify && !want_logits;
     for (const StepRequest& r : batch) ids_only = ids_only && (!r.verify || r.verify_ids);
+    struct Unpin {  // a step that throws leaves no pins behind
+      RunnerTiers* t;
+      bool armed;
+      ~Unpin() {
+        if (armed && t) t->kv().end_step(t->clock());
+      }
+    } unpin{tiers_.get(), prefill};
     if (!any_verify) {
       model_->forward(seqs, want_logits ? &out->logits : nullptr);
     } else if (ids_only) {
@@ -231,6 +249,7 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
+    unpin.armed = false;
     if (tiers_) {
       after_tier_step(batch, prefill, tier_before);
       tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -283,15 +302,23 @@ class CudaRunner final : public StepRunner {
     if (prefill) {
       kv.end_step(now);
     } else {
-      kv.touch_slots(model_->read_slots(), now);  // the hits, for the LRU
-      std::vector<std::vector<PageId>> late(batch.size());
-      for (const LlamaCuda::LateRead& r : model_->late_reads())
-        late[static_cast<size_t>(r.seq)].push_back({r.layer, r.head, r.page});
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (late[i].empty()) continue;
-        kv.note_reads(*batch[i].table, late[i], now);
-        kv.recall_ahead(*batch[i].table, late[i], now);
+      // Each request's reads: its hits (the HBM slots the step read, touched in the LRU) and its
+      // late reads; recall_ahead keeps the first and brings back the second (as the CPU's).
+      kv.touch_slots(model_->read_slots(), now);
+      std::map<const PageTable*, std::vector<PageId>> reads;
+      for (int32_t s : model_->read_slots()) {
+        const PageTable* t = nullptr;
+        PageId id;
+        if (kv.page_at(s, &t, &id)) reads[t].push_back(id);
       }
+      for (const LlamaCuda::LateRead& r : model_->late_reads()) {
+        const PageId id{r.layer, r.head, r.page};
+        PageTable& t = *batch[static_cast<size_t>(r.seq)].table;
+        kv.note_reads(t, std::span<const PageId>(&id, 1), now);
+        reads[&t].push_back(id);
+      }
+      for (const StepRequest& r : batch)
+        if (auto it = reads.find(r.table); it != reads.end()) kv.recall_ahead(*r.table, it->second, now);
     }
     tiers_->after_step(batch, before);
   }

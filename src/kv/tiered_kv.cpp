@@ -272,6 +272,14 @@ TierStats TieredKv::touch_slots(std::span<const int32_t> slots, int64_t now) {
   return st;
 }
 
+bool TieredKv::page_at(int32_t slot, const PageTable** t, PageId* id) const {
+  if (slot < 0 || slot >= lru_.n_slots() || !lru_.resident(slot)) return false;
+  const Where& w = dev_where_[static_cast<size_t>(slot)];
+  *t = w.t;
+  *id = {w.layer, w.head, w.idx};
+  return true;
+}
+
 TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
   Owner& o = owner_of(t);
   // The listed pages, once each: those resident stay (pinned by ensure_resident), the missing

@@ -91,6 +91,8 @@ class TieredKv {
   // holding a page is touched at `now` and counted as a hit of the request that holds it; free
   // slots are skipped.
   TierStats touch_slots(std::span<const int32_t> slots, int64_t now);
+  // The page a used device slot holds: its table and (layer, head, index); false for a free slot.
+  bool page_at(int32_t slot, const PageTable** t, PageId* id) const;
   // After the step: the pages it read that live in the host tier recalled, in the given order
   // (the prediction of the next step's reads is this step's reads), as many as t's budget takes
   // beside the listed pages already resident; t's other pages are evicted for them (its least

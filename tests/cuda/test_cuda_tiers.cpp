@@ -63,8 +63,8 @@ void expect_same_tokens(const std::string& policy) {
   }
   auto e = load(policy, 1.0, 0);
   const int64_t n = static_cast<int64_t>(long_prompt(*e).size()) + g.max_tokens;
+  const int64_t one_layer = e->config().n_heads_kv * ((n + 15) / 16);
   e.reset();
-  const int64_t one_layer = 3 * ((n + 15) / 16);  // (3 KV heads)
   e = load(policy, 1.0, one_layer);
   const GenerateResult r = e->generate(long_prompt(*e), g);
   EXPECT_TRUE(r.tokens == want) << policy << ": greedy tokens differ with the host tier";
@@ -74,6 +74,8 @@ void expect_same_tokens(const std::string& policy) {
               static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.offloaded),
               static_cast<unsigned long long>(t.dropped));
   EXPECT_GT(t.late, 30u * static_cast<uint64_t>(g.max_tokens)) << "steps did not read pages in place";
+  EXPECT_GT(t.hits, 0u) << "the steps' resident reads were not recorded";
+  if (policy != "dense") EXPECT_GT(t.recalled, 0u) << "no page came back between steps";
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);

@@ -9,8 +9,8 @@
 //    host tier's mapped pinned pages, merged by merge_late_attention, against the CPU's attention
 //    over the whole list (the same f16-rounded values), GQA 32/8 d128 and 9/3 d64, q_len 1 and 4;
 //    rows with no late page come out bit-equal to the resident part's own output;
-//  - split, attention and merge captured in a graph and replayed after the lists' slots were
-//    rewritten (other pages late): the replay follows the new lists.
+// (Captured in a graph, with the late set changing from step to step, they run in the engine's
+// decode steps: test_cuda_tiers.)
 // Tolerance (outputs): |gpu - ref| <= 2e-3 + 6e-3 |ref| — test_decode_attention's bound
 // (1.5e-3 + 4e-3 |ref|, the kernel's own f16 roundings) plus one more f16 rounding of each
 // part's output before the merge (2^-11 relative, twice); LSE within 2e-3.

@@ -78,12 +78,19 @@ void DevicePageTable::flush_patches(cudaStream_t stream) {
     // Grow (rare: the first large recall): wait for the copies in flight, then reallocate.
     DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
     patches_used_ = 0;
-    if (m > patch_cap_) {
+    if (m > patch_cap_) {  // (the new buffers first: a failed allocation leaves the old ones in place)
+      const int64_t cap = std::max<int64_t>(m, 2 * patch_cap_ + 1024);
+      Patch *h = nullptr, *d = nullptr;
+      DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(cap) * sizeof(Patch)));
+      if (cudaMalloc(&d, static_cast<size_t>(cap) * sizeof(Patch)) != cudaSuccess) {
+        cudaFreeHost(h);
+        check(cudaErrorMemoryAllocation, "DevicePageTable::flush_patches: no device memory for the patches", __FILE__, __LINE__);
+      }
       cudaFree(patch_d_);
       cudaFreeHost(patch_h_);
-      patch_cap_ = std::max<int64_t>(m, 2 * patch_cap_ + 1024);
-      DHS_CUDA_CHECK(cudaMallocHost(&patch_h_, static_cast<size_t>(patch_cap_) * sizeof(Patch)));
-      DHS_CUDA_CHECK(cudaMalloc(&patch_d_, static_cast<size_t>(patch_cap_) * sizeof(Patch)));
+      patch_h_ = h;
+      patch_d_ = d;
+      patch_cap_ = cap;
     }
   }
   Patch* h = patch_h_ + patches_used_;

@@ -2,6 +2,7 @@
 #include "model/rope.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -170,6 +171,8 @@ void LlamaCuda::allocate_kv() {
     if (minmax) per_page += 4.0 * static_cast<double>(D);
     if (meanvar) per_page += 4.0 * static_cast<double>(D);
     if (o.key_sketch) per_page += static_cast<double>(o.page_size) * (static_cast<double>(D) / 2 + 4);
+    // The estimator rows of the host tier's pages live in HBM too (per_page's page data, without K and V).
+    to_come += static_cast<double>(o.host_pages) * (per_page - 2.0 * o.page_size * static_cast<double>(D) * 2);
     const double budget = o.gpu_memory_utilization * static_cast<double>(total_b) - used - to_come;
     n_pages = budget > 0 ? static_cast<int64_t>(budget / per_page) : 0;
     n_pages = std::min<int64_t>(n_pages, (int64_t{1} << 31) - 1);
@@ -198,8 +201,10 @@ void LlamaCuda::allocate_kv() {
     late_att_d_ = static_cast<__half*>(dalloc(static_cast<size_t>(max_tokens_ * Hq * D) * 2));
     lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
     late_lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
-    late_log_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(3 * kLateLogCap + 1) * 4));
-    DHS_CUDA_CHECK(cudaMallocHost(&late_log_h_, static_cast<size_t>(3 * kLateLogCap + 1) * 4));
+    // The late log holds every page a step's lists can name (all layers), up to kLateLogMax.
+    late_cap_ = static_cast<int>(std::min<int64_t>(max_attn_ * Hkv * pages_per_seq_ * L, kLateLogMax));
+    late_log_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(3 * late_cap_ + 1) * 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&late_count_h_, 4));
     last_use_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n_pages + 1) * 4));  // (+1: the stamp)
     DHS_CUDA_CHECK(cudaMemset(last_use_d_, 0, static_cast<size_t>(n_pages + 1) * 4));
     stamp_d_ = last_use_d_ + n_pages;
@@ -458,7 +463,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
 }
 
 LlamaCuda::~LlamaCuda() {
-  if (late_log_h_) cudaFreeHost(late_log_h_);
+  if (late_count_h_) cudaFreeHost(late_count_h_);
   if (last_use_h_) cudaFreeHost(last_use_h_);
   if (stamp_h_) cudaFreeHost(stamp_h_);
   if (move_h_) cudaFreeHost(move_h_);
@@ -528,7 +533,9 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool spli
       for (int64_t l = 0; l < L; ++l)
         for (int64_t h = 0; h < Hkv; ++h) {
           int row;
-          dst[(l * T + t) * Hkv + h] = s.table->page_of_token(static_cast<int>(l), static_cast<int>(h), p, &row).slot;
+          const PageRef pg = s.table->page_of_token(static_cast<int>(l), static_cast<int>(h), p, &row);
+          DHS_CHECK(pg.tier == Tier::Device, "a step appends into a page of the host tier (layer {}, KV head {})", l, h);
+          dst[(l * T + t) * Hkv + h] = pg.slot;
         }
     }
     if (split && s.verify) {
@@ -683,7 +690,7 @@ void LlamaCuda::build_params() {
 void LlamaCuda::run_layers(const Step& s) {
   const int64_t T = s.n_tok;
   const bool log_late = host_pool_ && s.decode;  // (the late reads' count starts at 0)
-  if (log_late) DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * kLateLogCap, 0, 4, stream_));
+  if (log_late) DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& w = layers_[static_cast<size_t>(l)];
@@ -711,9 +718,8 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
   selector_->join(stream_);
-  if (log_late)  // the step's late reads back to the host (the whole log: its size is fixed in a graph)
-    DHS_CUDA_CHECK(cudaMemcpyAsync(late_log_h_, late_log_d_, static_cast<size_t>(3 * kLateLogCap + 1) * 4,
-                                   cudaMemcpyDeviceToHost, stream_));
+  if (log_late)  // the count of the step's late reads (the entries follow after the step, as many as it says)
+    DHS_CUDA_CHECK(cudaMemcpyAsync(late_count_h_, late_log_d_ + 3 * late_cap_, 4, cudaMemcpyDeviceToHost, stream_));
   logits_and_sample(s.n_out);                                                // output rows -> ids
 }
 
@@ -788,7 +794,7 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   // resident part from HBM and over the late part in place from the host tier, merged by LSE.
   const int n_rows = n_req * static_cast<int>(cfg_.n_heads_kv);
   cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
-                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * kLateLogCap, kLateLogCap, layer, last_use_d_,
+                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_,
                                                stamp_d_});
   p.kv_indptr = split_->dev_indptr();
   p.kv_slots = split_->dev_slots();
@@ -818,12 +824,19 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   const int64_t n_dev = pool_->n_pages(), n_host = host_pool_->n_pages();
   // The staging (slot pairs, count, key pairs) is rewritten only once the moves before it ran.
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (n > move_cap_) {
+  if (n > move_cap_) {  // (the new buffers first: a failed allocation leaves the old ones in place)
+    const int64_t cap = std::max<int64_t>(n, 4096);
+    int32_t *h = nullptr, *d = nullptr;
+    DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(4 * cap + 1) * 4));
+    if (cudaMalloc(&d, static_cast<size_t>(4 * cap + 1) * 4) != cudaSuccess) {
+      cudaFreeHost(h);
+      throw Error(fmt::format("move_pages: no device memory for {} moves", n));
+    }
     if (move_h_) cudaFreeHost(move_h_);
     if (move_d_) cudaFree(move_d_);
-    move_cap_ = std::max<int64_t>(n, 4096);
-    DHS_CUDA_CHECK(cudaMallocHost(&move_h_, static_cast<size_t>(4 * move_cap_ + 1) * 4));
-    DHS_CUDA_CHECK(cudaMalloc(&move_d_, static_cast<size_t>(4 * move_cap_ + 1) * 4));
+    move_h_ = h;
+    move_d_ = d;
+    move_cap_ = cap;
   }
   const auto key = [&](PageRef p) { return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot); };
   // Staging: [n, 2] slot pairs, [n, 2] key pairs (both 8-byte aligned: the kernels read int2), the count.
@@ -971,14 +984,28 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   late_reads_.clear();
   late_overflow_ = false;
   if (host_pool_ && step.decode) {
-    const int32_t n = late_log_h_[3 * kLateLogCap];
-    late_overflow_ = n > kLateLogCap;
-    const int hkv = static_cast<int>(cfg_.n_heads_kv);
-    for (int32_t i = 0; i < std::min(n, kLateLogCap); ++i) {
-      const int row = late_log_h_[3 * i];
-      if (row / hkv >= n_real) continue;  // (padding rows read nothing)
-      late_reads_.push_back({row / hkv, late_log_h_[3 * i + 1], row % hkv, late_log_h_[3 * i + 2]});
+    const int32_t n = *late_count_h_;
+    late_overflow_ = n > late_cap_;
+    const int logged = std::min(n, late_cap_);
+    if (logged > 0) {
+      late_log_h_.resize(static_cast<size_t>(3 * logged));
+      DHS_CUDA_CHECK(cudaMemcpy(late_log_h_.data(), late_log_d_, late_log_h_.size() * 4, cudaMemcpyDeviceToHost));
     }
+    const int hkv = static_cast<int>(cfg_.n_heads_kv);
+    for (int32_t i = 0; i < logged; ++i) {
+      const int row = late_log_h_[static_cast<size_t>(3 * i)];
+      if (row / hkv >= n_real) continue;  // (padding rows read nothing)
+      late_reads_.push_back({row / hkv, late_log_h_[static_cast<size_t>(3 * i + 1)], row % hkv, late_log_h_[static_cast<size_t>(3 * i + 2)]});
+    }
+    // The atomics log in no fixed order: sorted, what the host recalls first does not vary by run.
+    std::sort(late_reads_.begin(), late_reads_.end(), [](const LateRead& a, const LateRead& b) {
+      return std::tie(a.seq, a.layer, a.head, a.page) < std::tie(b.seq, b.layer, b.head, b.page);
+    });
+    late_reads_.erase(std::unique(late_reads_.begin(), late_reads_.end(),
+                                  [](const LateRead& a, const LateRead& b) {
+                                    return a.seq == b.seq && a.layer == b.layer && a.head == b.head && a.page == b.page;
+                                  }),
+                      late_reads_.end());
   }
   hist_stage_used_ = 0;
   row_ids_.assign(out_ids_h_, out_ids_h_ + n_out_real);

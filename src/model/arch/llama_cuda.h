@@ -217,9 +217,10 @@ class LlamaCuda {
   const std::vector<LateRead>& late_reads() const { return late_reads_; }
   // The HBM slots the last decode step read (its hits; each once).
   const std::vector<int32_t>& read_slots() const { return read_slots_; }
-  // The last step logged more late reads than the log holds (those past it were not logged).
+  // The last step logged more late reads than the log holds (those past it were not logged; the
+  // log holds every page a step's lists can name, up to kLateLogMax).
   bool late_log_overflowed() const { return late_overflow_; }
-  static constexpr int kLateLogCap = 1 << 16;
+  static constexpr int64_t kLateLogMax = int64_t{1} << 22;
 
   // Times: the decode-like step (graph replay) for the current batch (one token each, or
   // verify rows), in ms (median of n).
@@ -309,8 +310,10 @@ class LlamaCuda {
   std::unique_ptr<cuda::TierSplitLists> split_;
   __half* late_att_d_ = nullptr;
   float *lse_d_ = nullptr, *late_lse_d_ = nullptr;
-  int32_t* late_log_d_ = nullptr;  // [kLateLogCap, 3] then the count
-  int32_t* late_log_h_ = nullptr;  // pinned mirror
+  int32_t* late_log_d_ = nullptr;  // [late_cap_, 3] then the count
+  int32_t* late_count_h_ = nullptr;  // pinned: the count, copied back in the step
+  int late_cap_ = 0;
+  std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
   // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
   // each decode step from stamp_h_), copied back after the step (last_use_h_) and scanned.
