@@ -4,7 +4,7 @@
 //    on awkward shapes: 1 to 2,500 rows (the scan's 1,024-row tiles), rows of 0 to 900 entries
 //    (the scatter's 256-entry tiles), all resident, all late, mixed, in random order; the late
 //    reads' log counts every late entry and holds late entries only, up to its capacity, and the
-//    resident reads' record stamps exactly the device slots read;
+//    resident reads' record stamps exactly the device slots read and lists each of them once;
 //  - decode attention over the resident part from the HBM pool and over the late part from the
 //    host tier's mapped pinned pages, merged by merge_late_attention, against the CPU's attention
 //    over the whole list (the same f16-rounded values), GQA 32/8 d128 and 9/3 d64, q_len 1 and 4;
@@ -110,15 +110,28 @@ TEST(TierSplit, EqualsTheCpuStatement) {
     DHS_CUDA_CHECK(cudaMemset(last_use_d, 0, static_cast<size_t>(kDev + 1) * 4));
     const int32_t stamp = 5;
     DHS_CUDA_CHECK(cudaMemcpy(last_use_d + kDev, &stamp, 4, cudaMemcpyHostToDevice));
+    int32_t* read_d = nullptr;  // [kDev] then the count
+    DHS_CUDA_CHECK(cudaMalloc(&read_d, static_cast<size_t>(kDev + 1) * 4));
+    DHS_CUDA_CHECK(cudaMemset(read_d + kDev, 0, 4));
     dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, kDev, out, nullptr,
-                            dc::TierSplitLog{log_d, log_d + 3 * cap, cap, 7, last_use_d, last_use_d + kDev});
+                            dc::TierSplitLog{log_d, log_d + 3 * cap, cap, 7, last_use_d, last_use_d + kDev, read_d,
+                                             read_d + kDev, static_cast<int>(kDev)});
     DHS_CUDA_CHECK(cudaDeviceSynchronize());
     {
       std::vector<int32_t> want_use(static_cast<size_t>(kDev), 0);
       for (int32_t slot : dev.slots) want_use[static_cast<size_t>(slot)] = stamp;
       EXPECT_TRUE(to_host(last_use_d, static_cast<size_t>(kDev)) == want_use) << "the resident reads' record";
+      // Each slot read listed once.
+      std::vector<int32_t> want_read = dev.slots;
+      std::sort(want_read.begin(), want_read.end());
+      want_read.erase(std::unique(want_read.begin(), want_read.end()), want_read.end());
+      const int32_t n_read = to_host(read_d + kDev, 1)[0];
+      std::vector<int32_t> got_read = to_host(read_d, static_cast<size_t>(std::max(0, n_read)));
+      std::sort(got_read.begin(), got_read.end());
+      EXPECT_TRUE(got_read == want_read) << "the slots read, each once";
     }
     cudaFree(last_use_d);
+    cudaFree(read_d);
     {
       const std::vector<int32_t> log = to_host(log_d, static_cast<size_t>(3 * cap + 1));
       EXPECT_EQ(log[static_cast<size_t>(3 * cap)], static_cast<int32_t>(late.nnz())) << "late reads counted";

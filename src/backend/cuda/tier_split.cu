@@ -108,7 +108,13 @@ __global__ void __launch_bounds__(kRowThreads) tier_scatter_kernel(const __grid_
         const int j = dev0 + (k - b) - (late_before + excl);
         p.dev_slots[j] = s;
         p.dev_page_pos[j] = pos;
-        if (p.last_use) p.last_use[s] = *p.stamp;
+        if (p.last_use) {
+          const int32_t stamp = *p.stamp;
+          if (atomicExch(p.last_use + s, stamp) != stamp && p.read_slots) {  // (first mark this step)
+            const int at = atomicAdd(p.read_n, 1);
+            if (at < p.read_cap) p.read_slots[at] = s;
+          }
+        }
       }
     }
     late_before += tile_late;
@@ -190,6 +196,11 @@ void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int3
   require(log.last_use == nullptr || log.stamp != nullptr, "split_lists_by_tier: a last-use record needs its stamp");
   p.last_use = log.last_use;
   p.stamp = log.stamp;
+  require(log.read_slots == nullptr || (log.last_use != nullptr && log.read_n != nullptr && log.read_cap > 0),
+          "split_lists_by_tier: a read-slot list needs the last-use record, its count and capacity");
+  p.read_slots = log.read_slots;
+  p.read_n = log.read_n;
+  p.read_cap = log.read_cap;
   launch_tier_split(p, stream);
 }
 

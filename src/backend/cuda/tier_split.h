@@ -66,9 +66,13 @@ struct TierSplitParams {
   int32_t* late_log_n = nullptr;  // [1] entries appended (may pass the cap: those past it are dropped)
   int late_log_cap = 0;
   int layer = 0;
-  // The resident reads' record, or null: last_use[slot] = *stamp for every device entry.
+  // The resident reads' record, or null: last_use[slot] = *stamp for every device entry, and each
+  // slot the first time this stamp marks it appended to read_slots (up to read_cap; read_n counts).
   int32_t* last_use = nullptr;      // [n_device]
   const int32_t* stamp = nullptr;   // [1]
+  int32_t* read_slots = nullptr;    // [read_cap]
+  int32_t* read_n = nullptr;        // [1]
+  int read_cap = 0;
 };
 
 // Where a step's late reads are logged, for the host to recall them after the step
@@ -83,6 +87,11 @@ struct TierSplitLog {
   // step's number; null: not recorded.
   int32_t* last_use = nullptr;     // [n_device]
   const int32_t* stamp = nullptr;  // [1]
+  // The slots read, each once per stamp (the step's hits for the host, without scanning
+  // last_use), and their count; null: not listed.
+  int32_t* read_slots = nullptr;   // [read_cap]
+  int32_t* read_n = nullptr;       // [1]
+  int read_cap = 0;
 };
 // The three kernels (no checks).
 void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);

@@ -208,7 +208,8 @@ void LlamaCuda::allocate_kv() {
     last_use_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n_pages + 1) * 4));  // (+1: the stamp)
     DHS_CUDA_CHECK(cudaMemset(last_use_d_, 0, static_cast<size_t>(n_pages + 1) * 4));
     stamp_d_ = last_use_d_ + n_pages;
-    DHS_CUDA_CHECK(cudaMallocHost(&last_use_h_, static_cast<size_t>(n_pages) * 4));
+    read_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n_pages + 1) * 4));  // (+1: the count)
+    DHS_CUDA_CHECK(cudaMallocHost(&read_count_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&stamp_h_, 4));
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
@@ -464,7 +465,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
 
 LlamaCuda::~LlamaCuda() {
   if (late_count_h_) cudaFreeHost(late_count_h_);
-  if (last_use_h_) cudaFreeHost(last_use_h_);
+  if (read_count_h_) cudaFreeHost(read_count_h_);
   if (stamp_h_) cudaFreeHost(stamp_h_);
   if (move_h_) cudaFreeHost(move_h_);
   if (move_d_) cudaFree(move_d_);
@@ -690,7 +691,10 @@ void LlamaCuda::build_params() {
 void LlamaCuda::run_layers(const Step& s) {
   const int64_t T = s.n_tok;
   const bool log_late = host_pool_ && s.decode;  // (the late reads' count starts at 0)
-  if (log_late) DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
+  if (log_late) {
+    DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
+    DHS_CUDA_CHECK(cudaMemsetAsync(read_d_ + pool_->n_pages(), 0, 4, stream_));
+  }
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& w = layers_[static_cast<size_t>(l)];
@@ -718,8 +722,10 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_down, act_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += act W_down^T
   }
   selector_->join(stream_);
-  if (log_late)  // the count of the step's late reads (the entries follow after the step, as many as it says)
+  if (log_late) {  // the counts of the step's late and resident reads (the entries follow after the step)
     DHS_CUDA_CHECK(cudaMemcpyAsync(late_count_h_, late_log_d_ + 3 * late_cap_, 4, cudaMemcpyDeviceToHost, stream_));
+    DHS_CUDA_CHECK(cudaMemcpyAsync(read_count_h_, read_d_ + pool_->n_pages(), 4, cudaMemcpyDeviceToHost, stream_));
+  }
   logits_and_sample(s.n_out);                                                // output rows -> ids
 }
 
@@ -795,7 +801,8 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   const int n_rows = n_req * static_cast<int>(cfg_.n_heads_kv);
   cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
                             cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_,
-                                               stamp_d_});
+                                               stamp_d_, read_d_, read_d_ + pool_->n_pages(),
+                                               static_cast<int>(pool_->n_pages())});
   p.kv_indptr = split_->dev_indptr();
   p.kv_slots = split_->dev_slots();
   p.kv_page_pos = split_->dev_page_pos();
@@ -972,15 +979,13 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     logits->resize(static_cast<size_t>(n_out_real * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
-  if (host_pool_ && step.decode)
-    DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4,
-                                   cudaMemcpyDeviceToHost, stream_));
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
   read_slots_.clear();
-  if (host_pool_ && step.decode)
-    for (int32_t s = 0; s < static_cast<int32_t>(pool_->n_pages()); ++s)
-      if (last_use_h_[s] == stamp_) read_slots_.push_back(s);
+  if (host_pool_ && step.decode && *read_count_h_ > 0) {  // (each slot once; at most n_pages of them)
+    read_slots_.resize(static_cast<size_t>(std::min<int64_t>(*read_count_h_, pool_->n_pages())));
+    DHS_CUDA_CHECK(cudaMemcpy(read_slots_.data(), read_d_, read_slots_.size() * 4, cudaMemcpyDeviceToHost));
+  }
   late_reads_.clear();
   late_overflow_ = false;
   if (host_pool_ && step.decode) {

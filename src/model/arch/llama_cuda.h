@@ -316,9 +316,11 @@ class LlamaCuda {
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
   // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
-  // each decode step from stamp_h_), copied back after the step (last_use_h_) and scanned.
+  // each decode step from stamp_h_); each slot read listed once in read_d_ ([n_pages] then the
+  // count), the count copied back in the step (read_count_h_), the slots after it.
   int32_t* last_use_d_ = nullptr;
-  int32_t* last_use_h_ = nullptr;  // pinned [n_pages]
+  int32_t* read_d_ = nullptr;
+  int32_t* read_count_h_ = nullptr;  // pinned [1]
   int32_t* stamp_d_ = nullptr;
   int32_t* stamp_h_ = nullptr;     // pinned [1]
   int32_t stamp_ = 0;
