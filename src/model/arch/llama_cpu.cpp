@@ -2,7 +2,9 @@
 #include "model/rope.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -170,6 +172,42 @@ void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, in
   lists = std::move(dev);
 }
 
+// DHS_REPAIR_DIAG (a study hook, issue 22's "overlap with repair"): per selecting decode step,
+// layer, request and KV head, the selected pages A against the previous step's set P of the same
+// list — |A \ P| (what a repair pass would attend after the selection) and |P \ A| (what attending
+// P ahead of the selection reads beyond A) — summed, printed after each step.
+void report_repair(const PageLists& lists, const std::vector<const PageTable*>& tables, int layer, int n_layers) {
+  struct Prev {
+    int64_t n_tokens = -1;
+    std::vector<int32_t> pages;
+  };
+  static std::map<std::tuple<uint64_t, int, int>, Prev> prev;
+  static int64_t a_total = 0, added = 0, extra = 0, steps = 0;
+  for (int r = 0; r < lists.n_requests; ++r)
+    for (int h = 0; h < lists.n_heads_kv; ++h) {
+      std::vector<int32_t> a(lists.page_pos.begin() + lists.row_begin(r, h), lists.page_pos.begin() + lists.row_end(r, h));
+      std::sort(a.begin(), a.end());
+      Prev& p = prev[{tables[static_cast<size_t>(r)]->id(), layer, h}];
+      const int64_t n = tables[static_cast<size_t>(r)]->n_tokens();
+      if (p.n_tokens == n - 1) {  // the step before, same list
+        std::vector<int32_t> d;
+        std::set_difference(a.begin(), a.end(), p.pages.begin(), p.pages.end(), std::back_inserter(d));
+        added += static_cast<int64_t>(d.size());
+        d.clear();
+        std::set_difference(p.pages.begin(), p.pages.end(), a.begin(), a.end(), std::back_inserter(d));
+        extra += static_cast<int64_t>(d.size());
+        a_total += static_cast<int64_t>(a.size());
+      }
+      p.n_tokens = n;
+      p.pages = std::move(a);
+    }
+  if (layer + 1 != n_layers) return;
+  ++steps;
+  std::fprintf(stderr, "repair diag: %lld steps, %lld pages selected; new vs the step before %.2f%%, previous set's pages not selected now %.2f%%\n",
+               static_cast<long long>(steps), static_cast<long long>(a_total), a_total ? 100.0 * added / a_total : 0.0,
+               a_total ? 100.0 * extra / a_total : 0.0);
+}
+
 }  // namespace
 
 void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vector<float>* logits,
@@ -322,6 +360,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     if (tiers_ && !ahead) tiers_->end_step(now);
     dump("attn_out", l, att.data(), T, Hq * D);
     if (select_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
+    if (select_step && !tiers_ && std::getenv("DHS_REPAIR_DIAG")) report_repair(lists, tables, l, static_cast<int>(cfg_.n_layers));
 
     cpu::matmul(L.wo, att.data(), o.data(), T);
     cpu::add_inplace(x.data(), o.data(), T * H);
