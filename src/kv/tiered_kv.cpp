@@ -30,6 +30,12 @@ TieredKv::TieredKv(PagePool& device, PagePool& host, LruParams lru)
             "tiered KV: the tiers' page shapes differ");
 }
 
+void TieredKv::check_in_table(const PageTable& t, const PageId& id) {
+  DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
+                id.idx < t.n_pages_per_list(),
+            "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+}
+
 TieredKv::Owner& TieredKv::owner_of(const PageTable& t) {
   auto it = owners_.find(t.id());
   DHS_CHECK(it != owners_.end(), "tiered KV: page table {} is not registered", t.id());
@@ -151,9 +157,7 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   std::vector<int32_t> pinned_here;
   TierStats st;
   for (const PageId& id : pages) {
-    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
-                  id.idx < t.n_pages_per_list(),
-              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    check_in_table(t, id);
     const PageRef p = t.page(id.layer, id.head, id.idx);
     if (p.tier == Tier::Host) {
       missing_set.emplace(id.layer, id.head, id.idx);
@@ -242,9 +246,7 @@ TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int6
   Owner& o = owner_of(t);
   TierStats st;
   for (const PageId& id : pages) {
-    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
-                  id.idx < t.n_pages_per_list(),
-              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    check_in_table(t, id);
     const PageRef p = t.page(id.layer, id.head, id.idx);
     if (p.tier == Tier::Host) {
       ++st.late;
@@ -289,9 +291,7 @@ TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, in
   int64_t keep_movable = 0;
   for (const PageId& id : pages) {
     if (!seen.emplace(id.layer, id.head, id.idx).second) continue;
-    DHS_CHECK(id.layer >= 0 && id.layer < t.n_layers() && id.head >= 0 && id.head < t.n_heads_kv() && id.idx >= 0 &&
-                  id.idx < t.n_pages_per_list(),
-              "tiered KV: page {} of ({}, {}) is not in the table", id.idx, id.layer, id.head);
+    check_in_table(t, id);
     if (t.page(id.layer, id.head, id.idx).tier == Tier::Host) {
       missing.push_back(id);
     } else {

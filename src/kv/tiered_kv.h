@@ -183,6 +183,8 @@ class TieredKv {
     int64_t late = 0;                // its note_reads of host pages
   };
   Owner& owner_of(const PageTable& t);
+  // Throws dhs::Error naming the page when id is outside t.
+  static void check_in_table(const PageTable& t, const PageId& id);
   const Owner& owner_of(const PageTable& t) const;
   // Full pages (they may move): index below n_tokens / page_size.
   static bool movable(const PageTable& t, int64_t idx) { return idx < t.n_tokens() / t.page_size(); }
