@@ -5,8 +5,10 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "bench/e2e_bench.h"
+#include "bench/hierarchy_bench.h"
 #include "cli/cli_common.h"
 #include "cli/option_checks.h"
 
@@ -27,7 +29,9 @@ int main(int argc, char** argv) {
   bo.gemm_out = "bench/results/weight_gemm.jsonl";
   bo.gemv_max_tok = 8;
   bo.gemv_tc_shapes = {0};
-  bool no_gemm = false, no_pdl = false, no_gemv_tc = false;
+  bool no_gemm = false, no_pdl = false, no_gemv_tc = false, hierarchy = false;
+  bool batch_given = false;
+  dhs::HierarchyBenchOptions ho;
   app.add_option("--ctx", bo.ctx, "Context lengths")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
   app.add_option("--batch", bo.batch, "Batch sizes")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
   app.add_option("--prefill", bo.prefill, "Prompt lengths for the TTFT runs (0: none)")->delimiter(',')->check(int_in(0, kMaxTokens))->capture_default_str();
@@ -53,7 +57,33 @@ int main(int argc, char** argv) {
   app.add_option("--verify-selection", bo.verify_selection, "Speculative decoding: what a sparse verify's rows read: last-row (one set, the last row's), all-rows (one set from every row's queries), per-row (each row its own)")->check(CLI::IsMember({"last-row", "all-rows", "per-row"}))->capture_default_str();
   app.add_option("--spec-out", bo.spec_out, "JSON lines of the speculative timing are appended here")->capture_default_str();
   app.add_flag("--no-gemv-tc", no_gemv_tc, "GEMVs on the CUDA-core kernel instead of the tensor-core one (the A/B)");
+  app.add_flag("--hierarchy", hierarchy, "The KV hierarchy's throughput instead (hierarchy_bench.h): real decode steps at each --ctx, --batch (default without the host tier: the largest the HBM cap holds) and --policies with an HBM KV pool of --hbm-kv-gib and a host tier of --host-kv-gib, the churn of a real model's selections replayed");
+  app.add_option("--hbm-kv-gib", ho.hbm_kv_gib, "--hierarchy: the HBM KV pool's cap in GiB (0: what the GPU's memory leaves)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--host-kv-gib", ho.host_kv_gib, "--hierarchy: the host tier of pinned DRAM in GiB (0: none, every page in HBM)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  app.add_option("--churn", ho.churn, "--hierarchy: the fraction of a step's reads evicted before the next (a real model's late reads per step / pages read at the buffer used)")->check(CLI::Range(0.0, 0.999))->capture_default_str();
+  app.add_option("--buffer", ho.buffer, "--hierarchy: each request's HBM budget is the pages a step reads x (1 + buffer)")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  app.add_option("--steps", ho.steps, "--hierarchy: timed steps (after 3 warm-up and 3 resident ones)")->check(int_in(1, 100000))->capture_default_str();
+  app.add_option("--hierarchy-out", ho.out, "--hierarchy: JSON lines are appended here")->capture_default_str();
+  app.callback([&] { batch_given = app.count("--batch") > 0; });
   CLI11_PARSE(app, argc, argv);
+  if (hierarchy) {
+    try {
+      ho.trace = bo.trace;
+      ho.trace_len = bo.trace_len;
+      ho.commit = bo.commit;
+      if (batch_given) ho.batch = bo.batch;
+      for (const int64_t ctx : bo.ctx)
+        for (const std::string& pol : bo.policies) {
+          ho.ctx = ctx;
+          ho.policy = pol;
+          if (const int rc = dhs::run_hierarchy_bench(ho); rc != 0) return rc;
+        }
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (no_gemm) bo.gemm_batch.clear();
   bo.pdl = !no_pdl;
   bo.gemv_tc = !no_gemv_tc;

@@ -8,6 +8,8 @@
 #   weights the 8B shape's TPOT per weight format (f16, FP8, Q8_0, Q4_K), dense and coverage 0.99
 #   tiers  the KV hierarchy on the device: test_tier_split (+ memcheck, racecheck), test_page_recall,
 #          test_cuda_tiers (the engine with a host tier, default model)
+#   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
+#          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -158,6 +160,22 @@ for stage in "$@"; do
       # The in-step read's speed: attention over late pages in place from pinned DRAM vs HBM.
       run recall_late timeout 200 "$B/recall_bench" --only-late --host-gib 4 --out "$OUT/page_recall.jsonl" --commit "$C"
       grep -E "late_attention" "$OUT/recall_late.log" | cut -c1-220 ;;
+    hierarchy)
+      # Throughput beyond HBM (issue 23; bench/hierarchy_bench.cpp): the 8B shape at 128k with the
+      # HBM KV pool capped at 32 GiB — dense and sparse with every page in HBM (batch 1: a 128k
+      # request is 16 GiB), then sparse with the host tier at the batch the two tiers hold (a step
+      # reads ~30% of each request's pages: 4 x 0.305 x 16 GiB x 1.5 fits 32 GiB; 3 at buffer 1.0)
+      # with the churn measured on the default model at that buffer (5.5% / 3% of the reads), then
+      # 128k x 8 uncapped. Rows to hierarchy.jsonl; the SDPA anchor first.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      H=(--hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12})
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      run hier_hbm_only timeout 200 "$B/dhisparse" bench "${H[@]}" --policies dense,$SP --hbm-kv-gib 32
+      run hier_tiered_b4 timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 4 --buffer 0.5 --churn 0.055
+      run hier_tiered_b3 timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03
+      [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
+      grep -hE "^ctx|^gpu|error" "$OUT"/hier_*.log ;;
     spec)
       # Speculative decoding on the device (issue 24): verify rows against decoding one at a
       # time, memcheck on them, the engine's greedy output with and without speculation (default

@@ -27,6 +27,8 @@
 #include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/pdl_launch.h"
 #include "eval/budget_trace.h"
+#include "bench/bench_policy.h"
+#include "bench/device_rates.h"
 #include "bench/e2e_bench.h"
 #include "core/error.h"
 #include "model/arch/llama_cuda.h"
@@ -35,30 +37,6 @@
 namespace dhs {
 
 namespace {
-
-// Device-to-device copy rate (bytes read + written per second): the read ceiling we compare against.
-double measure_copy_gbps() {
-  const size_t n = size_t{4} << 30;
-  void *a, *b;
-  DHS_CUDA_CHECK(cudaMalloc(&a, n));
-  DHS_CUDA_CHECK(cudaMalloc(&b, n));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e9f;
-  for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(e0);
-    cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    best = std::min(best, ms);
-  }
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * static_cast<double>(n) / (best * 1e-3) / 1e9;
-}
 
 // One layer's weight GEMMs as the decode step runs them (gemm.h: fused QKV and gate/up to f16,
 // O and down accumulated into the fp32 residual), over kLayers distinct weight sets in one
@@ -126,68 +104,7 @@ double time_layer_gemms(const ModelConfig& c, int64_t batch, cuda::Gemm& gemm, c
   return ms[ms.size() / 2] * 1e3 / kLayers;
 }
 
-// "POLICY@sketch4": the policy's pages chosen by the 4-bit key sketch.
-constexpr std::string_view kSketchSuffix = "@sketch4";
-bool chosen_by_sketch(const std::string& spec) {
-  return spec.size() > kSketchSuffix.size() &&
-         spec.compare(spec.size() - kSketchSuffix.size(), kSketchSuffix.size(), kSketchSuffix) == 0;
-}
-// A policy spec without its "/R" (reselect) suffix.
-std::string without_reselect(const std::string& spec) { return spec.substr(0, spec.rfind('/')); }
-// Policies whose pages MinMax page summaries choose (sparse, scored, not by the sketch).
-bool needs_minmax(const std::string& spec) {
-  const std::string s = without_reselect(spec);
-  return s != "dense" && !chosen_by_sketch(s);
-}
-
 }  // namespace
-
-// A bench policy: the engine's PolicySpec plus what only the bench has (traced per-head budget
-// fractions, Quest's token budget), read from its spelling (--policies).
-struct BenchPolicy {
-  PolicySpec spec;
-  std::vector<float> frac;  // per (layer, KV head) budget fractions of a trace, or empty
-  double gamma = 1.0;
-  std::string budgets = "all pages";
-  int reselect_every = 1;
-  bool dense_label = false;  // spelled "dense": the step other rows are compared with
-};
-
-BenchPolicy parse_bench_policy(const std::string& pol_spec, const E2eBenchOptions& opts, const ModelConfig& cfg) {
-  BenchPolicy bp;
-  // "/R" last: each layer selects every R steps (staggered), reusing its lists between.
-  std::string spec = pol_spec;
-  if (const size_t sl = spec.rfind('/'); sl != std::string::npos) {
-    bp.reselect_every = std::stoi(spec.substr(sl + 1));
-    spec = spec.substr(0, sl);
-  }
-  // "@sketch4": the same budgets, chosen by the 4-bit key sketch (its scoring cost included).
-  const bool sketch = chosen_by_sketch(spec);
-  const std::string pol = sketch ? spec.substr(0, spec.size() - kSketchSuffix.size()) : spec;
-  PolicySpec& pc = bp.spec;
-  pc.reselect_every = bp.reselect_every;
-  pc.estimator = sketch ? "sketch4" : "minmax";
-  bp.dense_label = pol == "dense";
-  if (pol == "dense") {
-    pc.rule = SelectRule::Dense;
-  } else if (pol.rfind("trace:", 0) == 0) {
-    const BudgetTrace tr = load_budget_trace(opts.trace, pol.substr(6), opts.trace_len);
-    pc.rule = SelectRule::TopK;
-    bp.frac = tr.mapped(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv));
-    if (tr.label.rfind("coverage-", 0) == 0) bp.gamma = std::stod(tr.label.substr(9));
-    bp.budgets = "per-(layer, KV head) fractions replayed from " + tr.model + " at " + std::to_string(tr.length) + " tokens";
-  } else if (pol.rfind("quest:", 0) == 0) {
-    pc.rule = SelectRule::TopK;
-    pc.budget = std::stoi(pol.substr(6)) / 16;
-    bp.budgets = "top-k, " + pol.substr(6) + " tokens per list";
-  } else {
-    // Any rule of the engine's grammar (dhisparse/policy.h) with its value, e.g. coverage:0.99 or
-    // topfrac:0.3, in the bench's spelling: "@sketch4" then "/R" after it (read above), minmax otherwise.
-    pc = PolicySpec::parse(pol, pc);
-    bp.budgets = pc.str();
-  }
-  return bp;
-}
 
 // The weight GEMMs of one layer per batch size and kernel path (--gemm-batch), rows to --gemm-out.
 void time_weight_gemms(const E2eBenchOptions& opts, const ModelConfig& cfg, const cudaDeviceProp& prop, double copy_gbps) {
@@ -375,7 +292,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       }
       double dense_ms = 0;
       for (const std::string& pol_spec : opts.policies) {
-        const BenchPolicy bp = parse_bench_policy(pol_spec, opts, cfg);
+        const BenchPolicy bp = parse_bench_policy(pol_spec, opts.trace, opts.trace_len, cfg);
         const PolicySpec& pc = bp.spec;
         m->set_sparsity(pc, bp.frac);
         m->record_draft_seeds(false);

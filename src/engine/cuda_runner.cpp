@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <map>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
 #include "core/error.h"
 #include "dhisparse/scheduler.h"
+#include "engine/cuda_tiers.h"
 #include "engine/runner_tiers.h"
 #include "engine/sampler.h"
 #include "engine/step_runner.h"
@@ -302,23 +302,11 @@ class CudaRunner final : public StepRunner {
     if (prefill) {
       kv.end_step(now);
     } else {
-      // Each request's reads: its hits (the HBM slots the step read, touched in the LRU) and its
-      // late reads; recall_ahead keeps the first and brings back the second (as the CPU's).
-      kv.touch_slots(model_->read_slots(), now);
-      std::map<const PageTable*, std::vector<PageId>> reads;
-      for (int32_t s : model_->read_slots()) {
-        const PageTable* t = nullptr;
-        PageId id;
-        if (kv.page_at(s, &t, &id)) reads[t].push_back(id);
-      }
-      for (const LlamaCuda::LateRead& r : model_->late_reads()) {
-        const PageId id{r.layer, r.head, r.page};
-        PageTable& t = *batch[static_cast<size_t>(r.seq)].table;
-        kv.note_reads(t, std::span<const PageId>(&id, 1), now);
-        reads[&t].push_back(id);
-      }
-      for (const StepRequest& r : batch)
-        if (auto it = reads.find(r.table); it != reads.end()) kv.recall_ahead(*r.table, it->second, now);
+      // Each request's reads: its hits and its late reads; recall_ahead keeps the first and
+      // brings back the second (as the CPU's).
+      std::vector<PageTable*> tables;
+      for (const StepRequest& r : batch) tables.push_back(r.table);
+      recall_after_decode(kv, *model_, tables, now);
     }
     tiers_->after_step(batch, before);
   }

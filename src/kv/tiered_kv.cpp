@@ -134,6 +134,29 @@ TierStats TieredKv::offload(PageTable& t, int64_t n, int64_t now) {
   return st;
 }
 
+TierStats TieredKv::evict_slots(std::span<const int32_t> slots) {
+  std::vector<int32_t> v;
+  int64_t host_room = host_.n_free();
+  std::vector<uint8_t> seen;
+  for (int32_t s : slots) {
+    if (s < 0 || s >= lru_.n_slots() || !lru_.resident(s) || lru_.pinned(s)) continue;
+    if (seen.empty()) seen.assign(static_cast<size_t>(lru_.n_slots()), 0);
+    if (seen[static_cast<size_t>(s)]) continue;
+    const Where& w = dev_where_[static_cast<size_t>(s)];
+    if (!may_move(*w.t, w.idx)) continue;
+    if (host_copy_[static_cast<size_t>(s)] < 0) {
+      if (host_room == 0) continue;
+      --host_room;
+    }
+    seen[static_cast<size_t>(s)] = 1;
+    v.push_back(s);
+  }
+  TierStats st;
+  evict(v, st);
+  totals_ += st;
+  return st;
+}
+
 TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
   track_new_pages(t, now);
   const Owner& o = owner_of(t);

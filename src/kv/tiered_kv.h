@@ -105,6 +105,11 @@ class TieredKv {
   // tier has no room for their copies); returns the stats.
   TierStats offload(PageTable& t, int64_t n, int64_t now);
 
+  // Evicts these device slots now, each a full, unpinned page (others are skipped): the pages a
+  // step's churn displaces, as the hierarchy bench replays it (bench/hierarchy_bench.cpp). Host
+  // copies are made for pages without one, as far as the host tier has room.
+  TierStats evict_slots(std::span<const int32_t> slots);
+
   // Unpins every page (the layer or step is over) and offloads what requests hold past their
   // budgets.
   TierStats end_step(int64_t now);

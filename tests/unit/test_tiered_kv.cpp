@@ -319,6 +319,47 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
+// leave — copied when they have no host copy, dropped when they do — and the rest (a pinned
+// page, an appending page, a free slot, a repeat) are skipped.
+TEST(TieredKv, EvictSlotsTakesOnlyFullUnpinnedPages) {
+  Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0);
+  ASSERT_TRUE(s.append(r, 30));  // 7 full pages and one of 2 tokens per list, all resident
+  ASSERT_EQ(s.kv_.resident_pages(*r.t), 32);
+  const auto slot = [&](int l, int h, int64_t i) { return r.t->page(l, h, i).slot; };
+  // B: to the host tier and back, so it keeps a clean host copy.
+  const int32_t b_before = slot(1, 0, 2);
+  EXPECT_EQ(s.kv_.evict_slots(std::vector<int32_t>{b_before}).offloaded, 1);
+  ASSERT_EQ(r.t->page(1, 0, 2).tier, Tier::Host);
+  const PageId b_id{1, 0, 2};
+  s.now_ = 1;
+  ASSERT_EQ(s.kv_.recall_ahead(*r.t, std::span<const PageId>(&b_id, 1), s.now_).recalled, 1);
+  const int32_t a = slot(0, 0, 1), b = slot(1, 0, 2), appending = slot(0, 1, 7);
+  // C: pinned by a step that reads it.
+  const PageId c_id{1, 1, 4};
+  s.kv_.ensure_resident(*r.t, std::span<const PageId>(&c_id, 1), s.now_);
+  const int32_t c = slot(1, 1, 4);
+  int32_t free_slot = -1;
+  for (int32_t x = 0; x < 64 && free_slot < 0; ++x)
+    if (!s.kv_.lru().resident(x)) free_slot = x;
+  ASSERT_GE(free_slot, 0);
+  const TierStats st = s.kv_.evict_slots(std::vector<int32_t>{a, a, c, appending, free_slot, b, -3, 64});
+  EXPECT_EQ(st.offloaded, 1) << "A had no host copy";
+  EXPECT_EQ(st.dropped, 1) << "B kept its clean copy";
+  EXPECT_EQ(r.t->page(0, 0, 1).tier, Tier::Host);
+  EXPECT_EQ(r.t->page(1, 0, 2).tier, Tier::Host);
+  EXPECT_EQ(r.t->page(1, 1, 4).tier, Tier::Device) << "a pinned page left";
+  EXPECT_EQ(r.t->page(0, 1, 7).tier, Tier::Device) << "an appending page left";
+  EXPECT_EQ(s.kv_.resident_pages(*r.t), 30);
+  s.kv_.end_step(s.now_);
+  s.check();
+  s.kv_.release(*r.t);
+  EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
+}
+
 // The bytes move through the mover the backend gives (the CUDA backend's copies): every
 // recall and offload goes through it, in the direction its pools say, and nothing else copies;
 // every tier change is reported to the relocation hook (the CUDA backend's table mirror).
@@ -383,8 +424,9 @@ TEST(TieredKv, RandomScenariosKeepEveryPageAndEveryByte) {
             r.swapped = false;
             for (int l = 0; l < kLayers; ++l)
               for (int h = 0; h < kHeads; ++h)
-                if (r.t->n_tokens() % kPage != 0)
+                if (r.t->n_tokens() % kPage != 0) {
                   ASSERT_EQ(r.t->page(l, h, r.t->n_tokens() / kPage).tier, Tier::Device) << "appending page not back";
+                }
           }
         } else if (op == 5 && rng() % 4 == 0) {  // preempted by swap
           r.swapped = s.kv_.swap_out(*r.t, s.now_);

@@ -1,0 +1,282 @@
+// Decode throughput of the Llama-3.1-8B shape with the KV hierarchy on the GPU (issue 23,
+// docs/hierarchy.md "The throughput-beyond-HBM bench"). Random weights and KV, the engine's own
+// hierarchy code: LlamaCuda with a host tier (split attention: HBM pages, then the late ones in
+// place from pinned DRAM, merged by LSE), RunnerTiers' TieredKv over the two pools, and the CUDA
+// runner's after-step (recall_after_decode: hits touched, late reads noted, recalled ahead).
+//
+// What the bench replays: random keys select the same pages every step, so the churn of a real
+// model's selections (which pages a step reads that were not resident) is replayed — before each
+// timed step a fraction `churn` of the pages the last step read is evicted (a clean drop: they
+// came from the host tier and keep their copy, as in a real run's steady state), so the step
+// reads them in place and recalls them after, as a step whose selection moved by that much would.
+// Budgets: per (layer, KV head), the fractions of a real model's trace (--trace), as in
+// `dhisparse bench`.
+//
+// Phases per batch: warm-up steps (the first reads everything late and recalls it; budgets are
+// set from its reads), resident steps (no churn: every read a hit), then the timed steps with
+// churn. A step's time is the forward (graph replay, synchronized) plus the after-step host work
+// and recalls (synchronized): the wall time a serving loop would see.
+#include "bench/hierarchy_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_page_pool.h"
+#include "backend/cuda/page_recall.h"
+#include "bench/bench_policy.h"
+#include "bench/device_rates.h"
+#include "core/error.h"
+#include "engine/cuda_tiers.h"
+#include "engine/runner_tiers.h"
+#include "model/arch/llama_cuda.h"
+#include "model/model_shapes.h"
+
+namespace dhs {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+constexpr int kWarmSteps = 3, kResidentSteps = 3;
+
+struct BatchResult {
+  double step_ms = 0, forward_ms = 0, after_ms = 0, resident_ms = 0;
+  double read_frac = 0;
+  TierStats tiers;  // over the timed steps
+  int64_t late_overflow_steps = 0;
+};
+
+}  // namespace
+
+int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP: no GPU\n");
+    return 77;
+  }
+  DHS_CHECK(opts.churn >= 0.0 && opts.churn < 1.0, "--churn must be in [0, 1), got {}", opts.churn);
+  DHS_CHECK(opts.buffer >= 0.0, "--buffer must be >= 0, got {}", opts.buffer);
+  DHS_CHECK(opts.steps >= 1, "--steps must be >= 1");
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const double copy_gbps = measure_copy_gbps(), pcie_gbps = measure_h2d_gbps();
+  std::printf("gpu %s, device copy %.0f GB/s (read+write), host -> device %.1f GB/s\n", prop.name, copy_gbps, pcie_gbps);
+  const ModelConfig cfg = model_shape("llama3-8b");
+  const BenchPolicy bp = parse_bench_policy(opts.policy, opts.trace, opts.trace_len, cfg);
+  DHS_CHECK(bp.reselect_every == 1, "--hierarchy: reselection (/R) is not supported with the host tier");
+  const int L = static_cast<int>(cfg.n_layers), Hkv = static_cast<int>(cfg.n_heads_kv), P = 16;
+  const int64_t lists = int64_t{L} * Hkv;
+  const int64_t page_bytes = 2 * int64_t{P} * cfg.head_dim * 2;  // K + V, f16
+  const int64_t total_steps = kWarmSteps + kResidentSteps + opts.steps;
+  const int64_t max_ctx = opts.ctx + total_steps + P;
+  const int64_t pages_per_req = (max_ctx + P - 1) / P * lists;
+  const bool tiered = opts.host_kv_gib > 0.0;
+  const int64_t dev_pages = opts.hbm_kv_gib > 0.0 ? static_cast<int64_t>(opts.hbm_kv_gib * 1073741824.0) / page_bytes : 0;
+  EngineOptions eo;
+  eo.cpu_kv_gb = opts.host_kv_gib;
+  eo.kv_recall = tiered ? "ahead" : "layer";
+  const int64_t host_pages = RunnerTiers::host_pages(eo, page_bytes);
+
+  std::vector<int64_t> batches = opts.batch;
+  if (batches.empty()) {
+    DHS_CHECK(!tiered && dev_pages > 0, "--hierarchy: give --batch with the host tier or without an HBM cap");
+    batches = {dev_pages / pages_per_req};
+    DHS_CHECK(batches[0] >= 1, "--hierarchy: one request of {} tokens needs {} pages, the cap holds {}", opts.ctx, pages_per_req,
+              dev_pages);
+  }
+  std::ofstream jl(opts.out, std::ios::app);
+  for (const int64_t batch : batches) {
+    CudaModelOptions o;
+    o.random_weights = "f16";
+    o.max_batch = static_cast<int>(batch);
+    o.max_step_tokens = std::max<int>(64, static_cast<int>(batch));
+    o.max_context = max_ctx;
+    o.n_pages = dev_pages;
+    if (dev_pages == 0) o.gpu_memory_utilization = 0.92;
+    o.host_pages = host_pages;
+    o.summaries = needs_minmax(opts.policy) ? "minmax" : "none";
+    o.key_sketch = chosen_by_sketch(without_reselect(opts.policy));
+    auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
+    m->kv_pool().fill_random(99, -1.0f, 1.0f, m->stream());
+    if (cuda::HostPagePool* hp = m->host_pool()) {  // written over PCIe by a kernel: seconds, not minutes
+      cuda::fill_random_f16(hp->k_d(), static_cast<size_t>(hp->n_pages()) * hp->page_elems(), 96, -1.0f, 1.0f, m->stream());
+      cuda::fill_random_f16(hp->v_d(), static_cast<size_t>(hp->n_pages()) * hp->page_elems(), 95, -1.0f, 1.0f, m->stream());
+    }
+    if (auto* sm = m->summaries(cuda::SummaryKind::MinMax)) cuda::fill_random_f16(sm->data_d(), sm->bytes() / 2, 98, -1.0f, 1.0f, m->stream());
+    if (auto* sk = m->key_sketch()) {  // random codes, steps of 0 (any finite value costs the same)
+      cuda::fill_random_f16(reinterpret_cast<__half*>(sk->codes_d()), sk->code_bytes() / 2, 97, -1.0f, 1.0f, m->stream());
+      DHS_CUDA_CHECK(cudaMemsetAsync(sk->steps_d(), 0, sk->bytes() - sk->code_bytes(), m->stream()));
+    }
+    DHS_CUDA_CHECK(cudaStreamSynchronize(m->stream()));
+    m->set_sparsity(bp.spec, bp.frac);
+    const int64_t n_dev = m->allocator().n_pages();
+    if (!tiered && batch * pages_per_req > n_dev) {
+      std::printf("ctx %lld batch %lld: %lld pages do not fit the HBM pool of %lld\n", static_cast<long long>(opts.ctx),
+                  static_cast<long long>(batch), static_cast<long long>(batch * pages_per_req), static_cast<long long>(n_dev));
+      continue;
+    }
+
+    int64_t steps_done = 0;
+    std::unique_ptr<RunnerTiers> tiers;
+    if (tiered) {
+      tiers = std::make_unique<RunnerTiers>(
+          m->allocator(), std::make_unique<PagePool>(Tier::Host, host_pages, P, static_cast<int>(cfg.head_dim), false), eo, L,
+          [&steps_done, L] { return (steps_done + 1) * L; });
+      LlamaCuda* mp = m.get();
+      tiers->kv().set_mover([mp](const PagePool& src, PagePool& dst, std::span<const PageMove> mv) { return mp->move_pages(src, dst, mv); });
+      tiers->kv().set_relocate_hook([mp](const PageTable& t, int l, int h, int64_t i) { mp->patch_table(t, l, h, i); });
+    }
+    // The requests: ctx tokens of random KV each. With the host tier, as many of each request's
+    // first pages in HBM as its share of the pool allows (at most half of it: the rest stays
+    // free for recalls), the others in the host tier; then the page each list appends into, in HBM.
+    std::vector<std::unique_ptr<PageTable>> ts;
+    std::vector<PageTable*> tables;
+    std::vector<int32_t> tok(static_cast<size_t>(batch), 42);
+    std::vector<StepRequest> reqs;
+    std::vector<LlamaCuda::Seq> seqs;
+    for (int64_t r = 0; r < batch; ++r) {
+      ts.push_back(std::make_unique<PageTable>(L, Hkv, P));
+      PageTable& t = *ts.back();
+      if (tiered) {
+        const int64_t dev_tokens = std::min<int64_t>(opts.ctx, (n_dev / 2 / batch / lists) * P);
+        const int64_t host_tokens = opts.ctx - dev_tokens;
+        DHS_CHECK(host_tokens / P * lists <= tiers->host().n_free(), "--hierarchy: the host tier holds {} pages, batch {} at {} needs more",
+                  host_pages, batch, opts.ctx);
+        if (dev_tokens > 0) DHS_CHECK(t.reserve(m->allocator(), dev_tokens), "--hierarchy: HBM reserve");
+        if (host_tokens > 0) DHS_CHECK(t.reserve(tiers->host(), host_tokens), "--hierarchy: host reserve");
+      } else {
+        DHS_CHECK(t.reserve(m->allocator(), opts.ctx), "--hierarchy: HBM reserve");
+      }
+      t.commit(opts.ctx);
+      tables.push_back(&t);
+      reqs.push_back(StepRequest{.table = &t, .slot = static_cast<int>(r), .tokens = &tok[static_cast<size_t>(r)], .n_new = 1});
+      seqs.push_back(LlamaCuda::Seq{&t, static_cast<int>(r), &tok[static_cast<size_t>(r)], 1});
+    }
+
+    std::mt19937_64 rng(7);
+    BatchResult res;
+    std::vector<double> step_ms, fwd_ms, after_ms, resident_ms;
+    TierStats before_timed;
+    for (int64_t s = 0; s < total_steps; ++s) {
+      const bool timed = s >= kWarmSteps + kResidentSteps, resident = s >= kWarmSteps && !timed;
+      // Room for the token: a new page per list every P steps (offloading cold pages for it).
+      for (PageTable* t : tables)
+        if (t->capacity_tokens() < t->n_tokens() + 1) {
+          if (tiers) DHS_CHECK(tiers->make_room(lists), "--hierarchy: no room in HBM for a new page per list");
+          DHS_CHECK(t->reserve(m->allocator(), 1), "--hierarchy: HBM reserve of a step's page");
+        }
+      if (tiers) tiers->before_step(reqs);
+      if (timed && s == kWarmSteps + kResidentSteps) {
+        before_timed = tiers ? tiers->kv().totals() : TierStats{};
+        m->reset_sparsity_stats();
+      }
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto t0 = Clock::now();
+      m->forward(seqs, nullptr);
+      const double f = ms_since(t0);
+      const auto t1 = Clock::now();
+      if (tiers) {
+        recall_after_decode(tiers->kv(), *m, tables, tiers->clock() + L - 1);
+        DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      }
+      const double a = ms_since(t1);
+      ++steps_done;
+      if (tiers && m->late_log_overflowed()) ++res.late_overflow_steps;
+      if (tiers && s == 0) {
+        // Budgets from the first step's reads: what each request read, times (1 + buffer).
+        for (PageTable* t : tables) {
+          const TierStats rs = tiers->kv().request_stats(*t);
+          const int64_t w = rs.hits + rs.late;
+          tiers->kv().set_budget(*t, static_cast<int64_t>(std::ceil(static_cast<double>(w) * (1.0 + opts.buffer))), tiers->clock());
+        }
+      }
+      if (resident) resident_ms.push_back(f + a);
+      if (timed) {
+        step_ms.push_back(f + a);
+        fwd_ms.push_back(f);
+        after_ms.push_back(a);
+      }
+      // The churn before the next step: a random `churn` of the pages this step read leave HBM.
+      if (tiers && s + 1 >= kWarmSteps + kResidentSteps && opts.churn > 0.0) {
+        std::vector<int32_t> read = m->read_slots();
+        std::shuffle(read.begin(), read.end(), rng);
+        read.resize(static_cast<size_t>(std::llround(opts.churn * static_cast<double>(read.size()))));
+        tiers->kv().evict_slots(read);
+      }
+    }
+    const auto mean = [](const std::vector<double>& v) {
+      double x = 0;
+      for (double y : v) x += y;
+      return v.empty() ? 0.0 : x / static_cast<double>(v.size());
+    };
+    res.step_ms = mean(step_ms);
+    res.forward_ms = mean(fwd_ms);
+    res.after_ms = mean(after_ms);
+    res.resident_ms = mean(resident_ms);
+    res.read_frac = bp.spec.dense() ? 1.0 : m->sparsity_stats().read_frac();
+    if (tiers) {
+      const TierStats& now = tiers->kv().totals();
+      res.tiers.hits = now.hits - before_timed.hits;
+      res.tiers.late = now.late - before_timed.late;
+      res.tiers.recalled = now.recalled - before_timed.recalled;
+      res.tiers.offloaded = now.offloaded - before_timed.offloaded;
+      const std::string bad = tiers->check();
+      DHS_CHECK(bad.empty(), "--hierarchy: the tiers' accounting after the run: {}", bad);
+    }
+
+    // The floor: weights, the selected pages and the sketch (all rows of the batch's pages) at
+    // the HBM copy rate; late reads and recalls at the PCIe rate (this schedule runs them in
+    // series with the step; overlapped, the step could take the larger of the two).
+    const double n_steps = static_cast<double>(opts.steps);
+    const double kv_bytes = static_cast<double>(batch) * static_cast<double>(opts.ctx) / P * lists * page_bytes;
+    const double sketch_bytes = o.key_sketch ? kv_bytes / page_bytes * (P * (cfg.head_dim / 2) + P * 4) : 0.0;
+    const double hbm_bytes = static_cast<double>(m->weight_bytes()) + res.read_frac * kv_bytes + sketch_bytes;
+    const double late_gb = static_cast<double>(res.tiers.late) * page_bytes / n_steps / 1e9;
+    const double recall_gb = static_cast<double>(res.tiers.recalled) * page_bytes / n_steps / 1e9;
+    const double hbm_ms = hbm_bytes / (copy_gbps * 1e9) * 1e3, pcie_ms = (late_gb + recall_gb) / pcie_gbps * 1e3;
+    const double floor_ms = hbm_ms + pcie_ms, floor_overlap_ms = std::max(hbm_ms, pcie_ms);
+    const double reads = static_cast<double>(res.tiers.hits + res.tiers.late);
+    const double hit_rate = tiers ? (reads > 0 ? static_cast<double>(res.tiers.hits) / reads : 1.0) : 1.0;
+    const double stall = res.step_ms > 0 ? std::max(0.0, res.step_ms - res.resident_ms) / res.step_ms : 0.0;
+    const double tok_s = static_cast<double>(batch) / res.step_ms * 1e3;
+    std::printf("ctx %lld batch %-3lld %-30s hbm %5.1f GiB host %5.1f GiB churn %.3f buffer %.2f: step %.2f ms (forward %.2f, after %.2f; "
+                "resident %.2f) -> %.1f tok/s; floor %.2f ms (%.1f tok/s; overlapped %.2f ms); hits %.4f, late %.3f GB + recalled %.3f GB "
+                "per step, stall %.2f, pages %.3f%s\n",
+                static_cast<long long>(opts.ctx), static_cast<long long>(batch), opts.policy.c_str(),
+                static_cast<double>(n_dev) * page_bytes / 1073741824.0, tiered ? static_cast<double>(host_pages) * page_bytes / 1073741824.0 : 0.0,
+                opts.churn, opts.buffer, res.step_ms, res.forward_ms, res.after_ms, res.resident_ms, tok_s, floor_ms,
+                static_cast<double>(batch) / floor_ms * 1e3, floor_overlap_ms, hit_rate, late_gb, recall_gb, stall, res.read_frac,
+                res.late_overflow_steps ? " (late log overflowed)" : "");
+    jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
+       << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
+       << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
+       << ",\"host_kv_gib\":" << (tiered ? static_cast<double>(host_pages) * page_bytes / 1073741824.0 : 0.0) << ",\"churn\":" << (tiered ? opts.churn : 0.0)
+       << ",\"buffer\":" << (tiered ? opts.buffer : 0.0) << ",\"tok_s\":" << tok_s << ",\"step_ms\":" << res.step_ms
+       << ",\"forward_ms\":" << res.forward_ms << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
+       << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
+       << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
+       << ",\"recall_gb_per_step\":" << recall_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
+       << ",\"late_log_overflow_steps\":" << res.late_overflow_steps << ",\"steps\":" << opts.steps << ",\"copy_GBps\":" << copy_gbps
+       << ",\"pcie_GBps\":" << pcie_gbps
+       << ",\"method\":\"real decode steps (random weights and KV), wall time of forward + after-step recalls, mean over the timed "
+          "steps; churn replayed: before each step that fraction of the last step's reads evicted\"}\n";
+    jl.flush();
+    for (PageTable* t : tables) {
+      if (tiers) tiers->release(*t);
+      else t->release(m->allocator());
+    }
+  }
+  return 0;
+}
+
+}  // namespace dhs

@@ -1,0 +1,20 @@
+// The CUDA backend's half of the recall-ahead schedule (docs/hierarchy.md "Recall ahead"): after
+// a decode step of a LlamaCuda with the host tier, the step's hits (the HBM slots it read, each
+// once) touched in the LRU, its late reads (pages read in place from pinned DRAM) noted, and
+// each request's read pages recalled for the next step in the order read
+// (TieredKv::recall_ahead). One statement for the CUDA runner and the hierarchy bench.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kv/tiered_kv.h"
+
+namespace dhs {
+
+class LlamaCuda;
+
+// seq_tables[i]: the table of the step's sequence i (LlamaCuda::LateRead::seq). `now`: the clock
+// of the step's last layer. Returns what the calls did (hits, late reads, recalls).
+TierStats recall_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now);
+
+}  // namespace dhs
