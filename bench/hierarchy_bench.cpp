@@ -7,8 +7,10 @@
 // What the bench replays: random keys select the same pages every step, so the churn of a real
 // model's selections (which pages a step reads that were not resident) is replayed — before each
 // timed step a fraction `churn` of the pages the last step read is evicted (a clean drop: they
-// came from the host tier and keep their copy, as in a real run's steady state), so the step
-// reads them in place and recalls them after, as a step whose selection moved by that much would.
+// came from the host tier and keep their copy, as in a real run's steady state) and as many other
+// pages of the request recalled in their place (its budget full again), so the step reads them in
+// place, then recalls them, evicting its least recently used pages: what a step whose selection
+// moved by that much does. (The replay's own moves are not timed.)
 // Budgets: per (layer, KV head), the fractions of a real model's trace (--trace), as in
 // `dhisparse bench`.
 //
@@ -206,12 +208,32 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         fwd_ms.push_back(f);
         after_ms.push_back(a);
       }
-      // The churn before the next step: a random `churn` of the pages this step read leave HBM.
+      // The churn before the next step: a random `churn` of the pages this step read leave HBM,
+      // and as many other pages of each request come in from the host tier (at steady state a
+      // request's budget is full: the next step's recalls must evict, as a real run's do).
       if (tiers && s + 1 >= kWarmSteps + kResidentSteps && opts.churn > 0.0) {
         std::vector<int32_t> read = m->read_slots();
         std::shuffle(read.begin(), read.end(), rng);
         read.resize(static_cast<size_t>(std::llround(opts.churn * static_cast<double>(read.size()))));
+        std::vector<int64_t> left(static_cast<size_t>(batch), 0);
+        for (int32_t slot : read) {
+          const PageTable* t = nullptr;
+          PageId id;
+          if (!tiers->kv().page_at(slot, &t, &id)) continue;
+          for (size_t i = 0; i < tables.size(); ++i) left[i] += tables[i] == t;
+        }
         tiers->kv().evict_slots(read);
+        for (size_t i = 0; i < tables.size(); ++i) {
+          PageTable& t = *tables[i];
+          std::uniform_int_distribution<int> pl(0, L - 1), ph(0, Hkv - 1);
+          std::uniform_int_distribution<int64_t> pi(0, t.n_tokens() / P - 1);
+          std::vector<PageId> fill;
+          for (int64_t tries = 0; static_cast<int64_t>(fill.size()) < left[i] && tries < 20 * left[i]; ++tries) {
+            const PageId id{pl(rng), ph(rng), pi(rng)};
+            if (t.page(id.layer, id.head, id.idx).tier == Tier::Host) fill.push_back(id);
+          }
+          tiers->kv().recall_ahead(t, fill, tiers->clock());
+        }
       }
     }
     const auto mean = [](const std::vector<double>& v) {

@@ -1,8 +1,7 @@
 // The CUDA backend's half of the recall-ahead schedule (docs/hierarchy.md "Recall ahead"): after
-// a decode step of a LlamaCuda with the host tier, the step's hits (the HBM slots it read, each
-// once) touched in the LRU, its late reads (pages read in place from pinned DRAM) noted, and
-// each request's read pages recalled for the next step in the order read
-// (TieredKv::recall_ahead). One statement for the CUDA runner and the hierarchy bench.
+// a decode step of a LlamaCuda with the host tier, what the step recorded — the HBM slots it read
+// (each once) and its late reads (pages read in place from pinned DRAM) — handed to
+// TieredKv::after_decode_step. One call for the CUDA runner and the hierarchy bench.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -56,12 +56,14 @@ int64_t BucketedLru::order_bin(int32_t s, int64_t now) const {
   return ((B - 1) - age) * P + std::min(now - age * P - u, P - 1);
 }
 
-std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now) const {
+std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
+                                         const std::function<bool(int32_t)>& eligible) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
   const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
   const auto candidate = [&](size_t s) {
-    return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0;
+    return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0 &&
+           (!eligible || eligible(static_cast<int32_t>(s)));
   };
   // Pass 1: the histogram of candidates over the order's bins.
   std::vector<int64_t> hist(static_cast<size_t>(n_bins), 0);

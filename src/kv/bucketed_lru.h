@@ -20,6 +20,7 @@
 // clock (`now`) is the caller's counter.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,9 @@ class BucketedLru {
   int64_t order_bin(int32_t s, int64_t now) const;
 
   // Up to n victims of `owner` (-1: of every owner) at step `now`, in (bucket, slot) order.
-  std::vector<int32_t> select(int32_t owner, int64_t n, int64_t now) const;
+  // `eligible` (optional) narrows the candidates further (the definition's C: those it accepts).
+  std::vector<int32_t> select(int32_t owner, int64_t n, int64_t now,
+                              const std::function<bool(int32_t)>& eligible = {}) const;
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.

@@ -1,8 +1,9 @@
 #include "kv/tiered_kv.h"
 
 #include <algorithm>
-#include <set>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/error.h"
 
@@ -59,13 +60,18 @@ void TieredKv::add(PageTable& t, int64_t now, int64_t budget) {
   DHS_CHECK(budget >= 0, "tiered KV: budget {} < 0", budget);
   DHS_CHECK(t.page_size() == dev_.page_size(), "tiered KV: table page size {} != the pool's {}", t.page_size(),
             dev_.page_size());
-  Owner& o = owners_.emplace(t.id(), Owner{next_owner_++, &t, budget}).first->second;
+  Owner fresh;
+  fresh.id = next_owner_++;
+  fresh.t = &t;
+  fresh.budget = budget;
+  Owner& o = owners_.emplace(t.id(), std::move(fresh)).first->second;
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
       for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
         const PageRef p = t.page(l, h, i);
         if (p.tier == Tier::Device) track_device(o, p, {&t, l, h, i}, now);
       }
+  o.tracked = t.n_pages_per_list();
 }
 
 TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
@@ -81,9 +87,24 @@ int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).
 std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
-  // The LRU's order over every candidate, then only pages that may move (full ones), and of those
-  // needing a copy only as many as the host tier has room for (a page with a clean host copy
-  // leaves for free).
+  // Room in the host tier for every copy: the first n pages that may move, in the LRU's order —
+  // from the first n + (candidates that may not move) of that order, so the selection's passes
+  // test nothing but the LRU's own arrays.
+  if (host_room >= n) {
+    int64_t fixed = 0;  // resident pages that may not move (the pages lists append into)
+    for (const auto& [id, o] : owners_)
+      if (owner < 0 || o.id == owner) fixed += o.resident - movable_resident(o);
+    for (int32_t s : lru_.select(owner, n + fixed, now)) {
+      const Where& w = dev_where_[static_cast<size_t>(s)];
+      if (!may_move(*w.t, w.idx)) continue;
+      out.push_back(s);
+      if (static_cast<int64_t>(out.size()) == n) break;
+    }
+    return out;
+  }
+  // Else the LRU's order over every candidate, then only pages that may move (full ones), and of
+  // those needing a copy only as many as the host tier has room for (a page with a clean host
+  // copy leaves for free).
   for (int32_t s : lru_.select(owner, lru_.n_slots(), now)) {
     const Where& w = dev_where_[static_cast<size_t>(s)];
     if (!may_move(*w.t, w.idx)) continue;
@@ -166,24 +187,26 @@ TierStats TieredKv::adopt_new_pages(PageTable& t, int64_t now) {
 
 void TieredKv::track_new_pages(PageTable& t, int64_t now) {
   Owner& o = owner_of(t);
+  const int64_t first = std::min(o.tracked, t.n_pages_per_list());  // (below: tracked already)
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
-      for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+      for (int64_t i = first; i < t.n_pages_per_list(); ++i) {
         const PageRef p = t.page(l, h, i);
         if (p.tier == Tier::Device && !lru_.resident(p.slot)) track_device(o, p, {&t, l, h, i}, now);
       }
+  o.tracked = t.n_pages_per_list();
 }
 
 TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages, int64_t now) {
   Owner& o = owner_of(t);
-  std::set<std::tuple<int, int, int64_t>> missing_set;
+  std::vector<PageId> missing;
   std::vector<int32_t> pinned_here;
   TierStats st;
   for (const PageId& id : pages) {
     check_in_table(t, id);
     const PageRef p = t.page(id.layer, id.head, id.idx);
     if (p.tier == Tier::Host) {
-      missing_set.emplace(id.layer, id.head, id.idx);
+      missing.push_back(id);
     } else {
       ++st.hits;
       lru_.touch(p.slot, now);
@@ -193,11 +216,26 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
       }
     }
   }
+  const auto order = [](const PageId& a, const PageId& b) {
+    return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
+  };
+  const auto same = [](const PageId& a, const PageId& b) { return a.layer == b.layer && a.head == b.head && a.idx == b.idx; };
+  std::sort(missing.begin(), missing.end(), order);
+  missing.erase(std::unique(missing.begin(), missing.end(), same), missing.end());
+  recall_pages(o, t, missing, now, pinned_here, st);
+  o.hits += st.hits;
+  totals_.hits += st.hits;
+  return st;
+}
+
+void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing_pages, int64_t now,
+                            std::vector<int32_t>& pinned, TierStats& st) {
   const auto fail = [&](const std::string& why) {
-    for (int32_t s : pinned_here) lru_.set_pinned(s, false);
+    for (int32_t s : pinned) lru_.set_pinned(s, false);
     throw Error("tiered KV: " + why);
   };
-  const int64_t missing = static_cast<int64_t>(missing_set.size());
+  const int64_t missing = static_cast<int64_t>(missing_pages.size());
+  if (missing == 0) return;
   // Room: the request's own pages past its budget, then any request's when the pool is full.
   const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
   // (fewer when the pinned pages alone pass the budget: then the request holds them past it until
@@ -210,10 +248,11 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     // (the own victims' copies count twice against the room here at most: conservative)
     const std::vector<int32_t> more =
         victims(-1, need_any + static_cast<int64_t>(out.size()), now, std::max<int64_t>(0, host_.n_free() - own_copies));
+    std::unordered_set<int32_t> chosen(out.begin(), out.end());
     int64_t added = 0;
     for (int32_t s : more) {
       if (added == need_any) break;
-      if (std::find(out.begin(), out.end(), s) != out.end()) continue;
+      if (!chosen.insert(s).second) continue;
       out.push_back(s);
       ++added;
     }
@@ -226,34 +265,37 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   if (without_copy > host_.n_free())
     fail("the host tier is full (" + std::to_string(without_copy) + " pages to offload, " +
          std::to_string(host_.n_free()) + " free)");
-  evict(out, st);
+  TierStats ev;
+  evict(out, ev);
+  st += ev;
   // The recalls: host -> device, the host slot kept as the page's clean copy.
   std::vector<PageRef> fresh;
   DHS_CHECK(dev_.allocate(missing, &fresh), "tiered KV: device slots vanished during a recall");
   std::vector<PageMove> moves;
-  std::vector<Where> where;
-  size_t k = 0;
-  for (const auto& [l, h, i] : missing_set) {
-    moves.push_back({t.page(l, h, i), fresh[k++]});
-    where.push_back({&t, l, h, i});
+  moves.reserve(missing_pages.size());
+  for (size_t k = 0; k < missing_pages.size(); ++k) {
+    const PageId& id = missing_pages[k];
+    moves.push_back({t.page(id.layer, id.head, id.idx), fresh[k]});
   }
-  st.recall_runs += mover_(host_, dev_, moves);
+  TierStats rc;
+  rc.recall_runs = mover_(host_, dev_, moves);
   if (on_move_)
     for (const PageMove& m : moves) on_move_(m.src, m.dst);
-  st.recalled += missing;
+  rc.recalled = missing;
   for (size_t j = 0; j < moves.size(); ++j) {
-    const Where& w = where[j];
+    const PageId& id = missing_pages[j];
     const PageRef d = moves[j].dst;
-    track_device(o, d, w, now);
+    track_device(o, d, {&t, id.layer, id.head, id.idx}, now);
     host_copy_[static_cast<size_t>(d.slot)] = moves[j].src.slot;
     lru_.set_pinned(d.slot, true);
-    t.relocate(w.layer, w.head, w.idx, d);
-    if (on_relocate_) on_relocate_(t, w.layer, w.head, w.idx);
+    pinned.push_back(d.slot);
+    t.relocate(id.layer, id.head, id.idx, d);
+    if (on_relocate_) on_relocate_(t, id.layer, id.head, id.idx);
   }
-  o.hits += st.hits;
   o.recalled += missing;
-  totals_ += st;
-  return st;
+  totals_ += ev;
+  totals_ += rc;
+  st += rc;
 }
 
 TierStats TieredKv::request_stats(const PageTable& t) const {
@@ -286,13 +328,15 @@ TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int6
 
 TierStats TieredKv::touch_slots(std::span<const int32_t> slots, int64_t now) {
   TierStats st;
+  std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);  // hits per owner id
   for (int32_t s : slots) {
     DHS_CHECK(s >= 0 && s < lru_.n_slots(), "tiered KV: device slot {} outside [0, {})", s, lru_.n_slots());
     if (!lru_.resident(s)) continue;
     lru_.touch(s, now);
-    ++owner_of(*dev_where_[static_cast<size_t>(s)].t).hits;
+    ++by_owner[static_cast<size_t>(lru_.owner(s))];
     ++st.hits;
   }
+  for (auto& [id, o] : owners_) o.hits += by_owner[static_cast<size_t>(o.id)];
   totals_ += st;
   return st;
 }
@@ -305,41 +349,121 @@ bool TieredKv::page_at(int32_t slot, const PageTable** t, PageId* id) const {
   return true;
 }
 
-TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
-  Owner& o = owner_of(t);
-  // The listed pages, once each: those resident stay (pinned by ensure_resident), the missing
-  // ones come in order while the budget has room beside them.
-  std::set<std::tuple<int, int, int64_t>> seen;
-  std::vector<PageId> keep, missing;
-  int64_t keep_movable = 0;
-  for (const PageId& id : pages) {
-    if (!seen.emplace(id.layer, id.head, id.idx).second) continue;
-    check_in_table(t, id);
-    if (t.page(id.layer, id.head, id.idx).tier == Tier::Host) {
-      missing.push_back(id);
-    } else {
-      keep.push_back(id);
-      keep_movable += may_move(t, id.idx);
-    }
+void TieredKv::begin_dedupe(Owner& o, const PageTable& t) {
+  const size_t n_all = static_cast<size_t>(t.n_layers()) * static_cast<size_t>(t.n_heads_kv()) *
+                       static_cast<size_t>(t.n_pages_per_list());
+  if (o.seen.size() < n_all) o.seen.resize(n_all, 0);
+  if (++o.epoch == 0) {  // (wrapped: the stamps start over)
+    std::fill(o.seen.begin(), o.seen.end(), 0);
+    o.epoch = 1;
   }
-  if (missing.empty()) return {};
+}
+
+bool TieredKv::first_time(Owner& o, const PageTable& t, const PageId& id) {
+  check_in_table(t, id);
+  uint32_t& stamp = o.seen[(static_cast<size_t>(id.layer) * static_cast<size_t>(t.n_heads_kv()) + static_cast<size_t>(id.head)) *
+                               static_cast<size_t>(t.n_pages_per_list()) +
+                           static_cast<size_t>(id.idx)];
+  if (stamp == o.epoch) return false;
+  stamp = o.epoch;
+  return true;
+}
+
+TierStats TieredKv::recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
+                                    std::vector<int32_t>& pinned) {
+  const auto unpin = [&] {
+    for (int32_t slot : pinned)
+      if (lru_.resident(slot)) lru_.set_pinned(slot, false);
+  };
   const int64_t room = o.budget == kUnlimited ? static_cast<int64_t>(missing.size()) : o.budget - keep_movable;
-  if (room <= 0) return {};
+  if (missing.empty() || room <= 0) {
+    unpin();
+    return {};
+  }
   missing.resize(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(missing.size()))));
-  const int64_t hits_before = o.hits;
-  keep.insert(keep.end(), missing.begin(), missing.end());
+  std::sort(missing.begin(), missing.end(), [](const PageId& a, const PageId& b) {
+    return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
+  });
   TierStats st;
   try {
-    st = ensure_resident(t, keep, now);
+    recall_pages(o, t, missing, now, pinned, st);
   } catch (const Error&) {
     return {};  // (no room now: changed nothing but LRU stamps of pages that were read anyway)
   }
-  // Unpin what the call pinned (nothing else is pinned between steps), and count the call's
-  // resident pages as no new hits: note_reads counted them when the step read them.
-  lru_.unpin_all();
-  totals_.hits -= st.hits;
-  o.hits = hits_before;
-  st.hits = 0;
+  unpin();  // (nothing else is pinned between steps)
+  return st;
+}
+
+TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
+  Owner& o = owner_of(t);
+  // The listed pages, once each: those resident stay (pinned for the call, touched at `now`), the
+  // missing ones come in order while the budget has room beside them. The cost is the list's
+  // length, not the pool's. No hits are counted: the step's reads were counted when it read them.
+  begin_dedupe(o, t);
+  std::vector<PageId> missing;
+  std::vector<int32_t> pinned;
+  int64_t keep_movable = 0;
+  for (const PageId& id : pages) {
+    if (!first_time(o, t, id)) continue;
+    const PageRef p = t.page(id.layer, id.head, id.idx);
+    if (p.tier == Tier::Host) {
+      missing.push_back(id);
+      continue;
+    }
+    keep_movable += may_move(t, id.idx);
+    lru_.touch(p.slot, now);
+    if (!lru_.pinned(p.slot)) {
+      lru_.set_pinned(p.slot, true);
+      pinned.push_back(p.slot);
+    }
+  }
+  return recall_ahead_of(o, t, std::move(missing), keep_movable, now, pinned);
+}
+
+TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
+                                      std::span<PageTable* const> tables, int64_t now) {
+  DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
+            stamps.size(), lru_.n_slots());
+  TierStats st;
+  // The hits, in slot order: touched, counted per owner.
+  std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
+  for (int32_t s = 0; s < lru_.n_slots(); ++s) {
+    if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
+    lru_.touch(s, now);
+    ++by_owner[static_cast<size_t>(lru_.owner(s))];
+  }
+  for (auto& [id, o] : owners_) {
+    o.hits += by_owner[static_cast<size_t>(o.id)];
+    st.hits += by_owner[static_cast<size_t>(o.id)];
+  }
+  totals_.hits += st.hits;
+  std::vector<std::vector<PageId>> late_of(tables.size());
+  for (const LateRead& r : late) {
+    DHS_CHECK(r.seq >= 0 && static_cast<size_t>(r.seq) < tables.size(), "tiered KV: late read of sequence {} of {}", r.seq,
+              tables.size());
+    late_of[static_cast<size_t>(r.seq)].push_back(r.page);
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    PageTable& t = *tables[i];
+    Owner& o = owner_of(t);
+    const TierStats noted = note_reads(t, late_of[i], now);
+    st.late += noted.late;
+    st.hits += noted.hits;  // (none: the log holds host pages; a page moved since is a hit)
+    // The resident pages it read that may move: its hits less those of the pages it appends into.
+    int64_t keep_movable = by_owner[static_cast<size_t>(o.id)];
+    for (int l = 0; l < t.n_layers(); ++l)
+      for (int h = 0; h < t.n_heads_kv(); ++h)
+        for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
+          const PageRef p = t.page(l, h, j);
+          keep_movable -= p.tier == Tier::Device && stamps[static_cast<size_t>(p.slot)] == stamp;
+        }
+    begin_dedupe(o, t);
+    std::vector<PageId> missing;
+    for (const PageId& id : late_of[i])
+      if (first_time(o, t, id) && t.page(id.layer, id.head, id.idx).tier == Tier::Host) missing.push_back(id);
+    std::vector<int32_t> pinned;
+    st += recall_ahead_of(o, t, std::move(missing), keep_movable, now, pinned);
+  }
   return st;
 }
 
@@ -390,6 +514,7 @@ bool TieredKv::swap_out(PageTable& t, int64_t now) {
       }
   if (copies > host_.n_free()) return false;  // (nothing changed yet)
   t.truncate(free_page_cb, this, t.n_tokens());  // the reserved pages past its tokens
+  o.tracked = std::min(o.tracked, t.n_pages_per_list());
   o.swapped = true;
   TierStats st;
   evict(slots, st);
@@ -456,8 +581,9 @@ TierStats TieredKv::prepare_append(PageTable& t, int64_t now) {
 }
 
 TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
-  owner_of(t);  // registered
+  Owner& reg = owner_of(t);  // registered
   t.truncate(free_page_cb, this, n_tokens);
+  reg.tracked = std::min(reg.tracked, t.n_pages_per_list());
   // The page each list appends into again: back and without a copy now, or, when the tiers have
   // no room for that now, before the next append (prepare_append, which the runner calls).
   TierStats st;

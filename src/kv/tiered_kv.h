@@ -101,6 +101,21 @@ class TieredKv {
   // place). Pins nothing past the call.
   TierStats recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now);
 
+  // A decode step on the recall-ahead schedule as the GPU records it: a stamp per device slot
+  // (stamps[s] == stamp: the step read slot s; [n_slots]) and its late reads by (sequence, page),
+  // in the order read. One pass over the stamps touches the hits and counts them per request (no
+  // per-hit work beyond that: a step at 128k x 4 reads millions of pages); the late reads are
+  // noted, and each sequence's late pages recalled for the next step in the order read, as far as
+  // its budget has room beside the pages it read that are resident (recall_ahead's rule). Those are
+  // not pinned: they were touched now, so the LRU's order takes every older page first, and the
+  // request's own evictions never reach them. tables[i]: sequence i's table.
+  struct LateRead {
+    int seq;
+    PageId page;
+  };
+  TierStats after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
+                              std::span<PageTable* const> tables, int64_t now);
+
   // Offloads up to n of t's least recently used full, unpinned device pages (fewer when the host
   // tier has no room for their copies); returns the stats.
   TierStats offload(PageTable& t, int64_t n, int64_t now);
@@ -179,13 +194,20 @@ class TieredKv {
     int64_t idx = 0;
   };
   struct Owner {
-    int32_t id;
-    PageTable* t;
-    int64_t budget;
+    int32_t id = 0;
+    PageTable* t = nullptr;
+    int64_t budget = 0;
     int64_t resident = 0;
     bool swapped = false;  // swap_out: every page may move, none is appended to
     int64_t hits = 0, recalled = 0;  // its ensure_resident / note_reads / recall_ahead calls
     int64_t late = 0;                // its note_reads of host pages
+    // Pages per list that track_new_pages has seen: pages come from t.reserve at the lists' ends,
+    // and truncations go through truncate / swap_out, which lower the mark.
+    int64_t tracked = 0;
+    // recall_ahead's once-each check: a stamp per page of the table ((layer, head) major), the
+    // call's own stamp `epoch` (no clearing between calls).
+    std::vector<uint32_t> seen;
+    uint32_t epoch = 0;
   };
   Owner& owner_of(const PageTable& t);
   // Throws dhs::Error naming the page when id is outside t.
@@ -203,6 +225,21 @@ class TieredKv {
                             (t.n_pages_per_list() - t.n_tokens() / t.page_size());
   }
   void track_device(Owner& o, PageRef p, const Where& w, int64_t now);
+  // recall_ahead's once-each check over t's pages: begin_dedupe starts a call, first_time(id)
+  // is true the first time the call sees id (and checks it is in t).
+  void begin_dedupe(Owner& o, const PageTable& t);
+  bool first_time(Owner& o, const PageTable& t, const PageId& id);
+  // recall_ahead's rule: `missing` (host pages of t, once each, in the order read) recalled as far
+  // as t's budget has room beside keep_movable resident pages it read, evicting by the budgets;
+  // best effort (no room: nothing). Every slot in `pinned` is unpinned on return.
+  TierStats recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
+                            std::vector<int32_t>& pinned);
+  // The recall half of ensure_resident: `missing` (host pages of t, once each, in (layer, head,
+  // index) order) brought in, evicting by the budgets; the recalled slots are pinned and added to
+  // `pinned`. Throws dhs::Error, unpinning `pinned` and changing nothing else, when the room is not
+  // there. Fills st (recalls, evictions).
+  void recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing, int64_t now, std::vector<int32_t>& pinned,
+                    TierStats& st);
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most

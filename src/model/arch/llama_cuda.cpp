@@ -211,6 +211,7 @@ void LlamaCuda::allocate_kv() {
     read_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n_pages + 1) * 4));  // (+1: the count)
     DHS_CUDA_CHECK(cudaMallocHost(&read_count_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&stamp_h_, 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&last_use_h_, static_cast<size_t>(n_pages) * 4));
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
@@ -467,6 +468,7 @@ LlamaCuda::~LlamaCuda() {
   if (late_count_h_) cudaFreeHost(late_count_h_);
   if (read_count_h_) cudaFreeHost(read_count_h_);
   if (stamp_h_) cudaFreeHost(stamp_h_);
+  if (last_use_h_) cudaFreeHost(last_use_h_);
   if (move_h_) cudaFreeHost(move_h_);
   if (move_d_) cudaFree(move_d_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
@@ -822,6 +824,14 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
                           stream_);
 }
 
+std::vector<int32_t> LlamaCuda::read_slots() const {
+  std::vector<int32_t> out;
+  if (!stamps_valid_) return out;
+  for (int64_t s = 0; s < pool_->n_pages(); ++s)
+    if (last_use_h_[s] == stamp_) out.push_back(static_cast<int32_t>(s));
+  return out;
+}
+
 int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
   DHS_CHECK(host_pool_, "move_pages: no host tier");
   DHS_CHECK(src.tier() != dst.tier(), "move_pages: both pools of one tier");
@@ -979,13 +989,13 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     logits->resize(static_cast<size_t>(n_out_real * cfg_.vocab_size));
     DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
   }
+  // The HBM reads' stamps (a decode step with the host tier): what the hierarchy's after-step
+  // reads in one pass (TieredKv::after_decode_step), rather than a list of millions of slots.
+  stamps_valid_ = host_pool_ && step.decode;
+  if (stamps_valid_)
+    DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
   table_->step_done();
-  read_slots_.clear();
-  if (host_pool_ && step.decode && *read_count_h_ > 0) {  // (each slot once; at most n_pages of them)
-    read_slots_.resize(static_cast<size_t>(std::min<int64_t>(*read_count_h_, pool_->n_pages())));
-    DHS_CUDA_CHECK(cudaMemcpy(read_slots_.data(), read_d_, read_slots_.size() * 4, cudaMemcpyDeviceToHost));
-  }
   late_reads_.clear();
   late_overflow_ = false;
   if (host_pool_ && step.decode) {

@@ -215,8 +215,15 @@ class LlamaCuda {
     int32_t page;
   };
   const std::vector<LateRead>& late_reads() const { return late_reads_; }
-  // The HBM slots the last decode step read (its hits; each once).
-  const std::vector<int32_t>& read_slots() const { return read_slots_; }
+  // The last decode step's reads of HBM: read_stamps()[s] == read_stamp() when it read slot s
+  // ([n_pages] of the HBM pool, copied back with the step; read_stamp() is -1 after any other
+  // step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
+  // the benches).
+  std::span<const int32_t> read_stamps() const {
+    return {last_use_h_, last_use_h_ ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
+  }
+  int32_t read_stamp() const { return stamps_valid_ ? stamp_ : -1; }
+  std::vector<int32_t> read_slots() const;
   // The last step logged more late reads than the log holds (those past it were not logged; the
   // log holds every page a step's lists can name, up to kLateLogMax).
   bool late_log_overflowed() const { return late_overflow_; }
@@ -324,7 +331,8 @@ class LlamaCuda {
   int32_t* stamp_d_ = nullptr;
   int32_t* stamp_h_ = nullptr;     // pinned [1]
   int32_t stamp_ = 0;
-  std::vector<int32_t> read_slots_;
+  int32_t* last_use_h_ = nullptr;  // pinned [n_pages]: last_use_d_ after each decode step
+  bool stamps_valid_ = false;      // the last step was a decode step with the host tier
   bool late_overflow_ = false;
   int32_t* move_h_ = nullptr;      // pinned: [n, 2] slot pairs, [n, 2] key pairs, the count
   int32_t* move_d_ = nullptr;

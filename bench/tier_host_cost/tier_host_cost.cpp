@@ -1,0 +1,154 @@
+// Host time per decode step of the KV hierarchy's bookkeeping on the recall-ahead schedule, at the
+// page counts of the Llama-3.1-8B shape (32 layers x 8 KV heads, 16-token pages): TieredKv over
+// storage-less pools (no bytes move: the copies are the GPU's), B requests of ctx tokens, each
+// (request, layer, KV head) list selecting a fixed fraction of its pages, a fraction `churn` of
+// them replaced by other pages every step (a real churn: the recalls need victims). Per step:
+// what the runner calls before it (track_new_pages, prepare_append, adopt_new_pages) and after it
+// (after_decode_step: hits by stamp, late reads, recalls ahead), timed apart. The first steps read
+// everything late (warm-up); budgets are then the pages read x (1 + buffer).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "kv/tiered_kv.h"
+
+using namespace dhs;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Host time per decode step of the KV hierarchy's bookkeeping (recall ahead) at the 8B shape's sizes"};
+  int64_t ctx = 131072, batch = 4;
+  double read_frac = 0.305, buffer = 0.5, churn = 0.055, hbm_gib = 32.0;
+  int steps = 8, warm = 3;
+  std::string out, commit = "unknown", machine = "unknown";
+  app.add_option("--ctx", ctx)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--read-frac", read_frac, "fraction of each list's pages a step reads")->capture_default_str();
+  app.add_option("--buffer", buffer)->capture_default_str();
+  app.add_option("--churn", churn, "fraction of each list's selection replaced every step")->capture_default_str();
+  app.add_option("--hbm-gib", hbm_gib, "HBM KV pool (8 KiB head-pages)")->capture_default_str();
+  app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--warm", warm, "steps before the timed ones (the budgets fill: evictions start)")->capture_default_str();
+  app.add_option("--out", out, "a JSON line is appended here");
+  app.add_option("--commit", commit);
+  app.add_option("--machine", machine, "where it ran (recorded)");
+  CLI11_PARSE(app, argc, argv);
+  constexpr int L = 32, H = 8, P = 16, D = 128;
+  const int64_t page_bytes = 2 * P * D * 2;
+  const int64_t n_dev = static_cast<int64_t>(hbm_gib * 1073741824.0) / page_bytes;
+  const int64_t per_list = ctx / P, n_host = batch * per_list * L * H + n_dev;
+  PagePool dev(Tier::Device, n_dev, P, D, false), host(Tier::Host, n_host, P, D, false);
+  TieredKv kv(dev, host, LruParams{L, 4, true});
+  kv.set_mover([](const PagePool&, PagePool&, std::span<const PageMove> m) { return m.empty() ? int64_t{0} : int64_t{1}; });
+  std::vector<std::unique_ptr<PageTable>> ts;
+  std::vector<PageTable*> tables;
+  int64_t step = 0;
+  for (int64_t r = 0; r < batch; ++r) {
+    ts.push_back(std::make_unique<PageTable>(L, H, P));
+    PageTable& t = *ts.back();
+    t.reserve(host, ctx);
+    t.commit(ctx);
+    t.reserve(dev, 1);
+    kv.add(t, 0);
+    tables.push_back(&t);
+  }
+  // The selections: per list, read_frac of its full pages, at random; each step `churn` of them
+  // replaced by pages not selected.
+  std::mt19937_64 rng(11);
+  const int64_t sel_n = static_cast<int64_t>(read_frac * static_cast<double>(per_list));
+  std::vector<std::vector<int64_t>> sel(static_cast<size_t>(batch * L * H));
+  for (auto& v : sel) {
+    std::vector<int64_t> all(static_cast<size_t>(per_list));
+    for (int64_t i = 0; i < per_list; ++i) all[static_cast<size_t>(i)] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    v.assign(all.begin(), all.begin() + sel_n);
+  }
+  std::printf("ctx %lld batch %lld: %lld pages per list, %lld read (%.3f), HBM pool %lld pages, churn %.3f, buffer %.2f\n",
+              static_cast<long long>(ctx), static_cast<long long>(batch), static_cast<long long>(per_list),
+              static_cast<long long>(sel_n), read_frac, static_cast<long long>(n_dev), churn, buffer);
+  using Clock = std::chrono::steady_clock;
+  double sum_before = 0, sum_after = 0;
+  std::vector<int32_t> stamps(static_cast<size_t>(n_dev), 0);
+  int32_t stamp = 0;
+  TierStats sum;
+  for (int s = 0; s < warm + steps; ++s) {
+    const int64_t now = (step + 1) * L;
+    auto t0 = Clock::now();
+    for (PageTable* t : tables) kv.track_new_pages(*t, now);
+    for (PageTable* t : tables) kv.prepare_append(*t, now);
+    for (PageTable* t : tables) kv.adopt_new_pages(*t, now);
+    const double before_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    // What the GPU records: a stamp per HBM slot read, the late pages in list order.
+    ++stamp;
+    std::vector<TieredKv::LateRead> late;
+    for (int64_t r = 0; r < batch; ++r)
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h) {
+          for (int64_t i : sel[static_cast<size_t>((r * L + l) * H + h)]) {
+            const PageRef p = tables[static_cast<size_t>(r)]->page(l, h, i);
+            if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = stamp;
+            else late.push_back({static_cast<int>(r), PageId{l, h, i}});
+          }
+          const PageTable& t = *tables[static_cast<size_t>(r)];  // (and the page it appends into)
+          stamps[static_cast<size_t>(t.page(l, h, t.n_pages_per_list() - 1).slot)] = stamp;
+        }
+    t0 = Clock::now();
+    const TierStats st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1);
+    const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    ++step;
+    if (s == 0)
+      for (PageTable* t : tables)
+        kv.set_budget(*t, static_cast<int64_t>(static_cast<double>(sel_n * L * H) * (1.0 + buffer)), (step + 1) * L);
+    std::printf("step %2d: before %8.2f ms, after %8.2f ms: hits %8lld late %8lld recalled %8lld offloaded %7lld dropped %7lld\n", s,
+                before_ms, after_ms, static_cast<long long>(st.hits), static_cast<long long>(st.late),
+                static_cast<long long>(st.recalled), static_cast<long long>(st.offloaded), static_cast<long long>(st.dropped));
+    if (s >= warm) {
+      sum_before += before_ms;
+      sum_after += after_ms;
+      sum += st;
+    }
+    // Churn: per list, `churn` of the selection replaced by unselected pages.
+    for (auto& v : sel) {
+      const int64_t k = static_cast<int64_t>(churn * static_cast<double>(v.size()) + 0.5);
+      std::vector<uint8_t> in(static_cast<size_t>(per_list), 0);
+      for (int64_t i : v) in[static_cast<size_t>(i)] = 1;
+      std::shuffle(v.begin(), v.end(), rng);
+      std::uniform_int_distribution<int64_t> pick(0, per_list - 1);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t x;
+        do x = pick(rng);
+        while (in[static_cast<size_t>(x)]);
+        in[static_cast<size_t>(x)] = 1;
+        in[static_cast<size_t>(v[static_cast<size_t>(j)])] = 0;
+        v[static_cast<size_t>(j)] = x;
+      }
+    }
+  }
+  const std::string bad = kv.check_invariants();
+  std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
+              sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
+              bad.empty() ? "invariants hold" : bad.c_str());
+  if (!out.empty()) {
+    std::FILE* f = std::fopen(out.c_str(), "a");
+    if (f) {
+      std::fprintf(f,
+                   "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"llama-3.1-8b pages\",\"ctx\":%lld,\"batch\":%lld,"
+                   "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
+                   "\"after_step_ms\":%.3f,\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
+                   "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
+                   commit.c_str(), machine.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
+                   hbm_gib, steps, sum_before / steps, sum_after / steps,
+                   static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
+                   static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
+      std::fclose(f);
+    }
+  }
+  return bad.empty() ? 0 : 1;
+}
