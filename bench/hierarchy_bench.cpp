@@ -154,12 +154,19 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         const int64_t host_tokens = opts.ctx - dev_tokens;
         DHS_CHECK(host_tokens / P * lists <= tiers->host().n_free(), "--hierarchy: the host tier holds {} pages, batch {} at {} needs more",
                   host_pages, batch, opts.ctx);
-        if (dev_tokens > 0) DHS_CHECK(t.reserve(m->allocator(), dev_tokens), "--hierarchy: HBM reserve");
-        if (host_tokens > 0) DHS_CHECK(t.reserve(tiers->host(), host_tokens), "--hierarchy: host reserve");
+        // (reserve: room for n tokens past the committed ones)
+        if (dev_tokens > 0) {
+          DHS_CHECK(t.reserve(m->allocator(), dev_tokens), "--hierarchy: HBM reserve");
+          t.commit(dev_tokens);
+        }
+        if (host_tokens > 0) {
+          DHS_CHECK(t.reserve(tiers->host(), host_tokens), "--hierarchy: host reserve");
+          t.commit(host_tokens);
+        }
       } else {
         DHS_CHECK(t.reserve(m->allocator(), opts.ctx), "--hierarchy: HBM reserve");
+        t.commit(opts.ctx);
       }
-      t.commit(opts.ctx);
       tables.push_back(&t);
       reqs.push_back(StepRequest{.table = &t, .slot = static_cast<int>(r), .tokens = &tok[static_cast<size_t>(r)], .n_new = 1});
       seqs.push_back(LlamaCuda::Seq{&t, static_cast<int>(r), &tok[static_cast<size_t>(r)], 1});
