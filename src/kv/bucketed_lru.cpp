@@ -93,6 +93,63 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
   return out;
 }
 
+std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::pair<int32_t, int64_t>> wants,
+                                                          int64_t now) const {
+  const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
+  std::vector<std::vector<int32_t>> out(wants.size());
+  int32_t max_owner = -1;
+  for (const auto& [o, n] : wants) {
+    DHS_CHECK(o >= 0, "LRU select_many: owner {}", o);
+    max_owner = std::max(max_owner, o);
+  }
+  std::vector<int32_t> want_of(static_cast<size_t>(max_owner + 1), -1);  // owner -> index in wants
+  for (size_t i = 0; i < wants.size(); ++i) {
+    DHS_CHECK(want_of[static_cast<size_t>(wants[i].first)] < 0, "LRU select_many: owner {} twice", wants[i].first);
+    if (wants[i].second > 0) want_of[static_cast<size_t>(wants[i].first)] = static_cast<int32_t>(i);
+  }
+  const auto index = [&](size_t s) -> int32_t {  // the want a slot is a candidate of, or -1
+    const int32_t o = owner_[s];
+    if (o < 0 || o > max_owner || pinned_[s] != 0) return -1;
+    return want_of[static_cast<size_t>(o)];
+  };
+  // Pass 1: each owner's histogram over the order's bins; then its cut, as select's.
+  std::vector<int64_t> hist(wants.size() * static_cast<size_t>(n_bins), 0);
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    const int32_t i = index(s);
+    if (i < 0) continue;
+    DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
+    ++hist[static_cast<size_t>(i) * static_cast<size_t>(n_bins) + static_cast<size_t>(order_bin(static_cast<int32_t>(s), now))];
+  }
+  std::vector<int64_t> cut(wants.size(), 0), take_in_cut(wants.size(), 0), taken(wants.size(), 0);
+  std::vector<std::vector<std::vector<int32_t>>> by_bin(wants.size());
+  for (size_t i = 0; i < wants.size(); ++i) {
+    const int64_t n = wants[i].second;
+    if (n <= 0) continue;
+    const int64_t* h = &hist[i * static_cast<size_t>(n_bins)];
+    int64_t c = 0, before = 0;
+    while (c < n_bins && before + h[c] < n) before += h[c++];
+    cut[i] = c;
+    take_in_cut[i] = c < n_bins ? n - before : 0;
+    by_bin[i].resize(static_cast<size_t>(std::min<int64_t>(c + 1, n_bins)));
+  }
+  // Pass 2: in slot order, as select's.
+  for (size_t s = 0; s < owner_.size(); ++s) {
+    const int32_t i = index(s);
+    if (i < 0) continue;
+    const size_t k = static_cast<size_t>(i);
+    const int64_t b = order_bin(static_cast<int32_t>(s), now);
+    if (b < cut[k]) {
+      by_bin[k][static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+    } else if (b == cut[k] && taken[k] < take_in_cut[k]) {
+      by_bin[k][static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
+      ++taken[k];
+    }
+  }
+  for (size_t i = 0; i < wants.size(); ++i)
+    for (const auto& v : by_bin[i]) out[i].insert(out[i].end(), v.begin(), v.end());
+  return out;
+}
+
 std::string BucketedLru::check_invariants(int64_t now) const {
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (owner_[s] < -1) return "slot " + std::to_string(s) + " has owner " + std::to_string(owner_[s]);

@@ -21,7 +21,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dhs {
@@ -62,6 +64,10 @@ class BucketedLru {
   // `eligible` (optional) narrows the candidates further (the definition's C: those it accepts).
   std::vector<int32_t> select(int32_t owner, int64_t n, int64_t now,
                               const std::function<bool(int32_t)>& eligible = {}) const;
+
+  // select(owner, n, now) for several owners at once (each owner >= 0, once), in two passes over
+  // the slots for all of them: [wants.size()] lists, each what select would return.
+  std::vector<std::vector<int32_t>> select_many(std::span<const std::pair<int32_t, int64_t>> wants, int64_t now) const;
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.

@@ -229,7 +229,7 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
 }
 
 void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing_pages, int64_t now,
-                            std::vector<int32_t>& pinned, TierStats& st) {
+                            std::vector<int32_t>& pinned, TierStats& st, const std::vector<int32_t>* own_victims) {
   const auto fail = [&](const std::string& why) {
     for (int32_t s : pinned) lru_.set_pinned(s, false);
     throw Error("tiered KV: " + why);
@@ -240,7 +240,16 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
   const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
   // (fewer when the pinned pages alone pass the budget: then the request holds them past it until
   // end_step)
-  std::vector<int32_t> out = victims(o.id, need_own, now, host_.n_free());
+  std::vector<int32_t> out;
+  if (own_victims) {  // chosen beforehand: those still its own, unpinned pages, in their order
+    for (int32_t s : *own_victims) {
+      if (static_cast<int64_t>(out.size()) == need_own) break;
+      if (lru_.resident(s) && lru_.owner(s) == o.id && !lru_.pinned(s)) out.push_back(s);
+    }
+    if (static_cast<int64_t>(out.size()) < need_own) out = victims(o.id, need_own, now, host_.n_free());
+  } else {
+    out = victims(o.id, need_own, now, host_.n_free());
+  }
   const int64_t need_any = std::max<int64_t>(0, missing - (dev_.n_free() + static_cast<int64_t>(out.size())));
   if (need_any > 0) {
     int64_t own_copies = 0;
@@ -369,29 +378,64 @@ bool TieredKv::first_time(Owner& o, const PageTable& t, const PageId& id) {
   return true;
 }
 
-TierStats TieredKv::recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
-                                    std::vector<int32_t>& pinned) {
-  const auto unpin = [&] {
-    for (int32_t slot : pinned)
-      if (lru_.resident(slot)) lru_.set_pinned(slot, false);
-  };
+int64_t TieredKv::ahead_plan(const Owner& o, std::vector<PageId>& missing, int64_t keep_movable) const {
   const int64_t room = o.budget == kUnlimited ? static_cast<int64_t>(missing.size()) : o.budget - keep_movable;
   if (missing.empty() || room <= 0) {
-    unpin();
-    return {};
+    missing.clear();
+    return 0;
   }
   missing.resize(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(missing.size()))));
   std::sort(missing.begin(), missing.end(), [](const PageId& a, const PageId& b) {
     return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
   });
+  return std::max<int64_t>(0, movable_resident(o) + static_cast<int64_t>(missing.size()) - o.budget);  // (recall_pages' need)
+}
+
+TierStats TieredKv::recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
+                                    std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims) {
+  const auto unpin = [&] {
+    for (int32_t slot : pinned)
+      if (lru_.resident(slot)) lru_.set_pinned(slot, false);
+  };
+  ahead_plan(o, missing, keep_movable);
+  if (missing.empty()) {
+    unpin();
+    return {};
+  }
   TierStats st;
   try {
-    recall_pages(o, t, missing, now, pinned, st);
+    recall_pages(o, t, missing, now, pinned, st, own_victims);
   } catch (const Error&) {
     return {};  // (no room now: changed nothing but LRU stamps of pages that were read anyway)
   }
   unpin();  // (nothing else is pinned between steps)
   return st;
+}
+
+std::optional<std::vector<std::vector<int32_t>>> TieredKv::victims_many(std::span<const std::pair<int32_t, int64_t>> wants,
+                                                                        int64_t now) const {
+  int64_t total = 0;
+  for (const auto& [id, n] : wants) total += n;
+  if (host_.n_free() < total) return std::nullopt;  // (the room for copies could bind: one at a time)
+  // As victims' fast path, per owner: the first n + (its pages that may not move) of its order.
+  std::unordered_map<int32_t, const Owner*> by_id;
+  for (const auto& [tid, o] : owners_) by_id.emplace(o.id, &o);
+  std::vector<std::pair<int32_t, int64_t>> asks;
+  for (const auto& [id, n] : wants) {
+    const Owner& o = *by_id.at(id);
+    asks.emplace_back(id, n > 0 ? n + o.resident - movable_resident(o) : 0);
+  }
+  std::vector<std::vector<int32_t>> out = lru_.select_many(asks, now);
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<int32_t> keep;
+    for (int32_t s : out[i]) {
+      if (static_cast<int64_t>(keep.size()) == wants[i].second) break;
+      const Where& w = dev_where_[static_cast<size_t>(s)];
+      if (may_move(*w.t, w.idx)) keep.push_back(s);
+    }
+    out[i] = std::move(keep);
+  }
+  return out;
 }
 
 TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, int64_t now) {
@@ -443,6 +487,11 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
               tables.size());
     late_of[static_cast<size_t>(r.seq)].push_back(r.page);
   }
+  // Each request's plan (its late pages to recall, cut to its room), then every request's own
+  // victims in one pass over the LRU, then the recalls.
+  std::vector<std::vector<PageId>> missing_of(tables.size());
+  std::vector<int64_t> keep_of(tables.size(), 0);
+  std::vector<std::pair<int32_t, int64_t>> wants;
   for (size_t i = 0; i < tables.size(); ++i) {
     PageTable& t = *tables[i];
     Owner& o = owner_of(t);
@@ -458,11 +507,17 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
           keep_movable -= p.tier == Tier::Device && stamps[static_cast<size_t>(p.slot)] == stamp;
         }
     begin_dedupe(o, t);
-    std::vector<PageId> missing;
+    std::vector<PageId>& missing = missing_of[i];
     for (const PageId& id : late_of[i])
       if (first_time(o, t, id) && t.page(id.layer, id.head, id.idx).tier == Tier::Host) missing.push_back(id);
+    keep_of[i] = keep_movable;
+    wants.emplace_back(o.id, ahead_plan(o, missing, keep_movable));
+  }
+  const auto victims_of = victims_many(wants, now);
+  for (size_t i = 0; i < tables.size(); ++i) {
     std::vector<int32_t> pinned;
-    st += recall_ahead_of(o, t, std::move(missing), keep_movable, now, pinned);
+    st += recall_ahead_of(owner_of(*tables[i]), *tables[i], std::move(missing_of[i]), keep_of[i], now, pinned,
+                          victims_of ? &(*victims_of)[i] : nullptr);
   }
   return st;
 }

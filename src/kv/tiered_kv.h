@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -233,13 +234,21 @@ class TieredKv {
   // as t's budget has room beside keep_movable resident pages it read, evicting by the budgets;
   // best effort (no room: nothing). Every slot in `pinned` is unpinned on return.
   TierStats recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
-                            std::vector<int32_t>& pinned);
+                            std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims = nullptr);
+  // recall_ahead_of's first half: `missing` cut to the room and sorted; its own evictions' count.
+  int64_t ahead_plan(const Owner& o, std::vector<PageId>& missing, int64_t keep_movable) const;
   // The recall half of ensure_resident: `missing` (host pages of t, once each, in (layer, head,
   // index) order) brought in, evicting by the budgets; the recalled slots are pinned and added to
   // `pinned`. Throws dhs::Error, unpinning `pinned` and changing nothing else, when the room is not
   // there. Fills st (recalls, evictions).
+  // own_victims (optional): the request's own victims chosen beforehand (in the LRU's order, at
+  // least as many as it needs: after_decode_step picks every request's in one pass).
   void recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing, int64_t now, std::vector<int32_t>& pinned,
-                    TierStats& st);
+                    TierStats& st, const std::vector<int32_t>* own_victims = nullptr);
+  // The victims of several requests at once, as victims(o, n, now, host room) would pick each
+  // (their own pages only; nullopt when the host tier's room could bind: then one at a time).
+  std::optional<std::vector<std::vector<int32_t>>> victims_many(std::span<const std::pair<int32_t, int64_t>> wants,
+                                                                int64_t now) const;
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most

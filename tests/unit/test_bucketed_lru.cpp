@@ -74,6 +74,9 @@ TEST(BucketedLru, RefusesMisuse) {
   EXPECT_THROW(lru.set_pinned(0, true), Error);
   EXPECT_THROW(lru.insert(4, 0, 0), Error);  // out of range
   EXPECT_THROW(BucketedLru(4, {.bucket_steps = 0, .n_buckets = 4}), Error);
+  const std::vector<std::pair<int32_t, int64_t>> twice = {{3, 1}, {3, 2}}, negative = {{-1, 1}};
+  EXPECT_THROW(lru.select_many(twice, 0), Error);
+  EXPECT_THROW(lru.select_many(negative, 0), Error);
 }
 
 TEST(BucketedLru, MatchesTheBruteForceDefinition) {
@@ -109,6 +112,15 @@ TEST(BucketedLru, MatchesTheBruteForceDefinition) {
               << "params " << p.bucket_steps << "/" << p.n_buckets << (p.cyclic ? " cyclic" : "") << " step " << now
               << " owner " << owner << " n " << n;
           ++checks;
+          // select_many: every owner at once (some asking for none), each as the definition says.
+          std::vector<std::pair<int32_t, int64_t>> wants;
+          for (int32_t o = 0; o < 4; ++o)
+            if (rng() % 4 != 0) wants.emplace_back(o, static_cast<int64_t>(rng() % 30));
+          std::shuffle(wants.begin(), wants.end(), rng);
+          const auto many = lru.select_many(wants, now);
+          ASSERT_EQ(many.size(), wants.size());
+          for (size_t i = 0; i < wants.size(); ++i)
+            ASSERT_EQ(many[i], brute_force(lru, wants[i].first, wants[i].second, now)) << "select_many, owner " << wants[i].first;
         }
       }
       ASSERT_EQ(lru.check_invariants(now), "");
