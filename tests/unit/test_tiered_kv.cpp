@@ -319,6 +319,71 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// after_decode_step (the GPU's record: a stamp per device slot read, late reads by sequence) does
+// what the list form does — note_reads of every read, then recall_ahead of each request's reads —
+// on twin hierarchies over several steps of random reads under tight budgets: the same pages in
+// the same tiers, the same hits, late reads, recalls and evictions, every byte where its table says.
+TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
+  constexpr int64_t kDev = 48, kHost = 256;
+  const LruParams lru{kLayers, 4, true};
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  for (Scenario* s : {&a, &b})
+    for (int r = 0; r < 2; ++r) {
+      s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
+      s->kv_.add(*s->reqs_.back().t, 0, /*budget=*/14);
+      ASSERT_TRUE(s->append(s->reqs_.back(), 30 + 6 * r));
+    }
+  std::mt19937 rng(5);
+  std::vector<int32_t> stamps(kDev, 0);
+  for (int step = 1; step <= 40; ++step) {
+    const int64_t now = int64_t{step} * kLayers + kLayers - 1;
+    a.now_ = b.now_ = now;
+    // The step's reads: per list, a random third of its pages and the page it appends into.
+    std::vector<std::vector<PageId>> reads(2);
+    for (int r = 0; r < 2; ++r) {
+      const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
+            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
+    }
+    // a: the list form.
+    for (int r = 0; r < 2; ++r) a.kv_.note_reads(*a.reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now);
+    for (int r = 0; r < 2; ++r) a.kv_.recall_ahead(*a.reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now);
+    // b: the stamps of the resident reads, the late ones by sequence in the order read.
+    std::vector<TieredKv::LateRead> late;
+    for (int r = 0; r < 2; ++r)
+      for (const PageId& id : reads[static_cast<size_t>(r)]) {
+        const PageRef p = b.reqs_[static_cast<size_t>(r)].t->page(id.layer, id.head, id.idx);
+        if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = step;
+        else late.push_back({r, id});
+      }
+    std::vector<PageTable*> tables = {b.reqs_[0].t.get(), b.reqs_[1].t.get()};
+    b.kv_.after_decode_step(stamps, step, late, tables, now);
+    for (int r = 0; r < 2; ++r) {
+      const PageTable &ta = *a.reqs_[static_cast<size_t>(r)].t, &tb = *b.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < ta.n_pages_per_list(); ++i)
+            ASSERT_EQ(ta.page(l, h, i).tier, tb.page(l, h, i).tier) << "step " << step << " request " << r << " page " << i;
+      const TierStats sa = a.kv_.request_stats(ta), sb = b.kv_.request_stats(tb);
+      EXPECT_EQ(sa.hits, sb.hits);
+      EXPECT_EQ(sa.late, sb.late);
+      EXPECT_EQ(sa.recalled, sb.recalled);
+    }
+    const TierStats &ta = a.kv_.totals(), &tb = b.kv_.totals();
+    EXPECT_EQ(ta.offloaded + ta.dropped, tb.offloaded + tb.dropped) << "step " << step;
+    a.check();
+    b.check();
+    // Every few steps both append a token (a new page per list now and then).
+    if (step % 3 == 0)
+      for (Scenario* s : {&a, &b})
+        for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
+  }
+  EXPECT_GT(a.kv_.totals().recalled, 20) << "the scenario should move pages";
+  EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 20);
+}
+
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
 // leave — copied when they have no host copy, dropped when they do — and the rest (a pinned
 // page, an appending page, a free slot, a repeat) are skipped.
