@@ -466,6 +466,12 @@ void ContinuousScheduler::accept_verified(Request& r, float* logits, const int32
   if (!r.finished) take_token(r, next, now);
 }
 
+int ContinuousScheduler::prefill_rows(const std::vector<Row>& rows) {
+  int n = 0;
+  for (const Row& row : rows) n += row.req->remaining() > 1;  // (decode and verify rows: 1 left)
+  return n;
+}
+
 void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>*) {
   // Decode rows first, oldest first; preemption takes the newest, so rows already placed stay.
   // (A row that does not fit what verify rows left of the budget waits a step.)
@@ -486,7 +492,7 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
   // whose KV is larger than the pool streams through it.
   const bool chunked = runner_.host_tier_pages() > 0;
   for (const Owned& o : running_) {
-    if (*budget <= 0) break;
+    if (*budget <= 0 || prefill_rows(*rows) >= runner_.max_prefills_per_step()) break;
     if (o->remaining() <= 1 || o->spec_base >= 0) continue;  // (a verify row was placed above)
     const int64_t n = std::min({o->remaining(), *budget, chunk_cap()});
     if (chunked && !o->table.reserve(runner_.pages(), n) &&
@@ -500,7 +506,7 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
 void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done) {
   PagePool& pool = runner_.pages();
   const double now = clock_->now();
-  while (*budget > 0 && static_cast<int>(running_.size()) < cap_) {
+  while (*budget > 0 && static_cast<int>(running_.size()) < cap_ && prefill_rows(*rows) < runner_.max_prefills_per_step()) {
     Owned r;
     int64_t first = 0;  // tokens whose pages admission reserves
     {

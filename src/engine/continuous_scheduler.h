@@ -68,6 +68,8 @@ class ContinuousScheduler final : public Scheduler {
   void loop();
   // Step parts (loop thread / the caller of step(), under step_mu_).
   void drop_cancelled(std::vector<Owned>* done);
+  // Rows placed so far whose requests are still in their prompt (StepRunner::max_prefills_per_step).
+  static int prefill_rows(const std::vector<Row>& rows);
   void schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done);
   void admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done);
   void run_rows(const std::vector<Row>& rows, std::vector<Owned>* done);

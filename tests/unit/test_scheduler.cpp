@@ -6,6 +6,8 @@
 // through the scheduler: tests/e2e/test_engine.cpp.)
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 
 #include <atomic>
@@ -75,6 +77,10 @@ class ScriptRunner final : public StepRunner {
     std::set<int> slots;
     int64_t tokens = 0;
     out->sampled.assign(batch.size(), -1);
+    int prefilling = 0;  // rows of requests in their prompt: a chunk before its last, or of several tokens
+    for (const StepRequest& r : batch) prefilling += !r.sample || r.n_new > 1;
+    EXPECT_LE(prefilling, max_prefills) << "more prefilling requests in a step than the runner takes";
+    max_prefilling_seen = std::max(max_prefilling_seen, prefilling);
     for (size_t i = 0; i < batch.size(); ++i) {
       const StepRequest& r = batch[i];
       EXPECT_TRUE(slots.insert(r.slot).second) << "slot " << r.slot << " twice in a step";
@@ -101,6 +107,8 @@ class ScriptRunner final : public StepRunner {
     if (clock_) clock_->t = clock_->t + 1.0;  // a step takes a second
   }
   PageCounts take_page_counts() override { return {}; }
+  int max_prefills_per_step() const override { return max_prefills; }
+  int max_prefills = std::numeric_limits<int>::max();
   void set_policy(const PolicySpec& spec) override { policy_ = spec; }
   const PolicySpec& policy() const override { return policy_; }
   double fit_key_basis(const PageTable&, int64_t, int, bool) override { return 0.0; }
@@ -111,6 +119,7 @@ class ScriptRunner final : public StepRunner {
   std::vector<int64_t> step_tokens;
   std::vector<int> begun;
   int64_t rows_fed = 0;  // tokens fed over all steps (a recompute feeds a request's again)
+  int max_prefilling_seen = 0;
 
  private:
   std::unique_ptr<PagePool> host_;
@@ -225,6 +234,27 @@ TEST_F(SchedulerTest, MaxNumSeqsAndTheTokenBudgetHold) {
   // Prompts of 25 tokens under a budget of 10 are prefilled in chunks, beside other requests' decode rows.
   EXPECT_GT(std::count(r->step_sizes.begin(), r->step_sizes.end(), 3), 0);
   expect_pool_clean(*r, *s);
+}
+
+// A runner that takes one prefilling request per step (the CUDA runner with a host tier): prompts
+// are prefilled one request at a time, beside the others' decode rows, and every request still
+// gets its own tokens. Without the limit the same load prefills several at once.
+TEST_F(SchedulerTest, PrefillsPerStepFollowTheRunner) {
+  for (const int limit : {1, std::numeric_limits<int>::max()}) {
+    auto r = runner(10000);
+    r->max_prefills = limit;
+    SchedulerOptions o;
+    o.max_num_batched_tokens = 64;
+    auto s = sched(*r, o);
+    std::vector<Collected> got(5);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(s->submit(req(20 + 7 * i, 5), collect(&got[i])).status, SubmitStatus::Accepted);
+    run_to_idle(*s);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, expected(20 + 7 * i, 5)) << "request " << i;
+    if (limit == 1) EXPECT_EQ(r->max_prefilling_seen, 1);
+    else EXPECT_GT(r->max_prefilling_seen, 1) << "the load should prefill several requests at once without the limit";
+    expect_pool_clean(*r, *s);
+  }
 }
 
 TEST_F(SchedulerTest, DecodeRowsGoFirstAndPrefillWaitsForTheBudget) {
