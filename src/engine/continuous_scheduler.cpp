@@ -466,6 +466,13 @@ void ContinuousScheduler::accept_verified(Request& r, float* logits, const int32
   if (!r.finished) take_token(r, next, now);
 }
 
+bool ContinuousScheduler::prefill_pending() {
+  for (const Owned& o : running_)
+    if (o->remaining() > 1 && o->spec_base < 0) return true;
+  std::lock_guard lk(mu_);
+  return !waiting_.empty();
+}
+
 int ContinuousScheduler::prefill_rows(const std::vector<Row>& rows) {
   int n = 0;
   for (const Row& row : rows) n += row.req->remaining() > 1;  // (decode and verify rows: 1 left)
@@ -475,7 +482,7 @@ int ContinuousScheduler::prefill_rows(const std::vector<Row>& rows) {
 void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>*) {
   // Decode rows first, oldest first; preemption takes the newest, so rows already placed stay.
   // (A row that does not fit what verify rows left of the budget waits a step.)
-  for (size_t i = 0; i < running_.size(); ++i) {
+  for (size_t i = 0; i < running_.size() && phase_ != Phase::PrefillOnly; ++i) {
     Request* r = running_[i].get();
     if (r->remaining() != 1 || *budget < 1) continue;
     if (r->params.options.speculative_k != 0) {
@@ -492,7 +499,7 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
   // whose KV is larger than the pool streams through it.
   const bool chunked = runner_.host_tier_pages() > 0;
   for (const Owned& o : running_) {
-    if (*budget <= 0 || prefill_rows(*rows) >= runner_.max_prefills_per_step()) break;
+    if (*budget <= 0 || phase_ == Phase::DecodeOnly || (phase_ == Phase::PrefillOnly && prefill_rows(*rows) > 0)) break;
     if (o->remaining() <= 1 || o->spec_base >= 0) continue;  // (a verify row was placed above)
     const int64_t n = std::min({o->remaining(), *budget, chunk_cap()});
     if (chunked && !o->table.reserve(runner_.pages(), n) &&
@@ -506,7 +513,8 @@ void ContinuousScheduler::schedule_running(std::vector<Row>* rows, int64_t* budg
 void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done) {
   PagePool& pool = runner_.pages();
   const double now = clock_->now();
-  while (*budget > 0 && static_cast<int>(running_.size()) < cap_ && prefill_rows(*rows) < runner_.max_prefills_per_step()) {
+  if (phase_ == Phase::DecodeOnly) return;
+  while (*budget > 0 && static_cast<int>(running_.size()) < cap_ && !(phase_ == Phase::PrefillOnly && prefill_rows(*rows) > 0)) {
     Owned r;
     int64_t first = 0;  // tokens whose pages admission reserves
     {
@@ -726,8 +734,23 @@ bool ContinuousScheduler::step() {
   drop_cancelled(&done);
   std::vector<Row> rows;
   int64_t budget = step_tokens_;
-  schedule_running(&rows, &budget, &done);
-  admit(&rows, &budget, &done);
+  if (runner_.prefill_alone()) {
+    // A prefill step (one request's prompt chunk, alone) when one is pending and the last step
+    // was not one; else a decode step; the other when the first places nothing.
+    const bool prefill_first = !last_prefill_ && prefill_pending();
+    for (const Phase ph : {prefill_first ? Phase::PrefillOnly : Phase::DecodeOnly,
+                           prefill_first ? Phase::DecodeOnly : Phase::PrefillOnly}) {
+      phase_ = ph;
+      schedule_running(&rows, &budget, &done);
+      admit(&rows, &budget, &done);
+      if (!rows.empty()) break;
+    }
+    phase_ = Phase::Any;
+    last_prefill_ = prefill_rows(rows) > 0;
+  } else {
+    schedule_running(&rows, &budget, &done);
+    admit(&rows, &budget, &done);
+  }
   const bool ran = !rows.empty();
   if (ran) {
     run_rows(rows, &done);

@@ -68,8 +68,14 @@ class ContinuousScheduler final : public Scheduler {
   void loop();
   // Step parts (loop thread / the caller of step(), under step_mu_).
   void drop_cancelled(std::vector<Owned>* done);
-  // Rows placed so far whose requests are still in their prompt (StepRunner::max_prefills_per_step).
+  // Rows placed so far whose requests are still in their prompt.
   static int prefill_rows(const std::vector<Row>& rows);
+  // StepRunner::prefill_alone: what this step may place (Any otherwise), and whether the last
+  // step was a prefill step (they alternate with decode steps).
+  enum class Phase { Any, DecodeOnly, PrefillOnly };
+  Phase phase_ = Phase::Any;
+  bool last_prefill_ = false;
+  bool prefill_pending();
   void schedule_running(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done);
   void admit(std::vector<Row>* rows, int64_t* budget, std::vector<Owned>* done);
   void run_rows(const std::vector<Row>& rows, std::vector<Owned>* done);

@@ -127,8 +127,9 @@ class CudaRunner final : public StepRunner {
   // A verify's rows are decode rows of one request in one attention call: each selected page is
   // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
-  // Prefill pins each prefilling request's pages in HBM (its attention reads no other tier).
-  int max_prefills_per_step() const override { return tiers_ ? 1 : StepRunner::max_prefills_per_step(); }
+  // A step with prompt rows pins every page of each of its requests in HBM (prefill attention
+  // reads no other tier): with the host tier, one request's prompt chunk alone.
+  bool prefill_alone() const override { return tiers_ != nullptr; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
   int max_draft_seeds() const override { return cuda::kMaxSeedPages; }

@@ -6,7 +6,6 @@
 // decode). `generate` is a batch of one; the scheduler of the serving issue fills it.
 #pragma once
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,10 +72,12 @@ class StepRunner {
   // The most rows a verify request (StepRequest::verify) may have: 1 + the drafts of a cycle;
   // 0: step() takes no verify requests (no speculative decoding).
   virtual int max_verify_rows() const { return 0; }
-  // Requests whose prompt chunks one step may carry. The CUDA runner with a host tier: 1, since
-  // its prefill attention reads HBM only and pins every page of each prefilling request there
-  // (several at once may not fit the pool beside each other).
-  virtual int max_prefills_per_step() const { return std::numeric_limits<int>::max(); }
+  // Whether a step that carries prompt rows must carry one request's prompt chunk and nothing
+  // else. The CUDA runner with a host tier: its prefill attention reads HBM only, and a step with
+  // prompt rows runs every row of it that way, so each request in it has all its pages pinned in
+  // HBM — several requests at once may not fit the pool. The scheduler then alternates prefill
+  // steps of one request with decode steps.
+  virtual bool prefill_alone() const { return false; }
   bool verifies() const { return max_verify_rows() > 0; }
   // Whether a verify request's rows read its KV pages once between them (the speculation
   // controller's cost model, engine/spec_controller.h); the CPU runner's rows read theirs each.

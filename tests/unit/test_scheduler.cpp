@@ -79,8 +79,9 @@ class ScriptRunner final : public StepRunner {
     out->sampled.assign(batch.size(), -1);
     int prefilling = 0;  // rows of requests in their prompt: a chunk before its last, or of several tokens
     for (const StepRequest& r : batch) prefilling += !r.sample || r.n_new > 1;
-    EXPECT_LE(prefilling, max_prefills) << "more prefilling requests in a step than the runner takes";
+    if (prefill_alone_ && prefilling > 0) EXPECT_EQ(batch.size(), 1u) << "a prompt chunk beside other rows";
     max_prefilling_seen = std::max(max_prefilling_seen, prefilling);
+    mixed_steps += prefilling > 0 && batch.size() > 1;
     for (size_t i = 0; i < batch.size(); ++i) {
       const StepRequest& r = batch[i];
       EXPECT_TRUE(slots.insert(r.slot).second) << "slot " << r.slot << " twice in a step";
@@ -107,8 +108,8 @@ class ScriptRunner final : public StepRunner {
     if (clock_) clock_->t = clock_->t + 1.0;  // a step takes a second
   }
   PageCounts take_page_counts() override { return {}; }
-  int max_prefills_per_step() const override { return max_prefills; }
-  int max_prefills = std::numeric_limits<int>::max();
+  bool prefill_alone() const override { return prefill_alone_; }
+  bool prefill_alone_ = false;
   void set_policy(const PolicySpec& spec) override { policy_ = spec; }
   const PolicySpec& policy() const override { return policy_; }
   double fit_key_basis(const PageTable&, int64_t, int, bool) override { return 0.0; }
@@ -120,6 +121,7 @@ class ScriptRunner final : public StepRunner {
   std::vector<int> begun;
   int64_t rows_fed = 0;  // tokens fed over all steps (a recompute feeds a request's again)
   int max_prefilling_seen = 0;
+  int mixed_steps = 0;  // steps with prompt rows beside other rows
 
  private:
   std::unique_ptr<PagePool> host_;
@@ -236,23 +238,32 @@ TEST_F(SchedulerTest, MaxNumSeqsAndTheTokenBudgetHold) {
   expect_pool_clean(*r, *s);
 }
 
-// A runner that takes one prefilling request per step (the CUDA runner with a host tier): prompts
-// are prefilled one request at a time, beside the others' decode rows, and every request still
-// gets its own tokens. Without the limit the same load prefills several at once.
-TEST_F(SchedulerTest, PrefillsPerStepFollowTheRunner) {
-  for (const int limit : {1, std::numeric_limits<int>::max()}) {
+// A runner whose prompt chunks run alone (the CUDA runner with a host tier): every step with a
+// prompt chunk carries that chunk only, prefill and decode steps alternate (no request waits for
+// the others' prompts to finish decoding), and every request still gets its own tokens. Without
+// it the same load mixes prompt chunks with decode rows.
+TEST_F(SchedulerTest, PromptChunksRunAloneWhenTheRunnerSaysSo) {
+  for (const bool alone : {true, false}) {
     auto r = runner(10000);
-    r->max_prefills = limit;
+    r->prefill_alone_ = alone;
     SchedulerOptions o;
-    o.max_num_batched_tokens = 64;
+    o.max_num_batched_tokens = 16;
+    o.max_num_seqs = 8;
     auto s = sched(*r, o);
     std::vector<Collected> got(5);
     for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_EQ(s->submit(req(20 + 7 * i, 5), collect(&got[i])).status, SubmitStatus::Accepted);
+      ASSERT_EQ(s->submit(req(20 + 7 * i, 6), collect(&got[i])).status, SubmitStatus::Accepted);
+    s->step();  // request 0's first chunk (16 of its 20 tokens)
+    s->step();  // (alone: no decode row yet, so the prefill phase again) its last 4, its first token
+    ASSERT_EQ(got[0].tokens.size(), 1u);
     run_to_idle(*s);
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, expected(20 + 7 * i, 5)) << "request " << i;
-    if (limit == 1) EXPECT_EQ(r->max_prefilling_seen, 1);
-    else EXPECT_GT(r->max_prefilling_seen, 1) << "the load should prefill several requests at once without the limit";
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].tokens, expected(20 + 7 * i, 6)) << "request " << i;
+    if (alone) {
+      EXPECT_EQ(r->mixed_steps, 0);
+      EXPECT_EQ(r->max_prefilling_seen, 1);
+    } else {
+      EXPECT_GT(r->mixed_steps, 0) << "the load should mix prompt chunks and decode rows without the flag";
+    }
     expect_pool_clean(*r, *s);
   }
 }
