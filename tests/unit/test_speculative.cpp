@@ -203,7 +203,9 @@ TEST_F(Speculative, SeededDraftReadsTheVerifiersPages) {
         EXPECT_EQ(draft_read, static_cast<uint64_t>(2 * n_lists)) << "no seeds kept: the window alone";
       } else {
         EXPECT_GT(draft_read, static_cast<uint64_t>(2 * n_lists)) << "the seeded draft read its window alone";
-        if (!by_verify) EXPECT_EQ(draft_read, recorded_read) << "the draft did not read the recording step's set";
+        if (!by_verify) {
+          EXPECT_EQ(draft_read, recorded_read) << "the draft did not read the recording step's set";
+        }
         // Rolled back to before the step that recorded them: the window alone again, with the
         // window's logits.
         r->truncate(t, static_cast<int64_t>(prompt.size()));
