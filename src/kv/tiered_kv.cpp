@@ -84,6 +84,20 @@ TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
 int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
 int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
 
+bool TieredKv::list_order(const PageId& a, const PageId& b) {
+  return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
+}
+
+std::vector<int32_t> TieredKv::movable_prefix(std::span<const int32_t> order, int64_t n) const {
+  std::vector<int32_t> out;
+  for (int32_t s : order) {
+    if (static_cast<int64_t>(out.size()) == n) break;
+    const Where& w = dev_where_[static_cast<size_t>(s)];
+    if (may_move(*w.t, w.idx)) out.push_back(s);
+  }
+  return out;
+}
+
 std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
@@ -94,13 +108,7 @@ std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now, in
     int64_t fixed = 0;  // resident pages that may not move (the pages lists append into)
     for (const auto& [id, o] : owners_)
       if (owner < 0 || o.id == owner) fixed += o.resident - movable_resident(o);
-    for (int32_t s : lru_.select(owner, n + fixed, now)) {
-      const Where& w = dev_where_[static_cast<size_t>(s)];
-      if (!may_move(*w.t, w.idx)) continue;
-      out.push_back(s);
-      if (static_cast<int64_t>(out.size()) == n) break;
-    }
-    return out;
+    return movable_prefix(lru_.select(owner, n + fixed, now), n);
   }
   // Else the LRU's order over every candidate, then only pages that may move (full ones), and of
   // those needing a copy only as many as the host tier has room for (a page with a clean host
@@ -216,11 +224,8 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
       }
     }
   }
-  const auto order = [](const PageId& a, const PageId& b) {
-    return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
-  };
   const auto same = [](const PageId& a, const PageId& b) { return a.layer == b.layer && a.head == b.head && a.idx == b.idx; };
-  std::sort(missing.begin(), missing.end(), order);
+  std::sort(missing.begin(), missing.end(), list_order);
   missing.erase(std::unique(missing.begin(), missing.end(), same), missing.end());
   recall_pages(o, t, missing, now, pinned_here, st);
   o.hits += st.hits;
@@ -385,9 +390,7 @@ int64_t TieredKv::ahead_plan(const Owner& o, std::vector<PageId>& missing, int64
     return 0;
   }
   missing.resize(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(missing.size()))));
-  std::sort(missing.begin(), missing.end(), [](const PageId& a, const PageId& b) {
-    return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
-  });
+  std::sort(missing.begin(), missing.end(), list_order);
   return std::max<int64_t>(0, movable_resident(o) + static_cast<int64_t>(missing.size()) - o.budget);  // (recall_pages' need)
 }
 
@@ -426,15 +429,7 @@ std::optional<std::vector<std::vector<int32_t>>> TieredKv::victims_many(std::spa
     asks.emplace_back(id, n > 0 ? n + o.resident - movable_resident(o) : 0);
   }
   std::vector<std::vector<int32_t>> out = lru_.select_many(asks, now);
-  for (size_t i = 0; i < out.size(); ++i) {
-    std::vector<int32_t> keep;
-    for (int32_t s : out[i]) {
-      if (static_cast<int64_t>(keep.size()) == wants[i].second) break;
-      const Where& w = dev_where_[static_cast<size_t>(s)];
-      if (may_move(*w.t, w.idx)) keep.push_back(s);
-    }
-    out[i] = std::move(keep);
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = movable_prefix(out[i], wants[i].second);
   return out;
 }
 

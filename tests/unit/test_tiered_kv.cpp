@@ -376,9 +376,10 @@ TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
     a.check();
     b.check();
     // Every few steps both append a token (a new page per list now and then).
-    if (step % 3 == 0)
+    if (step % 3 == 0) {
       for (Scenario* s : {&a, &b})
         for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
+    }
   }
   EXPECT_GT(a.kv_.totals().recalled, 20) << "the scenario should move pages";
   EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 20);
