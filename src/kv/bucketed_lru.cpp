@@ -56,6 +56,24 @@ int64_t BucketedLru::order_bin(int32_t s, int64_t now) const {
   return ((B - 1) - age) * P + std::min(now - age * P - u, P - 1);
 }
 
+BucketedLru::BinTable BucketedLru::bin_table(int64_t now) const {
+  // Both orders are constant in d from d = (B + 1) * P on: cyclic at age B - 1 with key2 P - 1,
+  // plain at the oldest bucket (u / P <= now / P - B). The table's entries are order_bin's own.
+  const int64_t P = p_.bucket_steps, B = p_.n_buckets, n = (B + 2) * P;
+  BinTable t{std::vector<int32_t>(static_cast<size_t>(std::min(n, now + 1))), now};
+  for (int64_t d = 0; d < static_cast<int64_t>(t.bin.size()); ++d) {
+    const int64_t u = now - d;
+    if (!p_.cyclic) {
+      const int64_t oldest = now / P - (B - 1);
+      t.bin[static_cast<size_t>(d)] = static_cast<int32_t>((std::max(u / P, oldest) - oldest) * P);
+    } else {
+      const int64_t age = std::min(d / P, B - 1);
+      t.bin[static_cast<size_t>(d)] = static_cast<int32_t>(((B - 1) - age) * P + std::min(d - age * P, P - 1));
+    }
+  }
+  return t;
+}
+
 std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
                                          const std::function<bool(int32_t)>& eligible) const {
   std::vector<int32_t> out;
@@ -65,12 +83,13 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
     return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0 &&
            (!eligible || eligible(static_cast<int32_t>(s)));
   };
+  const BinTable bins = bin_table(now);
   // Pass 1: the histogram of candidates over the order's bins.
   std::vector<int64_t> hist(static_cast<size_t>(n_bins), 0);
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
     DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
-    ++hist[static_cast<size_t>(order_bin(static_cast<int32_t>(s), now))];
+    ++hist[static_cast<size_t>(bins.at(last_use_[s]))];
   }
   // The cut: bins before it go whole; from the cut bin, `take_in_cut` slots.
   int64_t cut = 0, before = 0;
@@ -82,7 +101,7 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
   int64_t taken_in_cut = 0;
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
-    const int64_t b = order_bin(static_cast<int32_t>(s), now);
+    const int64_t b = bins.at(last_use_[s]);
     if (b < cut) by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
     else if (b == cut && taken_in_cut < take_in_cut) {
       by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
@@ -112,13 +131,14 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     if (o < 0 || o > max_owner || pinned_[s] != 0) return -1;
     return want_of[static_cast<size_t>(o)];
   };
+  const BinTable bins = bin_table(now);
   // Pass 1: each owner's histogram over the order's bins; then its cut, as select's.
   std::vector<int64_t> hist(wants.size() * static_cast<size_t>(n_bins), 0);
   for (size_t s = 0; s < owner_.size(); ++s) {
     const int32_t i = index(s);
     if (i < 0) continue;
     DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
-    ++hist[static_cast<size_t>(i) * static_cast<size_t>(n_bins) + static_cast<size_t>(order_bin(static_cast<int32_t>(s), now))];
+    ++hist[static_cast<size_t>(i) * static_cast<size_t>(n_bins) + static_cast<size_t>(bins.at(last_use_[s]))];
   }
   std::vector<int64_t> cut(wants.size(), 0), take_in_cut(wants.size(), 0), taken(wants.size(), 0);
   std::vector<std::vector<std::vector<int32_t>>> by_bin(wants.size());
@@ -137,7 +157,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     const int32_t i = index(s);
     if (i < 0) continue;
     const size_t k = static_cast<size_t>(i);
-    const int64_t b = order_bin(static_cast<int32_t>(s), now);
+    const int64_t b = bins.at(last_use_[s]);
     if (b < cut[k]) {
       by_bin[k][static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
     } else if (b == cut[k] && taken[k] < take_in_cut[k]) {

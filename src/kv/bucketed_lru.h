@@ -20,6 +20,7 @@
 // clock (`now`) is the caller's counter.
 #pragma once
 #include <cstdint>
+#include <algorithm>
 #include <functional>
 #include <span>
 #include <string>
@@ -49,6 +50,11 @@ class BucketedLru {
   void erase(int32_t s);
   // Pinned slots are never selected (the pages the running step reads).
   void set_pinned(int32_t s, bool pinned);
+  // touch without the check, for a slot the caller knows is resident (the per-step scan).
+  void touch_resident(int32_t s, int64_t now) {
+    int64_t& u = last_use_[static_cast<size_t>(s)];
+    if (u < now) u = now;
+  }
   void unpin_all();
 
   bool resident(int32_t s) const { return owner_[static_cast<size_t>(s)] >= 0; }
@@ -74,6 +80,18 @@ class BucketedLru {
   std::string check_invariants(int64_t now) const;
 
  private:
+  // order_bin at `now` by the slot's distance d = now - last_use: a table over d (no division per
+  // slot), the last entry standing for every larger d (both orders saturate there).
+  struct BinTable {
+    std::vector<int32_t> bin;
+    int64_t now;
+    int64_t at(int64_t u) const {
+      const int64_t d = now - u;
+      return bin[static_cast<size_t>(std::min<int64_t>(d, static_cast<int64_t>(bin.size()) - 1))];
+    }
+  };
+  BinTable bin_table(int64_t now) const;
+
   LruParams p_;
   std::vector<int64_t> last_use_;
   std::vector<int32_t> owner_;   // -1: free

@@ -84,8 +84,25 @@ TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
 int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
 int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
 
-bool TieredKv::list_order(const PageId& a, const PageId& b) {
-  return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
+void TieredKv::sort_list_order(std::vector<PageId>& pages) {
+  const auto before = [](const PageId& a, const PageId& b) {
+    return std::tie(a.layer, a.head, a.idx) < std::tie(b.layer, b.head, b.idx);
+  };
+  if (std::is_sorted(pages.begin(), pages.end(), before)) return;
+  const auto packable = [](const PageId& p) {
+    return p.layer >= 0 && p.layer < (1 << 16) && p.head >= 0 && p.head < (1 << 16) && p.idx >= 0 && p.idx < (int64_t{1} << 32);
+  };
+  if (!std::all_of(pages.begin(), pages.end(), packable)) {
+    std::sort(pages.begin(), pages.end(), before);
+    return;
+  }
+  std::vector<uint64_t> keys(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i)
+    keys[i] = (static_cast<uint64_t>(pages[i].layer) << 48) | (static_cast<uint64_t>(pages[i].head) << 32) |
+              static_cast<uint64_t>(pages[i].idx);
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < pages.size(); ++i)
+    pages[i] = {static_cast<int>(keys[i] >> 48), static_cast<int>((keys[i] >> 32) & 0xffff), static_cast<int64_t>(keys[i] & 0xffffffff)};
 }
 
 std::vector<int32_t> TieredKv::movable_prefix(std::span<const int32_t> order, int64_t n) const {
@@ -225,7 +242,7 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
     }
   }
   const auto same = [](const PageId& a, const PageId& b) { return a.layer == b.layer && a.head == b.head && a.idx == b.idx; };
-  std::sort(missing.begin(), missing.end(), list_order);
+  sort_list_order(missing);
   missing.erase(std::unique(missing.begin(), missing.end(), same), missing.end());
   recall_pages(o, t, missing, now, pinned_here, st);
   o.hits += st.hits;
@@ -390,7 +407,7 @@ int64_t TieredKv::ahead_plan(const Owner& o, std::vector<PageId>& missing, int64
     return 0;
   }
   missing.resize(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(missing.size()))));
-  std::sort(missing.begin(), missing.end(), list_order);
+  sort_list_order(missing);
   return std::max<int64_t>(0, movable_resident(o) + static_cast<int64_t>(missing.size()) - o.budget);  // (recall_pages' need)
 }
 
@@ -468,7 +485,7 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
   for (int32_t s = 0; s < lru_.n_slots(); ++s) {
     if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
-    lru_.touch(s, now);
+    lru_.touch_resident(s, now);
     ++by_owner[static_cast<size_t>(lru_.owner(s))];
   }
   for (auto& [id, o] : owners_) {

@@ -226,8 +226,9 @@ class TieredKv {
                             (t.n_pages_per_list() - t.n_tokens() / t.page_size());
   }
   void track_device(Owner& o, PageRef p, const Where& w, int64_t now);
-  // Pages in (layer, head, index) order: the order recalls take (consecutive host slots coalesce).
-  static bool list_order(const PageId& a, const PageId& b);
+  // Sorts pages in (layer, head, index) order, the order recalls take (consecutive host slots
+  // coalesce): by a packed 64-bit key (a step's late pages sort in its host time), unless sorted.
+  static void sort_list_order(std::vector<PageId>& pages);
   // The first n slots of `order` (an LRU order) whose pages may move.
   std::vector<int32_t> movable_prefix(std::span<const int32_t> order, int64_t n) const;
   // recall_ahead's once-each check over t's pages: begin_dedupe starts a call, first_time(id)

@@ -79,7 +79,9 @@ class ScriptRunner final : public StepRunner {
     out->sampled.assign(batch.size(), -1);
     int prefilling = 0;  // rows of requests in their prompt: a chunk before its last, or of several tokens
     for (const StepRequest& r : batch) prefilling += !r.sample || r.n_new > 1;
-    if (prefill_alone_ && prefilling > 0) EXPECT_EQ(batch.size(), 1u) << "a prompt chunk beside other rows";
+    if (prefill_alone_ && prefilling > 0) {
+      EXPECT_EQ(batch.size(), 1u) << "a prompt chunk beside other rows";
+    }
     max_prefilling_seen = std::max(max_prefilling_seen, prefilling);
     mixed_steps += prefilling > 0 && batch.size() > 1;
     for (size_t i = 0; i < batch.size(); ++i) {
