@@ -127,9 +127,6 @@ class CudaRunner final : public StepRunner {
   // A verify's rows are decode rows of one request in one attention call: each selected page is
   // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
-  // A step with prompt rows pins every page of each of its requests in HBM (prefill attention
-  // reads no other tier): with the host tier, one request's prompt chunk alone.
-  bool prefill_alone() const override { return tiers_ != nullptr; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
   int max_draft_seeds() const override { return cuda::kMaxSeedPages; }
@@ -201,23 +198,7 @@ class CudaRunner final : public StepRunner {
     std::vector<TierStats> tier_before;
     if (tiers_) {
       DHS_CHECK(!any_verify, "speculative decoding with the host KV tier on the GPU is not supported yet");
-      tiers_->before_step(batch);
-      // Prefill attention reads every page from HBM: the batch's pages resident (pinned) first.
-      if (prefill) {
-        try {
-          for (const StepRequest& r : batch) {
-            std::vector<PageId> all;
-            const PageTable& t = *r.table;
-            for (int l = 0; l < t.n_layers(); ++l)
-              for (int h = 0; h < t.n_heads_kv(); ++h)
-                for (int64_t i = 0; i < t.n_pages_per_list(); ++i) all.push_back({l, h, i});
-            tiers_->kv().ensure_resident(*r.table, all, tiers_->clock());
-          }
-        } catch (...) {
-          tiers_->kv().end_step(tiers_->clock());  // (no pins left behind)
-          throw;
-        }
-      }
+      tiers_->before_step(batch);  // (prefill and decode attention read either tier: nothing is pinned)
       tier_before = tiers_->stats_of(batch);
     }
     out->logits.clear();
@@ -226,13 +207,6 @@ class CudaRunner final : public StepRunner {
     out->verify_ids.clear();
     bool ids_only = any_verify && !want_logits;
     for (const StepRequest& r : batch) ids_only = ids_only && (!r.verify || r.verify_ids);
-    struct Unpin {  // a step that throws leaves no pins behind
-      RunnerTiers* t;
-      bool armed;
-      ~Unpin() {
-        if (armed && t) t->kv().end_step(t->clock());
-      }
-    } unpin{tiers_.get(), prefill};
     if (!any_verify) {
       model_->forward(seqs, want_logits ? &out->logits : nullptr);
     } else if (ids_only) {
@@ -252,7 +226,6 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
-    unpin.armed = false;
     if (tiers_) {
       after_tier_step(batch, prefill, tier_before);
       tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -296,9 +269,10 @@ class CudaRunner final : public StepRunner {
     return best_ms > 0.0f ? static_cast<double>(n) / (best_ms * 1e-3) / 1e9 : 50.0;
   }
 
-  // After a step with the host tier: a prefill's pins dropped (budgets kept); a decode step's late
-  // reads noted and recalled for the next step, in the order logged (TieredKv::recall_ahead), its
-  // hits touched in the LRU (read_slots); then the cache manager's budgets.
+  // After a step with the host tier: a step with prompt rows holds each request to its budget
+  // (end_step offloads what a chunk added past it); a decode step's late reads are noted and
+  // recalled for the next step, in the order logged (TieredKv::recall_ahead), its hits touched in
+  // the LRU (the read stamps); then the cache manager's budgets.
   void after_tier_step(const std::vector<StepRequest>& batch, bool prefill, const std::vector<TierStats>& before) {
     TieredKv& kv = tiers_->kv();
     const int64_t now = tiers_->clock() + model_->config().n_layers - 1;  // this step's last layer

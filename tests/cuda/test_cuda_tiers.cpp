@@ -5,7 +5,8 @@
 // γ 0.99 on the 4-bit key sketch (the offloaded pages' sketch rows move with them: the selection
 // scores them wherever they are); the late reads are counted, pages come back after steps, and
 // both tiers' accounting is clean afterwards. Then four requests batched under the cache
-// manager's budgets over a small pool, each equal to its tokens alone.
+// manager's budgets over a small pool (prompt chunks and decode rows share steps: prefill reads
+// both tiers too), each equal to its tokens alone; and a prompt longer than the HBM pool.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -25,7 +26,7 @@ using namespace dhs;
 using test::have_gpu;
 
 std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0,
-                             bool auto_budget = false) {
+                             bool auto_budget = false, int64_t max_context = 2048) {
   EngineOptions o;
   o.model_path = test::default_model_path();
   o.device = "cuda";
@@ -35,7 +36,7 @@ std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_
   o.kv_budget_auto = auto_budget;
   o.kv_recall = cpu_kv_gb > 0 ? "ahead" : "layer";
   o.kv_blocks = kv_blocks;
-  o.max_context = 2048;
+  o.max_context = max_context;
   if (kv_blocks > 0) o.max_batch = 4;
   return Engine::load(o);
 }
@@ -75,7 +76,9 @@ void expect_same_tokens(const std::string& policy) {
               static_cast<unsigned long long>(t.dropped));
   EXPECT_GT(t.late, 30u * static_cast<uint64_t>(g.max_tokens)) << "steps did not read pages in place";
   EXPECT_GT(t.hits, 0u) << "the steps' resident reads were not recorded";
-  if (policy != "dense") EXPECT_GT(t.recalled, 0u) << "no page came back between steps";
+  if (policy != "dense") {
+    EXPECT_GT(t.recalled, 0u) << "no page came back between steps";
+  }
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);
@@ -131,6 +134,54 @@ TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);
   EXPECT_EQ(e->kv_check(), "");
+}
+
+// A prompt whose KV is larger than the HBM pool (~3,000 tokens: two prefill chunks of up to 2,048;
+// a pool of 160 blocks of 16 tokens holds the first chunk and not the prompt): the second chunk's
+// attention reads the first chunk's offloaded pages in place from the host tier
+// (LlamaCuda::attention_prefill over both tiers), and the greedy tokens equal the run with a pool
+// that holds it all. Without the host tier the same pool refuses it.
+TEST(CudaTiers, APromptLongerThanThePoolPrefills) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  GenerateOptions g;
+  g.max_tokens = 16;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  const auto prompt_of = [](const Engine& e) {
+    std::string text = "Notes from the archive, read them carefully.\n";
+    for (int i = 0; i < 150; ++i)
+      text += "Entry " + std::to_string(i) + ": the keeper of shelf " + std::to_string(i * 7 % 13) +
+              " moved the blue ledger to room " + std::to_string(100 + i) + ".\n";
+    text += "The special code word is PELICAN. Entry 151: nothing moved.\nQuestion: what is the special code word?\nAnswer:";
+    return e.tokenize(text);
+  };
+  constexpr int64_t kCtx = 4096, kBlocks = 160;
+  for (const std::string policy : {"dense", "coverage:0.99"}) {
+    std::vector<int32_t> want;
+    {
+      auto e = load(policy, 0.0, 0, 0, false, kCtx);
+      const std::vector<int32_t> prompt = prompt_of(*e);
+      ASSERT_GT(static_cast<int64_t>(prompt.size()), 16 * kBlocks) << "the prompt should not fit the small pool";
+      ASSERT_LT(static_cast<int64_t>(prompt.size()) + g.max_tokens, kCtx);
+      want = e->generate(prompt, g).tokens;
+    }
+    {
+      auto small = load(policy, 0.0, 0, kBlocks, false, kCtx);
+      EXPECT_THROW(small->generate(prompt_of(*small), g), std::exception) << "the pool alone was large enough";
+    }
+    auto e = load(policy, 1.0, 0, kBlocks, false, kCtx);
+    const GenerateResult r = e->generate(prompt_of(*e), g);
+    EXPECT_TRUE(r.tokens == want) << policy << ": greedy tokens differ with the prompt's pages in two tiers";
+    const TierCounts t = e->tier_counts();
+    std::printf("cuda %s, prompt over a pool of %lld blocks: offloaded %llu, recalled %llu, late %llu\n", policy.c_str(),
+                static_cast<long long>(kBlocks), static_cast<unsigned long long>(t.offloaded),
+                static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.late));
+    EXPECT_GT(t.offloaded, 0u) << "nothing left HBM: the prompt fit after all";
+    EXPECT_EQ(e->kv_stats().n_used, 0);
+    EXPECT_EQ(t.host_used, 0);
+    EXPECT_EQ(e->kv_check(), "");
+  }
 }
 
 TEST(CudaTiers, RefusesTheLayerScheduleAndSpeculation) {

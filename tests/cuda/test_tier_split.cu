@@ -34,6 +34,7 @@
 #include "backend/cuda/decode_attention.h"
 #include "backend/cuda/device_page_pool.h"
 #include "backend/cuda/page_recall.h"
+#include "backend/cuda/prefill_attention.h"
 #include "backend/cuda/tier_split.h"
 #include "core/fp16.h"
 #include "device_vectors.h"
@@ -239,8 +240,10 @@ struct Outputs {
   std::vector<int32_t> late_indptr;  // the split's
 };
 
-// Split, attention over each tier, merge; `graph`: the three captured once and replayed.
-Outputs run_gpu(const TwoTierProblem& p, int max_q) {
+// Split, attention over each tier, merge. Decode attention, or (prefill) the prefill kernel over
+// each part as LlamaCuda::attention_prefill runs it: the resident part with the default kernel
+// (wgmma at d128 on sm_90a), the late part with the mma.sync kernel.
+Outputs run_gpu(const TwoTierProblem& p, int max_q, bool prefill = false) {
   const int n_req = static_cast<int>(p.seq_len.size()), n_rows = n_req * p.n_heads_kv;
   const int64_t n_pages = p.whole->n_pages();
   dc::DevicePagePool dev(n_pages, kPage, p.head_dim);
@@ -274,16 +277,43 @@ Outputs run_gpu(const TwoTierProblem& p, int max_q) {
   a.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   Outputs o;
   dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, n_pages, split, nullptr);
+  dc::PrefillAttentionParams pp{.q = q_d, .q_indptr = q_indptr_d, .seq_len = seq_d, .n_requests = n_req,
+                                .n_rows = p.q_indptr.back(), .n_heads_q = p.n_heads_q, .n_heads_kv = p.n_heads_kv,
+                                .head_dim = p.head_dim, .page_size = kPage, .scale = a.scale};
   a.out_d = out_d;
   a.lse_d = lse_d;
-  dc::decode_attention(a, dc::DecodeListsView{split.dev_indptr(), split.dev_slots(), split.dev_page_pos(), seq_d, n_req, p.n_heads_kv},
-                       dev.view(), ws, nullptr);
+  if (prefill) {
+    dc::PrefillAttentionParams d = pp;
+    d.out = out_d;
+    d.lse = lse_d;
+    d.k_pool = dev.k_d();
+    d.v_pool = dev.v_d();
+    d.kv_indptr = split.dev_indptr();
+    d.slots = split.dev_slots();
+    d.page_pos = split.dev_page_pos();
+    dc::launch_prefill_attention(d, nullptr);
+  } else {
+    dc::decode_attention(a, dc::DecodeListsView{split.dev_indptr(), split.dev_slots(), split.dev_page_pos(), seq_d, n_req, p.n_heads_kv},
+                         dev.view(), ws, nullptr);
+  }
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   o.dev_only = dhs::test::to_host_floats(out_d, p.q.size(), false);
   a.out_d = late_out_d;
   a.lse_d = late_lse_d;
-  dc::decode_attention(a, dc::DecodeListsView{split.late_indptr(), split.late_slots(), split.late_page_pos(), seq_d, n_req, p.n_heads_kv},
-                       host.view(), ws, nullptr);
+  if (prefill) {
+    dc::PrefillAttentionParams l = pp;
+    l.out = late_out_d;
+    l.lse = late_lse_d;
+    l.k_pool = host.view().k;
+    l.v_pool = host.view().v;
+    l.kv_indptr = split.late_indptr();
+    l.slots = split.late_slots();
+    l.page_pos = split.late_page_pos();
+    dc::launch_prefill_attention(l, nullptr, dc::PrefillKernel{.wgmma = false});
+  } else {
+    dc::decode_attention(a, dc::DecodeListsView{split.late_indptr(), split.late_slots(), split.late_page_pos(), seq_d, n_req, p.n_heads_kv},
+                         host.view(), ws, nullptr);
+  }
   dc::merge_late_attention({out_d, lse_d, late_out_d, late_lse_d, static_cast<int>(n_vec), p.head_dim}, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   o.out = dhs::test::to_host_floats(out_d, p.q.size(), false);
@@ -294,7 +324,16 @@ Outputs run_gpu(const TwoTierProblem& p, int max_q) {
   return o;
 }
 
-void check_against_cpu(const TwoTierProblem& p, const Outputs& o) {
+// Tolerances: decode's (the header) by default; prefill's are test_prefill_attention's bounds,
+// 2.5e-3 (1 + |ref|) per part, plus one f16 rounding of each part's output before the merge
+// (2^-11 relative, twice): 3.5e-3 (1 + |ref|); its LSE, fp32 throughout, 1e-4 (1 + |ref|) per part
+// and the merge's log-sum-exp in fp32: 2e-4 (1 + |ref|).
+struct Tolerance {
+  double abs = 2e-3, rel = 6e-3, lse_abs = 2e-3, lse_rel = 0.0;
+};
+constexpr Tolerance kPrefillTol{3.5e-3, 3.5e-3, 2e-4, 2e-4};
+
+void check_against_cpu(const TwoTierProblem& p, const Outputs& o, const Tolerance& tol = {}) {
   std::vector<float> ref(p.q.size()), ref_lse(p.q.size() / static_cast<size_t>(p.head_dim));
   dhs::cpu::AttentionParams cp;
   cp.q = p.q.data();
@@ -319,10 +358,12 @@ void check_against_cpu(const TwoTierProblem& p, const Outputs& o) {
         no_late_rows += !any_late;
         for (int j = 0; j < p.head_dim; ++j) {
           const size_t e = v * static_cast<size_t>(p.head_dim) + static_cast<size_t>(j);
-          if (!(std::fabs(o.out[e] - ref[e]) <= 2e-3 + 6e-3 * std::fabs(ref[e]))) ++bad;
+          if (!(std::fabs(o.out[e] - ref[e]) <= tol.abs + tol.rel * std::fabs(ref[e]))) ++bad;
           if (!any_late && o.out[e] != o.dev_only[e]) ++bad;  // nothing late: untouched, bit for bit
         }
-        if (ref_lse[v] == -INFINITY ? o.lse[v] != -INFINITY : !(std::fabs(o.lse[v] - ref_lse[v]) <= 2e-3)) ++bad;
+        if (ref_lse[v] == -INFINITY ? o.lse[v] != -INFINITY
+                                    : !(std::fabs(o.lse[v] - ref_lse[v]) <= tol.lse_abs + tol.lse_rel * std::fabs(ref_lse[v])))
+          ++bad;
       }
   EXPECT_EQ(bad, 0) << "elements outside the tolerance";
   EXPECT_GT(no_late_rows, 0) << "the problem should have rows with no late page";
@@ -342,6 +383,26 @@ TEST(TierSplit, AttentionOverBothTiersMergedEqualsTheCpu) {
   for (const Shape& s : shapes) {
     const TwoTierProblem p = make_problem(s.hq, s.hkv, s.d, s.seq_len, s.q_len, rng);
     check_against_cpu(p, run_gpu(p, s.max_q));
+  }
+}
+
+// Prefill over both tiers (LlamaCuda::attention_prefill with the host tier: a prompt chunk on top
+// of a prefix whose pages are partly offloaded): chunks of 1 to 130 rows, causal, GQA 32/8 d128
+// and 9/3 d64, rows all resident, all late and mixed.
+TEST(TierSplit, PrefillOverBothTiersMergedEqualsTheCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(23);
+  struct Shape {
+    int hq, hkv, d;
+    std::vector<int32_t> seq_len;
+    std::vector<int> q_len;
+  };
+  std::vector<Shape> shapes = {{32, 8, 128, {97, 40, 300, 17}, {97, 1, 130, 16}},
+                               {9, 3, 64, {200, 17, 64, 129}, {37, 17, 1, 64}}};
+  if (!quick()) shapes.push_back({32, 8, 128, {4000, 2500, 777}, {128, 100, 3}});
+  for (const Shape& s : shapes) {
+    const TwoTierProblem p = make_problem(s.hq, s.hkv, s.d, s.seq_len, s.q_len, rng);
+    check_against_cpu(p, run_gpu(p, 1, /*prefill=*/true), kPrefillTol);
   }
 }
 

@@ -895,12 +895,39 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   return runs;
 }
 
-// Prefill reads the dense lists: policies apply to decode steps only.
+// Prefill reads the dense lists: policies apply to decode steps only. With the host tier the lists
+// name pages of both tiers (keys): as decode, they are split by tier, the resident part attended
+// from HBM and the late part in place from the host tier's mapped pages, and the two merged by LSE
+// (a prompt longer than HBM holds prefills with its earlier chunks' pages offloaded). The late
+// part runs the mma.sync kernel: its plain loads read mapped DRAM (the wgmma kernel's cp.async
+// ring is for HBM), and PCIe bounds it whatever kernel runs.
 void LlamaCuda::attention_prefill(int n_tok, int n_req) {
   cuda::PrefillAttentionParams p = prefill_attn_;
   p.n_requests = n_req;
   p.n_rows = n_tok;
+  if (!host_pool_) {
+    cuda::launch_prefill_attention(p, stream_, prefill_kernel_);
+    return;
+  }
+  cuda::split_lists_by_tier(p.kv_indptr, p.slots, p.page_pos, n_req * static_cast<int>(cfg_.n_heads_kv), pool_->n_pages(),
+                            *split_, stream_);
+  p.kv_indptr = split_->dev_indptr();
+  p.slots = split_->dev_slots();
+  p.page_pos = split_->dev_page_pos();
+  p.lse = lse_d_;
   cuda::launch_prefill_attention(p, stream_, prefill_kernel_);
+  cuda::PrefillAttentionParams late = p;
+  late.kv_indptr = split_->late_indptr();
+  late.slots = split_->late_slots();
+  late.page_pos = split_->late_page_pos();
+  late.k_pool = host_pool_->k_d();
+  late.v_pool = host_pool_->v_d();
+  late.out = late_att_d_;
+  late.lse = late_lse_d_;
+  cuda::launch_prefill_attention(late, stream_, cuda::PrefillKernel{.wgmma = false});
+  cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_tok * static_cast<int>(cfg_.n_heads_q),
+                           static_cast<int>(cfg_.head_dim)},
+                          stream_);
 }
 
 void LlamaCuda::swiglu(int n_tok) {
@@ -954,13 +981,14 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     table_->flush_patches(stream_);
     DHS_CHECK((!split && step.max_q == 1) || !step.decode,
               "speculative verification with the host KV tier on the GPU is not supported yet");
-    if (!step.decode)  // prefill attention reads the pool by the table: every page must be in HBM
-      for (const Seq& s : batch)
-        for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l)
-          for (int h = 0; h < static_cast<int>(cfg_.n_heads_kv); ++h)
-            for (int64_t i = 0; i < s.table->n_pages_per_list(); ++i)
-              DHS_CHECK(s.table->page(l, h, i).tier == Tier::Device,
-                        "a prefill step reads every page from HBM: page {} of layer {}, KV head {} is in the host tier", i, l, h);
+    // The step writes its tokens' K/V into HBM pages (rope_append by slot): the pages each list
+    // appends into must be resident (TieredKv::prepare_append); the others may be in either tier.
+    for (const Seq& s : batch)
+      for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l)
+        for (int h = 0; h < static_cast<int>(cfg_.n_heads_kv); ++h)
+          for (int64_t i = s.table->n_tokens() / opt_.page_size; i < s.table->n_pages_per_list(); ++i)
+            DHS_CHECK(s.table->page(l, h, i).tier == Tier::Device,
+                      "page {} of layer {}, KV head {} takes this step's tokens and is in the host tier", i, l, h);
   }
   const int n_attn = static_cast<int>(reqs.size());
   const bool graph = step.decode && use_graph;
