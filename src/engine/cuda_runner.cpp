@@ -197,7 +197,6 @@ class CudaRunner final : public StepRunner {
     const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     std::vector<TierStats> tier_before;
     if (tiers_) {
-      DHS_CHECK(!any_verify, "speculative decoding with the host KV tier on the GPU is not supported yet");
       tiers_->before_step(batch);  // (prefill and decode attention read either tier: nothing is pinned)
       tier_before = tiers_->stats_of(batch);
     }

@@ -4,7 +4,7 @@
 // by LSE with the resident ones) equal the tokens with everything in HBM, dense and coverage
 // γ 0.99 on the 4-bit key sketch (the offloaded pages' sketch rows move with them: the selection
 // scores them wherever they are); the late reads are counted, pages come back after steps, and
-// both tiers' accounting is clean afterwards. Then four requests batched under the cache
+// both tiers' accounting is clean afterwards; the same under speculative decoding. Then four requests batched under the cache
 // manager's budgets over a small pool (prompt chunks and decode rows share steps: prefill reads
 // both tiers too), each equal to its tokens alone; and a prompt longer than the HBM pool.
 #include <cstdio>
@@ -184,7 +184,65 @@ TEST(CudaTiers, APromptLongerThanThePoolPrefills) {
   }
 }
 
-TEST(CudaTiers, RefusesTheLayerScheduleAndSpeculation) {
+// Speculative decoding over the host tier on the GPU: draft steps (window and seeded) and the
+// k + 1-row verifies split their lists by tier like any decode step, their late reads are logged
+// by sequence (per-row selections: one attention request per verify row), rejected tokens roll
+// back through TieredKv::truncate; the greedy tokens equal plain decoding all-resident. Dense with
+// one shared verify set and coverage 0.99 with per-row sets: both exact (test_cuda_verify).
+TEST(CudaTiers, SpeculationOverTheHostTierEqualsPlainAllResident) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  GenerateOptions g;
+  g.max_tokens = 24;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& [policy, selection] : {std::pair<std::string, std::string>{"dense", "last-row"}, {"coverage:0.99", "per-row"}}) {
+    const auto engine = [&](double cpu_kv_gb, int64_t budget) {
+      EngineOptions o;
+      o.model_path = test::default_model_path();
+      o.device = "cuda";
+      o.policy = PolicySpec::parse(policy);
+      o.verify_selection = selection;
+      o.cpu_kv_gb = cpu_kv_gb;
+      o.kv_device_budget = budget;
+      o.kv_recall = cpu_kv_gb > 0 ? "ahead" : "layer";
+      o.max_context = 2048;
+      return Engine::load(o);
+    };
+    std::vector<int32_t> want;
+    int64_t one_layer = 0;
+    {
+      auto e = engine(0.0, 0);
+      const std::vector<int32_t> prompt = long_prompt(*e);
+      want = e->generate(prompt, g).tokens;
+      one_layer = e->config().n_heads_kv * ((static_cast<int64_t>(prompt.size()) + g.max_tokens + 15) / 16);
+    }
+    auto e = engine(1.0, one_layer);
+    for (const char* draft : {"sinkwindow:2", "sinkwindow:2+3"}) {
+      GenerateOptions go = g;
+      go.speculative_k = 3;
+      go.draft_policy = draft;
+      const GenerateResult r = e->generate(long_prompt(*e), go);
+      EXPECT_TRUE(r.tokens == want) << policy << " " << selection << ", draft " << draft;
+      EXPECT_GT(r.spec_verifies, 0);
+      drafted += r.spec_drafted;
+      accepted += r.spec_accepted;
+    }
+    const TierCounts t = e->tier_counts();
+    std::printf("cuda speculation, %s (%s): late %llu, recalled %llu, offloaded %llu\n", policy.c_str(), selection.c_str(),
+                static_cast<unsigned long long>(t.late), static_cast<unsigned long long>(t.recalled),
+                static_cast<unsigned long long>(t.offloaded));
+    EXPECT_GT(t.late, 0u) << "no step read pages in place";
+    EXPECT_EQ(e->kv_stats().n_used, 0);
+    EXPECT_EQ(t.host_used, 0);
+    EXPECT_EQ(e->kv_check(), "");
+  }
+  EXPECT_GT(accepted, 0) << "no draft accepted: the accepting path was not run";
+  EXPECT_LT(accepted, drafted) << "every draft accepted: the rollback path was not run";
+}
+
+TEST(CudaTiers, RefusesTheLayerSchedule) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EngineOptions o;

@@ -88,10 +88,15 @@ void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_r
     // Every layer of every step reads pages from the host tier; under coverage the selection
     // moves and pages come back between steps (dense reads every page: what is resident stays).
     EXPECT_GE(t.late, layers * static_cast<uint64_t>(g.max_tokens)) << "no step read pages in place";
-    if (!every_layer_recalls) EXPECT_GT(t.recalled, 0u);
+    if (!every_layer_recalls) {
+      EXPECT_GT(t.recalled, 0u);
+    }
   } else {
-    if (every_layer_recalls) EXPECT_GE(t.recalled, layers * static_cast<uint64_t>(g.max_tokens)) << "pages did not move every step";
-    else EXPECT_GT(t.recalled, 0u);
+    if (every_layer_recalls) {
+      EXPECT_GE(t.recalled, layers * static_cast<uint64_t>(g.max_tokens)) << "pages did not move every step";
+    } else {
+      EXPECT_GT(t.recalled, 0u);
+    }
     EXPECT_EQ(t.late, 0u);
   }
   EXPECT_GT(t.offloaded, 0u);
@@ -158,7 +163,9 @@ void expect_batch_equal_alone(bool auto_budget, const std::string& recall = "lay
               auto_budget ? " (auto budgets)" : "", recall.c_str(), static_cast<unsigned long long>(t.recalled),
               static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped),
               static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.late));
-  if (recall == "ahead") EXPECT_GT(t.late, 0u);
+  if (recall == "ahead") {
+    EXPECT_GT(t.late, 0u);
+  }
   EXPECT_GT(t.recalled, 0u);
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
@@ -204,6 +211,56 @@ TEST(KvTiers, ARequestLargerThanThePoolRuns) {
       EXPECT_EQ(e->kv_check(), "");
     }
   }
+}
+
+// Speculative decoding over the hierarchy (issue 24 with issue 23): drafts and the k + 1-row
+// verifies read their pages wherever they live (the layer schedule recalls them, the ahead
+// schedule reads them in place), rejected tokens roll back through TieredKv::truncate, and the
+// greedy tokens equal decoding without speculation and without the host tier; with the budget of
+// one layer's pages, pages move or are read in place every step. Window and seeded drafts.
+TEST(KvTiers, SpeculationOverTheHostTierEqualsPlainAllResident) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 24;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  int64_t budget = 0;
+  {
+    auto probe = load("dense", 0.0, 0);
+    const int64_t n = static_cast<int64_t>(long_prompt(*probe).size()) + g.max_tokens;
+    budget = probe->config().n_heads_kv * ((n + 15) / 16);
+  }
+  int64_t drafted = 0, accepted = 0;
+  for (const std::string policy : {"dense", "coverage:0.99"}) {
+    std::vector<int32_t> want;
+    {
+      auto e = load(policy, 0.0, 0);
+      want = e->generate(long_prompt(*e), g).tokens;
+    }
+    for (const std::string recall : {"layer", "ahead"}) {
+      auto e = load(policy, 1.0, budget, 0, false, recall);
+      for (const char* draft : {"sinkwindow:2", "sinkwindow:2+3"}) {
+        GenerateOptions go = g;
+        go.speculative_k = 3;
+        go.draft_policy = draft;
+        const GenerateResult r = e->generate(long_prompt(*e), go);
+        EXPECT_EQ(r.tokens, want) << policy << ", recall " << recall << ", draft " << draft;
+        EXPECT_GT(r.spec_verifies, 0);
+        drafted += r.spec_drafted;
+        accepted += r.spec_accepted;
+      }
+      const TierCounts t = e->tier_counts();
+      std::printf("speculation, %s, recall %s: recalled %llu, late %llu, offloaded %llu\n", policy.c_str(), recall.c_str(),
+                  static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.late),
+                  static_cast<unsigned long long>(t.offloaded));
+      EXPECT_GT(recall == "ahead" ? t.late : t.recalled, 0u) << "no page was read from the host tier";
+      EXPECT_EQ(e->kv_stats().n_used, 0);
+      EXPECT_EQ(t.host_used, 0);
+      EXPECT_EQ(e->kv_check(), "");
+    }
+  }
+  EXPECT_GT(accepted, 0) << "no draft accepted: the accepting path was not run";
+  EXPECT_LT(accepted, drafted) << "every draft accepted: the rollback path was not run";
 }
 
 // IO-aware admission: a request that can only be admitted by offloading a running request's

@@ -967,20 +967,23 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   // (and selection), at its own position.
   const bool split = step.decode && opt_.verify_selection == "per-row" && selector_->sparse();
   std::vector<cuda::PageSelector::Request> reqs;
-  for (const Seq& s : batch) {
+  attn_seq_.clear();  // each attention request's sequence (the late log names the former)
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Seq& s = batch[i];
     if (split && s.verify) {
-      for (int64_t j = 0; j < s.n_new; ++j)
+      for (int64_t j = 0; j < s.n_new; ++j) {
         reqs.push_back({s.table, s.req_slot, s.table->n_tokens() + j, 1, s.policy, s.table->id()});
+        attn_seq_.push_back(static_cast<int>(i));
+      }
     } else {
       reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy, s.table->id()});
+      attn_seq_.push_back(static_cast<int>(i));
     }
   }
   if (split) step.max_q = 1;
   if (host_pool_) {
     // Moved pages' entries first (a later sync of the same entries writes after them).
     table_->flush_patches(stream_);
-    DHS_CHECK((!split && step.max_q == 1) || !step.decode,
-              "speculative verification with the host KV tier on the GPU is not supported yet");
     // The step writes its tokens' K/V into HBM pages (rope_append by slot): the pages each list
     // appends into must be resident (TieredKv::prepare_append); the others may be in either tier.
     for (const Seq& s : batch)
@@ -1037,8 +1040,11 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     const int hkv = static_cast<int>(cfg_.n_heads_kv);
     for (int32_t i = 0; i < logged; ++i) {
       const int row = late_log_h_[static_cast<size_t>(3 * i)];
-      if (row / hkv >= n_real) continue;  // (padding rows read nothing)
-      late_reads_.push_back({row / hkv, late_log_h_[static_cast<size_t>(3 * i + 1)], row % hkv, late_log_h_[static_cast<size_t>(3 * i + 2)]});
+      if (row / hkv >= n_attn) continue;  // (padding rows read nothing)
+      // (a verify's rows, one attention request each under per-row selections, log their
+      // sequence's pages: the duplicates go below)
+      late_reads_.push_back({attn_seq_[static_cast<size_t>(row / hkv)], late_log_h_[static_cast<size_t>(3 * i + 1)], row % hkv,
+                             late_log_h_[static_cast<size_t>(3 * i + 2)]});
     }
     // The atomics log in no fixed order: sorted, what the host recalls first does not vary by run.
     std::sort(late_reads_.begin(), late_reads_.end(), [](const LateRead& a, const LateRead& b) {

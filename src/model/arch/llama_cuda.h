@@ -322,6 +322,7 @@ class LlamaCuda {
   int late_cap_ = 0;
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
+  std::vector<int> attn_seq_;  // [attention requests of the last step] its sequence in the batch
   // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
   // each decode step from stamp_h_); each slot read listed once in read_d_ ([n_pages] then the
   // count), the count copied back in the step (read_count_h_), the slots after it.
