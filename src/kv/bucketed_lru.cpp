@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace dhs {
 
@@ -115,14 +116,15 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
 std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::pair<int32_t, int64_t>> wants,
                                                           int64_t now) const {
   const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
-  std::vector<std::vector<int32_t>> out(wants.size());
+  const size_t n_wants = wants.size(), nb = static_cast<size_t>(n_bins);
+  std::vector<std::vector<int32_t>> out(n_wants);
   int32_t max_owner = -1;
   for (const auto& [o, n] : wants) {
     DHS_CHECK(o >= 0, "LRU select_many: owner {}", o);
     max_owner = std::max(max_owner, o);
   }
   std::vector<int32_t> want_of(static_cast<size_t>(max_owner + 1), -1);  // owner -> index in wants
-  for (size_t i = 0; i < wants.size(); ++i) {
+  for (size_t i = 0; i < n_wants; ++i) {
     DHS_CHECK(want_of[static_cast<size_t>(wants[i].first)] < 0, "LRU select_many: owner {} twice", wants[i].first);
     if (wants[i].second > 0) want_of[static_cast<size_t>(wants[i].first)] = static_cast<int32_t>(i);
   }
@@ -132,41 +134,75 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     return want_of[static_cast<size_t>(o)];
   };
   const BinTable bins = bin_table(now);
+  // Both passes run over contiguous chunks of the slots, one per thread of the pool (large LRUs:
+  // the hierarchy's per-step selection over millions of HBM slots), each chunk's results kept
+  // apart and joined in chunk order, so the result is the serial pass's, slot order included.
+  ThreadPool* pool = n_slots() >= kParallelSlots ? &ThreadPool::global() : nullptr;
+  const int n_chunks = pool ? pool->n_threads() : 1;
+  const auto over_chunks = [&](const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (pool) pool->parallel_for(n_slots(), fn, 4096);
+    else fn(0, n_slots(), 0);
+  };
   // Pass 1: each owner's histogram over the order's bins; then its cut, as select's.
-  std::vector<int64_t> hist(wants.size() * static_cast<size_t>(n_bins), 0);
-  for (size_t s = 0; s < owner_.size(); ++s) {
-    const int32_t i = index(s);
-    if (i < 0) continue;
-    DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
-    ++hist[static_cast<size_t>(i) * static_cast<size_t>(n_bins) + static_cast<size_t>(bins.at(last_use_[s]))];
-  }
-  std::vector<int64_t> cut(wants.size(), 0), take_in_cut(wants.size(), 0), taken(wants.size(), 0);
-  std::vector<std::vector<std::vector<int32_t>>> by_bin(wants.size());
-  for (size_t i = 0; i < wants.size(); ++i) {
+  std::vector<std::vector<int64_t>> hist_of(static_cast<size_t>(n_chunks), std::vector<int64_t>(n_wants * nb, 0));
+  std::vector<int64_t> late_slot(static_cast<size_t>(n_chunks), -1);  // a slot used after `now`, by chunk
+  over_chunks([&](int64_t b, int64_t e, int c) {
+    int64_t* hist = hist_of[static_cast<size_t>(c)].data();
+    for (size_t s = static_cast<size_t>(b); s < static_cast<size_t>(e); ++s) {
+      const int32_t i = index(s);
+      if (i < 0) continue;
+      if (last_use_[s] > now) {
+        late_slot[static_cast<size_t>(c)] = static_cast<int64_t>(s);
+        return;
+      }
+      ++hist[static_cast<size_t>(i) * nb + static_cast<size_t>(bins.at(last_use_[s]))];
+    }
+  });
+  for (int64_t s : late_slot)
+    DHS_CHECK(s < 0, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[static_cast<size_t>(s)]);
+  std::vector<int64_t> cut(n_wants, 0), take_in_cut(n_wants, 0);
+  for (size_t i = 0; i < n_wants; ++i) {
     const int64_t n = wants[i].second;
     if (n <= 0) continue;
-    const int64_t* h = &hist[i * static_cast<size_t>(n_bins)];
+    std::vector<int64_t> h(nb, 0);
+    for (const auto& hc : hist_of)
+      for (size_t k = 0; k < nb; ++k) h[k] += hc[i * nb + k];
     int64_t c = 0, before = 0;
-    while (c < n_bins && before + h[c] < n) before += h[c++];
+    while (c < n_bins && before + h[static_cast<size_t>(c)] < n) before += h[static_cast<size_t>(c++)];
     cut[i] = c;
     take_in_cut[i] = c < n_bins ? n - before : 0;
-    by_bin[i].resize(static_cast<size_t>(std::min<int64_t>(c + 1, n_bins)));
   }
-  // Pass 2: in slot order, as select's.
-  for (size_t s = 0; s < owner_.size(); ++s) {
-    const int32_t i = index(s);
-    if (i < 0) continue;
-    const size_t k = static_cast<size_t>(i);
-    const int64_t b = bins.at(last_use_[s]);
-    if (b < cut[k]) {
-      by_bin[k][static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
-    } else if (b == cut[k] && taken[k] < take_in_cut[k]) {
-      by_bin[k][static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
-      ++taken[k];
+  // Pass 2: per chunk, in slot order, the candidates of bins before each cut and up to
+  // take_in_cut of the cut bin (a chunk cannot need more); joined in chunk order, the cut bin cut
+  // to take_in_cut, then each result in (bin, slot) order.
+  std::vector<std::vector<std::vector<std::vector<int32_t>>>> by_bin(
+      static_cast<size_t>(n_chunks), std::vector<std::vector<std::vector<int32_t>>>(n_wants));
+  for (auto& chunk : by_bin)
+    for (size_t i = 0; i < n_wants; ++i)
+      if (wants[i].second > 0) chunk[i].resize(static_cast<size_t>(std::min<int64_t>(cut[i] + 1, n_bins)));
+  over_chunks([&](int64_t b, int64_t e, int c) {
+    auto& mine = by_bin[static_cast<size_t>(c)];
+    for (size_t s = static_cast<size_t>(b); s < static_cast<size_t>(e); ++s) {
+      const int32_t i = index(s);
+      if (i < 0) continue;
+      const size_t k = static_cast<size_t>(i);
+      const int64_t bin = bins.at(last_use_[s]);
+      if (bin < cut[k] || (bin == cut[k] && static_cast<int64_t>(mine[k][static_cast<size_t>(bin)].size()) < take_in_cut[k]))
+        mine[k][static_cast<size_t>(bin)].push_back(static_cast<int32_t>(s));
+    }
+  });
+  for (size_t i = 0; i < n_wants; ++i) {
+    if (wants[i].second <= 0) continue;
+    for (int64_t bin = 0; bin < std::min<int64_t>(cut[i] + 1, n_bins); ++bin) {
+      int64_t room = bin < cut[i] ? INT64_MAX : take_in_cut[i];
+      for (const auto& chunk : by_bin) {
+        const auto& v = chunk[i][static_cast<size_t>(bin)];
+        const int64_t take = std::min<int64_t>(room, static_cast<int64_t>(v.size()));
+        out[i].insert(out[i].end(), v.begin(), v.begin() + take);
+        room -= take;
+      }
     }
   }
-  for (size_t i = 0; i < wants.size(); ++i)
-    for (const auto& v : by_bin[i]) out[i].insert(out[i].end(), v.begin(), v.end());
   return out;
 }
 

@@ -74,6 +74,8 @@ class BucketedLru {
   // select(owner, n, now) for several owners at once (each owner >= 0, once), in two passes over
   // the slots for all of them: [wants.size()] lists, each what select would return.
   std::vector<std::vector<int32_t>> select_many(std::span<const std::pair<int32_t, int64_t>> wants, int64_t now) const;
+  // From this many slots on, select_many's passes run on the thread pool (same result).
+  static constexpr int64_t kParallelSlots = int64_t{1} << 16;
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.

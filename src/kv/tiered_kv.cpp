@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace dhs {
 
@@ -481,13 +482,25 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
             stamps.size(), lru_.n_slots());
   TierStats st;
-  // The hits, in slot order: touched, counted per owner.
+  // The hits: touched, counted per owner; over chunks of the slots on the thread pool when the
+  // pool of slots is large (each slot touched by one chunk; the counts summed after).
+  const int64_t n_slots = lru_.n_slots();
+  ThreadPool* pool = n_slots >= BucketedLru::kParallelSlots ? &ThreadPool::global() : nullptr;
+  std::vector<std::vector<int64_t>> hits_of(static_cast<size_t>(pool ? pool->n_threads() : 1),
+                                            std::vector<int64_t>(static_cast<size_t>(next_owner_), 0));
+  const auto scan = [&](int64_t b, int64_t e, int c) {
+    int64_t* mine = hits_of[static_cast<size_t>(c)].data();
+    for (int32_t s = static_cast<int32_t>(b); s < static_cast<int32_t>(e); ++s) {
+      if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
+      lru_.touch_resident(s, now);
+      ++mine[lru_.owner(s)];
+    }
+  };
+  if (pool) pool->parallel_for(n_slots, scan, 4096);
+  else scan(0, n_slots, 0);
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
-  for (int32_t s = 0; s < lru_.n_slots(); ++s) {
-    if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
-    lru_.touch_resident(s, now);
-    ++by_owner[static_cast<size_t>(lru_.owner(s))];
-  }
+  for (const auto& h : hits_of)
+    for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o];
   for (auto& [id, o] : owners_) {
     o.hits += by_owner[static_cast<size_t>(o.id)];
     st.hits += by_owner[static_cast<size_t>(o.id)];

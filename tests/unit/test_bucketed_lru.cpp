@@ -130,4 +130,35 @@ TEST(BucketedLru, MatchesTheBruteForceDefinition) {
 }
 
 }  // namespace
+// select_many over an LRU past BucketedLru::kParallelSlots: its passes run over chunks of the
+// slots on the thread pool, and the result must still be the definition's, slot order included
+// (candidates of one bin spread over every chunk; the cut bin's take spanning chunks).
+TEST(BucketedLru, SelectManyOnThreadsEqualsTheDefinition) {
+  std::mt19937_64 rng(5);
+  const int64_t n_slots = BucketedLru::kParallelSlots + 12345;
+  for (const LruParams p : {LruParams{4, 16, false}, LruParams{30, 4, true}}) {
+    BucketedLru lru(n_slots, p);
+    int64_t now = 0;
+    for (int round = 0; round < 6; ++round) {
+      for (int i = 0; i < 40000; ++i) {
+        const int32_t s = static_cast<int32_t>(rng() % static_cast<uint64_t>(n_slots));
+        if (!lru.resident(s)) lru.insert(s, static_cast<int32_t>(rng() % 5), now);
+        else if (rng() % 4 == 0) lru.erase(s);
+        else if (rng() % 4 == 0) lru.set_pinned(s, rng() % 2 == 0);
+        else lru.touch(s, now);
+        if (rng() % 3000 == 0) ++now;
+      }
+      now += static_cast<int64_t>(rng() % 40);
+      std::vector<std::pair<int32_t, int64_t>> wants;
+      for (int32_t o = 0; o < 5; ++o)
+        if (rng() % 5 != 0) wants.emplace_back(o, static_cast<int64_t>(rng() % 30000));
+      const auto many = lru.select_many(wants, now);
+      ASSERT_EQ(many.size(), wants.size());
+      for (size_t i = 0; i < wants.size(); ++i)
+        ASSERT_EQ(many[i], brute_force(lru, wants[i].first, wants[i].second, now))
+            << "owner " << wants[i].first << " n " << wants[i].second << " round " << round;
+    }
+  }
+}
+
 }  // namespace dhs

@@ -323,8 +323,10 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
 // what the list form does — note_reads of every read, then recall_ahead of each request's reads —
 // on twin hierarchies over several steps of random reads under tight budgets: the same pages in
 // the same tiers, the same hits, late reads, recalls and evictions, every byte where its table says.
-TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
-  constexpr int64_t kDev = 48, kHost = 256;
+// (kDev: the device pool; from BucketedLru::kParallelSlots slots on, the stamps' scan runs over
+// chunks on the thread pool)
+void expect_stamps_equal_list_form(int64_t kDev) {
+  constexpr int64_t kHost = 256;
   const LruParams lru{kLayers, 4, true};
   Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
   for (Scenario* s : {&a, &b})
@@ -383,6 +385,11 @@ TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
   }
   EXPECT_GT(a.kv_.totals().recalled, 20) << "the scenario should move pages";
   EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 20);
+}
+
+TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
+  expect_stamps_equal_list_form(48);
+  expect_stamps_equal_list_form(BucketedLru::kParallelSlots + 100);
 }
 
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
