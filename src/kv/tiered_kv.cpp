@@ -66,6 +66,8 @@ void TieredKv::add(PageTable& t, int64_t now, int64_t budget) {
   fresh.t = &t;
   fresh.budget = budget;
   Owner& o = owners_.emplace(t.id(), std::move(fresh)).first->second;
+  by_id_.resize(static_cast<size_t>(next_owner_), nullptr);
+  by_id_[static_cast<size_t>(o.id)] = &o;
   for (int l = 0; l < t.n_layers(); ++l)
     for (int h = 0; h < t.n_heads_kv(); ++h)
       for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
@@ -111,7 +113,7 @@ std::vector<int32_t> TieredKv::movable_prefix(std::span<const int32_t> order, in
   for (int32_t s : order) {
     if (static_cast<int64_t>(out.size()) == n) break;
     const Where& w = dev_where_[static_cast<size_t>(s)];
-    if (may_move(*w.t, w.idx)) out.push_back(s);
+    if (owner_at(s).swapped || movable(*w.t, w.idx)) out.push_back(s);
   }
   return out;
 }
@@ -166,7 +168,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
     const Where w = dev_where_[static_cast<size_t>(s)];
     w.t->relocate(w.layer, w.head, w.idx, PageRef{Tier::Host, host_copy_[static_cast<size_t>(s)]});
     if (on_relocate_) on_relocate_(*w.t, w.layer, w.head, w.idx);
-    --owner_of(*w.t).resident;
+    --owner_at(s).resident;
     host_copy_[static_cast<size_t>(s)] = -1;
     lru_.erase(s);
     dev_.free(PageRef{Tier::Device, s});
@@ -631,7 +633,7 @@ void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
     self->dev_.free(p);
     return;
   }
-  --self->owner_of(*self->dev_where_[s].t).resident;
+  --self->owner_at(p.slot).resident;
   if (self->host_copy_[s] >= 0) self->host_.free(PageRef{Tier::Host, self->host_copy_[s]});
   self->host_copy_[s] = -1;
   self->lru_.erase(p.slot);
@@ -678,8 +680,9 @@ TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
 }
 
 void TieredKv::release(PageTable& t) {
-  owner_of(t);
+  const Owner& o = owner_of(t);
   t.release(free_page_cb, this);
+  by_id_[static_cast<size_t>(o.id)] = nullptr;
   owners_.erase(t.id());
 }
 

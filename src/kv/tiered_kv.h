@@ -267,7 +267,11 @@ class TieredKv {
   std::vector<Where> dev_where_;          // [device slots] the page a used slot holds
   std::vector<int32_t> host_copy_;        // [device slots] its clean host copy's slot, or -1
   std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
+  std::vector<Owner*> by_id_;                    // [next_owner_] by Owner::id (null: released)
   int32_t next_owner_ = 0;
+  // The owner of the page in a resident device slot (its LRU owner), without a table lookup.
+  Owner& owner_at(int32_t slot) { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }
+  const Owner& owner_at(int32_t slot) const { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }
   TierStats totals_;
   std::function<void(PageRef, PageRef)> on_move_;
   PageMover mover_ = copy_pages;
