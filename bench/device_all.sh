@@ -10,6 +10,8 @@
 #          test_cuda_tiers (the engine with a host tier, default model)
 #   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
+#   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
+#          per-kernel time, the late part's attention over mapped DRAM among them
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -176,6 +178,18 @@ for stage in "$@"; do
       run hier_tiered_b3 timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03
       [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
       grep -hE "^ctx|^gpu|error" "$OUT"/hier_*.log ;;
+    hiertimeline)
+      # Where the tiered step's forward goes (docs/hierarchy.md: ~34 ms of the batch-4 forward not
+      # explained by its hits and its late bytes): Nsight Compute times every node of the captured
+      # steps serialized (clocks and L2 as they are), the late part's attention over mapped DRAM
+      # among them; timeline_summary.py groups them per step. 128k x 4, HBM 32 GiB, 5.5% churn.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      run ncu_nodes_tiered timeout 500 ncu --graph-profiling node --metrics gpu__time_duration.sum --cache-control none \
+        --clock-control none --launch-count ${DHS_TL_LAUNCHES:-6000} --csv \
+        "$B/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --policies trace:coverage-0.99@sketch4 \
+        --hbm-kv-gib 32 --host-kv-gib 72 --batch 4 --buffer 0.5 --churn 0.055 --steps 4 --hierarchy-out /tmp/dhs/tl_hier.jsonl --commit "$C"
+      run timeline_tiered python3 bench/timeline_summary.py "$OUT/ncu_nodes_tiered.log"
+      cat "$OUT/timeline_tiered.log" ;;
     spec)
       # Speculative decoding on the device (issue 24): verify rows against decoding one at a
       # time, memcheck on them, the engine's greedy output with and without speculation (default
