@@ -342,7 +342,12 @@ TierStats TieredKv::request_stats(const PageTable& t) const {
 }
 
 TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int64_t now) {
-  Owner& o = owner_of(t);
+  const TierStats st = note_reads_of(owner_of(t), t, pages, now);
+  totals_ += st;
+  return st;
+}
+
+TierStats TieredKv::note_reads_of(Owner& o, PageTable& t, std::span<const PageId> pages, int64_t now) {
   TierStats st;
   for (const PageId& id : pages) {
     check_in_table(t, id);
@@ -356,7 +361,6 @@ TierStats TieredKv::note_reads(PageTable& t, std::span<const PageId> pages, int6
   }
   o.hits += st.hits;
   o.late += st.late;
-  totals_ += st;
   return st;
 }
 
@@ -514,39 +518,173 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
               tables.size());
     late_of[static_cast<size_t>(r.seq)].push_back(r.page);
   }
-  // Each request's plan (its late pages to recall, cut to its room), then every request's own
-  // victims in one pass over the LRU, then the recalls.
-  std::vector<std::vector<PageId>> missing_of(tables.size());
-  std::vector<int64_t> keep_of(tables.size(), 0);
-  std::vector<std::pair<int32_t, int64_t>> wants;
-  for (size_t i = 0; i < tables.size(); ++i) {
-    PageTable& t = *tables[i];
-    Owner& o = owner_of(t);
-    const TierStats noted = note_reads(t, late_of[i], now);
-    st.late += noted.late;
-    st.hits += noted.hits;  // (none: the log holds host pages; a page moved since is a hit)
-    // The resident pages it read that may move: its hits less those of the pages it appends into.
-    int64_t keep_movable = by_owner[static_cast<size_t>(o.id)];
-    for (int l = 0; l < t.n_layers(); ++l)
-      for (int h = 0; h < t.n_heads_kv(); ++h)
-        for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
-          const PageRef p = t.page(l, h, j);
-          keep_movable -= p.tier == Tier::Device && stamps[static_cast<size_t>(p.slot)] == stamp;
-        }
-    begin_dedupe(o, t);
-    std::vector<PageId>& missing = missing_of[i];
-    for (const PageId& id : late_of[i])
-      if (first_time(o, t, id) && t.page(id.layer, id.head, id.idx).tier == Tier::Host) missing.push_back(id);
-    keep_of[i] = keep_movable;
-    wants.emplace_back(o.id, ahead_plan(o, missing, keep_movable));
+  // Each request's plan (its late pages to recall, cut to its room; requests apart on the thread
+  // pool: each touches its own table, owner and slots), then every request's own victims in one
+  // pass over the LRU, then the recalls (all at once where they need nothing but their own pages).
+  const size_t n_req = tables.size();
+  std::vector<std::vector<PageId>> missing_of(n_req);
+  std::vector<int64_t> keep_of(n_req, 0), want_of(n_req, 0);
+  std::vector<TierStats> noted(n_req);
+  std::vector<std::string> failed(n_req);
+  std::vector<Owner*> owner(n_req);
+  for (size_t i = 0; i < n_req; ++i) owner[i] = &owner_of(*tables[i]);
+  ThreadPool::global().parallel_for(static_cast<int64_t>(n_req), [&](int64_t b, int64_t e, int) {
+    for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+      try {
+        PageTable& t = *tables[i];
+        Owner& o = *owner[i];
+        noted[i] = note_reads_of(o, t, late_of[i], now);  // (hits: none, the log holds host pages; a page moved since is one)
+        // The resident pages it read that may move: its hits less those of the pages it appends into.
+        int64_t keep_movable = by_owner[static_cast<size_t>(o.id)];
+        for (int l = 0; l < t.n_layers(); ++l)
+          for (int h = 0; h < t.n_heads_kv(); ++h)
+            for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
+              const PageRef p = t.page(l, h, j);
+              keep_movable -= p.tier == Tier::Device && stamps[static_cast<size_t>(p.slot)] == stamp;
+            }
+        begin_dedupe(o, t);
+        std::vector<PageId>& missing = missing_of[i];
+        for (const PageId& id : late_of[i])
+          if (first_time(o, t, id) && t.page(id.layer, id.head, id.idx).tier == Tier::Host) missing.push_back(id);
+        keep_of[i] = keep_movable;
+        want_of[i] = ahead_plan(o, missing, keep_movable);
+      } catch (const std::exception& ex) {
+        failed[i] = ex.what();
+      }
+    }
+  });
+  for (size_t i = 0; i < n_req; ++i) {
+    if (!failed[i].empty()) throw Error(failed[i]);
+    st.late += noted[i].late;
+    st.hits += noted[i].hits;
+    totals_ += noted[i];
   }
+  std::vector<std::pair<int32_t, int64_t>> wants;
+  for (size_t i = 0; i < n_req; ++i) wants.emplace_back(owner[i]->id, want_of[i]);
   const auto victims_of = victims_many(wants, now);
-  for (size_t i = 0; i < tables.size(); ++i) {
+  if (batch_recalls_ && victims_of && recall_batch(tables, missing_of, *victims_of, now, st)) {
+    ++batched_steps_;
+    return st;
+  }
+  for (size_t i = 0; i < n_req; ++i) {
     std::vector<int32_t> pinned;
-    st += recall_ahead_of(owner_of(*tables[i]), *tables[i], std::move(missing_of[i]), keep_of[i], now, pinned,
+    // (ahead_plan again on the planned list: the same cut and order)
+    st += recall_ahead_of(*owner[i], *tables[i], std::move(missing_of[i]), keep_of[i], now, pinned,
                           victims_of ? &(*victims_of)[i] : nullptr);
   }
   return st;
+}
+
+bool TieredKv::recall_batch(std::span<PageTable* const> tables, const std::vector<std::vector<PageId>>& missing_of,
+                            const std::vector<std::vector<int32_t>>& victims_of, int64_t now, TierStats& st) {
+  const size_t n_req = tables.size();
+  // The checks recall_pages makes, request after request, on counts alone.
+  std::vector<std::vector<int32_t>> out(n_req);
+  std::vector<int64_t> without_copy(n_req, 0);
+  int64_t dev_free = dev_.n_free(), host_need = 0;
+  for (size_t i = 0; i < n_req; ++i) {
+    const Owner& o = owner_of(*tables[i]);
+    const int64_t missing = static_cast<int64_t>(missing_of[i].size());
+    if (missing == 0) continue;
+    const int64_t need_own = std::max<int64_t>(0, movable_resident(o) + missing - o.budget);
+    for (int32_t s : victims_of[i]) {
+      if (static_cast<int64_t>(out[i].size()) == need_own) break;
+      if (lru_.resident(s) && lru_.owner(s) == o.id && !lru_.pinned(s)) out[i].push_back(s);
+    }
+    if (static_cast<int64_t>(out[i].size()) < need_own) return false;  // (victims beyond its own list)
+    if (missing > dev_free + static_cast<int64_t>(out[i].size())) return false;  // (other requests' pages)
+    for (int32_t s : out[i]) without_copy[i] += host_copy_[static_cast<size_t>(s)] < 0;
+    host_need += without_copy[i];
+    dev_free += static_cast<int64_t>(out[i].size()) - missing;
+  }
+  if (host_need > host_.n_free()) return false;
+  // The pools' free lists, in recall_pages' order: a request's host slots for its copies, its
+  // evicted device slots freed, its recalls' device slots taken.
+  std::vector<std::vector<PageRef>> host_slots(n_req), fresh(n_req);
+  for (size_t i = 0; i < n_req; ++i) {
+    if (missing_of[i].empty()) continue;
+    DHS_CHECK(host_.allocate(without_copy[i], &host_slots[i]), "tiered KV: the host tier filled during a recall");
+    for (int32_t s : out[i]) dev_.free(PageRef{Tier::Device, s});
+    DHS_CHECK(dev_.allocate(static_cast<int64_t>(missing_of[i].size()), &fresh[i]), "tiered KV: device slots vanished during a recall");
+  }
+  // Requests apart on the thread pool: first every request's evictions (its own slots), then
+  // every request's recalls (slots taken above: one request's recall may take a slot another's
+  // eviction freed, hence the two phases).
+  std::vector<std::vector<PageMove>> evict_moves(n_req), recall_moves(n_req);
+  std::vector<std::vector<Where>> evicted(n_req);  // the evicted pages' entries (the relocation hook's)
+  std::vector<TierStats> part(n_req);
+  std::vector<std::string> failed(n_req);
+  const auto per_request = [&](const std::function<void(size_t)>& fn) {
+    ThreadPool::global().parallel_for(static_cast<int64_t>(n_req), [&](int64_t b, int64_t e, int) {
+      for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+        try {
+          if (!missing_of[i].empty()) fn(i);
+        } catch (const std::exception& ex) {
+          failed[i] = ex.what();
+        }
+      }
+    });
+    for (const std::string& f : failed)
+      if (!f.empty()) throw Error(f);
+  };
+  per_request([&](size_t i) {
+    Owner& o = owner_of(*tables[i]);
+    size_t k = 0;
+    for (int32_t s : out[i])
+      if (host_copy_[static_cast<size_t>(s)] < 0) evict_moves[i].push_back({PageRef{Tier::Device, s}, host_slots[i][k++]});
+    std::sort(evict_moves[i].begin(), evict_moves[i].end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
+    for (const PageMove& m : evict_moves[i]) host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
+    for (int32_t s : out[i]) {
+      const Where w = dev_where_[static_cast<size_t>(s)];
+      w.t->relocate(w.layer, w.head, w.idx, PageRef{Tier::Host, host_copy_[static_cast<size_t>(s)]});
+      evicted[i].push_back(w);
+      --o.resident;
+      host_copy_[static_cast<size_t>(s)] = -1;
+      lru_.erase(s);
+    }
+    part[i].offloaded = static_cast<int64_t>(evict_moves[i].size());
+    part[i].dropped = static_cast<int64_t>(out[i].size() - evict_moves[i].size());
+  });
+  per_request([&](size_t i) {
+    PageTable& t = *tables[i];
+    Owner& o = owner_of(t);
+    const std::vector<PageId>& ids = missing_of[i];
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const PageId& id = ids[j];
+      const PageRef d = fresh[i][j];
+      const PageRef src = t.page(id.layer, id.head, id.idx);
+      recall_moves[i].push_back({src, d});
+      track_device(o, d, {&t, id.layer, id.head, id.idx}, now);
+      host_copy_[static_cast<size_t>(d.slot)] = src.slot;
+      t.relocate(id.layer, id.head, id.idx, d);
+    }
+    o.recalled += static_cast<int64_t>(ids.size());
+    part[i].recalled = static_cast<int64_t>(ids.size());
+  });
+  // The copies (every eviction before any recall: a recall may land in a slot an eviction
+  // emptied), the hooks, the counts.
+  std::vector<PageMove> all_evict, all_recall;
+  for (size_t i = 0; i < n_req; ++i) {
+    all_evict.insert(all_evict.end(), evict_moves[i].begin(), evict_moves[i].end());
+    all_recall.insert(all_recall.end(), recall_moves[i].begin(), recall_moves[i].end());
+  }
+  TierStats sum;
+  sum.offload_runs = mover_(dev_, host_, all_evict);
+  if (on_move_)
+    for (const PageMove& m : all_evict) on_move_(m.src, m.dst);
+  sum.recall_runs = mover_(host_, dev_, all_recall);
+  if (on_move_)
+    for (const PageMove& m : all_recall) on_move_(m.src, m.dst);
+  for (size_t i = 0; i < n_req; ++i) {
+    if (on_relocate_) {
+      for (const Where& w : evicted[i]) on_relocate_(*w.t, w.layer, w.head, w.idx);
+      for (const PageId& id : missing_of[i]) on_relocate_(*tables[i], id.layer, id.head, id.idx);
+    }
+    sum += part[i];
+  }
+  totals_ += sum;
+  st += sum;
+  return true;
 }
 
 TierStats TieredKv::end_step(int64_t now) {

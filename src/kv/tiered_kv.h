@@ -185,6 +185,10 @@ class TieredKv {
   bool has(const PageTable& t) const { return owners_.count(t.id()) != 0; }
 
   const TierStats& totals() const { return totals_; }
+  // after_decode_step's recalls all at once (recall_batch) where they allow it (default), or one
+  // request at a time always (the tests compare both); and how many steps ran batched.
+  void set_batch_recalls(bool on) { batch_recalls_ = on; }
+  int64_t batched_steps() const { return batched_steps_; }
   const PagePool& host_pool() const { return host_; }
   const BucketedLru& lru() const { return lru_; }
 
@@ -254,6 +258,18 @@ class TieredKv {
   // (their own pages only; nullopt when the host tier's room could bind: then one at a time).
   std::optional<std::vector<std::vector<int32_t>>> victims_many(std::span<const std::pair<int32_t, int64_t>> wants,
                                                                 int64_t now) const;
+  // after_decode_step's recalls for every request at once, equal to recall_ahead_of on each in
+  // turn (the same slots taken and freed in the same order, the same tables, LRU and pools after):
+  // the pools' free lists in that order first, then every request's evictions and then every
+  // request's recalls applied to its own table, slots and owner on the thread pool (requests
+  // touch disjoint slots within each phase), then the copies, evictions before recalls, and the
+  // hooks. missing_of: each request's plan (ahead_plan's), victims_of: its own victims
+  // (victims_many's). False, changing nothing, where recall_ahead_of would need anything else
+  // (victims beyond its own, other requests' pages, a full host tier): then one at a time.
+  bool recall_batch(std::span<PageTable* const> tables, const std::vector<std::vector<PageId>>& missing_of,
+                    const std::vector<std::vector<int32_t>>& victims_of, int64_t now, TierStats& st);
+  // note_reads without the totals (after_decode_step sums them).
+  TierStats note_reads_of(Owner& o, PageTable& t, std::span<const PageId> pages, int64_t now);
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most
@@ -269,6 +285,8 @@ class TieredKv {
   std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
   std::vector<Owner*> by_id_;                    // [next_owner_] by Owner::id (null: released)
   int32_t next_owner_ = 0;
+  bool batch_recalls_ = true;
+  int64_t batched_steps_ = 0;
   // The owner of the page in a resident device slot (its LRU owner), without a table lookup.
   Owner& owner_at(int32_t slot) { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }
   const Owner& owner_at(int32_t slot) const { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }

@@ -392,6 +392,76 @@ TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
   expect_stamps_equal_list_form(BucketedLru::kParallelSlots + 100);
 }
 
+// after_decode_step's recalls for all requests at once (recall_batch: the free lists in the serial
+// order, evictions then recalls per request on the thread pool, the copies evictions first)
+// against one request at a time: twin hierarchies, three requests under tight budgets, 60 random
+// steps; every page's tier and slot, every count and every byte equal after each step.
+TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
+  constexpr int64_t kDev = 80, kHost = 400;
+  const LruParams lru{kLayers, 4, true};
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  b.kv_.set_batch_recalls(false);
+  for (Scenario* s : {&a, &b})
+    for (int r = 0; r < 3; ++r) {
+      s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
+      s->kv_.add(*s->reqs_.back().t, 0, /*budget=*/10 + 2 * r);
+      ASSERT_TRUE(s->append(s->reqs_.back(), 30 + 5 * r));
+    }
+  std::mt19937 rng(17);
+  std::vector<int32_t> stamps_a(kDev, 0), stamps_b(kDev, 0);
+  for (int step = 1; step <= 60; ++step) {
+    const int64_t now = int64_t{step} * kLayers + kLayers - 1;
+    a.now_ = b.now_ = now;
+    std::vector<std::vector<PageId>> reads(3);
+    for (int r = 0; r < 3; ++r) {
+      const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
+            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
+    }
+    for (auto [s, stamps] : {std::pair{&a, &stamps_a}, std::pair{&b, &stamps_b}}) {
+      std::vector<TieredKv::LateRead> late;
+      for (int r = 0; r < 3; ++r)
+        for (const PageId& id : reads[static_cast<size_t>(r)]) {
+          const PageRef p = s->reqs_[static_cast<size_t>(r)].t->page(id.layer, id.head, id.idx);
+          if (p.tier == Tier::Device) (*stamps)[static_cast<size_t>(p.slot)] = step;
+          else late.push_back({r, id});
+        }
+      std::vector<PageTable*> tables;
+      for (Req& r : s->reqs_) tables.push_back(r.t.get());
+      s->kv_.after_decode_step(*stamps, step, late, tables, now);
+    }
+    for (int r = 0; r < 3; ++r) {
+      const PageTable &ta = *a.reqs_[static_cast<size_t>(r)].t, &tb = *b.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < ta.n_pages_per_list(); ++i) {
+            const PageRef pa = ta.page(l, h, i), pb = tb.page(l, h, i);
+            ASSERT_TRUE(pa.tier == pb.tier && pa.slot == pb.slot) << "step " << step << " request " << r << " page " << i;
+          }
+      const TierStats sa = a.kv_.request_stats(ta), sb = b.kv_.request_stats(tb);
+      ASSERT_EQ(sa.hits, sb.hits);
+      ASSERT_EQ(sa.late, sb.late);
+      ASSERT_EQ(sa.recalled, sb.recalled);
+    }
+    const TierStats &ta = a.kv_.totals(), &tb = b.kv_.totals();
+    ASSERT_EQ(ta.offloaded, tb.offloaded) << "step " << step;
+    ASSERT_EQ(ta.dropped, tb.dropped) << "step " << step;
+    ASSERT_EQ(a.dev_.n_free(), b.dev_.n_free());
+    ASSERT_EQ(a.host_.n_free(), b.host_.n_free());
+    a.check();
+    b.check();
+    if (step % 4 == 0)
+      for (Scenario* s : {&a, &b})
+        for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
+  }
+  EXPECT_GT(a.kv_.batched_steps(), 30) << "the batched path should carry most steps";
+  EXPECT_EQ(b.kv_.batched_steps(), 0);
+  EXPECT_GT(a.kv_.totals().recalled, 50);
+  EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 50);
+}
+
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
 // leave — copied when they have no host copy, dropped when they do — and the rest (a pinned
 // page, an appending page, a free slot, a repeat) are skipped.
