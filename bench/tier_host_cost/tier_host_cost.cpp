@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "a JSON line is appended here");
   app.add_option("--commit", commit);
   app.add_option("--machine", machine, "where it ran (recorded)");
+  bool serial_recalls = false;
+  app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
   CLI11_PARSE(app, argc, argv);
   constexpr int L = 32, H = 8, P = 16, D = 128;
   const int64_t page_bytes = 2 * P * D * 2;
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
   const int64_t per_list = ctx / P, n_host = batch * per_list * L * H + n_dev;
   PagePool dev(Tier::Device, n_dev, P, D, false), host(Tier::Host, n_host, P, D, false);
   TieredKv kv(dev, host, LruParams{L, 4, true});
+  kv.set_batch_recalls(!serial_recalls);
   kv.set_mover([](const PagePool&, PagePool&, std::span<const PageMove> m) { return m.empty() ? int64_t{0} : int64_t{1}; });
   std::vector<std::unique_ptr<PageTable>> ts;
   std::vector<PageTable*> tables;
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
     }
   }
   const std::string bad = kv.check_invariants();
+  std::printf("steps whose recalls ran batched: %lld\n", static_cast<long long>(kv.batched_steps()));
   std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
               sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
               bad.empty() ? "invariants hold" : bad.c_str());
@@ -141,10 +145,10 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"llama-3.1-8b pages\",\"ctx\":%lld,\"batch\":%lld,"
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
-                   "\"after_step_ms\":%.3f,\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
+                   "\"after_step_ms\":%.3f,\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
-                   hbm_gib, steps, sum_before / steps, sum_after / steps,
+                   hbm_gib, steps, sum_before / steps, sum_after / steps, serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);

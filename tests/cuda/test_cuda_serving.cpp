@@ -337,7 +337,9 @@ TEST(CudaServing, RequestPoliciesInOneStep) {
         const int64_t pages = (static_cast<int64_t>(prompts[i].size()) + k + 1 + 15) / 16;
         want += static_cast<uint64_t>(lh * (i == 0 ? pages : std::min<int64_t>(i == 1 ? 3 : 6, pages)));
       }
-      if (i > 0) EXPECT_EQ(solo_read, want) << "request " << i << " alone";  // (a dense engine counts nothing)
+      if (i > 0) {
+        EXPECT_EQ(solo_read, want) << "request " << i << " alone";  // (a dense engine counts nothing)
+      }
       exact_rows += want;
     }
   }
@@ -414,7 +416,9 @@ TEST(CudaServing, DecodeBatchTiming) {
   for (const int b : {1, 2, 3, 4, 8, 16, 17, 24, 32, 48, 64}) {
     const std::vector<LlamaCuda::Seq> batch(all.begin(), all.begin() + b);
     for (const LlamaCuda::Seq& q : batch)  // time_decode_step hands the step's page back when it rolls back
-      if (q.table->capacity_tokens() < q.table->n_tokens() + 1) ASSERT_TRUE(q.table->reserve(m->allocator(), 1));
+      if (q.table->capacity_tokens() < q.table->n_tokens() + 1) {
+        ASSERT_TRUE(q.table->reserve(m->allocator(), 1));
+      }
     const double ms = m->time_decode_step(batch, 30);
     const double floor_ms =
         (static_cast<double>(m->weight_bytes()) + kv_per_token * static_cast<double>(ctx) * b) / (copy_gbps * 1e9) * 1e3;
