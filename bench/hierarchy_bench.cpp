@@ -54,6 +54,10 @@ constexpr int kWarmSteps = 3, kResidentSteps = 3;
 
 struct BatchResult {
   double step_ms = 0, forward_ms = 0, after_ms = 0, resident_ms = 0;
+  // The forward's wall time by phase (LlamaCuda::Phases) and the after-step's: the host's
+  // bookkeeping until recall_after_decode returns (copies launched, the mover's waits between
+  // its calls included), then the wait for the copies left.
+  double fwd_before_ms = 0, fwd_gpu_ms = 0, fwd_after_ms = 0, after_host_ms = 0, after_wait_ms = 0;
   double read_frac = 0;
   TierStats tiers;  // over the timed steps
   int64_t late_overflow_steps = 0;
@@ -174,7 +178,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
 
     std::mt19937_64 rng(7);
     BatchResult res;
-    std::vector<double> step_ms, fwd_ms, after_ms, resident_ms;
+    std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, aft_host, aft_wait;
     TierStats before_timed, replay;  // (replay: the churn replay's own moves, not the steps')
     for (int64_t s = 0; s < total_steps; ++s) {
       const bool timed = s >= kWarmSteps + kResidentSteps, resident = s >= kWarmSteps && !timed;
@@ -193,9 +197,12 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       const auto t0 = Clock::now();
       m->forward(seqs, nullptr);
       const double f = ms_since(t0);
+      const LlamaCuda::Phases ph = m->last_phases();
       const auto t1 = Clock::now();
+      double a_host = 0;
       if (tiers) {
         recall_after_decode(tiers->kv(), *m, tables, tiers->clock() + L - 1);
+        a_host = ms_since(t1);
         DHS_CUDA_CHECK(cudaDeviceSynchronize());
       }
       const double a = ms_since(t1);
@@ -214,6 +221,11 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         step_ms.push_back(f + a);
         fwd_ms.push_back(f);
         after_ms.push_back(a);
+        ph_before.push_back(ph.before_ms);
+        ph_gpu.push_back(ph.gpu_ms);
+        ph_after.push_back(ph.after_ms);
+        aft_host.push_back(a_host);
+        aft_wait.push_back(a - a_host);
       }
       // The churn before the next step: a random `churn` of the pages this step read leave HBM,
       // and as many other pages of each request come in from the host tier (at steady state a
@@ -254,6 +266,11 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     res.forward_ms = mean(fwd_ms);
     res.after_ms = mean(after_ms);
     res.resident_ms = mean(resident_ms);
+    res.fwd_before_ms = mean(ph_before);
+    res.fwd_gpu_ms = mean(ph_gpu);
+    res.fwd_after_ms = mean(ph_after);
+    res.after_host_ms = mean(aft_host);
+    res.after_wait_ms = mean(aft_wait);
     res.read_frac = bp.spec.dense() ? 1.0 : m->sparsity_stats().read_frac();
     if (tiers) {
       const TierStats& now = tiers->kv().totals();
@@ -288,12 +305,16 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
                 opts.churn, opts.buffer, res.step_ms, res.forward_ms, res.after_ms, res.resident_ms, tok_s, floor_ms,
                 static_cast<double>(batch) / floor_ms * 1e3, floor_overlap_ms, hit_rate, late_gb, recall_gb, stall, res.read_frac,
                 res.late_overflow_steps ? " (late log overflowed)" : "");
+    std::printf("  forward: %.2f ms before the launch, %.2f ms launch to wait, %.2f ms after; after-step: %.2f ms host, %.2f ms copies' wait\n",
+                res.fwd_before_ms, res.fwd_gpu_ms, res.fwd_after_ms, res.after_host_ms, res.after_wait_ms);
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
        << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
        << ",\"host_kv_gib\":" << (tiered ? static_cast<double>(host_pages) * page_bytes / 1073741824.0 : 0.0) << ",\"churn\":" << (tiered ? opts.churn : 0.0)
        << ",\"buffer\":" << (tiered ? opts.buffer : 0.0) << ",\"tok_s\":" << tok_s << ",\"step_ms\":" << res.step_ms
-       << ",\"forward_ms\":" << res.forward_ms << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
+       << ",\"forward_ms\":" << res.forward_ms << ",\"fwd_before_launch_ms\":" << res.fwd_before_ms << ",\"fwd_gpu_ms\":" << res.fwd_gpu_ms
+       << ",\"fwd_after_wait_ms\":" << res.fwd_after_ms << ",\"after_host_ms\":" << res.after_host_ms << ",\"after_wait_ms\":" << res.after_wait_ms
+       << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
        << ",\"recall_gb_per_step\":" << recall_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac

@@ -2,6 +2,7 @@
 #include "model/rope.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 #include <cmath>
 #include <cstring>
@@ -951,6 +952,9 @@ void LlamaCuda::logits_and_sample(int n_out) {
 }
 
 void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph) {
+  using Clock = std::chrono::steady_clock;
+  const auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const Clock::time_point t_start = Clock::now();
   Step step;
   step.decode = true;
   int64_t T = 0, n_out_real = 0;
@@ -1008,6 +1012,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
   }
   cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;
+  const Clock::time_point t_launch = Clock::now();
   if (g) {
     DHS_CUDA_CHECK(cudaGraphLaunch(g, stream_));
   } else {
@@ -1026,6 +1031,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   if (stamps_valid_)
     DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
+  const Clock::time_point t_done = Clock::now();
   table_->step_done();
   late_reads_.clear();
   late_overflow_ = false;
@@ -1061,6 +1067,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
   for (size_t i = 0; i < batch.size(); ++i)
     sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];
+  phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now())};
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {

@@ -228,6 +228,14 @@ class LlamaCuda {
   // log holds every page a step's lists can name, up to kLateLogMax).
   bool late_log_overflowed() const { return late_overflow_; }
   static constexpr int64_t kLateLogMax = int64_t{1} << 22;
+  // Where the last forward's wall time went, on the host's clock: before the launch (the lists'
+  // checks, the page table's patches, the step's inputs, the selection plan, a graph's capture),
+  // the launch to the step's one wait's end (the GPU's work, and the copies back), and after it
+  // (the late log sorted into late reads, the sampled ids).
+  struct Phases {
+    double before_ms = 0, gpu_ms = 0, after_ms = 0;
+  };
+  const Phases& last_phases() const { return phases_; }
 
   // Times: the decode-like step (graph replay) for the current batch (one token each, or
   // verify rows), in ms (median of n).
@@ -320,6 +328,7 @@ class LlamaCuda {
   int32_t* late_log_d_ = nullptr;  // [late_cap_, 3] then the count
   int32_t* late_count_h_ = nullptr;  // pinned: the count, copied back in the step
   int late_cap_ = 0;
+  Phases phases_;
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
   std::vector<int> attn_seq_;  // [attention requests of the last step] its sequence in the batch
