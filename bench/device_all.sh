@@ -158,6 +158,9 @@ for stage in "$@"; do
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split"
       DHS_TEST_QUICK=1 run sanitizer_racecheck_test_tier_split timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_tier_split"
       run test_page_recall timeout 120 "$B/test_page_recall"
+      # Landing (a layer's late pages copied into HBM in the step) against kv/tier_land.h, and memcheck on it.
+      run test_tier_land timeout 120 "$B/test_tier_land"
+      run sanitizer_memcheck_test_tier_land timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_land"
       [ -f $SMOL ] && { run test_cuda_tiers timeout 300 "$B/test_cuda_tiers"; grep -E "^cuda" "$OUT/test_cuda_tiers.log"; }
       # The in-step read's speed: attention over late pages in place from pinned DRAM vs HBM.
       run recall_late timeout 200 "$B/recall_bench" --only-late --host-gib 4 --out "$OUT/page_recall.jsonl" --commit "$C"

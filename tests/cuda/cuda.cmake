@@ -44,3 +44,7 @@ dhs_test(test_tier_split LABEL cuda
 dhs_test(test_cuda_tiers LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_tiers.cpp
   LIBS dhs_engine dhs_arch_cuda)
+# Landing: a layer's late pages copied into HBM in the step, keys rewritten, against kv/tier_land.h.
+dhs_test(test_tier_land LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land.cu
+  LIBS dhs_cuda dhs_kv)
