@@ -483,8 +483,69 @@ TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, in
   return recall_ahead_of(o, t, std::move(missing), keep_movable, now, pinned);
 }
 
+std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
+  DHS_CHECK(landing_.empty(), "tiered KV: {} landing slots still reserved (after_decode_step adopts or frees them)",
+            landing_.size());
+  if (n <= 0) return {};
+  make_room(n, now);  // (best effort: fewer slots when the pool cannot free n)
+  std::vector<PageRef> got;
+  DHS_CHECK(dev_.allocate(std::min(n, dev_.n_free()), &got), "tiered KV: free device slots vanished");
+  if (is_landing_.empty()) is_landing_.assign(static_cast<size_t>(dev_.n_pages()), 0);
+  for (const PageRef& p : got) {
+    landing_.push_back(p.slot);
+    is_landing_[static_cast<size_t>(p.slot)] = 1;
+  }
+  return landing_;
+}
+
+void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st) {
+  std::vector<PageMove> adopted;
+  for (const Landed& l : landed) {
+    DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < tables.size(), "tiered KV: a landing of sequence {} of {}", l.seq,
+              tables.size());
+    DHS_CHECK(l.dev_slot >= 0 && l.dev_slot < dev_.n_pages() && !is_landing_.empty() &&
+                  is_landing_[static_cast<size_t>(l.dev_slot)] == 1,
+              "tiered KV: a landing in device slot {}, not reserved for this step (or taken twice)", l.dev_slot);
+    PageTable& t = *tables[static_cast<size_t>(l.seq)];
+    check_in_table(t, l.page);
+    is_landing_[static_cast<size_t>(l.dev_slot)] = 2;  // used (adopted or not): freed below unless adopted
+    const PageRef p = t.page(l.page.layer, l.page.head, l.page.idx);
+    if (p.tier != Tier::Host || p.slot != l.host_slot) continue;  // (a second landing of one page)
+    Owner& o = owner_of(t);
+    const PageRef d{Tier::Device, l.dev_slot};
+    track_device(o, d, {&t, l.page.layer, l.page.head, l.page.idx}, now);
+    host_copy_[static_cast<size_t>(d.slot)] = p.slot;
+    t.relocate(l.page.layer, l.page.head, l.page.idx, d);
+    if (on_relocate_) on_relocate_(t, l.page.layer, l.page.head, l.page.idx);
+    ++o.recalled;
+    ++o.late;
+    adopted.push_back({p, d});
+  }
+  if (on_move_)
+    for (const PageMove& m : adopted) on_move_(m.src, m.dst);
+  if (on_land_ && !adopted.empty()) on_land_(adopted);
+  for (const int32_t s : landing_) {
+    const bool kept = is_landing_[static_cast<size_t>(s)] == 2 && lru_.resident(s);
+    is_landing_[static_cast<size_t>(s)] = 0;
+    if (!kept) dev_.free(PageRef{Tier::Device, s});
+  }
+  landing_.clear();
+  TierStats ad;
+  ad.recalled = static_cast<int64_t>(adopted.size());
+  ad.late = ad.recalled;
+  totals_ += ad;
+  st += ad;
+  // Past a budget now: the request's least recently used pages leave (the landed ones were
+  // touched now, so older pages go first).
+  for (PageTable* t : tables) {
+    Owner& o = owner_of(*t);
+    const int64_t over = movable_resident(o) - o.budget;
+    if (over > 0) st += offload(*t, over, now);
+  }
+}
+
 TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
-                                      std::span<PageTable* const> tables, int64_t now) {
+                                      std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed) {
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
             stamps.size(), lru_.n_slots());
   TierStats st;
@@ -512,6 +573,8 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
     st.hits += by_owner[static_cast<size_t>(o.id)];
   }
   totals_.hits += st.hits;
+  // (the landed slots were stamped by the split but are not resident yet: the scan skipped them)
+  if (!landing_.empty() || !landed.empty()) adopt_landed(landed, tables, now, st);
   std::vector<std::vector<PageId>> late_of(tables.size());
   for (const LateRead& r : late) {
     DHS_CHECK(r.seq >= 0 && static_cast<size_t>(r.seq) < tables.size(), "tiered KV: late read of sequence {} of {}", r.seq,
@@ -876,11 +939,12 @@ std::string TieredKv::check_invariants() const {
       return "table " + std::to_string(id) + " holds " + std::to_string(resident_full) + " full device pages, budget " +
              std::to_string(o.budget) + ", with unpinned ones it could offload";
   }
+  n_dev += static_cast<int64_t>(landing_.size());  // (reserved for landings: used, named by no table)
   if (n_dev != dev_.n_used()) return std::to_string(dev_.n_used()) + " device slots used, tables name " + std::to_string(n_dev);
   if (n_host != host_.n_used()) return std::to_string(host_.n_used()) + " host slots used, tables and copies name " + std::to_string(n_host);
   int64_t tracked = 0;
   for (int32_t s = 0; s < lru_.n_slots(); ++s) tracked += lru_.resident(s);
-  if (tracked != n_dev) return "the LRU tracks " + std::to_string(tracked) + " slots, tables name " + std::to_string(n_dev);
+  if (tracked + static_cast<int64_t>(landing_.size()) != n_dev) return "the LRU tracks " + std::to_string(tracked) + " slots, tables name " + std::to_string(n_dev);
   return "";
 }
 

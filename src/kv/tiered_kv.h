@@ -114,8 +114,33 @@ class TieredKv {
     int seq;
     PageId page;
   };
+  // A landing as the step logged it: sequence, page, the slot it landed in, its host slot.
+  struct Landed {
+    int seq;
+    PageId page;
+    int32_t dev_slot;
+    int32_t host_slot;
+  };
+  // landed: the step's landings (reserve_landing), adopted after the hits are counted — each page
+  // that still lives in the host slot it landed from becomes resident in its landing slot, its
+  // host slot kept as its clean copy, touched now and counted as a late read and a recall of its
+  // request; a page that landed twice keeps its first landing — then every reserved slot left is
+  // freed, and requests past their budgets offload down to them.
   TierStats after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
-                              std::span<PageTable* const> tables, int64_t now);
+                              std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed = {});
+
+  // Landing (kv/tier_land.h): the step copies its late pages into device slots set aside before
+  // it, so a missing page crosses PCIe once instead of being read in place and recalled after.
+  // reserve_landing sets aside up to n device slots (freeing least recently used pages first, as
+  // make_room does, when fewer are free): used in the device pool, named by no table, until the
+  // step's after_decode_step adopts the landings and frees the rest. Returns them, in the order
+  // the step takes them.
+  std::vector<int32_t> reserve_landing(int64_t n, int64_t now);
+  int64_t landing_reserved() const { return static_cast<int64_t>(landing_.size()); }
+  // Called with the adopted landings (host slot -> device slot) after their tables name the device
+  // slots: what follows a page besides its K and V, which the step already copied (the GPU's key
+  // sketch and summary rows, kept by key), moves there. The move hook runs for each as well.
+  void set_land_hook(std::function<void(std::span<const PageMove>)> hook) { on_land_ = std::move(hook); }
 
   // Offloads up to n of t's least recently used full, unpinned device pages (fewer when the host
   // tier has no room for their copies); returns the stats.
@@ -284,6 +309,11 @@ class TieredKv {
   std::vector<int32_t> host_copy_;        // [device slots] its clean host copy's slot, or -1
   std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
   std::vector<Owner*> by_id_;                    // [next_owner_] by Owner::id (null: released)
+  std::vector<int32_t> landing_;                 // device slots reserved for the next step's landings
+  std::vector<uint8_t> is_landing_;              // [device slots] 1 while reserved
+  std::function<void(std::span<const PageMove>)> on_land_;
+  // after_decode_step's adoption of the landings; fills st.
+  void adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st);
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;
   int64_t batched_steps_ = 0;

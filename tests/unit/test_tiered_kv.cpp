@@ -12,12 +12,16 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/tier_copy.h"
+#include "kv/tier_land.h"
+#include "kv/tier_split.h"
 #include "kv/tiered_kv.h"
 
 namespace dhs {
@@ -460,6 +464,117 @@ TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
   EXPECT_EQ(b.kv_.batched_steps(), 0);
   EXPECT_GT(a.kv_.totals().recalled, 50);
   EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 50);
+}
+
+// Landing (kv/tier_land.h): before each step slots are reserved, the step's late pages land in
+// them in list order (land_late_pages, the CPU statement of the device op, on each layer's lists
+// of keys; a page listed twice by one request lands twice), and after_decode_step adopts them.
+// Checked every step: each landed page resident in the slot its first landing took, with its host
+// copy kept (clean) and every byte in place; its second landing's slot and the unused reserved
+// slots free again; the counts (recalled, late, hits); budgets and both tiers' accounting. Stacks
+// both shorter and longer than the late pages.
+TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
+  constexpr int64_t kDev = 70, kHost = 400;
+  Scenario s(kDev, kHost, LruParams{kLayers, 4, true});
+  for (int r = 0; r < 3; ++r) {
+    s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+    s.kv_.add(*s.reqs_.back().t, 0, /*budget=*/8 + 3 * r);
+    ASSERT_TRUE(s.append(s.reqs_.back(), 30 + 6 * r));
+  }
+  std::mt19937 rng(41);
+  std::vector<int32_t> stamps(kDev, 0);
+  int64_t landed_total = 0, adopted_total = 0, twice = 0;
+  for (int step = 1; step <= 50; ++step) {
+    const int64_t now = int64_t{step} * kLayers + kLayers - 1;
+    s.now_ = now;
+    const int64_t want = step % 5 == 0 ? 0 : static_cast<int64_t>(rng() % 12);
+    const std::vector<int32_t> stack = s.kv_.reserve_landing(want, now - kLayers + 1);
+    ASSERT_LE(static_cast<int64_t>(stack.size()), want);
+    ASSERT_EQ(s.kv_.check_invariants(), "") << "after the reservation, step " << step;
+    std::vector<PageTable*> tables;
+    for (Req& r : s.reqs_) tables.push_back(r.t.get());
+    // The step: per layer, lists of keys over every request (rows request x head); reads at random
+    // (and the page each list appends into), request 1 listing one of its host pages twice.
+    std::vector<TieredKv::Landed> landed;
+    std::vector<TieredKv::LateRead> late;
+    std::vector<std::tuple<int, int, int, int64_t, int32_t>> first_landing;  // (seq, layer, head, idx) -> slot
+    size_t used = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      PageLists L;
+      L.n_requests = 3;
+      L.n_heads_kv = kHeads;
+      L.indptr = {0};
+      L.seq_len.assign(3, 1);
+      for (int r = 0; r < 3; ++r)
+        for (int h = 0; h < kHeads; ++h) {
+          const PageTable& t = *tables[static_cast<size_t>(r)];
+          bool doubled = false;
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+            if (!(i == t.n_pages_per_list() - 1 || rng() % 3 == 0)) continue;
+            const PageRef p = t.page(l, h, i);
+            const int copies = r == 1 && !doubled && p.tier == Tier::Host ? 2 : 1;
+            doubled = doubled || copies == 2;
+            twice += copies == 2;
+            for (int c = 0; c < copies; ++c) {
+              L.slots.push_back(dhs::tier_key(p, kDev));
+              L.page_pos.push_back(static_cast<int32_t>(i));
+            }
+          }
+          L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
+        }
+      const PageLists before = L;
+      std::vector<dhs::LandEntry> log;
+      dhs::land_late_pages(L, kDev, std::span<const int32_t>(stack).subspan(used), &s.dev_, &s.host_, &log);
+      used += log.size();
+      for (const dhs::LandEntry& e : log)
+        landed.push_back({e.row / kHeads, PageId{l, e.row % kHeads, e.page_pos}, e.dev_slot, e.host_slot});
+      for (int row = 0; row < 3 * kHeads; ++row)
+        for (int32_t k = L.indptr[static_cast<size_t>(row)]; k < L.indptr[static_cast<size_t>(row) + 1]; ++k) {
+          const PageRef p = dhs::tier_of_key(L.slots[static_cast<size_t>(k)], kDev);
+          const PageId id{l, row % kHeads, L.page_pos[static_cast<size_t>(k)]};
+          if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = step;  // (landed ones too: the split stamps them)
+          else late.push_back({row / kHeads, id});
+          if (before.slots[static_cast<size_t>(k)] >= kDev && p.tier == Tier::Device) {
+            bool first = true;
+            for (const auto& f : first_landing)
+              first = first && !(std::get<0>(f) == row / kHeads && std::get<1>(f) == l && std::get<2>(f) == id.head &&
+                                 std::get<3>(f) == id.idx);
+            if (first) first_landing.emplace_back(row / kHeads, l, id.head, id.idx, p.slot);
+          }
+        }
+    }
+    landed_total += static_cast<int64_t>(landed.size());
+    const int64_t free_before = s.dev_.n_free();
+    const TierStats before = s.kv_.totals();
+    const TierStats st = s.kv_.after_decode_step(stamps, step, late, tables, now, landed);
+    EXPECT_EQ(s.kv_.landing_reserved(), 0);
+    const int64_t adopted = static_cast<int64_t>(first_landing.size());
+    adopted_total += adopted;
+    // (a late entry of a page that also landed — listed twice, the stack out between — reads a
+    // resident page by the time it is noted: a hit)
+    int64_t late_of_landed = 0;
+    for (const TieredKv::LateRead& r : late)
+      for (const auto& f : first_landing)
+        late_of_landed += std::get<0>(f) == r.seq && std::get<1>(f) == r.page.layer && std::get<2>(f) == r.page.head &&
+                          std::get<3>(f) == r.page.idx;
+    EXPECT_EQ(s.kv_.totals().late - before.late, static_cast<int64_t>(late.size()) - late_of_landed + adopted) << "step " << step;
+    EXPECT_GE(st.recalled, adopted);
+    (void)free_before;
+    // Each landed page: resident in its first landing's slot (unless its budget sent it back
+    // already: then in the host slot it came from, which is kept), bytes checked by check().
+    for (const auto& [seq, l, h, idx, slot] : first_landing) {
+      const PageRef p = tables[static_cast<size_t>(seq)]->page(l, h, idx);
+      if (p.tier == Tier::Device) {
+        EXPECT_EQ(p.slot, slot) << "step " << step;
+      }
+    }
+    s.check();
+    if (step % 4 == 0)
+      for (Req& r : s.reqs_) ASSERT_TRUE(s.append(r, 1));
+  }
+  EXPECT_GT(adopted_total, 40) << "the scenario should land pages";
+  EXPECT_GT(landed_total, adopted_total) << "and land some page twice";
+  EXPECT_GT(twice, 0);
 }
 
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
