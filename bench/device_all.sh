@@ -179,8 +179,11 @@ for stage in "$@"; do
       run hier_hbm_only timeout 200 "$B/dhisparse" bench "${H[@]}" --policies dense,$SP --hbm-kv-gib 32
       run hier_tiered_b4 timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 4 --buffer 0.5 --churn 0.055
       run hier_tiered_b3 timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03
+      # Landing: late pages copied into reserved HBM slots in the step (each miss crosses PCIe once).
+      run hier_tiered_b4_land timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 4 --buffer 0.5 --churn 0.055 --land
+      run hier_tiered_b3_land timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03 --land
       [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
-      grep -hE "^ctx|^gpu|error" "$OUT"/hier_*.log ;;
+      grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_*.log ;;
     hiertimeline)
       # Where the tiered step's forward goes (docs/hierarchy.md: ~34 ms of the batch-4 forward not
       # explained by its hits and its late bytes): Nsight Compute times every node of the captured

@@ -141,6 +141,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       LlamaCuda* mp = m.get();
       tiers->kv().set_mover([mp](const PagePool& src, PagePool& dst, std::span<const PageMove> mv) { return mp->move_pages(src, dst, mv); });
       tiers->kv().set_relocate_hook([mp](const PageTable& t, int l, int h, int64_t i) { mp->patch_table(t, l, h, i); });
+      if (opts.land) tiers->kv().set_land_hook([mp](std::span<const PageMove> mv) { mp->follow_landed(mv); });
     }
     // The requests: ctx tokens of random KV each. With the host tier, as many of each request's
     // first pages in HBM as its share of the pool allows (at most half of it: the rest stays
@@ -179,7 +180,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     std::mt19937_64 rng(7);
     BatchResult res;
     std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, aft_host, aft_wait;
-    TierStats before_timed, replay;  // (replay: the churn replay's own moves, not the steps')
+    TierStats before_timed, replay;
+    int64_t last_claims = int64_t{1} << 16, landed = 0;  // (landing: the last step's claims; landings timed)  // (replay: the churn replay's own moves, not the steps')
     for (int64_t s = 0; s < total_steps; ++s) {
       const bool timed = s >= kWarmSteps + kResidentSteps, resident = s >= kWarmSteps && !timed;
       // Room for the token: a new page per list every P steps (offloading cold pages for it).
@@ -193,6 +195,16 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         before_timed = tiers ? tiers->kv().totals() : TierStats{};
         m->reset_sparsity_stats();
       }
+      // Landing: slots for this step's late pages (the last step's claims and a margin), timed
+      // with the after-step (it is the host's bookkeeping of the cycle).
+      double reserve_ms = 0;
+      if (tiers && opts.land) {
+        const auto tr = Clock::now();
+        const int64_t want = std::min<int64_t>(LlamaCuda::kLandMax, last_claims + last_claims / 4 + 256);
+        const std::vector<int32_t> stack = tiers->kv().reserve_landing(want, tiers->clock());
+        m->set_landing_slots(stack);
+        reserve_ms = ms_since(tr);
+      }
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
       const auto t0 = Clock::now();
       m->forward(seqs, nullptr);
@@ -205,7 +217,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         a_host = ms_since(t1);
         DHS_CUDA_CHECK(cudaDeviceSynchronize());
       }
-      const double a = ms_since(t1);
+      const double a = ms_since(t1) + reserve_ms;
+      last_claims = m->landing_claims();
+      if (timed) landed += static_cast<int64_t>(m->landings().size());
       ++steps_done;
       if (tiers && m->late_log_overflowed()) ++res.late_overflow_steps;
       if (tiers && s == 0) {
@@ -224,7 +238,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         ph_before.push_back(ph.before_ms);
         ph_gpu.push_back(ph.gpu_ms);
         ph_after.push_back(ph.after_ms);
-        aft_host.push_back(a_host);
+        aft_host.push_back(a_host + reserve_ms);
         aft_wait.push_back(a - a_host);
       }
       // The churn before the next step: a random `churn` of the pages this step read leave HBM,
@@ -291,7 +305,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     const double hbm_bytes = static_cast<double>(m->weight_bytes()) + res.read_frac * kv_bytes + sketch_bytes;
     const double late_gb = static_cast<double>(res.tiers.late) * page_bytes / n_steps / 1e9;
     const double recall_gb = static_cast<double>(res.tiers.recalled) * page_bytes / n_steps / 1e9;
-    const double hbm_ms = hbm_bytes / (copy_gbps * 1e9) * 1e3, pcie_ms = (late_gb + recall_gb) / pcie_gbps * 1e3;
+    // (a landed page is counted as a late read and as a recall, and crossed PCIe once)
+    const double landed_gb = static_cast<double>(landed) * page_bytes / n_steps / 1e9;
+    const double hbm_ms = hbm_bytes / (copy_gbps * 1e9) * 1e3, pcie_ms = (late_gb + recall_gb - landed_gb) / pcie_gbps * 1e3;
     const double floor_ms = hbm_ms + pcie_ms, floor_overlap_ms = std::max(hbm_ms, pcie_ms);
     const double reads = static_cast<double>(res.tiers.hits + res.tiers.late);
     const double hit_rate = tiers ? (reads > 0 ? static_cast<double>(res.tiers.hits) / reads : 1.0) : 1.0;
@@ -317,7 +333,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
-       << ",\"recall_gb_per_step\":" << recall_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
+       << ",\"recall_gb_per_step\":" << recall_gb << ",\"landing\":" << (opts.land ? "true" : "false") << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
        << ",\"late_log_overflow_steps\":" << res.late_overflow_steps << ",\"steps\":" << opts.steps << ",\"copy_GBps\":" << copy_gbps
        << ",\"pcie_GBps\":" << pcie_gbps
        << ",\"method\":\"real decode steps (random weights and KV), wall time of forward + after-step recalls, mean over the timed "

@@ -24,6 +24,9 @@ struct HierarchyBenchOptions {
   // the buffer used, from the real-model measurement (hierarchy_hit_rate.jsonl).
   double churn = 0.055;
   double buffer = 0.5;  // each request's HBM budget: the pages a step reads x (1 + buffer)
+  // Landing (backend/cuda/tier_land.h): slots reserved before each step for its late pages, which
+  // the step copies into HBM before their attention (a miss crosses PCIe once), adopted after.
+  bool land = false;
   int steps = 12;       // timed steps with churn (after warm-up and the resident steps)
   std::string out = "bench/results/hierarchy.jsonl";
   std::string commit = "unknown";

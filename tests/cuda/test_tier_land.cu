@@ -119,6 +119,7 @@ Landed land_on_device(const PageLists& in, Pools& P, const std::vector<int32_t>&
   dc::LandLateParams p;
   p.indptr = indptr_d;
   p.slots = slots_d;
+  p.slots_out = slots_d;  // (in place)
   p.page_pos = pos_d;
   p.n_rows = in.n_requests * in.n_heads_kv;
   p.n_device = static_cast<int32_t>(kDev);
@@ -286,6 +287,60 @@ TEST(TierLand, TwoLayersShareTheCounter) {
   EXPECT_EQ(static_cast<int64_t>(used.size()), la + lb);
   cudaFree(counter_d);
   cudaFree(log_d);
+}
+
+// As a captured step runs it: the stack's length read on the device (land_avail, below the
+// buffer's capacity) and the keys written to a second buffer, the input left as it was.
+TEST(TierLand, TheAvailableCountBoundsTheClaimsAndTheInputStays) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(37);
+  Pools P(16, 128, rng);
+  const PageLists in = random_lists(20, 60, rng);
+  const int64_t late = late_entries(in);
+  ASSERT_GT(late, 10);
+  const std::vector<int32_t> stack = free_stack(late, rng);
+  int32_t* indptr_d = to_device(in.indptr);
+  int32_t* slots_d = to_device(in.slots);
+  int32_t* out_d = to_device(std::vector<int32_t>(in.slots.size(), -7));
+  int32_t* pos_d = to_device(in.page_pos);
+  int32_t* stack_d = to_device(stack);
+  int32_t* counter_d = to_device(std::vector<int32_t>{0, 0, 7});  // claims, bad, available
+  int32_t* log_d = to_device(std::vector<int32_t>(5 * stack.size(), 0));
+  dc::LandLateParams p;
+  p.indptr = indptr_d;
+  p.slots = slots_d;
+  p.slots_out = out_d;
+  p.page_pos = pos_d;
+  p.n_rows = 20;
+  p.n_device = static_cast<int32_t>(kDev);
+  p.n_host = kHost;
+  p.land_slots = stack_d;
+  p.land_n = counter_d;
+  p.land_cap = static_cast<int>(stack.size());
+  p.land_avail = counter_d + 2;
+  p.log = log_d;
+  p.host_k = P.host.k_d();
+  p.host_v = P.host.v_d();
+  p.dev_k = P.dev.k_d();
+  p.dev_v = P.dev.v_d();
+  p.page_words = P.page_words;
+  p.n_bad = counter_d + 1;
+  dc::land_late_pages(p, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(to_host(slots_d, in.slots.size()), in.slots) << "the input keys changed";
+  const auto out = to_host(out_d, in.slots.size());
+  int64_t rewritten = 0;
+  for (size_t k = 0; k < in.slots.size(); ++k) {
+    if (in.slots[k] < kDev) {
+      EXPECT_EQ(out[k], in.slots[k]);
+    } else {
+      EXPECT_TRUE(out[k] == in.slots[k] || out[k] < kDev);
+      rewritten += out[k] < kDev;
+    }
+  }
+  EXPECT_EQ(rewritten, 7);
+  EXPECT_EQ(to_host(counter_d, 1)[0], late);
+  for (int32_t* q : {indptr_d, slots_d, out_d, pos_d, stack_d, counter_d, log_d}) cudaFree(q);
 }
 
 TEST(TierLand, KeysPastTheHostTierAreSkippedAndCounted) {

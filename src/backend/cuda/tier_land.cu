@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kThreads) land_late_kernel(const __grid_consta
   const int row = static_cast<int>(blockIdx.x);
   const int b = p.indptr[row], e = p.indptr[row + 1];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int cap = p.land_avail ? min(p.land_cap, max(*p.land_avail, 0)) : p.land_cap;
   for (int base = b + warp * 32; base < e; base += kThreads) {
     const int k = base + lane;
     const int32_t key = k < e ? p.slots[k] : -1;
@@ -51,13 +52,12 @@ __global__ void __launch_bounds__(kThreads) land_late_kernel(const __grid_consta
         if (p.n_bad) atomicAdd(p.n_bad, 1);
       } else {
         const int claim = atomicAdd(p.land_n, 1);
-        if (claim < p.land_cap) {
+        if (claim < cap) {
           d = p.land_slots[claim];
           if (d < 0 || d >= p.n_device) {
             if (p.n_bad) atomicAdd(p.n_bad, 1);
             d = -1;
           } else {
-            p.slots[k] = d;
             int32_t* l = p.log + 5 * static_cast<int64_t>(claim);
             l[0] = row;
             l[1] = p.layer;
@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) land_late_kernel(const __grid_consta
         }
       }
     }
+    if (k < e) p.slots_out[k] = d >= 0 ? d : key;
     // The warp copies its landed pages one after another.
     unsigned todo = __ballot_sync(0xffffffffu, d >= 0);
     while (todo) {
@@ -95,7 +96,8 @@ void launch_land_late(const LandLateParams& p, cudaStream_t stream) {
 void land_late_pages(const LandLateParams& p, cudaStream_t stream) {
   require(p.n_rows >= 0 && p.n_device >= 0 && p.n_host >= 0 && p.land_cap >= 0 && p.page_words > 0,
           "land_late_pages: negative sizes or an empty page");
-  require(p.n_rows == 0 || (p.indptr && p.slots && p.page_pos && p.land_n), "land_late_pages: lists and the counter needed");
+  require(p.n_rows == 0 || (p.indptr && p.slots && p.slots_out && p.page_pos && p.land_n),
+          "land_late_pages: lists in and out and the counter needed");
   require(p.land_cap == 0 || (p.land_slots && p.log), "land_late_pages: a landing stack needs its slots and its log");
   require(p.host_k && p.host_v && p.dev_k && p.dev_v, "land_late_pages: both tiers' K and V needed");
   launch_land_late(p, stream);

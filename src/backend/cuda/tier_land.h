@@ -8,7 +8,7 @@
 // Every late byte of a landed page crosses PCIe once (the recall-ahead schedule's in-place read
 // and later recall cross twice). No host sync, no allocation: capturable.
 //
-//   slots:      [nnz] keys, rewritten in place for the entries that land
+//   slots:      [nnz] keys in; slots_out: the same with the landed entries' rewritten (in place if equal)
 //   land_slots: [land_cap] free device slots
 //   land_n:     [1] claims this step (set to 0 before its first layer)
 //   log:        [land_cap, 5] (row, layer, page_pos, device slot, host slot) at the claim's index
@@ -22,7 +22,8 @@ namespace dhs::cuda {
 
 struct LandLateParams {
   const int32_t* indptr = nullptr;    // [n_rows + 1]
-  int32_t* slots = nullptr;           // [nnz] keys
+  const int32_t* slots = nullptr;     // [nnz] keys
+  int32_t* slots_out = nullptr;       // [nnz] the keys after landing (every entry written; may be slots)
   const int32_t* page_pos = nullptr;  // [nnz]
   int n_rows = 0;
   int32_t n_device = 0;   // device pool pages (keys at or past it name host slots)
@@ -30,6 +31,8 @@ struct LandLateParams {
   const int32_t* land_slots = nullptr;  // [land_cap]
   int32_t* land_n = nullptr;            // [1]
   int land_cap = 0;
+  const int32_t* land_avail = nullptr;  // [1] or null: claims below min(land_cap, *land_avail) land (a
+                                        // captured step's stack length, written before each replay)
   int32_t* log = nullptr;  // [land_cap, 5]
   int layer = 0;
   const __half* host_k = nullptr;  // [n_host, page_size, head_dim] mapped pinned DRAM

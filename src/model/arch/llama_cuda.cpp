@@ -11,6 +11,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/quant_gemv.h"
+#include "backend/cuda/tier_land.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -213,6 +214,10 @@ void LlamaCuda::allocate_kv() {
     DHS_CUDA_CHECK(cudaMallocHost(&read_count_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&stamp_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&last_use_h_, static_cast<size_t>(n_pages) * 4));
+    land_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(6 * kLandMax + 3) * 4));
+    DHS_CUDA_CHECK(cudaMemset(land_d_ + kLandMax, 0, 12));
+    land_keys_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(split_->max_nnz()) * 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&land_h_, static_cast<size_t>(kLandMax + 3) * 4));
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
@@ -470,6 +475,7 @@ LlamaCuda::~LlamaCuda() {
   if (read_count_h_) cudaFreeHost(read_count_h_);
   if (stamp_h_) cudaFreeHost(stamp_h_);
   if (last_use_h_) cudaFreeHost(last_use_h_);
+  if (land_h_) cudaFreeHost(land_h_);
   if (move_h_) cudaFreeHost(move_h_);
   if (move_d_) cudaFree(move_d_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
@@ -697,6 +703,7 @@ void LlamaCuda::run_layers(const Step& s) {
   if (log_late) {
     DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
     DHS_CUDA_CHECK(cudaMemsetAsync(read_d_ + pool_->n_pages(), 0, 4, stream_));
+    DHS_CUDA_CHECK(cudaMemsetAsync(land_d_ + kLandMax, 0, 8, stream_));  // landing claims, bad
   }
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
@@ -728,6 +735,7 @@ void LlamaCuda::run_layers(const Step& s) {
   if (log_late) {  // the counts of the step's late and resident reads (the entries follow after the step)
     DHS_CUDA_CHECK(cudaMemcpyAsync(late_count_h_, late_log_d_ + 3 * late_cap_, 4, cudaMemcpyDeviceToHost, stream_));
     DHS_CUDA_CHECK(cudaMemcpyAsync(read_count_h_, read_d_ + pool_->n_pages(), 4, cudaMemcpyDeviceToHost, stream_));
+    DHS_CUDA_CHECK(cudaMemcpyAsync(land_h_ + kLandMax, land_d_ + kLandMax, 8, cudaMemcpyDeviceToHost, stream_));
   }
   logits_and_sample(s.n_out);                                                // output rows -> ids
 }
@@ -802,7 +810,30 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   // The recall-ahead schedule (tier_split.h): the lists' keys split by tier, attention over the
   // resident part from HBM and over the late part in place from the host tier, merged by LSE.
   const int n_rows = n_req * static_cast<int>(cfg_.n_heads_kv);
-  cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
+  // Landing first (tier_land.h): late pages copied into the step's reserved HBM slots as far as
+  // they go, the keys rewritten into land_keys_d_ (the selection's lists stay as they are).
+  cuda::LandLateParams land;
+  land.indptr = lists.indptr;
+  land.slots = lists.slots;
+  land.slots_out = land_keys_d_;
+  land.page_pos = lists.page_pos;
+  land.n_rows = n_rows;
+  land.n_device = static_cast<int32_t>(pool_->n_pages());
+  land.n_host = host_pool_->n_pages();
+  land.land_slots = land_d_;
+  land.land_n = land_d_ + kLandMax;
+  land.n_bad = land_d_ + kLandMax + 1;
+  land.land_avail = land_d_ + kLandMax + 2;
+  land.land_cap = kLandMax;
+  land.log = land_d_ + kLandMax + 3;
+  land.layer = layer;
+  land.host_k = host_pool_->k_d();
+  land.host_v = host_pool_->v_d();
+  land.dev_k = pool_->k_d();
+  land.dev_v = pool_->v_d();
+  land.page_words = static_cast<int>(pool_->page_elems() / 8);
+  cuda::launch_land_late(land, stream_);
+  cuda::split_lists_by_tier(lists.indptr, land_keys_d_, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
                             cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_,
                                                stamp_d_, read_d_, read_d_ + pool_->n_pages(),
                                                static_cast<int>(pool_->n_pages())});
@@ -840,22 +871,7 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   if (n == 0) return 0;
   const bool recall = src.tier() == Tier::Host;
   const int64_t n_dev = pool_->n_pages(), n_host = host_pool_->n_pages();
-  // The staging (slot pairs, count, key pairs) is rewritten only once the moves before it ran.
-  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (n > move_cap_) {  // (the new buffers first: a failed allocation leaves the old ones in place)
-    const int64_t cap = std::max<int64_t>(n, 4096);
-    int32_t *h = nullptr, *d = nullptr;
-    DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(4 * cap + 1) * 4));
-    if (cudaMalloc(&d, static_cast<size_t>(4 * cap + 1) * 4) != cudaSuccess) {
-      cudaFreeHost(h);
-      throw Error(fmt::format("move_pages: no device memory for {} moves", n));
-    }
-    if (move_h_) cudaFreeHost(move_h_);
-    if (move_d_) cudaFree(move_d_);
-    move_h_ = h;
-    move_d_ = d;
-    move_cap_ = cap;
-  }
+  ensure_move_staging(n);
   const auto key = [&](PageRef p) { return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot); };
   // Staging: [n, 2] slot pairs, [n, 2] key pairs (both 8-byte aligned: the kernels read int2), the count.
   int32_t* keys_h = move_h_ + 2 * n;
@@ -885,15 +901,67 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   mp.page_words = static_cast<int>(pool_->page_elems() / 8);
   cuda::launch_page_move(mp, cuda::kPageMoveBlocks, stream_);
   // The page's estimator rows follow it (their keys: the tiers' slots apart).
-  const int32_t* key_pairs = move_d_ + 2 * n;
+  move_key_rows(move_d_ + 2 * n, static_cast<int>(n));
+  return runs;
+}
+
+void LlamaCuda::ensure_move_staging(int64_t n) {
+  // The staging (slot pairs, count, key pairs) is rewritten only once the moves before it ran.
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (n <= move_cap_) return;
+  // (the new buffers first: a failed allocation leaves the old ones in place)
+  const int64_t cap = std::max<int64_t>(n, 4096);
+  int32_t *h = nullptr, *d = nullptr;
+  DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(4 * cap + 1) * 4));
+  if (cudaMalloc(&d, static_cast<size_t>(4 * cap + 1) * 4) != cudaSuccess) {
+    cudaFreeHost(h);
+    throw Error(fmt::format("move_pages: no device memory for {} moves", n));
+  }
+  if (move_h_) cudaFreeHost(move_h_);
+  if (move_d_) cudaFree(move_d_);
+  move_h_ = h;
+  move_d_ = d;
+  move_cap_ = cap;
+}
+
+void LlamaCuda::move_key_rows(const int32_t* key_pairs_d, int n) {
   const int64_t ps = opt_.page_size, D = cfg_.head_dim;
   if (sketch_) {
-    cuda::launch_move_rows(sketch_->codes_d(), ps * (D / 2), key_pairs, static_cast<int>(n), stream_);
-    cuda::launch_move_rows(sketch_->steps_d(), ps * 4, key_pairs, static_cast<int>(n), stream_);
+    cuda::launch_move_rows(sketch_->codes_d(), ps * (D / 2), key_pairs_d, n, stream_);
+    cuda::launch_move_rows(sketch_->steps_d(), ps * 4, key_pairs_d, n, stream_);
   }
   for (cuda::DevicePageSummaries* st : {sum_minmax_.get(), sum_meanvar_.get()})
-    if (st) cuda::launch_move_rows(st->data_d(), 2 * D * 2, key_pairs, static_cast<int>(n), stream_);
-  return runs;
+    if (st) cuda::launch_move_rows(st->data_d(), 2 * D * 2, key_pairs_d, n, stream_);
+}
+
+void LlamaCuda::set_landing_slots(std::span<const int32_t> slots) {
+  DHS_CHECK(host_pool_, "set_landing_slots: no host tier");
+  DHS_CHECK(static_cast<int64_t>(slots.size()) <= kLandMax, "set_landing_slots: {} slots (at most {})", slots.size(), kLandMax);
+  for (const int32_t s : slots)
+    DHS_CHECK(s >= 0 && s < pool_->n_pages(), "set_landing_slots: slot {} outside the HBM pool's {} pages", s, pool_->n_pages());
+  if (slots.empty()) {
+    land_avail_next_ = 0;
+    return;
+  }
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (the staging's last upload has run)
+  std::copy(slots.begin(), slots.end(), land_h_);
+  DHS_CUDA_CHECK(cudaMemcpyAsync(land_d_, land_h_, slots.size() * 4, cudaMemcpyHostToDevice, stream_));
+  land_avail_next_ = static_cast<int32_t>(slots.size());
+}
+
+void LlamaCuda::follow_landed(std::span<const PageMove> moves) {
+  if (moves.empty() || (!sketch_ && !sum_minmax_ && !sum_meanvar_)) return;
+  const int64_t n = static_cast<int64_t>(moves.size());
+  ensure_move_staging(n);
+  const int64_t n_dev = pool_->n_pages();
+  for (int64_t i = 0; i < n; ++i) {
+    const PageMove& m = moves[static_cast<size_t>(i)];
+    DHS_CHECK(m.src.tier == Tier::Host && m.dst.tier == Tier::Device, "follow_landed: a landing goes host -> device");
+    move_h_[2 * i] = static_cast<int32_t>(n_dev + m.src.slot);
+    move_h_[2 * i + 1] = m.dst.slot;
+  }
+  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_, move_h_, static_cast<size_t>(2 * n) * 4, cudaMemcpyHostToDevice, stream_));
+  move_key_rows(move_d_, static_cast<int>(n));
 }
 
 // Prefill reads the dense lists: policies apply to decode steps only. With the host tier the lists
@@ -1007,10 +1075,16 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   upload_step(batch, n_rows, split);
   step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
+  int32_t land_avail = 0;
   if (host_pool_ && step.decode) {  // this step's stamp for the resident reads' record
     *stamp_h_ = ++stamp_;
     DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
+    // The landing stack's length (set_landing_slots uploaded the slots; 0: nothing lands).
+    land_avail = land_avail_next_;
+    land_h_[kLandMax + 2] = land_avail;
+    DHS_CUDA_CHECK(cudaMemcpyAsync(land_d_ + kLandMax + 2, land_h_ + kLandMax + 2, 4, cudaMemcpyHostToDevice, stream_));
   }
+  land_avail_next_ = 0;
   cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;
   const Clock::time_point t_launch = Clock::now();
   if (g) {
@@ -1034,7 +1108,24 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   const Clock::time_point t_done = Clock::now();
   table_->step_done();
   late_reads_.clear();
+  landings_.clear();
+  land_claims_ = 0;
   late_overflow_ = false;
+  if (host_pool_ && step.decode) {
+    land_claims_ = land_h_[kLandMax];
+    const int64_t n = std::min<int64_t>(land_claims_, land_avail);
+    if (n > 0) {
+      land_log_h_.resize(static_cast<size_t>(5 * n));
+      DHS_CUDA_CHECK(cudaMemcpy(land_log_h_.data(), land_d_ + kLandMax + 3, land_log_h_.size() * 4, cudaMemcpyDeviceToHost));
+    }
+    const int hkv = static_cast<int>(cfg_.n_heads_kv);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t* e = land_log_h_.data() + 5 * i;
+      // (a padding row lists nothing; its entries would name no sequence)
+      if (e[0] / hkv >= n_attn) continue;
+      landings_.push_back({attn_seq_[static_cast<size_t>(e[0] / hkv)], e[1], e[0] % hkv, e[2], e[3], e[4]});
+    }
+  }
   if (host_pool_ && step.decode) {
     const int32_t n = *late_count_h_;
     late_overflow_ = n > late_cap_;

@@ -215,6 +215,21 @@ class LlamaCuda {
     int32_t page;
   };
   const std::vector<LateRead>& late_reads() const { return late_reads_; }
+  // Landing (backend/cuda/tier_land.h, TieredKv::reserve_landing): the next decode step copies
+  // its late pages into these HBM slots as far as they go (at most kLandMax), before each layer's
+  // split, and reads them from there; a step without this call lands nothing. landings(): the last
+  // step's, by sequence; landing_claims(): the late entries that asked for a slot (past the
+  // stack's length too). follow_landed: the adopted pages' sketch and summary rows follow them
+  // (TieredKv::set_land_hook).
+  static constexpr int kLandMax = 1 << 18;
+  void set_landing_slots(std::span<const int32_t> slots);
+  struct Landing {
+    int seq, layer, head;
+    int32_t page, dev_slot, host_slot;
+  };
+  const std::vector<Landing>& landings() const { return landings_; }
+  int64_t landing_claims() const { return land_claims_; }
+  void follow_landed(std::span<const PageMove> moves);
   // The last decode step's reads of HBM: read_stamps()[s] == read_stamp() when it read slot s
   // ([n_pages] of the HBM pool, copied back with the step; read_stamp() is -1 after any other
   // step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
@@ -331,6 +346,20 @@ class LlamaCuda {
   Phases phases_;
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
+  // Landing: land_d_ = [kLandMax] slots, then claims, bad, available, then the log [kLandMax, 5];
+  // land_keys_d_ the layer's keys after landing (what the split reads); land_h_ pinned: the slots'
+  // staging, then claims, bad, available.
+  int32_t* land_d_ = nullptr;
+  int32_t* land_keys_d_ = nullptr;
+  int32_t* land_h_ = nullptr;
+  int32_t land_avail_next_ = 0;
+  int64_t land_claims_ = 0;
+  std::vector<int32_t> land_log_h_;
+  std::vector<Landing> landings_;
+  // The page moves' pinned and device staging grown to n moves (move_h_, move_d_).
+  void ensure_move_staging(int64_t n);
+  // The estimator rows (sketch, summaries) of n pages moved by key pairs ([n, 2] on the device).
+  void move_key_rows(const int32_t* key_pairs_d, int n);
   std::vector<int> attn_seq_;  // [attention requests of the last step] its sequence in the batch
   // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
   // each decode step from stamp_h_); each slot read listed once in read_d_ ([n_pages] then the
