@@ -44,6 +44,7 @@ class CpuRunner final : public StepRunner {
     const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * c.head_dim * 4);  // K and V, fp32
     pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
                                        o.page_size, static_cast<int>(c.head_dim));
+    DHS_CHECK(o.kv_recall != "land", "--kv-recall land runs on the CUDA backend (on the CPU: layer or ahead)");
     if (host_pages > 0) {
       // The clock ticks once per layer (LlamaCpu::set_tiers).
       tiers_ = std::make_unique<RunnerTiers>(

@@ -50,8 +50,8 @@ class CudaRunner final : public StepRunner {
     // The KV hierarchy: a host tier of pinned DRAM (f16 head-pages, K and V), on the recall-ahead
     // schedule only (a step moves nothing: its late pages are read in place; docs/hierarchy.md).
     const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * cfg.head_dim * 2);
-    DHS_CHECK(host_pages == 0 || o.kv_recall == "ahead",
-              "the KV hierarchy on the GPU runs the recall-ahead schedule: add --kv-recall ahead (the layer "
+    DHS_CHECK(host_pages == 0 || o.kv_recall == "ahead" || o.kv_recall == "land",
+              "the KV hierarchy on the GPU runs the recall-ahead schedule: add --kv-recall ahead or land (the layer "
               "schedule needs a host round trip per layer inside the step)");
     co.host_pages = host_pages;
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
@@ -90,6 +90,7 @@ class CudaRunner final : public StepRunner {
         return m->move_pages(src, dst, moves);
       });
       tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
+      if (tiers_->land()) tiers_->kv().set_land_hook([m](std::span<const PageMove> mv) { m->follow_landed(mv); });
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
     }
     rows_.resize(static_cast<size_t>(max_batch_));
@@ -199,6 +200,12 @@ class CudaRunner final : public StepRunner {
     if (tiers_) {
       tiers_->before_step(batch);  // (prefill and decode attention read either tier: nothing is pinned)
       tier_before = tiers_->stats_of(batch);
+      // Landing (--kv-recall land): slots for a decode step's late pages, the last one's claims
+      // and a quarter more (after_decode_step adopts the landings and frees the rest).
+      if (tiers_->land() && !prefill) {
+        const int64_t want = std::min<int64_t>(LlamaCuda::kLandMax, last_claims_ + last_claims_ / 4 + 64);
+        model_->set_landing_slots(tiers_->kv().reserve_landing(want, tiers_->clock()));
+      }
     }
     out->logits.clear();
     out->verify_logits.clear();
@@ -227,6 +234,7 @@ class CudaRunner final : public StepRunner {
     }
     if (tiers_) {
       after_tier_step(batch, prefill, tier_before);
+      if (!prefill) last_claims_ = model_->landing_claims();
       tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     ++steps_;
@@ -292,6 +300,7 @@ class CudaRunner final : public StepRunner {
   }
 
   int max_batch_ = 1;
+  int64_t last_claims_ = 1024;  // landing: the last decode step's late entries (slots it asked for)
   PolicySpec policy_;
   std::unique_ptr<LlamaCuda> model_;
   std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters

@@ -13,7 +13,8 @@ int64_t RunnerTiers::host_pages(const EngineOptions& o, int64_t page_bytes) {
   const int64_t pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
   DHS_CHECK(o.cpu_kv_gb == 0.0 || pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
   DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || pages > 0, "a device KV budget needs the host tier (--cpu-kv-gb)");
-  DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead", "--kv-recall must be layer or ahead, got '{}'", o.kv_recall);
+  DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead" || o.kv_recall == "land",
+            "--kv-recall must be layer, ahead or land, got '{}'", o.kv_recall);
   DHS_CHECK(o.kv_recall == "layer" || pages > 0, "--kv-recall {} needs the host tier (--cpu-kv-gb)", o.kv_recall);
   return pages;
 }
@@ -25,7 +26,8 @@ RunnerTiers::RunnerTiers(PagePool& device, std::unique_ptr<PagePool> host, const
   kv_ = std::make_unique<TieredKv>(device, *host_, LruParams{n_layers, 4, /*cyclic=*/true});
   budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
   if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
-  recall_ahead_ = o.kv_recall == "ahead";
+  recall_ahead_ = o.kv_recall == "ahead" || o.kv_recall == "land";
+  land_ = o.kv_recall == "land";
 }
 
 void RunnerTiers::before_step(const std::vector<StepRequest>& batch, const std::function<void(PageTable&)>& prepared) {

@@ -37,6 +37,8 @@ class RunnerTiers {
   const TieredKv& kv() const { return *kv_; }
   PagePool& host() { return *host_; }
   bool recall_ahead() const { return recall_ahead_; }
+  // --kv-recall land: the recall-ahead schedule with landing (kv/tier_land.h; the CUDA backend).
+  bool land() const { return land_; }
   int64_t clock() const { return clock_(); }
 
   // Before a step: every table registered and its new pages tracked, then the pages each
@@ -76,7 +78,8 @@ class RunnerTiers {
   std::function<int64_t()> clock_;
   int64_t budget_ = TieredKv::kUnlimited;        // device pages per request
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
-  bool recall_ahead_ = false;                    // --kv-recall ahead
+  bool recall_ahead_ = false;                    // --kv-recall ahead (or land)
+  bool land_ = false;                            // --kv-recall land
   double io_gbps_ = 0.0, io_load_ = 0.0;
   int64_t page_bytes_ = 0, io_pages_seen_ = 0;   // pages moved or read in place counted so far
   PagePool& device_;

@@ -484,8 +484,12 @@ TierStats TieredKv::recall_ahead(PageTable& t, std::span<const PageId> pages, in
 }
 
 std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
-  DHS_CHECK(landing_.empty(), "tiered KV: {} landing slots still reserved (after_decode_step adopts or frees them)",
-            landing_.size());
+  // (a reservation no after_decode_step took — its step failed — is freed: nothing names it)
+  for (const int32_t s : landing_) {
+    is_landing_[static_cast<size_t>(s)] = 0;
+    dev_.free(PageRef{Tier::Device, s});
+  }
+  landing_.clear();
   if (n <= 0) return {};
   make_room(n, now);  // (best effort: fewer slots when the pool cannot free n)
   std::vector<PageRef> got;

@@ -26,7 +26,7 @@ using namespace dhs;
 using test::have_gpu;
 
 std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_t budget, int64_t kv_blocks = 0,
-                             bool auto_budget = false, int64_t max_context = 2048) {
+                             bool auto_budget = false, int64_t max_context = 2048, const std::string& recall = "ahead") {
   EngineOptions o;
   o.model_path = test::default_model_path();
   o.device = "cuda";
@@ -34,7 +34,7 @@ std::unique_ptr<Engine> load(const std::string& policy, double cpu_kv_gb, int64_
   o.cpu_kv_gb = cpu_kv_gb;
   o.kv_device_budget = budget;
   o.kv_budget_auto = auto_budget;
-  o.kv_recall = cpu_kv_gb > 0 ? "ahead" : "layer";
+  o.kv_recall = cpu_kv_gb > 0 ? recall : "layer";
   o.kv_blocks = kv_blocks;
   o.max_context = max_context;
   if (kv_blocks > 0) o.max_batch = 4;
@@ -50,7 +50,7 @@ std::vector<int32_t> long_prompt(const Engine& e) {
   return e.tokenize(text);
 }
 
-void expect_same_tokens(const std::string& policy) {
+void expect_same_tokens(const std::string& policy, const std::string& recall = "ahead") {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   GenerateOptions g;
@@ -66,18 +66,18 @@ void expect_same_tokens(const std::string& policy) {
   const int64_t n = static_cast<int64_t>(long_prompt(*e).size()) + g.max_tokens;
   const int64_t one_layer = e->config().n_heads_kv * ((n + 15) / 16);
   e.reset();
-  e = load(policy, 1.0, one_layer);
+  e = load(policy, 1.0, one_layer, 0, false, 2048, recall);
   const GenerateResult r = e->generate(long_prompt(*e), g);
-  EXPECT_TRUE(r.tokens == want) << policy << ": greedy tokens differ with the host tier";
+  EXPECT_TRUE(r.tokens == want) << policy << ", --kv-recall " << recall << ": greedy tokens differ with the host tier";
   const TierCounts t = e->tier_counts();
-  std::printf("cuda %s: %zu tokens; hits %llu, late (read in place) %llu, recalled %llu, offloaded %llu, dropped %llu\n",
-              policy.c_str(), r.tokens.size(), static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.late),
+  std::printf("cuda %s (%s): %zu tokens; hits %llu, late (read in place) %llu, recalled %llu, offloaded %llu, dropped %llu\n",
+              policy.c_str(), recall.c_str(), r.tokens.size(), static_cast<unsigned long long>(t.hits), static_cast<unsigned long long>(t.late),
               static_cast<unsigned long long>(t.recalled), static_cast<unsigned long long>(t.offloaded),
               static_cast<unsigned long long>(t.dropped));
   EXPECT_GT(t.late, 30u * static_cast<uint64_t>(g.max_tokens)) << "steps did not read pages in place";
   EXPECT_GT(t.hits, 0u) << "the steps' resident reads were not recorded";
-  if (policy != "dense") {
-    EXPECT_GT(t.recalled, 0u) << "no page came back between steps";
+  if (policy != "dense" || recall == "land") {
+    EXPECT_GT(t.recalled, 0u) << "no page came back between steps (or landed in one)";
   }
   EXPECT_GT(t.offloaded, 0u);
   EXPECT_EQ(e->kv_stats().n_used, 0);
@@ -87,6 +87,10 @@ void expect_same_tokens(const std::string& policy) {
 
 TEST(CudaTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens("dense"); }
 TEST(CudaTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens("coverage:0.99"); }
+// Landing (--kv-recall land): late pages copied into reserved HBM slots in the step and read from
+// there, adopted after it; the same tokens, every page back and both tiers' accounting clean.
+TEST(CudaTiers, LandingDenseGreedyTokensEqualAllResident) { expect_same_tokens("dense", "land"); }
+TEST(CudaTiers, LandingCoverageGreedyTokensEqualAllResident) { expect_same_tokens("coverage:0.99", "land"); }
 
 TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";

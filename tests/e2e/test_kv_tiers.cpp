@@ -339,6 +339,13 @@ TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);
   EXPECT_THROW(load("dense", 0.0, 0, 0, false, "ahead"), std::exception);
   EXPECT_THROW(load("dense", 1.0, 0, 0, false, "soon"), std::exception);
+  // (landing copies late pages into HBM inside a CUDA step; the CPU backend reads them in place)
+  try {
+    load("dense", 1.0, 0, 0, false, "land");
+    ADD_FAILURE() << "--kv-recall land on the CPU backend was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA backend"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

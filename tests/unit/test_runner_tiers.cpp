@@ -29,6 +29,10 @@ TEST(RunnerTiers, RefusesWhatNeedsAHostTierWithoutOne) {
   o.cpu_kv_gb = 1.0;
   o.kv_recall = "later";
   EXPECT_THROW(RunnerTiers::host_pages(o, 1024), Error);
+  o.kv_recall = "land";
+  EXPECT_EQ(RunnerTiers::host_pages(o, 1024), 1 << 20);
+  o.cpu_kv_gb = 0.0;
+  EXPECT_THROW(RunnerTiers::host_pages(o, 1024), Error);  // (land needs the host tier too)
 }
 
 TEST(RunnerTiers, IoLoadIsPagesMovedOverTheLinksCapacity) {
