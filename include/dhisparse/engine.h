@@ -56,8 +56,8 @@ struct EngineOptions {
   // reads are recalled: the host knows every list in time) or "ahead" (the GPU's schedule: no
   // move inside a step — each layer reads late pages in place from the host tier and merges them
   // by log-sum-exp — and after the step the pages it read are recalled for the next one).
-  // "land" (CUDA backend): "ahead", and each step copies its late pages into HBM slots set aside
-  // before it, reading them from there, so a miss crosses PCIe once (kv/tier_land.h).
+  // "land": "ahead", and each step copies its late pages into device slots set aside before it,
+  // reading them from there, so on the GPU a miss crosses PCIe once (kv/tier_land.h).
   // `--kv-recall`. Tokens are the all-resident run's with any (ahead, land: up to the merge's
   // rounding).
   std::string kv_recall = "layer";

@@ -131,8 +131,8 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
                   "With --cpu-kv-gb, when pages move: layer = before each layer's attention the pages it reads are "
                   "recalled; ahead = nothing moves inside a step (late pages are read in place from the host tier "
                   "and merged by log-sum-exp) and after it the pages it read are recalled for the next step "
-                  "(the GPU's schedule); land = ahead, and the step copies its late pages into HBM slots set aside "
-                  "before it, so each crosses PCIe once (CUDA backend)")
+                  "(the GPU's schedule); land = ahead, and the step copies its late pages into device slots set aside "
+                  "before it and reads them there, so on the GPU each crosses PCIe once")
       ->check(CLI::IsMember({"layer", "ahead", "land"}))
       ->capture_default_str();
 }

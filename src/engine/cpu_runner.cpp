@@ -44,7 +44,6 @@ class CpuRunner final : public StepRunner {
     const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * c.head_dim * 4);  // K and V, fp32
     pool_ = std::make_unique<PagePool>(host_pages > 0 ? Tier::Device : Tier::Host, blocks * c.n_layers * c.n_heads_kv,
                                        o.page_size, static_cast<int>(c.head_dim));
-    DHS_CHECK(o.kv_recall != "land", "--kv-recall land runs on the CUDA backend (on the CPU: layer or ahead)");
     if (host_pages > 0) {
       // The clock ticks once per layer (LlamaCpu::set_tiers).
       tiers_ = std::make_unique<RunnerTiers>(
@@ -184,6 +183,12 @@ class CpuRunner final : public StepRunner {
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
     const std::vector<TierStats> before = tiers_ ? tiers_->stats_of(batch) : std::vector<TierStats>{};
+    // Landing (--kv-recall land): device slots for a decode step's late pages, the last one's late
+    // reads and a quarter more (the step adopts its landings and frees the rest).
+    const bool decode = std::none_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
+    const int64_t late_before = tiers_ ? tiers_->kv().totals().late : 0;
+    if (tiers_ && tiers_->land() && decode)
+      model_->set_landing_slots(tiers_->kv().reserve_landing(last_late_ + last_late_ / 4 + 16, model_->tier_clock()));
     if (!any_verify) {
       model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
     } else {
@@ -193,6 +198,7 @@ class CpuRunner final : public StepRunner {
       split_output_rows(batch, rows, model_->config().vocab_size, /*last_rows=*/true, out);
     }
     if (tiers_) {
+      if (decode) last_late_ = tiers_->kv().totals().late - late_before;
       tiers_->after_step(batch, before);
       tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -206,6 +212,7 @@ class CpuRunner final : public StepRunner {
   std::unique_ptr<LlamaCpu> model_;
   std::unique_ptr<PagePool> pool_;       // the pool forward() reads: the device tier with a host tier
   std::unique_ptr<RunnerTiers> tiers_;   // the KV hierarchy, or null
+  int64_t last_late_ = 64;                // landing: the last decode step's late reads (the slots it asked for)
   std::set<const PageTable*> summaries_pending_;  // rolled back into a page the host tier kept
   int seed_pages_ = 0;                                // keep_draft_seeds
   std::map<const PageTable*, DraftSeeds> seeds_;      // each request's, while it holds its table

@@ -502,7 +502,8 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
   return landing_;
 }
 
-void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st) {
+void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
+                            bool reads_noted) {
   std::vector<PageMove> adopted;
   for (const Landed& l : landed) {
     DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < tables.size(), "tiered KV: a landing of sequence {} of {}", l.seq,
@@ -522,7 +523,7 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
     t.relocate(l.page.layer, l.page.head, l.page.idx, d);
     if (on_relocate_) on_relocate_(t, l.page.layer, l.page.head, l.page.idx);
     ++o.recalled;
-    ++o.late;
+    if (!reads_noted) ++o.late;
     adopted.push_back({p, d});
   }
   if (on_move_)
@@ -536,7 +537,7 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
   landing_.clear();
   TierStats ad;
   ad.recalled = static_cast<int64_t>(adopted.size());
-  ad.late = ad.recalled;
+  ad.late = reads_noted ? 0 : ad.recalled;
   totals_ += ad;
   st += ad;
   // Past a budget now: the request's least recently used pages leave (the landed ones were

@@ -141,6 +141,14 @@ class TieredKv {
   // slots: what follows a page besides its K and V, which the step already copied (the GPU's key
   // sketch and summary rows, kept by key), moves there. The move hook runs for each as well.
   void set_land_hook(std::function<void(std::span<const PageMove>)> hook) { on_land_ = std::move(hook); }
+  // The adoption alone, for a schedule that noted the step's reads itself (the CPU backend's:
+  // note_reads counted the landed pages as late reads already, so they are counted as recalls
+  // only): as after_decode_step's, then every reserved slot left is freed and budgets enforced.
+  TierStats adopt_landings(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now) {
+    TierStats st;
+    adopt_landed(landed, tables, now, st, /*reads_noted=*/true);
+    return st;
+  }
 
   // Offloads up to n of t's least recently used full, unpinned device pages (fewer when the host
   // tier has no room for their copies); returns the stats.
@@ -313,7 +321,8 @@ class TieredKv {
   std::vector<uint8_t> is_landing_;              // [device slots] 1 while reserved
   std::function<void(std::span<const PageMove>)> on_land_;
   // after_decode_step's adoption of the landings; fills st.
-  void adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st);
+  void adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
+                    bool reads_noted = false);
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;
   int64_t batched_steps_ = 0;

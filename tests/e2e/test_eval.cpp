@@ -134,7 +134,9 @@ TEST(Eval, SpeculativeAcceptanceCountsCycles) {
       EXPECT_GT(v, 0) << j["label"];
       EXPECT_LE(d, 3 * v);
       EXPECT_LE(a, d);
-      if (std::string(draft) == "sinkwindow:1000") EXPECT_EQ(a, d) << j["label"] << ": the draft is the verifier";
+      if (std::string(draft) == "sinkwindow:1000") {
+        EXPECT_EQ(a, d) << j["label"] << ": the draft is the verifier";
+      }
     }
     EXPECT_EQ(rows, 2);
   }

@@ -84,7 +84,12 @@ void expect_same_tokens_with_tiers(const std::string& policy, bool every_layer_r
               static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.dropped));
   std::printf("  read in place (late): %llu\n", static_cast<unsigned long long>(t.late));
   const uint64_t layers = static_cast<uint64_t>(e->config().n_layers);
-  if (recall == "ahead") {
+  if (recall == "land") {
+    // Late pages land in reserved device slots and are read there; each is adopted (counted as
+    // recalled) after its step: landings every step, and under coverage selections move.
+    EXPECT_GE(t.late, layers * static_cast<uint64_t>(g.max_tokens)) << "no step read pages from the host tier";
+    EXPECT_GE(t.recalled, static_cast<uint64_t>(g.max_tokens)) << "no page landed";
+  } else if (recall == "ahead") {
     // Every layer of every step reads pages from the host tier; under coverage the selection
     // moves and pages come back between steps (dense reads every page: what is resident stays).
     EXPECT_GE(t.late, layers * static_cast<uint64_t>(g.max_tokens)) << "no step read pages in place";
@@ -110,6 +115,11 @@ TEST(KvTiers, DenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers
 TEST(KvTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false); }
 
 TEST(KvTiers, RecallAheadDenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("dense", true, "ahead"); }
+
+// Landing (kv/tier_land.h, --kv-recall land): the step copies its late pages into device slots set
+// aside before it and reads them there; adopted after it, with their host copies kept.
+TEST(KvTiers, LandingDenseGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("dense", true, "land"); }
+TEST(KvTiers, LandingCoverageGreedyTokensEqualAllResident) { expect_same_tokens_with_tiers("coverage:0.99", false, "land"); }
 
 TEST(KvTiers, RecallAheadCoverageGreedyTokensEqualAllResident) {
   expect_same_tokens_with_tiers("coverage:0.99", false, "ahead");
@@ -339,13 +349,7 @@ TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);
   EXPECT_THROW(load("dense", 0.0, 0, 0, false, "ahead"), std::exception);
   EXPECT_THROW(load("dense", 1.0, 0, 0, false, "soon"), std::exception);
-  // (landing copies late pages into HBM inside a CUDA step; the CPU backend reads them in place)
-  try {
-    load("dense", 1.0, 0, 0, false, "land");
-    ADD_FAILURE() << "--kv-recall land on the CPU backend was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("CUDA backend"), std::string::npos) << e.what();
-  }
+  EXPECT_THROW(load("dense", 0.0, 0, 0, false, "land"), std::exception);
 }
 
 }  // namespace

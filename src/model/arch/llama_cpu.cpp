@@ -15,6 +15,7 @@
 #include "core/merge_state.h"
 #include "core/thread_pool.h"
 #include "kv/page_lists.h"
+#include "kv/tier_land.h"
 #include "kv/tier_split.h"
 #include "model/packed_weight.h"
 #include "model/tensor_load.h"
@@ -151,9 +152,18 @@ void make_resident(TieredKv& kv, const std::vector<const PageTable*>& tables, in
 // The recall-ahead schedule's layer: `lists` keeps the entries whose page is in the device tier
 // (pointing at their slots); `late` gets the others, pointing at their host slots, rows alike
 // (kv/tier_split.h, the device's statement). Every page read is noted (TieredKv::note_reads) and
-// appended to its table's `reads`.
+// appended to its table's `reads`. With a landing stack (kv/tier_land.h), late entries first land
+// in its next slots — copied from the host tier into the device pool, the key rewritten, the
+// landing appended to *landed (row's request as the sequence) — and are read from there.
+struct LandingStack {
+  std::span<const int32_t> slots;
+  size_t used = 0;
+  PagePool* device = nullptr;
+  std::vector<TieredKv::Landed>* landed = nullptr;
+};
 void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, int layer, int64_t n_device,
-                   PageLists& lists, PageLists& late, std::map<const PageTable*, std::vector<PageId>>& reads, int64_t now) {
+                   PageLists& lists, PageLists& late, std::map<const PageTable*, std::vector<PageId>>& reads, int64_t now,
+                   LandingStack* land = nullptr) {
   for (int r = 0; r < lists.n_requests; ++r) {
     PageTable& t = const_cast<PageTable&>(*tables[static_cast<size_t>(r)]);
     std::vector<PageId> ids;
@@ -166,6 +176,13 @@ void split_by_tier(TieredKv& kv, const std::vector<const PageTable*>& tables, in
     kv.note_reads(t, ids, now);
     std::vector<PageId>& all = reads[&t];
     all.insert(all.end(), ids.begin(), ids.end());
+  }
+  if (land && land->used < land->slots.size()) {
+    std::vector<LandEntry> log;
+    land_late_pages(lists, n_device, land->slots.subspan(land->used), land->device, &kv.host_pool(), &log);
+    land->used += log.size();
+    for (const LandEntry& e : log)
+      land->landed->push_back({e.row / lists.n_heads_kv, PageId{layer, e.row % lists.n_heads_kv, e.page_pos}, e.dev_slot, e.host_slot});
   }
   PageLists dev;
   split_lists_by_tier(lists, n_device, &dev, &late);
@@ -277,6 +294,12 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   DHS_CHECK(!tiers_ || pool.tier() == Tier::Device, "the KV hierarchy needs forward() on its device tier");
   const bool ahead = tiers_ && recall_ == RecallSchedule::Ahead;
   std::map<const PageTable*, std::vector<PageId>> reads;  // (ahead) what each table's step read, in order
+  // Landing (set_landing_slots): this step's stack, consumed here whatever the step is.
+  const std::vector<int32_t> land_slots = std::move(land_next_);
+  land_next_.clear();
+  std::vector<TieredKv::Landed> landed;
+  LandingStack land{land_slots, 0, &pool, &landed};
+  const bool landing = ahead && !land_slots.empty() && (decode_step || has_verify);
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     cpu::rms_norm(x.data(), L.attn_norm.data(), h.data(), T, H, cfg_.rms_eps);
@@ -328,7 +351,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     }
     const int64_t now = step * cfg_.n_layers + l;  // the hierarchy's clock (set_tiers)
     PageLists late;
-    if (ahead) split_by_tier(*tiers_, a_tables, l, pool.n_pages(), lists, late, reads, now);
+    if (ahead) split_by_tier(*tiers_, a_tables, l, pool.n_pages(), lists, late, reads, now, landing ? &land : nullptr);
     else if (tiers_) make_resident(*tiers_, a_tables, l, lists, now);
     cpu::AttentionParams ap;
     ap.q = q.data();
@@ -376,6 +399,11 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   for (const Seq& s : batch) s.table->commit(s.n_new);
   // Recall ahead: a decode-like step's reads are the next step's prediction (a prefill chunk's
   // are every page, which the next step does not read again).
+  if (ahead && !land_slots.empty()) {  // the landings adopted (the step's reads were noted), the rest of the stack freed
+    std::vector<PageTable*> seqs;
+    for (const PageTable* t : a_tables) seqs.push_back(const_cast<PageTable*>(t));
+    tiers_->adopt_landings(landed, seqs, step * cfg_.n_layers + cfg_.n_layers - 1);
+  }
   if (ahead && (decode_step || has_verify))
     for (auto& [t, ids] : reads) tiers_->recall_ahead(const_cast<PageTable&>(*t), ids, step * cfg_.n_layers + cfg_.n_layers - 1);
   if (!logits) return;  // a prefill chunk before the last: no output head

@@ -70,6 +70,11 @@ class LlamaCpu {
     tiers_ = kv;
     recall_ = schedule;
   }
+  // Landing (kv/tier_land.h, TieredKv::reserve_landing) on the Ahead schedule: the next decode
+  // step's late pages land in these device slots as far as they go (copied from the host tier,
+  // read from the device pool) and are adopted after it; any step takes the stack, and frees
+  // what it does not use.
+  void set_landing_slots(std::vector<int32_t> slots) { land_next_ = std::move(slots); }
   // The clock between steps (the next step's start).
   int64_t tier_clock() const { return (tier_step_ + 1) * cfg_.n_layers; }
 
@@ -152,6 +157,7 @@ class LlamaCpu {
   SparsityStats stats_;
   TieredKv* tiers_ = nullptr;
   RecallSchedule recall_ = RecallSchedule::Layer;
+  std::vector<int32_t> land_next_;  // the next step's landing stack
   int64_t tier_step_ = 0;
   int64_t min_step_tokens_ = 0;
   int64_t dense_below_ = 0;
