@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "a JSON line is appended here");
   app.add_option("--commit", commit);
   app.add_option("--machine", machine, "where it ran (recorded)");
-  bool serial_recalls = false;
+  bool serial_recalls = false, land = false;
+  app.add_flag("--land", land, "landing (kv/tier_land.h): slots reserved before each step, the late pages landed in them in order, adopted after");
   app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
   CLI11_PARSE(app, argc, argv);
   constexpr int L = 32, H = 8, P = 16, D = 128;
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   double sum_before = 0, sum_after = 0;
   std::vector<int32_t> stamps(static_cast<size_t>(n_dev), 0);
   int32_t stamp = 0;
+  int64_t last_late = 1 << 16;
   TierStats sum;
   for (int s = 0; s < warm + steps; ++s) {
     const int64_t now = (step + 1) * L;
@@ -87,23 +89,34 @@ int main(int argc, char** argv) {
     for (PageTable* t : tables) kv.track_new_pages(*t, now);
     for (PageTable* t : tables) kv.prepare_append(*t, now);
     for (PageTable* t : tables) kv.adopt_new_pages(*t, now);
+    std::vector<int32_t> stack;
+    if (land) stack = kv.reserve_landing(last_late + last_late / 4 + 256, now);
     const double before_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     // What the GPU records: a stamp per HBM slot read, the late pages in list order.
     ++stamp;
     std::vector<TieredKv::LateRead> late;
+    std::vector<TieredKv::Landed> landed;
+    size_t used = 0;
     for (int64_t r = 0; r < batch; ++r)
       for (int l = 0; l < L; ++l)
         for (int h = 0; h < H; ++h) {
           for (int64_t i : sel[static_cast<size_t>((r * L + l) * H + h)]) {
             const PageRef p = tables[static_cast<size_t>(r)]->page(l, h, i);
-            if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = stamp;
-            else late.push_back({static_cast<int>(r), PageId{l, h, i}});
+            if (p.tier == Tier::Device) {
+              stamps[static_cast<size_t>(p.slot)] = stamp;
+            } else if (used < stack.size()) {  // (the GPU lands it and the split stamps the slot)
+              stamps[static_cast<size_t>(stack[used])] = stamp;
+              landed.push_back({static_cast<int>(r), PageId{l, h, i}, stack[used++], p.slot});
+            } else {
+              late.push_back({static_cast<int>(r), PageId{l, h, i}});
+            }
           }
           const PageTable& t = *tables[static_cast<size_t>(r)];  // (and the page it appends into)
           stamps[static_cast<size_t>(t.page(l, h, t.n_pages_per_list() - 1).slot)] = stamp;
         }
     t0 = Clock::now();
-    const TierStats st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1);
+    const TierStats st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1, landed);
+    last_late = static_cast<int64_t>(late.size() + landed.size());
     const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     ++step;
     if (s == 0)
@@ -148,7 +161,7 @@ int main(int argc, char** argv) {
                    "\"after_step_ms\":%.3f,\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
-                   hbm_gib, steps, sum_before / steps, sum_after / steps, serial_recalls ? "one request at a time" : "batched",
+                   hbm_gib, steps, sum_before / steps, sum_after / steps, land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);
