@@ -93,6 +93,32 @@ struct Pools {
   }
 };
 
+// One call's parameters over the pools: lists in (keys) and out, the stack, the counters
+// ([claims, bad, available]) and the log.
+dc::LandLateParams params(Pools& P, const int32_t* indptr_d, const int32_t* slots_d, int32_t* out_d, const int32_t* pos_d,
+                          int n_rows, const int32_t* stack_d, int cap, int32_t* counter_d, int32_t* log_d, int layer) {
+  dc::LandLateParams p;
+  p.indptr = indptr_d;
+  p.slots = slots_d;
+  p.slots_out = out_d;
+  p.page_pos = pos_d;
+  p.n_rows = n_rows;
+  p.n_device = static_cast<int32_t>(kDev);
+  p.n_host = kHost;
+  p.land_slots = stack_d;
+  p.land_n = counter_d;
+  p.n_bad = counter_d + 1;
+  p.land_cap = cap;
+  p.log = log_d;
+  p.layer = layer;
+  p.host_k = P.host.k_d();
+  p.host_v = P.host.v_d();
+  p.dev_k = P.dev.k_d();
+  p.dev_v = P.dev.v_d();
+  p.page_words = P.page_words;
+  return p;
+}
+
 struct Landed {
   std::vector<int32_t> slots;  // the keys after
   int32_t claims = 0;
@@ -116,25 +142,8 @@ Landed land_on_device(const PageLists& in, Pools& P, const std::vector<int32_t>&
     DHS_CUDA_CHECK(cudaMemcpy(counter_d, init, 8, cudaMemcpyHostToDevice));
   }
   if (own_log) DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(std::max(1, 5 * cap)) * 4));
-  dc::LandLateParams p;
-  p.indptr = indptr_d;
-  p.slots = slots_d;
-  p.slots_out = slots_d;  // (in place)
-  p.page_pos = pos_d;
-  p.n_rows = in.n_requests * in.n_heads_kv;
-  p.n_device = static_cast<int32_t>(kDev);
-  p.n_host = kHost;
-  p.land_slots = stack_d;
-  p.land_n = counter_d;
-  p.land_cap = cap;
-  p.log = log_d;
-  p.layer = layer;
-  p.host_k = P.host.k_d();
-  p.host_v = P.host.v_d();
-  p.dev_k = P.dev.k_d();
-  p.dev_v = P.dev.v_d();
-  p.page_words = P.page_words;
-  p.n_bad = counter_d + 1;
+  const dc::LandLateParams p = params(P, indptr_d, slots_d, slots_d /* (in place) */, pos_d, in.n_requests * in.n_heads_kv,
+                                     stack_d, cap, counter_d, log_d, layer);
   dc::land_late_pages(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   Landed r;
@@ -306,25 +315,9 @@ TEST(TierLand, TheAvailableCountBoundsTheClaimsAndTheInputStays) {
   int32_t* stack_d = to_device(stack);
   int32_t* counter_d = to_device(std::vector<int32_t>{0, 0, 7});  // claims, bad, available
   int32_t* log_d = to_device(std::vector<int32_t>(5 * stack.size(), 0));
-  dc::LandLateParams p;
-  p.indptr = indptr_d;
-  p.slots = slots_d;
-  p.slots_out = out_d;
-  p.page_pos = pos_d;
-  p.n_rows = 20;
-  p.n_device = static_cast<int32_t>(kDev);
-  p.n_host = kHost;
-  p.land_slots = stack_d;
-  p.land_n = counter_d;
-  p.land_cap = static_cast<int>(stack.size());
+  dc::LandLateParams p = params(P, indptr_d, slots_d, out_d, pos_d, 20, stack_d, static_cast<int>(stack.size()), counter_d,
+                                log_d, 0);
   p.land_avail = counter_d + 2;
-  p.log = log_d;
-  p.host_k = P.host.k_d();
-  p.host_v = P.host.v_d();
-  p.dev_k = P.dev.k_d();
-  p.dev_v = P.dev.v_d();
-  p.page_words = P.page_words;
-  p.n_bad = counter_d + 1;
   dc::land_late_pages(p, nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(to_host(slots_d, in.slots.size()), in.slots) << "the input keys changed";
