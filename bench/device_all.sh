@@ -12,6 +12,8 @@
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
 #          per-kernel time, the late part's attention over mapped DRAM among them
+#   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
+#          2,000 blocks; no host tier / landing / recall-ahead / uncapped): serve.jsonl
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -428,6 +430,28 @@ for stage in "$@"; do
         timeout 500 python3 -m pytest -q -p no:cacheprovider test_openai_client.py test_concurrency.py) > "$OUT/serve_cuda.log" 2>&1
       echo "serve_cuda rc=$?"; tail -12 "$OUT/serve_cuda.log"
       summary+=("$(printf '%-34s %s' serve_cuda "$(grep -E 'passed|failed' "$OUT/serve_cuda.log" | tail -1 | cut -c1-80)")") ;;
+    servetiers)
+      # The KV hierarchy under the serving load generator (issue 23): the default model behind
+      # `dhisparse serve --device cuda`, 16 requests of 7,000 + 128 tokens (KV ~2.6 GB in all) on a
+      # KV pool capped at 2,000 blocks (32k tokens: ~4.4 of them), coverage 0.99: without a host
+      # tier (requests wait for pages), with one (landing and recall-ahead, auto budgets), and
+      # uncapped (every request's pages in HBM: the ceiling); all at once, then Poisson arrivals.
+      # Rows: serve.jsonl (host_kv_gib, kv_blocks, kv_recall, tier_hit_rate, ...).
+      [ -f $SMOL ] || { echo "servetiers: default model missing"; continue; }
+      pyserve || continue
+      pol=coverage:0.99
+      for cfg in "cap:--num-gpu-blocks-override 2000" "land:--num-gpu-blocks-override 2000 --cpu-kv-gb 4 --kv-recall land --kv-device-budget auto" \
+                 "ahead:--num-gpu-blocks-override 2000 --cpu-kv-gb 4 --kv-recall ahead --kv-device-budget auto" "uncapped:"; do
+        name=${cfg%%:*}; extra=${cfg#*:}
+        for load in "sat:--concurrency 16 --num-prompts 16" "rate2:--rate 2 --num-prompts 32"; do
+          lname=${load%%:*}
+          run "serve_tiers_${name}_$lname" timeout 300 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$PWD/$SMOL DHS_DEVICE=cuda \
+            python3 bench/serve_load.py --launch --server-args "--sparse-policy $pol --max-num-seqs 16 $extra" --dataset synthetic \
+            --prompt-len 7000 --output-len 128 ${load#*:} --ctx 7k --policy "$pol" --device "$GPU" --note "servetiers $name" \
+            --results "$OUT/serve.jsonl" --no-tqdm
+          tail -10 "$OUT/serve_tiers_${name}_$lname.log"
+        done
+      done ;;
     serveload)
       # The 8B shape with random weights (--load-format dummy --dummy-shape llama3-8b; tokenizer
       # SmolLM2's, from the test data) behind `dhisparse serve`, loaded by bench/serve_load.py. Per

@@ -218,7 +218,10 @@ async def drive(args, base_url: str) -> dict:
 
 async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
     """dhisparse's /metrics counters this run reads (empty for another server)."""
-    names = ("dhisparse:kv_pages_read_total", "dhisparse:kv_pages_total", "vllm:num_preemptions_total")
+    names = ("dhisparse:kv_pages_read_total", "dhisparse:kv_pages_total", "vllm:num_preemptions_total",
+             "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total", "dhisparse:kv_tier_hits_total", "dhisparse:kv_tier_late_total",
+             "dhisparse:kv_tier_recalled_total", "dhisparse:kv_tier_offloaded_total", "dhisparse:kv_tier_dropped_total")
     try:
         text = (await client.get("/metrics")).text
     except httpx.HTTPError:
@@ -272,6 +275,23 @@ def summarize(args, res: dict) -> dict:
         row["pages_read_frac"] = round(delta["dhisparse:kv_pages_read_total"] / delta["dhisparse:kv_pages_total"], 4)
     if "vllm:num_preemptions_total" in delta:
         row["preemptions"] = int(delta["vllm:num_preemptions_total"])
+    # The KV hierarchy (--cpu-kv-gb): the server's tier settings, and what its steps did.
+    if args.launch:
+        sa = args.server_args.split()
+
+        def opt(name: str) -> str | None:
+            return sa[sa.index(name) + 1] if name in sa and sa.index(name) + 1 < len(sa) else None
+
+        row["host_kv_gib"] = float(opt("--cpu-kv-gb") or opt("--swap-space") or 0)
+        row["kv_blocks"] = int(opt("--num-gpu-blocks-override") or 0) or None
+        if row["host_kv_gib"] > 0:
+            row["kv_recall"] = opt("--kv-recall") or "layer"
+            row["kv_device_budget"] = opt("--kv-device-budget") or "0"
+    hits, late = delta.get("dhisparse:kv_tier_hits_total", 0), delta.get("dhisparse:kv_tier_late_total", 0)
+    if hits + late > 0:
+        row["tier_hit_rate"] = round(hits / (hits + late), 4)
+        for k in ("late", "recalled", "offloaded", "dropped"):
+            row[f"tier_{k}_pages"] = int(delta.get(f"dhisparse:kv_tier_{k}_total", 0))
     if delta.get("vllm:spec_decode_num_drafts_total", 0) > 0:  # speculative decoding: verifies, drafts, kept
         row["spec_verifies"] = int(delta["vllm:spec_decode_num_drafts_total"])
         row["spec_draft_tokens"] = int(delta.get("vllm:spec_decode_num_draft_tokens_total", 0))
@@ -317,6 +337,9 @@ def print_report(row: dict) -> None:
         print(f"  {name:6} " + " ".join(f"{v:10.1f}" if v is not None else f"{'-':>10}" for v in vals))
     if "pages_read_frac" in row:
         print(f"  KV pages read by decode: {row['pages_read_frac']:.3f} of all; preemptions {row.get('preemptions', 0)}")
+    if "tier_hit_rate" in row:
+        print(f"  KV tiers: hit rate {row['tier_hit_rate']:.3f}, late {row['tier_late_pages']}, recalled "
+              f"{row['tier_recalled_pages']}, offloaded {row['tier_offloaded_pages']} pages")
     if "decode_tok_s" in row:
         print(f"  all {row['n_ok']} decoding together for {row['decode_window_s']:.1f} s: {row['decode_tok_s']:.1f} tok/s"
               f" ({row['tok_per_event']:.3f} tokens per event)")
