@@ -1,5 +1,8 @@
 #include "kv/page_lists.h"
 
+#include <algorithm>
+#include <map>
+
 #include "core/error.h"
 
 namespace dhs {
@@ -26,6 +29,41 @@ PageLists dense_page_lists(const std::vector<const PageTable*>& tables, int laye
     }
   }
   return pl;
+}
+
+PageLists union_row_lists(const PageLists& rows, const std::vector<int32_t>& row_indptr) {
+  DHS_CHECK(!row_indptr.empty() && row_indptr.front() == 0 && row_indptr.back() == rows.n_requests,
+            "union_row_lists: row_indptr must run from 0 to the {} input requests", rows.n_requests);
+  DHS_CHECK(rows.row_mask.empty(), "union_row_lists: the input lists already carry row masks");
+  PageLists out;
+  out.n_requests = static_cast<int>(row_indptr.size()) - 1;
+  out.n_heads_kv = rows.n_heads_kv;
+  out.indptr.push_back(0);
+  for (int s = 0; s < out.n_requests; ++s) {
+    const int r0 = row_indptr[static_cast<size_t>(s)], r1 = row_indptr[static_cast<size_t>(s) + 1];
+    DHS_CHECK(r1 > r0 && r1 - r0 <= 32, "union_row_lists: request {} merges {} rows (1 to 32)", s, r1 - r0);
+    out.seq_len.push_back(rows.seq_len[static_cast<size_t>(r1 - 1)]);
+    for (int h = 0; h < rows.n_heads_kv; ++h) {
+      std::map<int32_t, std::pair<int32_t, uint32_t>> merged;  // page position -> (slot, rows' bits)
+      for (int r = r0; r < r1; ++r)
+        for (int32_t k = rows.row_begin(r, h); k < rows.row_end(r, h); ++k) {
+          const int32_t pos = rows.page_pos[static_cast<size_t>(k)], slot = rows.slots[static_cast<size_t>(k)];
+          const uint32_t bit = uint32_t{1} << (r - r0);
+          auto [it, fresh] = merged.try_emplace(pos, slot, 0u);
+          DHS_CHECK(it->second.first == slot, "union_row_lists: page {} of KV head {} is at slot {} in one row and {} in another",
+                    pos, h, it->second.first, slot);
+          DHS_CHECK(!(it->second.second & bit), "union_row_lists: page {} twice in row {}'s list", pos, r);
+          it->second.second |= bit;
+        }
+      for (const auto& [pos, e] : merged) {
+        out.page_pos.push_back(pos);
+        out.slots.push_back(e.first);
+        out.row_mask.push_back(e.second);
+      }
+      out.indptr.push_back(static_cast<int32_t>(out.slots.size()));
+    }
+  }
+  return out;
 }
 
 }  // namespace dhs

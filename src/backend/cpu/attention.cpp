@@ -35,6 +35,7 @@ void attention(const AttentionParams& p) {
   const int ps = p.pool->page_size();
   const int d = p.head_dim;
   const int64_t n_rows = p.q_indptr[L.n_requests];
+  DHS_ASSERT(L.row_mask.empty() || static_cast<int64_t>(L.row_mask.size()) == L.nnz());
   // Work item = (query row, q head); parallel over all of them.
   const int64_t n_items = n_rows * p.n_heads_q;
   std::vector<int32_t> row_req(static_cast<size_t>(n_rows));
@@ -53,7 +54,9 @@ void attention(const AttentionParams& p) {
       const float* q = p.q + (row * p.n_heads_q + hq) * d;
       MergeState st;
       std::fill(acc.begin(), acc.end(), 0.0f);
+      const int64_t j = row - p.q_indptr[req];  // the row's index in its request (row_mask's bit)
       for (int32_t k = L.row_begin(req, hk); k < L.row_end(req, hk); ++k) {
+        if (!L.row_mask.empty() && j < 32 && !((L.row_mask[static_cast<size_t>(k)] >> j) & 1u)) continue;
         const PageRef pg{p.pool->tier(), L.slots[static_cast<size_t>(k)]};
         const int64_t base = static_cast<int64_t>(L.page_pos[static_cast<size_t>(k)]) * ps;
         const int n_valid = static_cast<int>(std::clamp<int64_t>(qpos + 1 - base, 0, ps));

@@ -2,7 +2,7 @@
 // multi-token verification (q_len k+1, causal among the new rows) and prefill
 // (q_len = chunk). Query row j of request r sits at position
 // seq_len[r] - q_len[r] + j and attends keys at positions <= its own that are
-// in its (request, KV head) list.
+// in its (request, KV head) list (and, where the lists carry row masks, whose mask names row j).
 #pragma once
 #include <cstdint>
 
