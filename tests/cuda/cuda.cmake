@@ -44,6 +44,10 @@ dhs_test(test_tier_split LABEL cuda
 dhs_test(test_cuda_tiers LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_tiers.cpp
   LIBS dhs_engine dhs_arch_cuda)
+# A verify's per-row lists merged into one list with row masks, against kv/page_lists.h.
+dhs_test(test_row_union_gpu LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_row_union_gpu.cu
+  LIBS dhs_cuda dhs_kv)
 # Landing: a layer's late pages copied into HBM in the step, keys rewritten, against kv/tier_land.h.
 dhs_test(test_tier_land LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land.cu

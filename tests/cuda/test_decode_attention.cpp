@@ -61,6 +61,9 @@ struct Case {
   ListKind lists;
   int min_pages_per_worker = 8;
   float q_amp = 3.0f;  // q ~ U(-q_amp, q_amp): larger makes attention peakier
+  // Row masks on the entries (a verify's rows over the union of their own lists): each row's bit
+  // set with probability 0.6, so some entries are read by no row and some rows read nothing.
+  bool row_masks = false;
 };
 
 // Host side of one problem: pool (f16-rounded fp32), page ids per (request, head), q.
@@ -268,7 +271,17 @@ void run_case(const Case& c, std::mt19937& rng) {
   std::printf("[case] %s: %zu requests, heads %d/%d, d %d, q_len max %d, min_pages %d\n", c.name.c_str(),
               c.seq_len.size(), c.n_heads_q, c.n_heads_kv, c.head_dim, max_of(c.q_len), c.min_pages_per_worker);
   const Problem pr = make_problem(c, rng);
-  const PageLists lists = make_lists(pr, c.lists, rng);
+  PageLists lists = make_lists(pr, c.lists, rng);
+  if (c.row_masks) {
+    std::bernoulli_distribution bit(0.6);
+    for (int r = 0; r < pr.n_requests; ++r)
+      for (int32_t k = lists.indptr[static_cast<size_t>(r * pr.n_heads_kv)];
+           k < lists.indptr[static_cast<size_t>((r + 1) * pr.n_heads_kv)]; ++k) {
+        uint32_t m = 0;
+        for (int j = 0; j < c.q_len[static_cast<size_t>(r)]; ++j) m |= bit(rng) ? 1u << j : 0u;
+        lists.row_mask.push_back(m);
+      }
+  }
   const PageLists dense = make_lists(pr, ListKind::Dense, rng);  // capacity: the most any list set needs
   const Reference ref = run_cpu(pr, lists);
 
@@ -276,6 +289,14 @@ void run_case(const Case& c, std::mt19937& rng) {
   pool.upload(*pr.pool);
   dhs::cuda::DevicePageLists dlists(pr.n_requests, c.n_heads_kv, std::max<int64_t>(dense.nnz(), 1));
   dlists.upload(lists);
+  // The row masks travel beside the lists (DecodeListsView::row_mask); a dense replay's are all ones.
+  uint32_t* mask_d = nullptr;
+  if (c.row_masks) {
+    DHS_CUDA_CHECK(cudaMalloc(&mask_d, static_cast<size_t>(std::max<int64_t>(dense.nnz(), 1)) * 4));
+    DHS_CUDA_CHECK(cudaMemcpy(mask_d, lists.row_mask.data(), lists.row_mask.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const dhs::cuda::DecodeListsView view{dlists.indptr_d(), dlists.slots_d(), dlists.page_pos_d(), dlists.seq_len_d(),
+                                        dlists.n_requests(), dlists.n_heads_kv(), mask_d};
   DeviceProblem dp;
   upload_problem(pr, dp);
   const int max_q_len = max_of(c.q_len);
@@ -288,9 +309,15 @@ void run_case(const Case& c, std::mt19937& rng) {
   a.out_d = dp.out_d;
   a.lse_d = dp.lse_d;
   a.min_pages_per_worker = c.min_pages_per_worker;
+  auto launch = [&](cudaStream_t st) {
+    if (c.row_masks)
+      dhs::cuda::decode_attention(a, view, pool.view(), ws, st);
+    else
+      dhs::cuda::decode_attention(a, dlists, pool, ws, st);
+  };
 
   poison(dp);
-  dhs::cuda::decode_attention(a, dlists, pool, ws, nullptr);
+  launch(nullptr);
   DHS_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(compare("stream launch, nnz " + std::to_string(lists.nnz()), dp, ref), 0) << c.name << ": stream launch";
 
@@ -300,7 +327,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   DHS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  dhs::cuda::decode_attention(a, dlists, pool, ws, s);
+  launch(s);
   DHS_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   DHS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   poison(dp);
@@ -309,6 +336,10 @@ void run_case(const Case& c, std::mt19937& rng) {
   EXPECT_EQ(compare("graph replay, same lists", dp, ref), 0) << c.name << ": graph replay, same lists";
   if (c.lists != ListKind::Dense) {
     dlists.upload(dense);
+    if (mask_d) {
+      const std::vector<uint32_t> ones(static_cast<size_t>(dense.nnz()), 0xffffffffu);
+      DHS_CUDA_CHECK(cudaMemcpy(mask_d, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice));
+    }
     const Reference ref_dense = run_cpu(pr, dense);
     poison(dp);
     DHS_CUDA_CHECK(cudaGraphLaunch(exec, s));
@@ -319,6 +350,7 @@ void run_case(const Case& c, std::mt19937& rng) {
   DHS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   DHS_CUDA_CHECK(cudaGraphDestroy(graph));
   DHS_CUDA_CHECK(cudaStreamDestroy(s));
+  cudaFree(mask_d);
 }
 
 // 17 requests of awkward lengths: 97 (last page 1/16), 99 (3/16), 1, 16, 17, ... up to ~600.
@@ -402,6 +434,23 @@ TEST(DecodeAttention, Gqa9x3D64MixedQSparseOnePagePerWorker) {
   run_case({"gqa 9/3 d64 q1..5 sparse, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 17, 5), q_mixed(),
             ListKind::Sparse, 1},
            rng);
+}
+// Row masks (a verify's rows each over its own list, read as their union): rows attend only the
+// entries whose mask names them, q_len 1..5 and 8, both shapes, split over workers and whole.
+TEST(DecodeAttention, Llama32x8D128MixedQRowMasks) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 17);
+  Case c{"llama 32/8 d128 q1..5 row masks", 32, 8, 128, awkward_lengths(rng, 17, 5), q_mixed(), ListKind::Sparse, 2};
+  c.row_masks = true;
+  run_case(c, rng);
+}
+TEST(DecodeAttention, Gqa9x3D64Q8RowMasksOnePagePerWorker) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(kSeed + 18);
+  Case c{"gqa 9/3 d64 q8 row masks, 1 page/worker", 9, 3, 64, awkward_lengths(rng, 5, 8), std::vector<int>(5, 8),
+         ListKind::Sparse, 1};
+  c.row_masks = true;
+  run_case(c, rng);
 }
 TEST(DecodeAttention, AllListsEmpty) {
   SKIP_WITHOUT_GPU();

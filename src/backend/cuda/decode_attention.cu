@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   int req = 0, kvh = 0, q0 = 0, nq = 0;
   int64_t row_lo = 0, row_hi = 0;
   int qlim[M_TILES][2];  // last key position each fragment row may see (-1: padding row)
+  int qbit[M_TILES][2];  // its query row's bit in the entries' row masks (kv_row_mask)
   float o[M_TILES][kDTiles][4];
   float m[M_TILES][2], l[M_TILES][2];  // running max (log2 units) and per-lane partial denominators
 
@@ -280,6 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int h = 0; h < 2; ++h) {
         const int r = mt * 16 + h * 8 + g;  // query vector r = j * group + head-in-group
         qlim[mt][h] = r < nq ? qpos0 + r / group : -1;
+        qbit[mt][h] = r < nq ? r / group : 0;  // (< 32: group * q_len <= kDecodeMaxQVecs)
       }
     // Q tile of this (request, KV head); padding rows are zero.
     __syncwarp();  // every lane is done reading the previous tile
@@ -342,8 +344,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
   };
 
-  // One staged page: S = Q K^T, online softmax (causal + padding mask), O += P V.
-  auto compute = [&](int st, int tok_base) {
+  // One staged page: S = Q K^T, online softmax (causal + padding mask, and the rows the page's
+  // row mask leaves out), O += P V.
+  auto compute = [&](int st, int tok_base, uint32_t row_mask) {
     const uint32_t k_s = s_stage + st * 2 * Shape::kTileBytes;
     const uint32_t v_s = k_s + Shape::kTileBytes;
     float s[M_TILES][2][4];
@@ -380,7 +383,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int h = 0; h < 2; ++h) {
         // This lane's scores of fragment row (mt, h): tokens 2t, 2t+1, 8+2t, 9+2t.
         float v[4] = {s[mt][0][2 * h], s[mt][0][2 * h + 1], s[mt][1][2 * h], s[mt][1][2 * h + 1]};
-        const int lim = qlim[mt][h] - tok_base;
+        const int lim = (row_mask >> qbit[mt][h]) & 1u ? qlim[mt][h] - tok_base : -1;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int tok = 2 * t + (e & 1) + (e >> 1) * 8;
@@ -444,7 +447,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();                 // ... and every lane's; the stage of page pg-1 is free
     const int k = static_cast<int>(pg - begin);
     issue(pg + STAGES - 1, (k + STAGES - 1) % STAGES);
-    compute(k % STAGES, __ldg(p.kv_page_pos + pg) * kPage);
+    compute(k % STAGES, __ldg(p.kv_page_pos + pg) * kPage, p.kv_row_mask ? __ldg(p.kv_row_mask + pg) : 0xffffffffu);
   }
   flush();
   cp_async_wait<0>();  // no copy outlives the block
@@ -682,6 +685,7 @@ void decode_attention_checked(const DecodeAttentionArgs& a, const DecodeListsVie
   p.kv_indptr = lists.indptr;
   p.kv_slots = lists.slots;
   p.kv_page_pos = lists.page_pos;
+  p.kv_row_mask = lists.row_mask;
   p.seq_len = lists.seq_len;
   p.k_pool = pool.k;
   p.v_pool = pool.v;

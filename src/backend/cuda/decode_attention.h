@@ -12,7 +12,8 @@
 //
 // Semantics are those of cpu::attention: query row j of request r (q_len rows)
 // sits at position seq_len[r] - q_len + j and attends the keys at positions
-// <= its own that are in its list. Rows whose list is empty (or sees no key)
+// <= its own that are in its list (and whose row mask names row j, where the
+// lists carry masks). Rows whose list is empty (or sees no key)
 // get output 0 and lse -inf.
 #pragma once
 #include <cuda_fp16.h>
@@ -38,6 +39,10 @@ struct DecodeAttentionParams {
   const int32_t* kv_indptr = nullptr;     // [n_requests * n_heads_kv + 1]
   const int32_t* kv_slots = nullptr;      // [nnz]
   const int32_t* kv_page_pos = nullptr;   // [nnz]
+  // [nnz] or null: bit j set when query row j of the entry's request reads the page (a verify's
+  // rows each over its own selection, read once as their union: kv/page_lists.h union_row_lists);
+  // null: every row reads every page of its list.
+  const uint32_t* kv_row_mask = nullptr;
   const int32_t* seq_len = nullptr;       // [n_requests]
   const __half* k_pool = nullptr;  // [n_pages, page_size, head_dim]
   const __half* v_pool = nullptr;  // [n_pages, page_size, head_dim]
@@ -119,6 +124,7 @@ struct DecodeListsView {
   const int32_t* seq_len = nullptr;   // [n_requests]
   int n_requests = 0;
   int n_heads_kv = 0;
+  const uint32_t* row_mask = nullptr;  // [nnz] or null (DecodeAttentionParams::kv_row_mask)
 };
 
 // The backend op: checks shapes against the workspace, pool and lists, then launches.
