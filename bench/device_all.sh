@@ -204,6 +204,12 @@ for stage in "$@"; do
       # model, when its parts are here), then draft / verify step times of the 8B shape at 128k
       # x 1 / 4 (dense and traced coverage 0.99 verification) with the SDPA anchor.
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      # Per-row selections read as their union: the merge against kv/page_lists.h (+ memcheck,
+      # racecheck) and attention with row masks against the CPU.
+      run test_row_union_gpu timeout 120 "$B/test_row_union_gpu"
+      run sanitizer_memcheck_test_row_union_gpu timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_row_union_gpu"
+      run sanitizer_racecheck_test_row_union_gpu timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_row_union_gpu"
+      run test_decode_attention_masks timeout 120 "$B/test_decode_attention" --gtest_filter='*RowMasks*'
       run test_cuda_verify timeout 240 "$B/test_cuda_verify"
       grep -E "^verify|^decode after|^sparse verify|^engine" "$OUT/test_cuda_verify.log"
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_cuda_verify timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -217,7 +223,12 @@ for stage in "$@"; do
       run e2e_spec_per_row timeout 200 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
         --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
         --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
-      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row.log" ;;
+      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row.log"
+      # The same rows each read on its own (the form before the union): the A/B.
+      run e2e_spec_per_row_each timeout 200 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
+        --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
+        --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row-each --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
+      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row_each.log" ;;
     fp8eval)
       # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }

@@ -43,7 +43,8 @@ struct E2eBenchOptions {
   std::vector<std::string> spec_traces;
   std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
   std::string spec_out = "bench/results/spec_e2e.jsonl";
-  std::string verify_selection = "last-row";  // CudaModelOptions::verify_selection
+  // CudaModelOptions::verify_selection; "per-row-each": per-row with per_row_union off.
+  std::string verify_selection = "last-row";
 };
 
 // Prints a table, appends JSON lines to opts.out. Returns 0, or 77 when no GPU is present.

@@ -149,7 +149,11 @@ class CudaRunner final : public StepRunner {
   bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
-  bool verify_reads_kv_once() const override { return model_->options().verify_selection != "per-row"; }
+  // (per-row selections read as their union read the pages once, except over the host tier)
+  bool verify_reads_kv_once() const override {
+    const CudaModelOptions& o = model_->options();
+    return o.verify_selection != "per-row" || (o.per_row_union && o.host_pages == 0);
+  }
   PagePool& pages() override { return model_->allocator(); }
   int max_batch() const override { return max_batch_; }
   int64_t max_step_tokens() const override { return kStepTokens; }

@@ -73,14 +73,18 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
             "CUDA backend: verify rows {} outside [1, {}] (the attention kernel takes {} query vectors per KV head, "
             "GQA group {})",
             o.max_verify_rows, cuda::kDecodeMaxQVecs / group, cuda::kDecodeMaxQVecs, group);
+  // Per-row selections read as their union: after the merge a step's attention requests are its
+  // sequences and its padding rows (up to R of them), with up to max_verify_rows rows each.
+  const bool unite = o.verify_selection == "per-row" && o.per_row_union && o.max_verify_rows > 1 && o.host_pages == 0;
   if (o.max_verify_rows > 1) {
+    const int WB = static_cast<int>(unite ? R : B);
     const int one_tile = static_cast<int>(std::min<int64_t>(16 / group, o.max_verify_rows));
     if (one_tile > 1)
       dws_verify_[0] = std::make_unique<cuda::DecodeAttentionWorkspace>(
-          static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), one_tile);
+          WB, static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), one_tile);
     if (o.max_verify_rows > one_tile)
       dws_verify_[1] = std::make_unique<cuda::DecodeAttentionWorkspace>(
-          static_cast<int>(B), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), o.max_verify_rows);
+          WB, static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), o.max_verify_rows);
   }
   max_out_ = B * o.max_verify_rows;
   const int64_t O = max_out_;
@@ -104,6 +108,16 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   indptr_d_ = ints(R * Hkv + 1);
   slots_d_ = ints(R * Hkv * pages_per_seq_);
   page_pos_d_ = ints(R * Hkv * pages_per_seq_);
+  if (unite) {
+    union_scratch_ = std::make_unique<cuda::RowUnionScratch>(static_cast<int>(R * Hkv), static_cast<int>(pages_per_seq_));
+    union_rows_d_ = ints(R + 1);
+    union_seq_d_ = ints(R);
+    union_indptr_d_ = ints(R * Hkv + 1);
+    union_slots_d_ = ints(R * Hkv * pages_per_seq_);
+    union_pos_d_ = ints(R * Hkv * pages_per_seq_);
+    union_mask_d_ = static_cast<uint32_t*>(dalloc(static_cast<size_t>(R * Hkv * pages_per_seq_) * 4));
+    DHS_CUDA_CHECK(cudaMallocHost(&union_h_, static_cast<size_t>(2 * R + 1) * 4));
+  }
   staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * R + 1 + O);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
   auto bf = [&](int64_t n) { return static_cast<__half*>(dalloc(static_cast<size_t>(n) * 2)); };
@@ -481,6 +495,7 @@ LlamaCuda::~LlamaCuda() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   for (void* p : allocs_) cudaFree(p);
   cudaFreeHost(staging_h_);
+  if (union_h_) cudaFreeHost(union_h_);
   cudaFreeHost(samp_block_h_);
   cudaFreeHost(hist_stage_h_);
   cudaFreeHost(out_ids_h_);
@@ -492,7 +507,7 @@ LlamaCuda::~LlamaCuda() {
 // padded to its graph's bucket) are inert: token 0 at position 0, no append slot (the append
 // and summary kernels skip slot -1), no KV (seq_len 0: empty lists, attention output 0),
 // greedy, no history; their sampled ids are never read.
-void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool split) {
+int LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool split) {
   const int64_t L = cfg_.n_layers, Hkv = cfg_.n_heads_kv;
   const int n_req = static_cast<int>(batch.size());
   // Attention requests: one per sequence, or (split) one per row of a verify.
@@ -634,6 +649,31 @@ void LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool spli
   cp(last_row_d_, last_row, n_out);
   cp(sel_row_d_, sel_row, n_rows);
   DHS_CUDA_CHECK(cudaMemcpyAsync(samp_block_d_, samp_block_h_, samp_block_bytes_, cudaMemcpyHostToDevice, stream_));
+  // Per-row selections read as their union: each sequence's selection requests (its rows, in
+  // token order) merge into one attention request, each padding row stays one; a merged
+  // request's tokens are its last row's.
+  if (!split || !union_h_ || host_pool_ ||
+      std::none_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify && s.n_new > 1; }))
+    return 0;
+  int32_t* rows = union_h_;
+  int32_t* len = union_h_ + max_attn_ + 1;
+  int n_union = 0, a0 = 0;
+  rows[0] = 0;
+  for (const Seq& s : batch) {
+    const int n = s.verify ? static_cast<int>(s.n_new) : 1;
+    a0 += n;
+    rows[n_union + 1] = a0;
+    len[n_union] = seq_len[a0 - 1];
+    ++n_union;
+  }
+  for (int r = n_attn; r < n_rows; ++r) {
+    rows[n_union + 1] = r + 1;
+    len[n_union] = 0;
+    ++n_union;
+  }
+  cp(union_rows_d_, rows, n_union + 1);
+  cp(union_seq_d_, len, n_union);
+  return n_union;
 }
 
 void LlamaCuda::set_sampled_vocab(int64_t n) {
@@ -720,6 +760,8 @@ void LlamaCuda::run_layers(const Step& s) {
                                .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
       cuda::launch_gather_rows(g, stream_);
       attention_decode(selector_->select(l, s.n_req, s.plan, stream_, sel_q_d_, sel_q_indptr_d_), s.n_req, s.max_q, l, s.n_tok);
+    } else if (s.decode && s.n_union > 0) {
+      attention_decode_united(selector_->select(l, s.n_req, s.plan, stream_), s);  // each row's own pages, read once
     } else if (s.decode) {
       attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q, l, s.n_tok);  // the pages the policy keeps
     } else {
@@ -854,6 +896,46 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_tok * static_cast<int>(cfg_.n_heads_q),
                            static_cast<int>(cfg_.head_dim)},
                           stream_);
+}
+
+void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step& s) {
+  DHS_ASSERT(!host_pool_ && union_scratch_ && s.union_max_q <= opt_.max_verify_rows);
+  cuda::RowUnionParams u;
+  u.in_indptr = rows.indptr;
+  u.in_slots = rows.slots;
+  u.in_page_pos = rows.page_pos;
+  u.row_indptr = union_rows_d_;
+  u.seq_len = union_seq_d_;
+  u.n_out = s.n_union;
+  u.n_heads_kv = static_cast<int>(cfg_.n_heads_kv);
+  u.page_size = static_cast<int>(opt_.page_size);
+  u.out_indptr = union_indptr_d_;
+  u.out_slots = union_slots_d_;
+  u.out_page_pos = union_pos_d_;
+  u.out_row_mask = union_mask_d_;
+  union_scratch_->bind(u);
+  cuda::launch_row_union(u, stream_);
+  cuda::DecodeAttentionParams p = decode_attn_;
+  if (s.union_max_q > 1) {  // the smallest workspace (kernel form) that takes the rows
+    const cuda::DecodeAttentionWorkspace* ws =
+        dws_verify_[0] && s.union_max_q <= dws_verify_[0]->max_q_len() ? dws_verify_[0].get() : dws_verify_[1].get();
+    DHS_ASSERT(ws && s.union_max_q <= ws->max_q_len() && s.n_union <= ws->max_requests());
+    p.ws_o = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->o_d();
+    p.ws_state = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->state_d();
+    p.ws_q_vecs = ws->q_vecs();
+    p.n_workers = ws->n_workers();
+    p.stages = ws->stages();
+    p.max_q_len = ws->max_q_len();
+  }
+  // (one token row per selection request, in order: the merged requests' row ranges are their q_indptr)
+  p.q_indptr = union_rows_d_;
+  p.seq_len = union_seq_d_;
+  p.kv_indptr = union_indptr_d_;
+  p.kv_slots = union_slots_d_;
+  p.kv_page_pos = union_pos_d_;
+  p.kv_row_mask = union_mask_d_;
+  p.n_requests = s.n_union;
+  cuda::launch_decode_attention(p, stream_);
 }
 
 std::vector<int32_t> LlamaCuda::read_slots() const {
@@ -1072,7 +1154,9 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   step.n_tok = static_cast<int>(T) + (n_rows - n_attn);
   step.n_req = n_rows;
   step.n_out = static_cast<int>(n_out_real) + (n_rows - n_attn);
-  upload_step(batch, n_rows, split);
+  step.n_union = upload_step(batch, n_rows, split);
+  if (step.n_union > 0)
+    for (const Seq& s : batch) step.union_max_q = std::max(step.union_max_q, s.verify ? static_cast<int>(s.n_new) : 1);
   step.plan = selector_->begin_step(reqs, step.decode, stream_);
   last_step_ = step;
   int32_t land_avail = 0;
@@ -1165,12 +1249,14 @@ cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
   // A step with verify rows runs other sizes than its bucket's decode step: its tokens and
   // longest request are in the key.
   const std::string key =
-      step.max_q == 1 ? selector_->graph_key(step.plan) : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q);
+      step.n_union > 0 ? fmt::format("{}/union:{}x{}x{}", selector_->graph_key(step.plan), step.n_tok, step.n_union, step.union_max_q)
+      : step.max_q == 1 ? selector_->graph_key(step.plan)
+                        : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q);
   auto it = graphs_.find({key, step.n_req});
   // Verify steps' graphs are keyed by their sizes; past kMaxVerifyGraphs of them (speculation
   // with many mixes of k) new ones run uncaptured.
   constexpr size_t kMaxVerifyGraphs = 64;
-  if (it == graphs_.end() && step.max_q > 1 && n_verify_graphs_++ >= kMaxVerifyGraphs) return nullptr;
+  if (it == graphs_.end() && (step.max_q > 1 || step.n_union > 0) && n_verify_graphs_++ >= kMaxVerifyGraphs) return nullptr;
   if (it == graphs_.end()) {
     // Capture once per bucket (and plan); replays read the same step-input buffers.
     cudaGraph_t g;
@@ -1195,8 +1281,11 @@ double LlamaCuda::time_decode_step(const std::vector<Seq>& batch, int n_iters) {
   // With --reselect-every R the steps cycle through R graphs (each selecting at a different
   // 1/R of the layers, reusing the first step's selections at the others): all are timed.
   std::vector<cudaGraphExec_t> cycle;
-  for (const cuda::SelectPlan& plan : selector_->replay_cycle(last_step_.plan))
-    cycle.push_back(decode_graph(Step{last_step_.n_tok, last_step_.n_req, true, last_step_.max_q, last_step_.n_out, plan}));
+  for (const cuda::SelectPlan& plan : selector_->replay_cycle(last_step_.plan)) {
+    Step st = last_step_;
+    st.plan = plan;
+    cycle.push_back(decode_graph(st));
+  }
   for (cudaGraphExec_t g : cycle) DHS_CHECK(g != nullptr, "time_decode_step: too many verify graphs to capture another");
   cudaEvent_t a, b;
   DHS_CUDA_CHECK(cudaEventCreate(&a));

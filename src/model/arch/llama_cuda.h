@@ -29,6 +29,7 @@
 #include "backend/cuda/page_recall.h"
 #include "backend/cuda/page_selector.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/row_union.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/tier_split.h"
 #include "kv/page_pool.h"
@@ -87,10 +88,14 @@ struct CudaModelOptions {
   //  "all-rows": one set scored from every row's queries (each list's masses averaged over them:
   //    k + 1 times the scoring work);
   //  "per-row": each row its own selection, exactly what its decode step would select (so greedy
-  //    output equals decoding without speculation), each row a separate attention request: the
-  //    pages are read k + 1 times. Request-indexed buffers (lists, attention workspace, selector)
-  //    are sized for max_batch x max_verify_rows requests.
+  //    output equals decoding without speculation), each row a separate selection request; the
+  //    rows' lists are merged into one list per (request, KV head) with a row mask per page
+  //    (cuda/row_union.h) and attention reads their union once, each row attending its own pages
+  //    (per_row_union; with the host tier, or per_row_union off, each row is a separate attention
+  //    request and the pages are read k + 1 times). Request-indexed buffers (lists, attention
+  //    workspaces, selector) are sized for max_batch x max_verify_rows requests.
   std::string verify_selection = "last-row";
+  bool per_row_union = true;
   // The KV hierarchy's host tier (issue 23): this many head-pages of pinned DRAM mapped into the
   // device (cuda::HostPagePool); 0: none. With it the device page table holds keys (device slot
   // s, host slot n_pages + h; kv/tier_split.h), the key sketch and summaries keep a row for every
@@ -269,6 +274,11 @@ class LlamaCuda {
     bool decode = false;  // one new token per request, or verify rows
     int max_q = 1;        // rows of the longest request (a decode step with verify rows: > 1)
     int n_out = 0;        // output rows: one per request, each row of a verify
+    // Per-row verify selections read as their union (CudaModelOptions::per_row_union): the
+    // attention requests after the merge (each sequence, each padding row), 0 when not merged,
+    // and their most rows.
+    int n_union = 0;
+    int union_max_q = 1;
     cuda::SelectPlan plan;
   };
   void allocate(const CudaModelOptions& o);
@@ -289,7 +299,8 @@ class LlamaCuda {
   void build_params();
   // n_rows >= batch.size(): the rows past the batch are padding (no KV read or written).
   // split: verify rows run as separate attention requests (verify_selection "per-row").
-  void upload_step(const std::vector<Seq>& batch, int n_rows, bool split);
+  // Returns the requests after a per-row merge (0: none; see Step::n_union).
+  int upload_step(const std::vector<Seq>& batch, int n_rows, bool split);
   // The step's kernels, in order (what the decode graph captures).
   void run_layers(const Step& step);
   // The captured decode step (captured on first use per selection plan and batch size).
@@ -305,6 +316,9 @@ class LlamaCuda {
   void rope_append(int layer, int n_tok);  // and the page summaries / key sketch of the written pages
   void dense_lists(int layer, int n_req);
   void attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok);
+  // Per-row verify selections (step.n_union > 0): the rows' lists merged (row_union) and attended
+  // once, each row over its own pages.
+  void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
   void attention_prefill(int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
@@ -330,6 +344,13 @@ class LlamaCuda {
   // one-tile form, which keeps more warps resident), [1] up to max_verify_rows rows (null where
   // [0] covers them; both null at max_verify_rows 1).
   std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_verify_[2];
+  // Per-row verify selections merged (per_row_union): the merge's scratch, each merged request's
+  // rows (row_indptr: also its q_indptr, one token row per selection request) and tokens, the
+  // merged lists with their row masks; union_h_: the pinned staging of rows and tokens.
+  std::unique_ptr<cuda::RowUnionScratch> union_scratch_;
+  int32_t *union_rows_d_ = nullptr, *union_seq_d_ = nullptr, *union_h_ = nullptr;
+  int32_t *union_indptr_d_ = nullptr, *union_slots_d_ = nullptr, *union_pos_d_ = nullptr;
+  uint32_t* union_mask_d_ = nullptr;
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
