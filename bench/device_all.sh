@@ -224,11 +224,11 @@ for stage in "$@"; do
         --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
         --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
       grep -E "alpha 0.9" "$OUT/e2e_spec_per_row.log"
-      # The same rows each read on its own (the form before the union): the A/B.
-      run e2e_spec_per_row_each timeout 200 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
+      # The same rows' union read once with row masks (per_row_union, experimental): the A/B.
+      run e2e_spec_per_row_union timeout 200 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
         --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
-        --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row-each --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
-      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row_each.log" ;;
+        --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row-union --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
+      grep -E "alpha 0.9" "$OUT/e2e_spec_per_row_union.log" ;;
     fp8eval)
       # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }

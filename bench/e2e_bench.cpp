@@ -263,8 +263,8 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.max_context = ctx + 64;
       const int max_k = opts.spec_k.empty() ? 0 : *std::max_element(opts.spec_k.begin(), opts.spec_k.end());
       o.max_verify_rows = 1 + max_k;
-      o.verify_selection = opts.verify_selection == "per-row-each" ? "per-row" : opts.verify_selection;
-      o.per_row_union = opts.verify_selection != "per-row-each";
+      o.verify_selection = opts.verify_selection == "per-row-union" ? "per-row" : opts.verify_selection;
+      o.per_row_union = opts.verify_selection == "per-row-union";
       // Only what the timed policies read: the summary or sketch kernels run in every step that keeps them.
       if (std::any_of(opts.policies.begin(), opts.policies.end(), needs_minmax)) o.summaries = "minmax";
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),

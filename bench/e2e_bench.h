@@ -43,7 +43,7 @@ struct E2eBenchOptions {
   std::vector<std::string> spec_traces;
   std::vector<double> spec_alpha = {0.6, 0.7, 0.8, 0.9};
   std::string spec_out = "bench/results/spec_e2e.jsonl";
-  // CudaModelOptions::verify_selection; "per-row-each": per-row with per_row_union off.
+  // CudaModelOptions::verify_selection; "per-row-union": per-row with per_row_union on.
   std::string verify_selection = "last-row";
 };
 

@@ -236,12 +236,14 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
+    // The step is done: the hierarchy's clock reads past its layers from here (so what after it
+    // touches or chooses by last use, budgets included, is later than every read of the step).
+    ++steps_;
     if (tiers_) {
       after_tier_step(batch, prefill, tier_before);
       if (!prefill) last_claims_ = model_->landing_claims();
       tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    ++steps_;
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);
     for (size_t i = 0; i < batch.size(); ++i)
@@ -286,7 +288,7 @@ class CudaRunner final : public StepRunner {
   // the LRU (the read stamps); then the cache manager's budgets.
   void after_tier_step(const std::vector<StepRequest>& batch, bool prefill, const std::vector<TierStats>& before) {
     TieredKv& kv = tiers_->kv();
-    const int64_t now = tiers_->clock() + model_->config().n_layers - 1;  // this step's last layer
+    const int64_t now = tiers_->clock() - 1;  // this step's last layer (steps_ counts it already)
     if (prefill) {
       kv.end_step(now);
     } else {

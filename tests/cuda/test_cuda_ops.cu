@@ -653,3 +653,52 @@ TEST(CudaOps, RejectsBadParams) {
 }
 
 }  // namespace
+
+// The device page table's patches (a page moved between tiers, its entry rewritten): a page
+// patched many times between flushes ends with its last record's key (the claims pick the latest
+// record on the device), pages patched once with theirs, every other entry untouched; a second
+// flush on the same claims' array is exact too (the claims were reset).
+TEST(CudaOps, PageTablePatchesTakeEachEntrysLastRecord) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  constexpr int kLayers = 3, kHeads = 2, kDevice = 500;
+  dhs::PagePool pool(dhs::Tier::Device, kDevice, 16, 8, /*with_storage=*/false);
+  dhs::PageTable t(kLayers, kHeads, 16);
+  ASSERT_TRUE(t.reserve(pool, 16 * 20));
+  t.commit(16 * 20);
+  dc::DevicePageTable dt(2, kLayers, kHeads, 32);
+  dt.set_tier_keys(kDevice);
+  dt.sync(1, t, nullptr);  // request slot 1 mirrors t
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  dt.step_done();
+  std::mt19937 rng(5);
+  auto want_key = [&](int l, int h, int64_t i) {
+    const dhs::PageRef p = t.page(l, h, i);
+    return p.tier == dhs::Tier::Device ? p.slot : kDevice + p.slot;
+  };
+  for (int round = 0; round < 2; ++round) {
+    // Entry (1, 0, 7): 1000 moves back and forth; 300 other random entries once or twice.
+    for (int k = 0; k < 1000; ++k) {
+      t.relocate(1, 0, 7, k % 2 ? dhs::PageRef{dhs::Tier::Host, 100 + k} : dhs::PageRef{dhs::Tier::Device, 400 + k % 90});
+      dt.patch(t, 1, 0, 7);
+    }
+    for (int k = 0; k < 300; ++k) {
+      const int l = static_cast<int>(rng() % kLayers), h = static_cast<int>(rng() % kHeads);
+      const int64_t i = static_cast<int64_t>(rng() % 20);
+      t.relocate(l, h, i, dhs::PageRef{dhs::Tier::Host, static_cast<int32_t>(rng() % 5000)});
+      dt.patch(t, l, h, i);
+    }
+    dt.flush_patches(nullptr);
+    DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    dt.step_done();
+    const auto table = dhs::test::to_host(dt.table_d(), static_cast<size_t>(2 * kLayers * kHeads * 32));
+    int64_t bad = 0;
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t i = 0; i < 20; ++i)
+          bad += table[static_cast<size_t>(((1 * kLayers + l) * kHeads + h) * 32 + i)] != want_key(l, h, i);
+    EXPECT_EQ(bad, 0) << "round " << round;
+    // Request slot 0 mirrors nothing: its entries stay -1.
+    EXPECT_TRUE(std::all_of(table.begin(), table.begin() + kLayers * kHeads * 32, [](int32_t x) { return x == -1; }));
+  }
+  t.release([](void*, dhs::PageRef, int, int, int64_t) {}, nullptr);  // (the pages' refs were rewritten by hand)
+}

@@ -40,7 +40,8 @@ class DevicePageTable {
   // A page of t moved between tiers (TieredKv's relocation): its entry rewritten where a request
   // slot mirrors t and has copied that page; staged, applied by flush_patches.
   void patch(const PageTable& t, int layer, int head, int64_t idx);
-  // The staged rewrites, applied on `stream` (one copy and one small kernel; nothing when none).
+  // The staged rewrites, applied on `stream` (one copy and three small kernels, a page patched
+  // twice taking its later record; nothing when none).
   void flush_patches(cudaStream_t stream);
   int64_t pending_patches() const { return n_patches_; }
   // Forgets request slot `req` (its table was released or truncated to zero).
@@ -70,6 +71,7 @@ class DevicePageTable {
   };
   std::vector<Patch> patches_;
   int64_t n_patches_ = 0;
+  int32_t* winner_d_ = nullptr;     // [the table's entries] -1, or a flush's claim (flush_patches)
   Patch* patch_h_ = nullptr;        // pinned
   Patch* patch_d_ = nullptr;
   int64_t patch_cap_ = 0, patches_used_ = 0;

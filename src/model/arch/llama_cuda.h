@@ -88,14 +88,17 @@ struct CudaModelOptions {
   //  "all-rows": one set scored from every row's queries (each list's masses averaged over them:
   //    k + 1 times the scoring work);
   //  "per-row": each row its own selection, exactly what its decode step would select (so greedy
-  //    output equals decoding without speculation), each row a separate selection request; the
-  //    rows' lists are merged into one list per (request, KV head) with a row mask per page
+  //    output equals decoding without speculation), each row a separate selection request; with
+  //    per_row_union the rows' lists are merged into one list per (request, KV head) with a row mask per page
   //    (cuda/row_union.h) and attention reads their union once, each row attending its own pages
-  //    (per_row_union; with the host tier, or per_row_union off, each row is a separate attention
+  //    (per_row_union; by default, and with the host tier, each row is a separate attention
   //    request and the pages are read k + 1 times). Request-indexed buffers (lists, attention
   //    workspaces, selector) are sized for max_batch x max_verify_rows requests.
   std::string verify_selection = "last-row";
-  bool per_row_union = true;
+  // Off by default: on the H100 (session 28) the merged form's verify logits differed from
+  // decoding the rows one at a time by 0.74 (test_cuda_verify SparseVerifySelections at γ 0.5,
+  // limit 0.24) while its kernels passed their own tests, and it was not faster at 128k x 1.
+  bool per_row_union = false;
   // The KV hierarchy's host tier (issue 23): this many head-pages of pinned DRAM mapped into the
   // device (cuda::HostPagePool); 0: none. With it the device page table holds keys (device slot
   // s, host slot n_pages + h; kv/tier_split.h), the key sketch and summaries keep a row for every
