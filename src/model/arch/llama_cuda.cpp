@@ -5,7 +5,10 @@
 #include <chrono>
 #include <tuple>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <optional>
 
 #include "backend/cpu/ops.h"
@@ -15,6 +18,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "kv/page_lists.h"
 #include "model/dequant.h"
 #include "model/tensor_load.h"
 
@@ -936,6 +940,55 @@ void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step
   p.kv_row_mask = union_mask_d_;
   p.n_requests = s.n_union;
   cuda::launch_decode_attention(p, stream_);
+  if (debug_row_union()) check_row_union(rows, s);
+}
+
+bool LlamaCuda::debug_row_union() {
+  static const bool on = std::getenv("DHS_DEBUG_ROW_UNION") != nullptr;
+  return on;
+}
+
+// The probe: the step's split lists and their merge copied back, the merge recomputed by the CPU
+// statement (which refuses duplicates and conflicting slots), differences printed.
+void LlamaCuda::check_row_union(const cuda::LayerLists& rows, const Step& s) {
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const int hkv = static_cast<int>(cfg_.n_heads_kv);
+  auto get = [&](const auto* d, size_t n) {
+    std::vector<std::remove_const_t<std::remove_pointer_t<decltype(d)>>> h(n);
+    if (n) DHS_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(h[0]), cudaMemcpyDeviceToHost));
+    return h;
+  };
+  PageLists in;
+  in.n_requests = s.n_req;
+  in.n_heads_kv = hkv;
+  in.indptr = get(rows.indptr, static_cast<size_t>(s.n_req * hkv + 1));
+  in.slots = get(rows.slots, static_cast<size_t>(in.indptr.back()));
+  in.page_pos = get(rows.page_pos, static_cast<size_t>(in.indptr.back()));
+  in.seq_len = get(seq_len_d_, static_cast<size_t>(s.n_req));
+  const std::vector<int32_t> row_indptr = get(union_rows_d_, static_cast<size_t>(s.n_union + 1));
+  const std::vector<int32_t> useq = get(union_seq_d_, static_cast<size_t>(s.n_union));
+  const std::vector<int32_t> uindptr = get(union_indptr_d_, static_cast<size_t>(s.n_union * hkv + 1));
+  int64_t dups = 0, unsorted = 0;
+  for (int r = 0; r < s.n_req * hkv; ++r)
+    for (int32_t k = in.indptr[static_cast<size_t>(r)] + 1; k < in.indptr[static_cast<size_t>(r) + 1]; ++k) {
+      dups += in.page_pos[static_cast<size_t>(k)] == in.page_pos[static_cast<size_t>(k) - 1];
+      unsorted += in.page_pos[static_cast<size_t>(k)] < in.page_pos[static_cast<size_t>(k) - 1];
+    }
+  std::string verdict;
+  try {
+    const PageLists want = union_row_lists(in, row_indptr);
+    const auto uslots = get(union_slots_d_, static_cast<size_t>(uindptr.back()));
+    const auto upos = get(union_pos_d_, static_cast<size_t>(uindptr.back()));
+    const auto umask = get(union_mask_d_, static_cast<size_t>(uindptr.back()));
+    verdict = fmt::format("indptr {}, slots {}, pos {}, masks {}, seq_len {}", uindptr == want.indptr ? "equal" : "DIFFER",
+                          uslots == want.slots ? "equal" : "DIFFER", upos == want.page_pos ? "equal" : "DIFFER",
+                          umask == want.row_mask ? "equal" : "DIFFER", useq == want.seq_len ? "equal" : "DIFFER");
+  } catch (const std::exception& e) {
+    verdict = std::string("statement refused: ") + e.what();
+  }
+  std::fprintf(stderr, "row union probe: %d rows -> %d requests, %d entries in (%lld repeated, %lld out of order) -> %d: %s\n",
+               s.n_req, s.n_union, in.indptr.back(), static_cast<long long>(dups), static_cast<long long>(unsorted), uindptr.back(),
+               verdict.c_str());
 }
 
 std::vector<int32_t> LlamaCuda::read_slots() const {
@@ -1148,7 +1201,10 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
                       "page {} of layer {}, KV head {} takes this step's tokens and is in the host tier", i, l, h);
   }
   const int n_attn = static_cast<int>(reqs.size());
-  const bool graph = step.decode && use_graph;
+  // DHS_DEBUG_ROW_UNION=1: merged per-row steps run uncaptured and check each layer's merge
+  // against union_row_lists (attention_decode_united; a probe for the engine test's divergence).
+  // (step.n_union is known only after the upload, which the graph's bucket sizes)
+  const bool graph = step.decode && use_graph && !(split && union_scratch_ && !host_pool_ && debug_row_union());
   // A graph runs its bucket's rows.
   const int n_rows = !graph ? n_attn : bucket(n_attn, n_attn > opt_.max_batch ? static_cast<int>(max_attn_) : opt_.max_batch);
   step.n_tok = static_cast<int>(T) + (n_rows - n_attn);

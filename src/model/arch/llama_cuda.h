@@ -322,6 +322,8 @@ class LlamaCuda {
   // Per-row verify selections (step.n_union > 0): the rows' lists merged (row_union) and attended
   // once, each row over its own pages.
   void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
+  static bool debug_row_union();
+  void check_row_union(const cuda::LayerLists& rows, const Step& step);
   void attention_prefill(int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
