@@ -80,7 +80,9 @@ if [ "$(ls ~/dhs/qwen.part.* 2>/dev/null | wc -l)" = 10 ]; then
 fi
 
 # The Python packages of tests/serve (openai, httpx, pytest, tqdm): the device has no PyPI, so
-# their wheels travel in .devcarry/wheels (pip download, here) and install into $PY once.
+# their wheels travel in .devcarry/wheels (pip download, here, for the device's Python too: it is
+# 3.12 — `pip download -d .devcarry/wheels --only-binary=:all: --python-version 3.12 -r
+# tests/serve/requirements.txt`) and install into $PY once.
 PY=/tmp/dhs/py
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 pyserve() {
