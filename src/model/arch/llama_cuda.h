@@ -372,6 +372,7 @@ class LlamaCuda {
   Phases phases_;
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
+  std::vector<uint64_t> late_keys_;  // the late log as sortable keys (forward's scratch)
   // Landing: land_d_ = [kLandMax] slots, then claims, bad, available, then the log [kLandMax, 5];
   // land_keys_d_ the layer's keys after landing (what the split reads); land_h_ pinned: the slots'
   // staging, then claims, bad, available.
