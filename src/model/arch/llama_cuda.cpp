@@ -832,12 +832,12 @@ void LlamaCuda::dense_lists(int layer, int n_req) {
   cuda::launch_dense_lists(p, stream_);
 }
 
-void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok) {
+cuda::DecodeAttentionParams LlamaCuda::decode_params(int max_q, int n_req) const {
   cuda::DecodeAttentionParams p = decode_attn_;
   if (max_q > 1) {  // verify rows: the smallest workspace (kernel form) that takes them
     const cuda::DecodeAttentionWorkspace* ws =
         dws_verify_[0] && max_q <= dws_verify_[0]->max_q_len() ? dws_verify_[0].get() : dws_verify_[1].get();
-    DHS_ASSERT(ws && max_q <= ws->max_q_len());
+    DHS_ASSERT(ws && max_q <= ws->max_q_len() && n_req <= ws->max_requests());
     p.ws_o = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->o_d();
     p.ws_state = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->state_d();
     p.ws_q_vecs = ws->q_vecs();
@@ -845,6 +845,11 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
     p.stages = ws->stages();
     p.max_q_len = ws->max_q_len();
   }
+  return p;
+}
+
+void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok) {
+  cuda::DecodeAttentionParams p = decode_params(max_q, n_req);
   p.kv_indptr = lists.indptr;
   p.kv_slots = lists.slots;
   p.kv_page_pos = lists.page_pos;
@@ -919,18 +924,7 @@ void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step
   u.out_row_mask = union_mask_d_;
   union_scratch_->bind(u);
   cuda::launch_row_union(u, stream_);
-  cuda::DecodeAttentionParams p = decode_attn_;
-  if (s.union_max_q > 1) {  // the smallest workspace (kernel form) that takes the rows
-    const cuda::DecodeAttentionWorkspace* ws =
-        dws_verify_[0] && s.union_max_q <= dws_verify_[0]->max_q_len() ? dws_verify_[0].get() : dws_verify_[1].get();
-    DHS_ASSERT(ws && s.union_max_q <= ws->max_q_len() && s.n_union <= ws->max_requests());
-    p.ws_o = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->o_d();
-    p.ws_state = const_cast<cuda::DecodeAttentionWorkspace*>(ws)->state_d();
-    p.ws_q_vecs = ws->q_vecs();
-    p.n_workers = ws->n_workers();
-    p.stages = ws->stages();
-    p.max_q_len = ws->max_q_len();
-  }
+  cuda::DecodeAttentionParams p = decode_params(s.union_max_q, s.n_union);
   // (one token row per selection request, in order: the merged requests' row ranges are their q_indptr)
   p.q_indptr = union_rows_d_;
   p.seq_len = union_seq_d_;

@@ -318,6 +318,9 @@ class LlamaCuda {
   void rms_norm(const float* weight, int n_tok);
   void rope_append(int layer, int n_tok);  // and the page summaries / key sketch of the written pages
   void dense_lists(int layer, int n_req);
+  // The decode attention's parameters for n_req requests of up to max_q rows (the smallest verify
+  // workspace, kernel form, that takes them when max_q > 1).
+  cuda::DecodeAttentionParams decode_params(int max_q, int n_req) const;
   void attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok);
   // Per-row verify selections (step.n_union > 0): the rows' lists merged (row_union) and attended
   // once, each row over its own pages.
