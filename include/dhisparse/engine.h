@@ -39,7 +39,9 @@ struct EngineOptions {
   // CUDA, speculative verification under a sparse policy: what a verify's rows read. "last-row"
   // (one page set for all rows: the one the last row selects), "all-rows" (one set scored from
   // every row's queries) or "per-row" (each row the set its decode step would select: greedy output
-  // equal to decoding without speculation; the pages are read once per row). The CPU is per-row.
+  // equal to decoding without speculation; the pages are read once per row) or "per-row-union"
+  // (the same sets, their union read once with a mask of the rows each page serves; on the GPU
+  // without a host tier). The CPU is per-row.
   std::string verify_selection = "last-row";
   // The KV hierarchy (issue 23): a host tier of this many GiB behind the pool steps read (the
   // device tier; on the GPU pinned DRAM, with kv_recall "ahead"); 0: none. vLLM's --swap-space

@@ -91,8 +91,9 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
   app->add_option("--verify-selection", eo.verify_selection,
                   "CUDA speculative decoding under a sparse policy, what a verify's rows read: last-row (one page set "
                   "for all rows, the last row's), all-rows (one set scored from every row's queries) or per-row (each "
-                  "row its own set: the output of decoding without speculation; the pages read once per row)")
-      ->check(CLI::IsMember({"last-row", "all-rows", "per-row"}))
+                  "row its own set: the output of decoding without speculation; the pages read once per row) or "
+                  "per-row-union (the same sets, their union read once, each page masked to the rows that chose it)")
+      ->check(CLI::IsMember({"last-row", "all-rows", "per-row", "per-row-union"}))
       ->capture_default_str();
 }
 

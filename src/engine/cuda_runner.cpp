@@ -44,9 +44,11 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     co.fp8_weights = o.quantization == "fp8";
-    DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row",
-              "verify selection must be last-row, all-rows or per-row, got '{}'", o.verify_selection);
-    co.verify_selection = o.verify_selection;
+    DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row" ||
+                  o.verify_selection == "per-row-union",
+              "verify selection must be last-row, all-rows, per-row or per-row-union, got '{}'", o.verify_selection);
+    co.per_row_union = o.verify_selection == "per-row-union";  // (per-row lists read once, as their union)
+    co.verify_selection = co.per_row_union ? "per-row" : o.verify_selection;
     // The KV hierarchy: a host tier of pinned DRAM (f16 head-pages, K and V), on the recall-ahead
     // schedule only (a step moves nothing: its late pages are read in place; docs/hierarchy.md).
     const int64_t host_pages = RunnerTiers::host_pages(o, 2 * int64_t{o.page_size} * cfg.head_dim * 2);

@@ -128,6 +128,8 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     DHS_CHECK(want_of[static_cast<size_t>(wants[i].first)] < 0, "LRU select_many: owner {} twice", wants[i].first);
     if (wants[i].second > 0) want_of[static_cast<size_t>(wants[i].first)] = static_cast<int32_t>(i);
   }
+  // Nothing wanted (a step whose recalls fit the free slots): no pass over the slots.
+  if (std::none_of(wants.begin(), wants.end(), [](const auto& w) { return w.second > 0; })) return out;
   const auto index = [&](size_t s) -> int32_t {  // the want a slot is a candidate of, or -1
     const int32_t o = owner_[s];
     if (o < 0 || o > max_owner || pinned_[s] != 0) return -1;

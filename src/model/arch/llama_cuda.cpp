@@ -121,6 +121,8 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
     union_pos_d_ = ints(R * Hkv * pages_per_seq_);
     union_mask_d_ = static_cast<uint32_t*>(dalloc(static_cast<size_t>(R * Hkv * pages_per_seq_) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&union_h_, static_cast<size_t>(2 * R + 1) * 4));
+    if (const char* e = std::getenv("DHS_DEBUG_ROW_UNION"); e != nullptr)  // (the probe, printing)
+      union_check_ = RowUnionCheck{true, std::string_view(e) == "split", true};
   }
   staging_ints_ = static_cast<size_t>(2 * T + L * T * Hkv + 4 * R + 1 + O);
   DHS_CUDA_CHECK(cudaMallocHost(&staging_h_, staging_ints_ * 4));
@@ -934,17 +936,12 @@ void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step
   p.kv_row_mask = union_mask_d_;
   p.n_requests = s.n_union;
   cuda::launch_decode_attention(p, stream_);
-  if (debug_row_union()) check_row_union(rows, s);
-}
-
-bool LlamaCuda::debug_row_union() {
-  static const bool on = std::getenv("DHS_DEBUG_ROW_UNION") != nullptr;
-  return on;
+  if (union_check_.on) check_row_union_layer(rows, s);
 }
 
 // The probe: the step's split lists and their merge copied back, the merge recomputed by the CPU
 // statement (which refuses duplicates and conflicting slots), differences printed.
-void LlamaCuda::check_row_union(const cuda::LayerLists& rows, const Step& s) {
+void LlamaCuda::check_row_union_layer(const cuda::LayerLists& rows, const Step& s) {
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   const int hkv = static_cast<int>(cfg_.n_heads_kv);
   auto get = [&](const auto* d, size_t n) {
@@ -969,6 +966,7 @@ void LlamaCuda::check_row_union(const cuda::LayerLists& rows, const Step& s) {
       unsorted += in.page_pos[static_cast<size_t>(k)] < in.page_pos[static_cast<size_t>(k) - 1];
     }
   std::string verdict;
+  bool equal = false;
   try {
     const PageLists want = union_row_lists(in, row_indptr);
     const auto uslots = get(union_slots_d_, static_cast<size_t>(uindptr.back()));
@@ -977,12 +975,35 @@ void LlamaCuda::check_row_union(const cuda::LayerLists& rows, const Step& s) {
     verdict = fmt::format("indptr {}, slots {}, pos {}, masks {}, seq_len {}", uindptr == want.indptr ? "equal" : "DIFFER",
                           uslots == want.slots ? "equal" : "DIFFER", upos == want.page_pos ? "equal" : "DIFFER",
                           umask == want.row_mask ? "equal" : "DIFFER", useq == want.seq_len ? "equal" : "DIFFER");
+    equal = uindptr == want.indptr && uslots == want.slots && upos == want.page_pos && umask == want.row_mask &&
+            useq == want.seq_len;
   } catch (const std::exception& e) {
     verdict = std::string("statement refused: ") + e.what();
   }
-  std::fprintf(stderr, "row union probe: %d rows -> %d requests, %d entries in (%lld repeated, %lld out of order) -> %d: %s\n",
+  // The attention itself: the merged read against the rows attended one at a time on the same
+  // lists (att_d_ is left as the merged read wrote it).
+  const size_t n_att = static_cast<size_t>(s.n_tok) * static_cast<size_t>(cfg_.n_heads_q * cfg_.head_dim);
+  const std::vector<uint16_t> united = get(reinterpret_cast<const uint16_t*>(att_d_), n_att);
+  attention_decode(rows, s.n_req, 1, 0, s.n_tok);
+  DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<uint16_t> split = get(reinterpret_cast<const uint16_t*>(att_d_), n_att);
+  if (!union_check_.keep_split) DHS_CUDA_CHECK(cudaMemcpy(att_d_, united.data(), n_att * 2, cudaMemcpyHostToDevice));
+  float att_diff = 0.0f;
+  int64_t worst = -1;
+  for (size_t i = 0; i < n_att; ++i) {
+    const float d = std::fabs(fp16_to_f32(united[i]) - fp16_to_f32(split[i]));
+    if (d > att_diff) att_diff = d, worst = static_cast<int64_t>(i);
+  }
+  ++union_check_.layers;
+  union_check_.merges_equal += equal;
+  union_check_.max_att_diff = std::max(union_check_.max_att_diff, att_diff);
+  if (!union_check_.print) return;
+  const int64_t row_elems = cfg_.n_heads_q * cfg_.head_dim;
+  std::fprintf(stderr, "row union probe: %d rows -> %d requests, %d entries in (%lld repeated, %lld out of order) -> %d: %s; "
+               "attention max |merged - split| %.4f (token row %lld, head %lld)\n",
                s.n_req, s.n_union, in.indptr.back(), static_cast<long long>(dups), static_cast<long long>(unsorted), uindptr.back(),
-               verdict.c_str());
+               verdict.c_str(), att_diff, static_cast<long long>(worst < 0 ? -1 : worst / row_elems),
+               static_cast<long long>(worst < 0 ? -1 : (worst % row_elems) / cfg_.head_dim));
 }
 
 std::vector<int32_t> LlamaCuda::read_slots() const {
@@ -1195,10 +1216,9 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
                       "page {} of layer {}, KV head {} takes this step's tokens and is in the host tier", i, l, h);
   }
   const int n_attn = static_cast<int>(reqs.size());
-  // DHS_DEBUG_ROW_UNION=1: merged per-row steps run uncaptured and check each layer's merge
-  // against union_row_lists (attention_decode_united; a probe for the engine test's divergence).
-  // (step.n_union is known only after the upload, which the graph's bucket sizes)
-  const bool graph = step.decode && use_graph && !(split && union_scratch_ && !host_pool_ && debug_row_union());
+  // check_row_union: merged per-row steps run uncaptured (step.n_union is known only after the
+  // upload, which the graph's bucket sizes).
+  const bool graph = step.decode && use_graph && !(split && union_scratch_ && !host_pool_ && union_check_.on);
   // A graph runs its bucket's rows.
   const int n_rows = !graph ? n_attn : bucket(n_attn, n_attn > opt_.max_batch ? static_cast<int>(max_attn_) : opt_.max_batch);
   step.n_tok = static_cast<int>(T) + (n_rows - n_attn);

@@ -162,6 +162,19 @@ class LlamaCuda {
   // Decode-like steps run through a captured graph when use_graph. Synchronizes once, at the
   // end (the sampled ids, from each sequence's last row, are then in sampled_ids()).
   void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
+  // A check of the per-row merge (CudaModelOptions::per_row_union) in the engine: while on, merged
+  // steps run uncaptured and every layer's merge is compared with the CPU statement
+  // (union_row_lists) and its attention with the rows attended one at a time on the same lists;
+  // keep_split: the step goes on with the one-at-a-time read's output (so it differs from the
+  // per-row form only where the merged read's roundings would move a later layer's selection).
+  // DHS_DEBUG_ROW_UNION=1 (=split) turns it on at construction and prints each layer's verdict.
+  struct RowUnionCheck {
+    bool on = false, keep_split = false, print = false;
+    int64_t layers = 0, merges_equal = 0;  // layers merged; of them, merges equal to the statement
+    float max_att_diff = 0.0f;             // max |merged - one at a time| over the attention outputs
+  };
+  void check_row_union(bool on, bool keep_split = false) { union_check_ = RowUnionCheck{on, keep_split, union_check_.print}; }
+  const RowUnionCheck& row_union_check() const { return union_check_; }
   // The first output row of sequence i of the last forward (logits' row).
   int64_t out_row(size_t i) const { return out_first_.at(i); }
   // The sampler's id of every output row of the last forward ([n_out]; a verify's rows are
@@ -325,8 +338,7 @@ class LlamaCuda {
   // Per-row verify selections (step.n_union > 0): the rows' lists merged (row_union) and attended
   // once, each row over its own pages.
   void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
-  static bool debug_row_union();
-  void check_row_union(const cuda::LayerLists& rows, const Step& step);
+  void check_row_union_layer(const cuda::LayerLists& rows, const Step& step);
   void attention_prefill(int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
@@ -424,6 +436,7 @@ class LlamaCuda {
   __half* qkv_d_ = nullptr;     // [T, (Hq + 2 Hkv) D]
   __half* q_d_ = nullptr;       // [T, Hq D] rotated queries
   __half* att_d_ = nullptr;     // [T, Hq D]
+  RowUnionCheck union_check_;
   __half* gu_d_ = nullptr;      // [T, 2 F]
   __half* act_d_ = nullptr;     // [T, F]
   // The step's output rows: max_out = max_batch x max_verify_rows.
