@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   app.add_option("--host-kv-gib", ho.host_kv_gib, "--hierarchy: the host tier of pinned DRAM in GiB (0: none, every page in HBM)")->check(CLI::Range(0.0, 1e6))->capture_default_str();
   app.add_option("--churn", ho.churn, "--hierarchy: the fraction of a step's reads evicted before the next (a real model's late reads per step / pages read at the buffer used)")->check(CLI::Range(0.0, 0.999))->capture_default_str();
   app.add_option("--buffer", ho.buffer, "--hierarchy: each request's HBM budget is the pages a step reads x (1 + buffer)")->check(CLI::Range(0.0, 100.0))->capture_default_str();
+  app.add_flag_function("--sync-recalls", [&ho](int64_t) { ho.overlap_recalls = false; }, "--hierarchy: a step's recalls planned and issued before the next step is launched (default: while it runs)");
   app.add_flag("--land", ho.land, "--hierarchy: late pages land in HBM slots reserved before the step, copied in the step before their attention (each miss crosses PCIe once), instead of being read in place and recalled after");
   app.add_option("--steps", ho.steps, "--hierarchy: timed steps (after 3 warm-up and 3 resident ones)")->check(int_in(1, 100000))->capture_default_str();
   app.add_option("--hierarchy-out", ho.out, "--hierarchy: JSON lines are appended here")->capture_default_str();

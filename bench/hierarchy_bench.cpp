@@ -27,7 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +60,7 @@ struct BatchResult {
   // bookkeeping until recall_after_decode returns (copies launched, the mover's waits between
   // its calls included), then the wait for the copies left.
   double fwd_before_ms = 0, fwd_gpu_ms = 0, fwd_after_ms = 0, after_host_ms = 0, after_wait_ms = 0;
+  double recalls_in_flight_ms = 0;  // of fwd_gpu_ms: the last step's recalls, run while the step ran (overlap)
   double read_frac = 0;
   TierStats tiers;  // over the timed steps
   int64_t late_overflow_steps = 0;
@@ -179,7 +182,17 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
 
     std::mt19937_64 rng(7);
     BatchResult res;
-    std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, aft_host, aft_wait;
+    std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, ph_while, aft_host, aft_wait;
+    // The last step's late reads and clock, its recalls not run yet (overlap: they run in the next
+    // step's forward, in flight).
+    std::optional<std::pair<std::vector<TieredKv::LateRead>, int64_t>> pending;
+    std::string in_flight_error;
+    const auto run_pending = [&](bool in_flight) {
+      if (!pending) return;
+      const auto p = std::move(*pending);
+      pending.reset();
+      tiers->kv().after_step_recalls(p.first, p.second, in_flight);
+    };
     TierStats before_timed, replay;
     int64_t last_claims = int64_t{1} << 16, landed = 0;  // (landing: the last step's claims; landings timed)  // (replay: the churn replay's own moves, not the steps')
     for (int64_t s = 0; s < total_steps; ++s) {
@@ -207,13 +220,27 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       }
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
       const auto t0 = Clock::now();
-      m->forward(seqs, nullptr);
+      std::function<void()> in_flight;
+      if (pending)
+        in_flight = [&] {
+          try {
+            run_pending(true);
+          } catch (const std::exception& e) {
+            in_flight_error = e.what();
+          }
+        };
+      m->forward(seqs, nullptr, true, in_flight);
+      DHS_CHECK(in_flight_error.empty(), "--hierarchy: the recalls in flight: {}", in_flight_error);
       const double f = ms_since(t0);
       const LlamaCuda::Phases ph = m->last_phases();
       const auto t1 = Clock::now();
       double a_host = 0;
       if (tiers) {
-        recall_after_decode(tiers->kv(), *m, tables, tiers->clock() + L - 1);
+        // The step's reads now; its recalls in the next step's forward (overlap; not before the
+        // budgets are set from the first step's reads), or now.
+        reads_after_decode(tiers->kv(), *m, tables, tiers->clock() + L - 1);
+        pending = std::pair{late_reads_of(*m), tiers->clock() + L - 1};
+        if (!opts.overlap_recalls || s == 0) run_pending(false);
         a_host = ms_since(t1);
         DHS_CUDA_CHECK(cudaDeviceSynchronize());
       }
@@ -238,6 +265,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         ph_before.push_back(ph.before_ms);
         ph_gpu.push_back(ph.gpu_ms);
         ph_after.push_back(ph.after_ms);
+        ph_while.push_back(ph.while_ms);
         aft_host.push_back(a_host + reserve_ms);
         aft_wait.push_back(a - a_host);
       }
@@ -283,6 +311,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     res.fwd_before_ms = mean(ph_before);
     res.fwd_gpu_ms = mean(ph_gpu);
     res.fwd_after_ms = mean(ph_after);
+    res.recalls_in_flight_ms = mean(ph_while);
     res.after_host_ms = mean(aft_host);
     res.after_wait_ms = mean(aft_wait);
     res.read_frac = bp.spec.dense() ? 1.0 : m->sparsity_stats().read_frac();
@@ -321,8 +350,10 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
                 opts.churn, opts.buffer, res.step_ms, res.forward_ms, res.after_ms, res.resident_ms, tok_s, floor_ms,
                 static_cast<double>(batch) / floor_ms * 1e3, floor_overlap_ms, hit_rate, late_gb, recall_gb, stall, res.read_frac,
                 res.late_overflow_steps ? " (late log overflowed)" : "");
-    std::printf("  forward: %.2f ms before the launch, %.2f ms launch to wait, %.2f ms after; after-step: %.2f ms host, %.2f ms copies' wait\n",
-                res.fwd_before_ms, res.fwd_gpu_ms, res.fwd_after_ms, res.after_host_ms, res.after_wait_ms);
+    std::printf("  forward: %.2f ms before the launch, %.2f ms launch to wait (%.2f ms of it the last step's recalls, %s), %.2f ms "
+                "after; after-step: %.2f ms host, %.2f ms copies' wait\n",
+                res.fwd_before_ms, res.fwd_gpu_ms, res.recalls_in_flight_ms, opts.overlap_recalls ? "in flight" : "off",
+                res.fwd_after_ms, res.after_host_ms, res.after_wait_ms);
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
        << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
@@ -330,6 +361,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"buffer\":" << (tiered ? opts.buffer : 0.0) << ",\"tok_s\":" << tok_s << ",\"step_ms\":" << res.step_ms
        << ",\"forward_ms\":" << res.forward_ms << ",\"fwd_before_launch_ms\":" << res.fwd_before_ms << ",\"fwd_gpu_ms\":" << res.fwd_gpu_ms
        << ",\"fwd_after_wait_ms\":" << res.fwd_after_ms << ",\"after_host_ms\":" << res.after_host_ms << ",\"after_wait_ms\":" << res.after_wait_ms
+       << ",\"overlap_recalls\":" << (tiers && opts.overlap_recalls ? "true" : "false") << ",\"recalls_in_flight_ms\":" << res.recalls_in_flight_ms
        << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
@@ -339,6 +371,10 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"method\":\"real decode steps (random weights and KV), wall time of forward + after-step recalls, mean over the timed "
           "steps; churn replayed: before each step that fraction of the last step's reads evicted\"}\n";
     jl.flush();
+    if (tiers) {
+      run_pending(false);  // (the last step's recalls: after the counts, untimed)
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     for (PageTable* t : tables) {
       if (tiers) tiers->release(*t);
       else t->release(m->allocator());

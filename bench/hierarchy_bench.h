@@ -27,6 +27,9 @@ struct HierarchyBenchOptions {
   // Landing (backend/cuda/tier_land.h): slots reserved before each step for its late pages, which
   // the step copies into HBM before their attention (a miss crosses PCIe once), adopted after.
   bool land = false;
+  // The after-step's recalls planned and issued while the next step runs (the CUDA runner's
+  // default, EngineOptions::kv_overlap_recalls); false: before it is launched.
+  bool overlap_recalls = true;
   int steps = 12;       // timed steps with churn (after warm-up and the resident steps)
   std::string out = "bench/results/hierarchy.jsonl";
   std::string commit = "unknown";

@@ -63,6 +63,11 @@ struct EngineOptions {
   // `--kv-recall`. Tokens are the all-resident run's with any (ahead, land: up to the merge's
   // rounding).
   std::string kv_recall = "layer";
+  // CUDA, kv_recall ahead / land: a decode step's recalls (and the evictions they need) are
+  // planned and issued while the next decode step runs, their copies queued behind it
+  // (docs/hierarchy.md "After-step overlap"); false: before the next step is launched.
+  // `--kv-sync-recalls` turns it off.
+  bool kv_overlap_recalls = true;
   // With the host tier: the rate of the link between the tiers in GB/s, against which the
   // hierarchy's I/O load is measured (pages moved and read in place per step / what the link
   // moves in the step's time); 0: measured at load (a bulk copy between the tiers' memories).

@@ -136,6 +136,10 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
                   "before it and reads them there, so on the GPU each crosses PCIe once")
       ->check(CLI::IsMember({"layer", "ahead", "land"}))
       ->capture_default_str();
+  app->add_flag_function(
+      "--kv-sync-recalls", [&eo](int64_t) { eo.kv_overlap_recalls = false; },
+      "With --kv-recall ahead / land on the GPU: plan and issue a step's recalls before the next step is launched "
+      "(default: while it runs, their copies queued behind it)");
 }
 
 }  // namespace dhs::cli

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_attention.h"
@@ -95,6 +98,7 @@ class CudaRunner final : public StepRunner {
       if (tiers_->land()) tiers_->kv().set_land_hook([m](std::span<const PageMove> mv) { m->follow_landed(mv); });
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
     }
+    overlap_recalls_ = o.kv_overlap_recalls;
     rows_.resize(static_cast<size_t>(max_batch_));
     rng_.assign(static_cast<size_t>(max_batch_), 0);
     window_.assign(static_cast<size_t>(max_batch_), 0);
@@ -134,21 +138,32 @@ class CudaRunner final : public StepRunner {
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
   int max_draft_seeds() const override { return cuda::kMaxSeedPages; }
   void truncate(PageTable& table, int64_t n_tokens) override {
+    flush_recalls();
     model_->forget_draft_seeds(table.id(), n_tokens);
     if (!(tiers_ && tiers_->truncate(table, n_tokens))) table.truncate(pages(), n_tokens);
   }
   void release(PageTable& table) override {
+    flush_recalls();
     model_->forget_draft_seeds(table.id(), 0);
     if (!(tiers_ && tiers_->release(table))) table.release(pages());
   }
   // The KV hierarchy (RunnerTiers), as the CPU runner keeps it.
   std::string check_pages() const override { return tiers_ ? tiers_->check() : model_->allocator().check_invariants(); }
   int64_t host_tier_pages() const override { return tiers_ ? tiers_->host().n_pages() : 0; }
-  bool make_room(int64_t n) override { return tiers_ ? tiers_->make_room(n) : model_->allocator().n_free() >= n; }
+  bool make_room(int64_t n) override {
+    flush_recalls();  // (they take free slots: before the room is counted)
+    return tiers_ ? tiers_->make_room(n) : model_->allocator().n_free() >= n;
+  }
   int64_t reclaimable_pages() const override { return tiers_ ? tiers_->reclaimable() : 0; }
-  bool swap_out(PageTable& t) override { return tiers_ && tiers_->swap_out(t); }
+  bool swap_out(PageTable& t) override {
+    flush_recalls();
+    return tiers_ && tiers_->swap_out(t);
+  }
   int64_t swap_in_pages(const PageTable& t) const override { return tiers_ ? tiers_->swap_in_pages(t) : 0; }
-  bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
+  bool swap_in(PageTable& t) override {
+    flush_recalls();
+    return !tiers_ || tiers_->swap_in(t);
+  }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   // (per-row selections read as their union read the pages once, except over the host tier)
@@ -203,6 +218,19 @@ class CudaRunner final : public StepRunner {
     const auto t0 = std::chrono::steady_clock::now();
     const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     std::vector<TierStats> tier_before;
+    // The last decode step's recalls run while this step runs when it is a decode step too (the
+    // overlap: docs/hierarchy.md), else now.
+    const bool overlap = tiers_ && overlap_recalls_ && !prefill;
+    if (!overlap) flush_recalls();
+    std::string in_flight_error;
+    const std::function<void()> in_flight = [this, &in_flight_error] {
+      try {
+        flush_recalls(/*in_flight=*/true);
+      } catch (const std::exception& e) {
+        in_flight_error = e.what();  // (thrown after the step's wait)
+      }
+    };
+    const std::function<void()> while_running = overlap && deferred_ ? in_flight : std::function<void()>{};
     if (tiers_) {
       tiers_->before_step(batch);  // (prefill and decode attention read either tier: nothing is pinned)
       tier_before = tiers_->stats_of(batch);
@@ -220,10 +248,10 @@ class CudaRunner final : public StepRunner {
     bool ids_only = any_verify && !want_logits;
     for (const StepRequest& r : batch) ids_only = ids_only && (!r.verify || r.verify_ids);
     if (!any_verify) {
-      model_->forward(seqs, want_logits ? &out->logits : nullptr);
+      model_->forward(seqs, want_logits ? &out->logits : nullptr, true, while_running);
     } else if (ids_only) {
       // Greedy verifies: the device's argmax of every row, no logits over PCIe.
-      model_->forward(seqs, nullptr);
+      model_->forward(seqs, nullptr, true, while_running);
       const std::vector<int32_t>& rows = model_->row_ids();
       for (size_t i = 0; i < batch.size(); ++i)
         if (batch[i].verify) {
@@ -235,9 +263,10 @@ class CudaRunner final : public StepRunner {
     } else {
       // The model's output rows (in batch order: LlamaCuda::out_row): the last rows
       // (want_logits) and the verify rows.
-      model_->forward(seqs, &rows_out_);
+      model_->forward(seqs, &rows_out_, true, while_running);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
+    if (!in_flight_error.empty()) throw Error("the KV hierarchy's recalls during the step: " + in_flight_error);
     // The step is done: the hierarchy's clock reads past its layers from here (so what after it
     // touches or chooses by last use, budgets included, is later than every read of the step).
     ++steps_;
@@ -298,9 +327,20 @@ class CudaRunner final : public StepRunner {
       // brings back the second (as the CPU's).
       std::vector<PageTable*> tables;
       for (const StepRequest& r : batch) tables.push_back(r.table);
-      recall_after_decode(kv, *model_, tables, now);
+      reads_after_decode(kv, *model_, tables, now);
+      deferred_ = Deferred{late_reads_of(*model_), now};
+      if (!overlap_recalls_) flush_recalls();
     }
     tiers_->after_step(batch, before);
+  }
+
+  // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet: in_flight while
+  // a step runs whose lists were taken before them.
+  void flush_recalls(bool in_flight = false) {
+    if (!deferred_) return;
+    const Deferred d = std::move(*deferred_);
+    deferred_.reset();
+    tiers_->kv().after_step_recalls(d.late, d.now, in_flight);
   }
 
   void check_slot(int slot) const {
@@ -318,6 +358,13 @@ class CudaRunner final : public StepRunner {
   std::vector<float> rows_out_;          // a verify step's output rows (reused)
   std::unique_ptr<RunnerTiers> tiers_;   // the KV hierarchy (--cpu-kv-gb), or null
   int64_t steps_ = 0;                    // steps run: the hierarchy's clock is steps_ x n_layers
+  // The last decode step's late reads and clock, its recalls not run yet (the overlap).
+  struct Deferred {
+    std::vector<TieredKv::LateRead> late;
+    int64_t now = 0;
+  };
+  std::optional<Deferred> deferred_;
+  bool overlap_recalls_ = true;  // EngineOptions::kv_overlap_recalls
 };
 
 }  // namespace

@@ -16,4 +16,10 @@ class LlamaCuda;
 // of the step's last layer. Returns what the calls did (hits, late reads, recalls).
 TierStats recall_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now);
 
+// The same in two halves (TieredKv::after_step_reads / after_step_recalls), for a runner that
+// runs the second while the next step runs: the step's hits and landings, now; its late reads,
+// kept for the recalls.
+TierStats reads_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now);
+std::vector<TieredKv::LateRead> late_reads_of(const LlamaCuda& m);
+
 }  // namespace dhs

@@ -53,6 +53,7 @@ void TieredKv::track_device(Owner& o, PageRef p, const Where& w, int64_t now) {
   dev_where_[static_cast<size_t>(p.slot)] = w;
   host_copy_[static_cast<size_t>(p.slot)] = -1;
   lru_.insert(p.slot, o.id, now);
+  slot_changed(p.slot);
   ++o.resident;
 }
 
@@ -171,6 +172,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
     --owner_at(s).resident;
     host_copy_[static_cast<size_t>(s)] = -1;
     lru_.erase(s);
+    slot_changed(s);
     dev_.free(PageRef{Tier::Device, s});
   }
 }
@@ -503,7 +505,7 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
 }
 
 void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
-                            bool reads_noted) {
+                            bool reads_noted, bool budgets) {
   std::vector<PageMove> adopted;
   for (const Landed& l : landed) {
     DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < tables.size(), "tiered KV: a landing of sequence {} of {}", l.seq,
@@ -540,8 +542,10 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
   ad.late = reads_noted ? 0 : ad.recalled;
   totals_ += ad;
   st += ad;
-  // Past a budget now: the request's least recently used pages leave (the landed ones were
-  // touched now, so older pages go first).
+  if (budgets) enforce_budgets(tables, now, st);
+}
+
+void TieredKv::enforce_budgets(std::span<PageTable* const> tables, int64_t now, TierStats& st) {
   for (PageTable* t : tables) {
     Owner& o = owner_of(*t);
     const int64_t over = movable_resident(o) - o.budget;
@@ -551,25 +555,38 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
 
 TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
                                       std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed) {
+  TierStats st = after_step_reads(stamps, stamp, tables, now, landed);
+  st += after_step_recalls(late, now);
+  return st;
+}
+
+TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t stamp, std::span<PageTable* const> tables,
+                                     int64_t now, std::span<const Landed> landed) {
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
             stamps.size(), lru_.n_slots());
+  DHS_CHECK(!pending_, "tiered KV: the last step's recalls were not run (after_step_recalls)");
   TierStats st;
   // The hits: touched, counted per owner; over chunks of the slots on the thread pool when the
-  // pool of slots is large (each slot touched by one chunk; the counts summed after).
+  // pool of slots is large (each slot touched by one chunk; the counts summed after). Slots whose
+  // page changed while the step ran are not its reads (after_step_recalls in flight).
   const int64_t n_slots = lru_.n_slots();
   ThreadPool* pool = n_slots >= BucketedLru::kParallelSlots ? &ThreadPool::global() : nullptr;
   std::vector<std::vector<int64_t>> hits_of(static_cast<size_t>(pool ? pool->n_threads() : 1),
                                             std::vector<int64_t>(static_cast<size_t>(next_owner_), 0));
+  const uint8_t* changed = changed_any_ ? changed_in_flight_.data() : nullptr;
   const auto scan = [&](int64_t b, int64_t e, int c) {
     int64_t* mine = hits_of[static_cast<size_t>(c)].data();
     for (int32_t s = static_cast<int32_t>(b); s < static_cast<int32_t>(e); ++s) {
       if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
+      if (changed && changed[s]) continue;
       lru_.touch_resident(s, now);
       ++mine[lru_.owner(s)];
     }
   };
   if (pool) pool->parallel_for(n_slots, scan, 4096);
   else scan(0, n_slots, 0);
+  if (changed_any_) std::fill(changed_in_flight_.begin(), changed_in_flight_.end(), uint8_t{0});
+  changed_any_ = false;
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
   for (const auto& h : hits_of)
     for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o];
@@ -578,8 +595,46 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
     st.hits += by_owner[static_cast<size_t>(o.id)];
   }
   totals_.hits += st.hits;
+  // What the recalls keep beside what they bring: each request's resident pages it read that may
+  // move — its hits less those of the pages it appends into (now, while the tables are the step's).
+  PendingRecalls p;
+  p.tables.assign(tables.begin(), tables.end());
+  p.keep.resize(tables.size());
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const PageTable& t = *tables[i];
+    int64_t keep = by_owner[static_cast<size_t>(owner_of(t).id)];
+    for (int l = 0; l < t.n_layers(); ++l)
+      for (int h = 0; h < t.n_heads_kv(); ++h)
+        for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
+          const PageRef r = t.page(l, h, j);
+          keep -= r.tier == Tier::Device && stamps[static_cast<size_t>(r.slot)] == stamp;
+        }
+    p.keep[i] = keep;
+  }
   // (the landed slots were stamped by the split but are not resident yet: the scan skipped them)
-  if (!landing_.empty() || !landed.empty()) adopt_landed(landed, tables, now, st);
+  if (!landing_.empty() || !landed.empty()) {
+    adopt_landed(landed, tables, now, st, /*reads_noted=*/false, /*budgets=*/false);
+    p.budgets_due = true;
+  }
+  pending_ = std::move(p);
+  return st;
+}
+
+TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t now, bool in_flight) {
+  DHS_CHECK(pending_, "tiered KV: after_step_recalls without after_step_reads");
+  const PendingRecalls p = std::move(*pending_);
+  pending_.reset();
+  const std::span<PageTable* const> tables(p.tables);
+  if (in_flight) {
+    if (changed_in_flight_.empty()) changed_in_flight_.assign(static_cast<size_t>(lru_.n_slots()), 0);
+    changed_any_ = in_flight_ = true;
+  }
+  struct Reset {
+    bool& f;
+    ~Reset() { f = false; }
+  } reset{in_flight_};
+  TierStats st;
+  if (p.budgets_due) enforce_budgets(tables, now, st);
   std::vector<std::vector<PageId>> late_of(tables.size());
   for (const LateRead& r : late) {
     DHS_CHECK(r.seq >= 0 && static_cast<size_t>(r.seq) < tables.size(), "tiered KV: late read of sequence {} of {}", r.seq,
@@ -591,7 +646,7 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
   // pass over the LRU, then the recalls (all at once where they need nothing but their own pages).
   const size_t n_req = tables.size();
   std::vector<std::vector<PageId>> missing_of(n_req);
-  std::vector<int64_t> keep_of(n_req, 0), want_of(n_req, 0);
+  std::vector<int64_t> want_of(n_req, 0);
   std::vector<TierStats> noted(n_req);
   std::vector<std::string> failed(n_req);
   std::vector<Owner*> owner(n_req);
@@ -602,20 +657,11 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
         PageTable& t = *tables[i];
         Owner& o = *owner[i];
         noted[i] = note_reads_of(o, t, late_of[i], now);  // (hits: none, the log holds host pages; a page moved since is one)
-        // The resident pages it read that may move: its hits less those of the pages it appends into.
-        int64_t keep_movable = by_owner[static_cast<size_t>(o.id)];
-        for (int l = 0; l < t.n_layers(); ++l)
-          for (int h = 0; h < t.n_heads_kv(); ++h)
-            for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
-              const PageRef p = t.page(l, h, j);
-              keep_movable -= p.tier == Tier::Device && stamps[static_cast<size_t>(p.slot)] == stamp;
-            }
         begin_dedupe(o, t);
         std::vector<PageId>& missing = missing_of[i];
         for (const PageId& id : late_of[i])
           if (first_time(o, t, id) && t.page(id.layer, id.head, id.idx).tier == Tier::Host) missing.push_back(id);
-        keep_of[i] = keep_movable;
-        want_of[i] = ahead_plan(o, missing, keep_movable);
+        want_of[i] = ahead_plan(o, missing, p.keep[i]);
       } catch (const std::exception& ex) {
         failed[i] = ex.what();
       }
@@ -637,7 +683,7 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
   for (size_t i = 0; i < n_req; ++i) {
     std::vector<int32_t> pinned;
     // (ahead_plan again on the planned list: the same cut and order)
-    st += recall_ahead_of(*owner[i], *tables[i], std::move(missing_of[i]), keep_of[i], now, pinned,
+    st += recall_ahead_of(*owner[i], *tables[i], std::move(missing_of[i]), p.keep[i], now, pinned,
                           victims_of ? &(*victims_of)[i] : nullptr);
   }
   return st;
@@ -709,6 +755,7 @@ bool TieredKv::recall_batch(std::span<PageTable* const> tables, const std::vecto
       --o.resident;
       host_copy_[static_cast<size_t>(s)] = -1;
       lru_.erase(s);
+      slot_changed(s);
     }
     part[i].offloaded = static_cast<int64_t>(evict_moves[i].size());
     part[i].dropped = static_cast<int64_t>(out[i].size() - evict_moves[i].size());
@@ -787,6 +834,8 @@ int64_t TieredKv::reclaimable() const {
 }
 
 bool TieredKv::swap_out(PageTable& t, int64_t now) {
+  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
+            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "swap_out");
   Owner& o = owner_of(t);
   const int64_t kept = (t.n_tokens() + t.page_size() - 1) / t.page_size();  // pages past it are only reserved
   std::vector<int32_t> slots;
@@ -843,6 +892,7 @@ void TieredKv::free_page_cb(void* self_v, PageRef p, int, int, int64_t) {
   if (self->host_copy_[s] >= 0) self->host_.free(PageRef{Tier::Host, self->host_copy_[s]});
   self->host_copy_[s] = -1;
   self->lru_.erase(p.slot);
+  self->slot_changed(p.slot);
   self->dev_.free(p);
 }
 
@@ -869,6 +919,8 @@ TierStats TieredKv::prepare_append(PageTable& t, int64_t now) {
 }
 
 TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
+  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
+            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "truncate");
   Owner& reg = owner_of(t);  // registered
   t.truncate(free_page_cb, this, n_tokens);
   reg.tracked = std::min(reg.tracked, t.n_pages_per_list());
@@ -886,6 +938,8 @@ TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
 }
 
 void TieredKv::release(PageTable& t) {
+  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
+            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "release");
   const Owner& o = owner_of(t);
   t.release(free_page_cb, this);
   by_id_[static_cast<size_t>(o.id)] = nullptr;

@@ -129,6 +129,20 @@ class TieredKv {
   TierStats after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
                               std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed = {});
 
+  // after_decode_step in two halves, so that a runner can run the second while the next step's
+  // GPU work runs (docs/hierarchy.md "After-step overlap"): after_step_reads, once the step is
+  // done — the hits touched and counted, the landings adopted (before the next step reserves
+  // slots and is launched: its tables then name them) and what the recalls need of the step's
+  // record kept; after_step_recalls — the late reads noted, budgets enforced, the late pages
+  // recalled ahead — at any time before the next after_step_reads, the tables of the step alive.
+  // Back to back they are after_decode_step. in_flight: the next step is running; its lists were
+  // taken before these moves, so each device slot whose page changes here is left out of the next
+  // after_step_reads' hits (that step read the page the slot held before, or nothing).
+  TierStats after_step_reads(std::span<const int32_t> stamps, int32_t stamp, std::span<PageTable* const> tables, int64_t now,
+                             std::span<const Landed> landed = {});
+  TierStats after_step_recalls(std::span<const LateRead> late, int64_t now, bool in_flight = false);
+  bool recalls_pending() const { return pending_.has_value(); }
+
   // Landing (kv/tier_land.h): the step copies its late pages into device slots set aside before
   // it, so a missing page crosses PCIe once instead of being read in place and recalled after.
   // reserve_landing sets aside up to n device slots (freeing least recently used pages first, as
@@ -320,9 +334,27 @@ class TieredKv {
   std::vector<int32_t> landing_;                 // device slots reserved for the next step's landings
   std::vector<uint8_t> is_landing_;              // [device slots] 1 while reserved
   std::function<void(std::span<const PageMove>)> on_land_;
-  // after_decode_step's adoption of the landings; fills st.
+  // after_decode_step's adoption of the landings; fills st. enforce_budgets: then requests past
+  // their budgets offload down to them (after_step_reads leaves that to after_step_recalls).
   void adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
-                    bool reads_noted = false);
+                    bool reads_noted = false, bool budgets = true);
+  // Requests past their budgets offload down to them (the landed pages were touched now, so older
+  // pages go first).
+  void enforce_budgets(std::span<PageTable* const> tables, int64_t now, TierStats& st);
+  // What after_step_reads keeps for after_step_recalls.
+  struct PendingRecalls {
+    std::vector<PageTable*> tables;
+    std::vector<int64_t> keep;  // [tables] resident pages each read that may move
+    bool budgets_due = false;   // landings were adopted: budgets are enforced first
+  };
+  std::optional<PendingRecalls> pending_;
+  // A device slot whose page changed (inserted or erased): marked while after_step_recalls runs
+  // in flight, so the next after_step_reads skips it.
+  void slot_changed(int32_t s) {
+    if (in_flight_) changed_in_flight_[static_cast<size_t>(s)] = 1;
+  }
+  bool in_flight_ = false, changed_any_ = false;
+  std::vector<uint8_t> changed_in_flight_;  // [device slots], allocated on first use
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;
   int64_t batched_steps_ = 0;

@@ -396,6 +396,105 @@ TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
   expect_stamps_equal_list_form(BucketedLru::kParallelSlots + 100);
 }
 
+// The overlapped order of the CUDA runner (after_step_reads once a step is done; its
+// after_step_recalls while the next step runs, whose lists were taken from the tables before
+// those moves): over 40 steps of random reads under tight budgets, every page stays where its
+// table says with every byte; the next step's hits leave out exactly the slots whose page the
+// in-flight recalls changed (the step read what the slot held before, or the slot was free), and
+// count every other stamped resident slot; late reads are those of the tables at launch.
+TEST(TieredKv, RecallsInFlightLeaveChangedSlotsOutOfTheNextHits) {
+  constexpr int64_t kDev = 64, kHost = 300;
+  Scenario s(kDev, kHost, LruParams{kLayers, 4, true});
+  for (int r = 0; r < 2; ++r) {
+    s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+    s.kv_.add(*s.reqs_.back().t, 0, /*budget=*/14);
+    ASSERT_TRUE(s.append(s.reqs_.back(), 30 + 6 * r));
+  }
+  std::vector<PageTable*> tables = {s.reqs_[0].t.get(), s.reqs_[1].t.get()};
+  std::mt19937 rng(23);
+  std::vector<int32_t> stamps(kDev, 0);
+  std::vector<TieredKv::LateRead> pending_late;  // the last step's late reads (its recalls pending)
+  int64_t skipped_total = 0, recalled_in_flight = 0;
+  for (int step = 1; step <= 40; ++step) {
+    const int64_t now = int64_t{step} * kLayers + kLayers - 1;
+    s.now_ = now;
+    // Launch: the step's lists from the tables as they are now.
+    std::vector<TieredKv::LateRead> late;
+    std::vector<std::pair<int32_t, std::tuple<int, int, int, int64_t>>> read_slots;  // slot -> (seq, page) it held
+    for (int r = 0; r < 2; ++r) {
+      const PageTable& t = *tables[static_cast<size_t>(r)];
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+            if (!(i == t.n_pages_per_list() - 1 || rng() % 3 == 0)) continue;
+            const PageRef p = t.page(l, h, i);
+            if (p.tier == Tier::Device) {
+              stamps[static_cast<size_t>(p.slot)] = step;
+              read_slots.push_back({p.slot, {r, l, h, i}});
+            } else {
+              late.push_back({r, PageId{l, h, i}});
+            }
+          }
+    }
+    // While it runs: the last step's recalls, in flight; which slots' pages they change.
+    std::vector<std::optional<std::tuple<const PageTable*, int, int, int64_t>>> held(kDev);
+    auto snapshot = [&] {
+      std::vector<std::optional<std::tuple<const PageTable*, int, int, int64_t>>> h(kDev);
+      for (int32_t slot = 0; slot < kDev; ++slot) {
+        const PageTable* t = nullptr;
+        PageId id;
+        if (s.kv_.page_at(slot, &t, &id)) h[static_cast<size_t>(slot)] = std::tuple{t, id.layer, id.head, id.idx};
+      }
+      return h;
+    };
+    held = snapshot();
+    std::vector<uint8_t> moved(kDev, 0);  // device slots a copy went through (a page out and back in is one)
+    s.kv_.set_move_hook([&](PageRef from, PageRef to) {
+      for (const PageRef p : {from, to})
+        if (p.tier == Tier::Device) moved[static_cast<size_t>(p.slot)] = 1;
+    });
+    if (step > 1) {
+      const TierStats rc = s.kv_.after_step_recalls(pending_late, now - kLayers, /*in_flight=*/true);
+      recalled_in_flight += rc.recalled;
+    }
+    const auto after = snapshot();
+    s.kv_.set_move_hook({});
+    // Done: its hits are the stamped slots still holding the page they held at launch, untouched.
+    int64_t want_hits = 0;
+    for (const auto& [slot, page] : read_slots) {
+      const auto& [r, l, h, i] = page;
+      const bool same = held[static_cast<size_t>(slot)] == after[static_cast<size_t>(slot)] && after[static_cast<size_t>(slot)] &&
+                        std::get<0>(*after[static_cast<size_t>(slot)]) == tables[static_cast<size_t>(r)] &&
+                        !moved[static_cast<size_t>(slot)];
+      want_hits += same;
+      skipped_total += !same;
+    }
+    const TierStats before = s.kv_.totals();
+    const TierStats rd = s.kv_.after_step_reads(stamps, step, tables, now);
+    ASSERT_TRUE(s.kv_.recalls_pending());
+    EXPECT_EQ(rd.hits, want_hits) << "step " << step << ": hits other than the stamped slots the in-flight recalls left alone";
+    EXPECT_EQ(s.kv_.totals().hits - before.hits, rd.hits);
+    pending_late = late;
+    s.check();
+    if (step % 3 == 0) {
+      // Appending between steps goes through the tiers: the pending recalls run first.
+      s.kv_.after_step_recalls(pending_late, now);
+      pending_late.clear();
+      ASSERT_FALSE(s.kv_.recalls_pending());
+      for (Req& r : s.reqs_) ASSERT_TRUE(s.append(r, 1));
+      // (a step whose recalls ran is read again from scratch: reads then recalls, back to back)
+      const TierStats again = s.kv_.after_step_reads(stamps, -1, tables, now);
+      EXPECT_EQ(again.hits, 0);
+    }
+    // An operation on a table with recalls pending is refused, changing nothing.
+    if (step == 7) EXPECT_THROW(s.kv_.release(*tables[0]), Error);
+  }
+  s.kv_.after_step_recalls(pending_late, 41 * kLayers);
+  s.check();
+  EXPECT_GT(recalled_in_flight, 20) << "the scenario should recall while steps run";
+  EXPECT_GT(skipped_total, 5) << "and change slots the next step read";
+}
+
 // after_decode_step's recalls for all requests at once (recall_batch: the free lists in the serial
 // order, evictions then recalls per request on the thread pool, the copies evictions first)
 // against one request at a time: twin hierarchies, three requests under tight budgets, 60 random

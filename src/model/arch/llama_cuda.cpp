@@ -1021,26 +1021,28 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   if (n == 0) return 0;
   const bool recall = src.tier() == Tier::Host;
   const int64_t n_dev = pool_->n_pages(), n_host = host_pool_->n_pages();
-  ensure_move_staging(n);
+  const int64_t at = move_staging(n);
+  int32_t* const stage_h = move_h_ + at;
+  int32_t* const stage_d = move_d_ + at;
   const auto key = [&](PageRef p) { return p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot); };
   // Staging: [n, 2] slot pairs, [n, 2] key pairs (both 8-byte aligned: the kernels read int2), the count.
-  int32_t* keys_h = move_h_ + 2 * n;
+  int32_t* keys_h = stage_h + 2 * n;
   int64_t runs = 0;
   for (int64_t i = 0; i < n; ++i) {
     const PageMove& m = moves[static_cast<size_t>(i)];
     DHS_CHECK(m.src.tier == src.tier() && m.dst.tier == dst.tier(), "move_pages: a move of other tiers than the pools'");
-    move_h_[2 * i] = m.src.slot;
-    move_h_[2 * i + 1] = m.dst.slot;
+    stage_h[2 * i] = m.src.slot;
+    stage_h[2 * i + 1] = m.dst.slot;
     keys_h[2 * i] = key(m.src);
     keys_h[2 * i + 1] = key(m.dst);
     runs += i == 0 || m.src.slot != moves[static_cast<size_t>(i - 1)].src.slot + 1 ||
             m.dst.slot != moves[static_cast<size_t>(i - 1)].dst.slot + 1;
   }
-  move_h_[4 * n] = static_cast<int32_t>(n);
-  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_, move_h_, static_cast<size_t>(4 * n + 1) * 4, cudaMemcpyHostToDevice, stream_));
+  stage_h[4 * n] = static_cast<int32_t>(n);
+  DHS_CUDA_CHECK(cudaMemcpyAsync(stage_d, stage_h, static_cast<size_t>(4 * n + 1) * 4, cudaMemcpyHostToDevice, stream_));
   cuda::PageMoveParams mp;
-  mp.moves = move_d_;
-  mp.n_moves = move_d_ + 4 * n;
+  mp.moves = stage_d;
+  mp.n_moves = stage_d + 4 * n;
   mp.src_k = recall ? host_pool_->k_d() : pool_->k_d();
   mp.src_v = recall ? host_pool_->v_d() : pool_->v_d();
   mp.dst_k = recall ? pool_->k_d() : host_pool_->k_d();
@@ -1051,20 +1053,28 @@ int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<cons
   mp.page_words = static_cast<int>(pool_->page_elems() / 8);
   cuda::launch_page_move(mp, cuda::kPageMoveBlocks, stream_);
   // The page's estimator rows follow it (their keys: the tiers' slots apart).
-  move_key_rows(move_d_ + 2 * n, static_cast<int>(n));
+  move_key_rows(stage_d + 2 * n, static_cast<int>(n));
   return runs;
 }
 
-void LlamaCuda::ensure_move_staging(int64_t n) {
-  // The staging (slot pairs, count, key pairs) is rewritten only once the moves before it ran.
+int64_t LlamaCuda::move_staging(int64_t n) {
+  // Regions in order; one is rewritten only once the copies that read it ran: the stream is
+  // waited for only when the buffer is full (so moves issued while a step runs do not wait for it).
+  const int64_t need = 4 * n + 2;  // (even: the next region stays 8-byte aligned)
+  if (move_used_ + need <= move_cap_) {
+    move_used_ += need;
+    return move_used_ - need;
+  }
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (n <= move_cap_) return;
+  move_used_ = need;
+  if (need <= move_cap_) return 0;
   // (the new buffers first: a failed allocation leaves the old ones in place)
-  const int64_t cap = std::max<int64_t>(n, 4096);
+  const int64_t cap = std::max<int64_t>({need, 2 * move_cap_, int64_t{1} << 20});
   int32_t *h = nullptr, *d = nullptr;
-  DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(4 * cap + 1) * 4));
-  if (cudaMalloc(&d, static_cast<size_t>(4 * cap + 1) * 4) != cudaSuccess) {
+  DHS_CUDA_CHECK(cudaMallocHost(&h, static_cast<size_t>(cap) * 4));
+  if (cudaMalloc(&d, static_cast<size_t>(cap) * 4) != cudaSuccess) {
     cudaFreeHost(h);
+    move_used_ = 0;
     throw Error(fmt::format("move_pages: no device memory for {} moves", n));
   }
   if (move_h_) cudaFreeHost(move_h_);
@@ -1072,6 +1082,7 @@ void LlamaCuda::ensure_move_staging(int64_t n) {
   move_h_ = h;
   move_d_ = d;
   move_cap_ = cap;
+  return 0;
 }
 
 void LlamaCuda::move_key_rows(const int32_t* key_pairs_d, int n) {
@@ -1102,16 +1113,17 @@ void LlamaCuda::set_landing_slots(std::span<const int32_t> slots) {
 void LlamaCuda::follow_landed(std::span<const PageMove> moves) {
   if (moves.empty() || (!sketch_ && !sum_minmax_ && !sum_meanvar_)) return;
   const int64_t n = static_cast<int64_t>(moves.size());
-  ensure_move_staging(n);
+  const int64_t at = move_staging(n);  // (key pairs only: [n, 2])
+  int32_t* const stage_h = move_h_ + at;
   const int64_t n_dev = pool_->n_pages();
   for (int64_t i = 0; i < n; ++i) {
     const PageMove& m = moves[static_cast<size_t>(i)];
     DHS_CHECK(m.src.tier == Tier::Host && m.dst.tier == Tier::Device, "follow_landed: a landing goes host -> device");
-    move_h_[2 * i] = static_cast<int32_t>(n_dev + m.src.slot);
-    move_h_[2 * i + 1] = m.dst.slot;
+    stage_h[2 * i] = static_cast<int32_t>(n_dev + m.src.slot);
+    stage_h[2 * i + 1] = m.dst.slot;
   }
-  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_, move_h_, static_cast<size_t>(2 * n) * 4, cudaMemcpyHostToDevice, stream_));
-  move_key_rows(move_d_, static_cast<int>(n));
+  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_ + at, stage_h, static_cast<size_t>(2 * n) * 4, cudaMemcpyHostToDevice, stream_));
+  move_key_rows(move_d_ + at, static_cast<int>(n));
 }
 
 // Prefill reads the dense lists: policies apply to decode steps only. With the host tier the lists
@@ -1169,7 +1181,8 @@ void LlamaCuda::logits_and_sample(int n_out) {
   cuda::launch_sample(sp, stream_);
 }
 
-void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph) {
+void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph,
+                        const std::function<void()>& while_running) {
   using Clock = std::chrono::steady_clock;
   const auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   const Clock::time_point t_start = Clock::now();
@@ -1258,7 +1271,13 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   stamps_valid_ = host_pool_ && step.decode;
   if (stamps_valid_)
     DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
+  // The caller's host work while the step runs (the hierarchy's last recalls: what it enqueues
+  // on the stream runs after the step).
+  const Clock::time_point t_while = Clock::now();
+  if (while_running) while_running();
+  const double while_ms = ms(t_while, Clock::now());
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step's one wait
+  move_used_ = 0;                                  // (the moves' staging is read: reusable)
   const Clock::time_point t_done = Clock::now();
   table_->step_done();
   late_reads_.clear();
@@ -1316,7 +1335,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
   for (size_t i = 0; i < batch.size(); ++i)
     sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];
-  phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now())};
+  phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now()), while_ms};
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <memory>
@@ -161,7 +162,10 @@ class LlamaCuda {
   // sequence (its last token), every row of a verify; sequence i's first at out_row(i).
   // Decode-like steps run through a captured graph when use_graph. Synchronizes once, at the
   // end (the sampled ids, from each sequence's last row, are then in sampled_ids()).
-  void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true);
+  // while_running (optional): host work run once the step is launched, before the wait (what it
+  // enqueues on the model's stream — page moves — runs after the step).
+  void forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph = true,
+               const std::function<void()>& while_running = {});
   // A check of the per-row merge (CudaModelOptions::per_row_union) in the engine: while on, merged
   // steps run uncaptured and every layer's merge is compared with the CPU statement
   // (union_row_lists) and its attention with the rows attended one at a time on the same lists;
@@ -267,9 +271,10 @@ class LlamaCuda {
   // Where the last forward's wall time went, on the host's clock: before the launch (the lists'
   // checks, the page table's patches, the step's inputs, the selection plan, a graph's capture),
   // the launch to the step's one wait's end (the GPU's work, and the copies back), and after it
-  // (the late log sorted into late reads, the sampled ids).
+  // (the late log sorted into late reads, the sampled ids); while_ms: of the launch-to-wait
+  // part, the caller's work while the step ran (forward's while_running).
   struct Phases {
-    double before_ms = 0, gpu_ms = 0, after_ms = 0;
+    double before_ms = 0, gpu_ms = 0, after_ms = 0, while_ms = 0;
   };
   const Phases& last_phases() const { return phases_; }
 
@@ -398,8 +403,9 @@ class LlamaCuda {
   int64_t land_claims_ = 0;
   std::vector<int32_t> land_log_h_;
   std::vector<Landing> landings_;
-  // The page moves' pinned and device staging grown to n moves (move_h_, move_d_).
-  void ensure_move_staging(int64_t n);
+  // A region of the page moves' pinned and device staging (move_h_, move_d_) for n moves: its
+  // offset in ints (the buffers grown, after a wait for the stream, when full).
+  int64_t move_staging(int64_t n);
   // The estimator rows (sketch, summaries) of n pages moved by key pairs ([n, 2] on the device).
   void move_key_rows(const int32_t* key_pairs_d, int n);
   std::vector<int> attn_seq_;  // [attention requests of the last step] its sequence in the batch
@@ -415,9 +421,9 @@ class LlamaCuda {
   int32_t* last_use_h_ = nullptr;  // pinned [n_pages]: last_use_d_ after each decode step
   bool stamps_valid_ = false;      // the last step was a decode step with the host tier
   bool late_overflow_ = false;
-  int32_t* move_h_ = nullptr;      // pinned: [n, 2] slot pairs, [n, 2] key pairs, the count
+  int32_t* move_h_ = nullptr;      // pinned [move_cap_]: regions of [n, 2] slot pairs, [n, 2] key pairs, the count
   int32_t* move_d_ = nullptr;
-  int64_t move_cap_ = 0;
+  int64_t move_cap_ = 0, move_used_ = 0;  // ints; used: regions handed out since the stream last drained
 
   // Step inputs (device; fixed addresses so a captured graph keeps reading them).
   int32_t *ids_d_ = nullptr, *pos_d_ = nullptr, *dst_slot_d_ = nullptr;  // [T], [T], [L, T * Hkv]
