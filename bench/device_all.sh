@@ -10,6 +10,8 @@
 #          test_cuda_tiers (the engine with a host tier, default model)
 #   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
+#   hieroverlap the after-step's recalls while the next step runs against before it (--sync-recalls),
+#          landing, 128k x 3 and x 4 at HBM 32 GiB, with the SDPA anchor: hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
 #          per-kernel time, the late part's attention over mapped DRAM among them
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
@@ -188,6 +190,20 @@ for stage in "$@"; do
       run hier_tiered_b3_land timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03 --land
       [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
       grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_*.log ;;
+    hieroverlap)
+      # The after-step's recalls while the next step runs (EngineOptions::kv_overlap_recalls) against
+      # before it (--sync-recalls), alternated, with landing at batch 3 and 4 (HBM 32 GiB); the SDPA
+      # anchor first. DHS_HIER_BATCHES: which (default "3 4"). Rows to hierarchy.jsonl.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      H=(--hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12})
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for b in ${DHS_HIER_BATCHES:-3 4}; do
+        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        run hier_b${b}_land_overlap timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
+        run hier_b${b}_land_sync timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land --sync-recalls
+      done
+      grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_b*.log ;;
     hiertimeline)
       # Where the tiered step's forward goes (docs/hierarchy.md: ~34 ms of the batch-4 forward not
       # explained by its hits and its late bytes): Nsight Compute times every node of the captured

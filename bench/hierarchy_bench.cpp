@@ -61,6 +61,7 @@ struct BatchResult {
   // its calls included), then the wait for the copies left.
   double fwd_before_ms = 0, fwd_gpu_ms = 0, fwd_after_ms = 0, after_host_ms = 0, after_wait_ms = 0;
   double recalls_in_flight_ms = 0;  // of fwd_gpu_ms: the last step's recalls, run while the step ran (overlap)
+  TieredKv::AfterStepTimes kv_times;  // the tiers' after-step host time by part, per step
   double read_frac = 0;
   TierStats tiers;  // over the timed steps
   int64_t late_overflow_steps = 0;
@@ -183,6 +184,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     std::mt19937_64 rng(7);
     BatchResult res;
     std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, ph_while, aft_host, aft_wait;
+    TieredKv::AfterStepTimes kv_times;  // summed over the timed steps
     // The last step's late reads and clock, its recalls not run yet (overlap: they run in the next
     // step's forward, in flight).
     std::optional<std::pair<std::vector<TieredKv::LateRead>, int64_t>> pending;
@@ -191,7 +193,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       if (!pending) return;
       const auto p = std::move(*pending);
       pending.reset();
-      tiers->kv().after_step_recalls(p.first, p.second, in_flight);
+      // (in flight the running step's before_step touched pages at its clock: the recalls come after)
+      tiers->kv().after_step_recalls(p.first, in_flight ? std::max(p.second, tiers->clock()) : p.second, in_flight);
     };
     TierStats before_timed, replay;
     int64_t last_claims = int64_t{1} << 16, landed = 0;  // (landing: the last step's claims; landings timed)  // (replay: the churn replay's own moves, not the steps')
@@ -266,6 +269,11 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         ph_gpu.push_back(ph.gpu_ms);
         ph_after.push_back(ph.after_ms);
         ph_while.push_back(ph.while_ms);
+        if (tiers) {
+          const TieredKv::AfterStepTimes& k = tiers->kv().after_step_times();
+          kv_times.scan_ms += k.scan_ms, kv_times.adopt_ms += k.adopt_ms, kv_times.budgets_ms += k.budgets_ms;
+          kv_times.plan_ms += k.plan_ms, kv_times.victims_ms += k.victims_ms, kv_times.recall_ms += k.recall_ms;
+        }
         aft_host.push_back(a_host + reserve_ms);
         aft_wait.push_back(a - a_host);
       }
@@ -312,6 +320,11 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     res.fwd_gpu_ms = mean(ph_gpu);
     res.fwd_after_ms = mean(ph_after);
     res.recalls_in_flight_ms = mean(ph_while);
+    if (!step_ms.empty()) {
+      const double n = static_cast<double>(step_ms.size());
+      res.kv_times = {kv_times.scan_ms / n, kv_times.adopt_ms / n, kv_times.budgets_ms / n,
+                      kv_times.plan_ms / n, kv_times.victims_ms / n, kv_times.recall_ms / n};
+    }
     res.after_host_ms = mean(aft_host);
     res.after_wait_ms = mean(aft_wait);
     res.read_frac = bp.spec.dense() ? 1.0 : m->sparsity_stats().read_frac();
@@ -354,6 +367,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
                 "after; after-step: %.2f ms host, %.2f ms copies' wait\n",
                 res.fwd_before_ms, res.fwd_gpu_ms, res.recalls_in_flight_ms, opts.overlap_recalls ? "in flight" : "off",
                 res.fwd_after_ms, res.after_host_ms, res.after_wait_ms);
+    const TieredKv::AfterStepTimes& k = res.kv_times;
+    std::printf("  tiers' after-step: scan %.2f, adopt %.2f | budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n", k.scan_ms,
+                k.adopt_ms, k.budgets_ms, k.plan_ms, k.victims_ms, k.recall_ms);
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
        << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
@@ -362,6 +378,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"forward_ms\":" << res.forward_ms << ",\"fwd_before_launch_ms\":" << res.fwd_before_ms << ",\"fwd_gpu_ms\":" << res.fwd_gpu_ms
        << ",\"fwd_after_wait_ms\":" << res.fwd_after_ms << ",\"after_host_ms\":" << res.after_host_ms << ",\"after_wait_ms\":" << res.after_wait_ms
        << ",\"overlap_recalls\":" << (tiers && opts.overlap_recalls ? "true" : "false") << ",\"recalls_in_flight_ms\":" << res.recalls_in_flight_ms
+       << ",\"kv_scan_ms\":" << k.scan_ms << ",\"kv_adopt_ms\":" << k.adopt_ms << ",\"kv_budgets_ms\":" << k.budgets_ms
+       << ",\"kv_plan_ms\":" << k.plan_ms << ",\"kv_victims_ms\":" << k.victims_ms << ",\"kv_recall_ms\":" << k.recall_ms
        << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb

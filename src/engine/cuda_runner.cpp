@@ -340,7 +340,9 @@ class CudaRunner final : public StepRunner {
     if (!deferred_) return;
     const Deferred d = std::move(*deferred_);
     deferred_.reset();
-    tiers_->kv().after_step_recalls(d.late, d.now, in_flight);
+    // (in flight the running step's before_step has touched pages at its clock: the recalls come
+    // after that, on the LRU's clock too)
+    tiers_->kv().after_step_recalls(d.late, in_flight ? std::max(d.now, tiers_->clock()) : d.now, in_flight);
   }
 
   void check_slot(int slot) const {

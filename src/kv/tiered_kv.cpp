@@ -1,6 +1,7 @@
 #include "kv/tiered_kv.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -507,6 +508,8 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
 void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
                             bool reads_noted, bool budgets) {
   std::vector<PageMove> adopted;
+  adopted.reserve(landed.size());
+  std::vector<Owner*> owner_of_seq(tables.size(), nullptr);  // (one table lookup per sequence)
   for (const Landed& l : landed) {
     DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < tables.size(), "tiered KV: a landing of sequence {} of {}", l.seq,
               tables.size());
@@ -518,7 +521,9 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
     is_landing_[static_cast<size_t>(l.dev_slot)] = 2;  // used (adopted or not): freed below unless adopted
     const PageRef p = t.page(l.page.layer, l.page.head, l.page.idx);
     if (p.tier != Tier::Host || p.slot != l.host_slot) continue;  // (a second landing of one page)
-    Owner& o = owner_of(t);
+    Owner*& op = owner_of_seq[static_cast<size_t>(l.seq)];
+    if (!op) op = &owner_of(t);
+    Owner& o = *op;
     const PageRef d{Tier::Device, l.dev_slot};
     track_device(o, d, {&t, l.page.layer, l.page.head, l.page.idx}, now);
     host_copy_[static_cast<size_t>(d.slot)] = p.slot;
@@ -546,6 +551,26 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
 }
 
 void TieredKv::enforce_budgets(std::span<PageTable* const> tables, int64_t now, TierStats& st) {
+  // Every request's victims in one selection over the slots and one eviction (offload on each in
+  // turn takes the same pages and host slots: each request's own pages, the host slots allocated in
+  // request order), unless the host tier's room could bind: then one at a time.
+  std::vector<std::pair<int32_t, int64_t>> wants;
+  for (PageTable* t : tables) {
+    const Owner& o = owner_of(*t);
+    const int64_t over = movable_resident(o) - o.budget;
+    if (over > 0) wants.emplace_back(o.id, over);
+  }
+  if (wants.empty()) return;
+  if (batch_recalls_ && wants.size() > 1)
+    if (const auto v = victims_many(wants, now)) {
+      std::vector<int32_t> all;
+      for (const std::vector<int32_t>& one : *v) all.insert(all.end(), one.begin(), one.end());
+      TierStats e;
+      evict(all, e);
+      totals_ += e;
+      st += e;
+      return;
+    }
   for (PageTable* t : tables) {
     Owner& o = owner_of(*t);
     const int64_t over = movable_resident(o) - o.budget;
@@ -560,11 +585,23 @@ TierStats TieredKv::after_decode_step(std::span<const int32_t> stamps, int32_t s
   return st;
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+// ms since t, t moved to now.
+double lap(Clock::time_point& t) {
+  const Clock::time_point n = Clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(n - t).count();
+  t = n;
+  return ms;
+}
+}  // namespace
+
 TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t stamp, std::span<PageTable* const> tables,
                                      int64_t now, std::span<const Landed> landed) {
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
             stamps.size(), lru_.n_slots());
   DHS_CHECK(!pending_, "tiered KV: the last step's recalls were not run (after_step_recalls)");
+  Clock::time_point t = Clock::now();
   TierStats st;
   // The hits: touched, counted per owner; over chunks of the slots on the thread pool when the
   // pool of slots is large (each slot touched by one chunk; the counts summed after). Slots whose
@@ -611,11 +648,13 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
         }
     p.keep[i] = keep;
   }
+  times_.scan_ms = lap(t);
   // (the landed slots were stamped by the split but are not resident yet: the scan skipped them)
   if (!landing_.empty() || !landed.empty()) {
     adopt_landed(landed, tables, now, st, /*reads_noted=*/false, /*budgets=*/false);
     p.budgets_due = true;
   }
+  times_.adopt_ms = lap(t);
   pending_ = std::move(p);
   return st;
 }
@@ -633,8 +672,10 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
     bool& f;
     ~Reset() { f = false; }
   } reset{in_flight_};
+  Clock::time_point t = Clock::now();
   TierStats st;
   if (p.budgets_due) enforce_budgets(tables, now, st);
+  times_.budgets_ms = lap(t);
   std::vector<std::vector<PageId>> late_of(tables.size());
   for (const LateRead& r : late) {
     DHS_CHECK(r.seq >= 0 && static_cast<size_t>(r.seq) < tables.size(), "tiered KV: late read of sequence {} of {}", r.seq,
@@ -673,11 +714,14 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
     st.hits += noted[i].hits;
     totals_ += noted[i];
   }
+  times_.plan_ms = lap(t);
   std::vector<std::pair<int32_t, int64_t>> wants;
   for (size_t i = 0; i < n_req; ++i) wants.emplace_back(owner[i]->id, want_of[i]);
   const auto victims_of = victims_many(wants, now);
+  times_.victims_ms = lap(t);
   if (batch_recalls_ && victims_of && recall_batch(tables, missing_of, *victims_of, now, st)) {
     ++batched_steps_;
+    times_.recall_ms = lap(t);
     return st;
   }
   for (size_t i = 0; i < n_req; ++i) {
@@ -686,6 +730,7 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
     st += recall_ahead_of(*owner[i], *tables[i], std::move(missing_of[i]), p.keep[i], now, pinned,
                           victims_of ? &(*victims_of)[i] : nullptr);
   }
+  times_.recall_ms = lap(t);
   return st;
 }
 

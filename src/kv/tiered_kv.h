@@ -236,6 +236,12 @@ class TieredKv {
   // request at a time always (the tests compare both); and how many steps ran batched.
   void set_batch_recalls(bool on) { batch_recalls_ = on; }
   int64_t batched_steps() const { return batched_steps_; }
+  // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
+  // scan, the landings' adoption; budgets enforced, the recalls' plan, their victims, the recalls.
+  struct AfterStepTimes {
+    double scan_ms = 0, adopt_ms = 0, budgets_ms = 0, plan_ms = 0, victims_ms = 0, recall_ms = 0;
+  };
+  const AfterStepTimes& after_step_times() const { return times_; }
   const PagePool& host_pool() const { return host_; }
   const BucketedLru& lru() const { return lru_; }
 
@@ -354,6 +360,7 @@ class TieredKv {
     if (in_flight_) changed_in_flight_[static_cast<size_t>(s)] = 1;
   }
   bool in_flight_ = false, changed_any_ = false;
+  AfterStepTimes times_;
   std::vector<uint8_t> changed_in_flight_;  // [device slots], allocated on first use
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;

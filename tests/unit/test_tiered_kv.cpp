@@ -572,9 +572,12 @@ TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
 // copy kept (clean) and every byte in place; its second landing's slot and the unused reserved
 // slots free again; the counts (recalled, late, hits); budgets and both tiers' accounting. Stacks
 // both shorter and longer than the late pages.
-TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
+// (batched: every request's budget evictions after the adoption in one selection and one copy,
+// set_batch_recalls; the final tables are returned for the twin run's comparison)
+void landing_scenario(bool batched, std::vector<PageRef>* final_pages) {
   constexpr int64_t kDev = 70, kHost = 400;
   Scenario s(kDev, kHost, LruParams{kLayers, 4, true});
+  s.kv_.set_batch_recalls(batched);
   for (int r = 0; r < 3; ++r) {
     s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
     s.kv_.add(*s.reqs_.back().t, 0, /*budget=*/8 + 3 * r);
@@ -674,6 +677,21 @@ TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
   EXPECT_GT(adopted_total, 40) << "the scenario should land pages";
   EXPECT_GT(landed_total, adopted_total) << "and land some page twice";
   EXPECT_GT(twice, 0);
+  EXPECT_GT(s.kv_.totals().offloaded + s.kv_.totals().dropped, 40) << "and enforce budgets after adopting";
+  for (const Req& r : s.reqs_)
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t i = 0; i < r.t->n_pages_per_list(); ++i) final_pages->push_back(r.t->page(l, h, i));
+}
+
+TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
+  std::vector<PageRef> batched, one_by_one;
+  landing_scenario(true, &batched);
+  landing_scenario(false, &one_by_one);
+  ASSERT_EQ(batched.size(), one_by_one.size());
+  for (size_t i = 0; i < batched.size(); ++i)
+    ASSERT_TRUE(batched[i].tier == one_by_one[i].tier && batched[i].slot == one_by_one[i].slot)
+        << "page " << i << ": batched budget evictions differ from one request at a time";
 }
 
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages

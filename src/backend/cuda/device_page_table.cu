@@ -37,8 +37,16 @@ int32_t DevicePageTable::key_of(const PageTable& t, int layer, int head, int64_t
 }
 
 void DevicePageTable::patch(const PageTable& t, int layer, int head, int64_t idx) {
-  for (int req = 0; req < max_requests_; ++req) {
-    if (table_id_[static_cast<size_t>(req)] != t.id() || idx >= synced_[static_cast<size_t>(req)]) continue;
+  // The request slots that hold t (a step patches many pages of few tables: the last table's
+  // slots are kept until sync changes a slot's table).
+  if (patch_reqs_id_ != t.id()) {
+    patch_reqs_.clear();
+    for (int req = 0; req < max_requests_; ++req)
+      if (table_id_[static_cast<size_t>(req)] == t.id()) patch_reqs_.push_back(req);
+    patch_reqs_id_ = t.id();
+  }
+  for (const int req : patch_reqs_) {
+    if (idx >= synced_[static_cast<size_t>(req)]) continue;
     const int64_t off = (static_cast<int64_t>(req) * n_lists_ + static_cast<int64_t>(layer) * n_heads_kv_ + head) * max_pages_ + idx;
     patches_.push_back({off, key_of(t, layer, head, idx), 0});
     ++n_patches_;
@@ -116,6 +124,7 @@ void DevicePageTable::sync(int req, const PageTable& t, cudaStream_t stream) {
   if (req < 0 || req >= max_requests_) check(cudaErrorInvalidValue, "DevicePageTable::sync: bad request slot", __FILE__, __LINE__);
   if (table_id_[static_cast<size_t>(req)] != t.id()) {  // another request now uses this slot
     table_id_[static_cast<size_t>(req)] = t.id();
+    patch_reqs_id_ = kNoTable;  // (patch's cache of a table's slots)
     synced_[static_cast<size_t>(req)] = 0;
   }
   // Pages past the table's low-water mark may have been freed and reallocated since the last copy.

@@ -45,7 +45,11 @@ class DevicePageTable {
   void flush_patches(cudaStream_t stream);
   int64_t pending_patches() const { return n_patches_; }
   // Forgets request slot `req` (its table was released or truncated to zero).
-  void reset(int req) { synced_[static_cast<size_t>(req)] = 0; table_id_[static_cast<size_t>(req)] = 0; }
+  void reset(int req) {
+    synced_[static_cast<size_t>(req)] = 0;
+    table_id_[static_cast<size_t>(req)] = 0;
+    patch_reqs_id_ = kNoTable;
+  }
 
   const int32_t* table_d() const { return table_d_; }
   int max_requests() const { return max_requests_; }
@@ -61,6 +65,10 @@ class DevicePageTable {
   int64_t staging_used_ = 0;      // ints of staging_h_ holding copies in flight
   std::vector<int64_t> synced_;   // pages copied per request
   std::vector<uint64_t> table_id_; // PageTable::id() each slot mirrors
+  // patch's cache: the slots that mirror table patch_reqs_id_ (kNoTable: none cached).
+  static constexpr uint64_t kNoTable = ~uint64_t{0};
+  uint64_t patch_reqs_id_ = kNoTable;
+  std::vector<int> patch_reqs_;
   int64_t n_device_ = 0;           // set_tier_keys
   // Staged rewrites (offset into table_d_, key) and the pinned buffer they are copied from; the
   // buffer is reused once the stream that read it synchronized (step_done).
