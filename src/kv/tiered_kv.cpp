@@ -507,31 +507,58 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
 
 void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
                             bool reads_noted, bool budgets) {
-  std::vector<PageMove> adopted;
-  adopted.reserve(landed.size());
-  std::vector<Owner*> owner_of_seq(tables.size(), nullptr);  // (one table lookup per sequence)
-  for (const Landed& l : landed) {
-    DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < tables.size(), "tiered KV: a landing of sequence {} of {}", l.seq,
-              tables.size());
+  // The log checked first (every landing in a slot reserved for this step, once), then each
+  // sequence's landings adopted apart on the thread pool (each its own table, owner and slots), in
+  // log order within it; the hooks after, in sequence order.
+  const size_t n_seq = tables.size();
+  std::vector<std::vector<int32_t>> of_seq(n_seq);  // [sequence] its landings' indices
+  for (size_t k = 0; k < landed.size(); ++k) {
+    const Landed& l = landed[k];
+    DHS_CHECK(l.seq >= 0 && static_cast<size_t>(l.seq) < n_seq, "tiered KV: a landing of sequence {} of {}", l.seq, n_seq);
     DHS_CHECK(l.dev_slot >= 0 && l.dev_slot < dev_.n_pages() && !is_landing_.empty() &&
                   is_landing_[static_cast<size_t>(l.dev_slot)] == 1,
               "tiered KV: a landing in device slot {}, not reserved for this step (or taken twice)", l.dev_slot);
-    PageTable& t = *tables[static_cast<size_t>(l.seq)];
-    check_in_table(t, l.page);
+    check_in_table(*tables[static_cast<size_t>(l.seq)], l.page);
     is_landing_[static_cast<size_t>(l.dev_slot)] = 2;  // used (adopted or not): freed below unless adopted
-    const PageRef p = t.page(l.page.layer, l.page.head, l.page.idx);
-    if (p.tier != Tier::Host || p.slot != l.host_slot) continue;  // (a second landing of one page)
-    Owner*& op = owner_of_seq[static_cast<size_t>(l.seq)];
-    if (!op) op = &owner_of(t);
-    Owner& o = *op;
-    const PageRef d{Tier::Device, l.dev_slot};
-    track_device(o, d, {&t, l.page.layer, l.page.head, l.page.idx}, now);
-    host_copy_[static_cast<size_t>(d.slot)] = p.slot;
-    t.relocate(l.page.layer, l.page.head, l.page.idx, d);
-    if (on_relocate_) on_relocate_(t, l.page.layer, l.page.head, l.page.idx);
-    ++o.recalled;
-    if (!reads_noted) ++o.late;
-    adopted.push_back({p, d});
+    of_seq[static_cast<size_t>(l.seq)].push_back(static_cast<int32_t>(k));
+  }
+  std::vector<std::vector<PageMove>> adopted_of(n_seq);
+  std::vector<std::string> failed(n_seq);
+  ThreadPool::global().parallel_for(static_cast<int64_t>(n_seq), [&](int64_t b, int64_t e, int) {
+    for (size_t i = static_cast<size_t>(b); i < static_cast<size_t>(e); ++i) {
+      if (of_seq[i].empty()) continue;
+      try {
+        PageTable& t = *tables[i];
+        Owner& o = owner_of(t);
+        for (const int32_t k : of_seq[i]) {
+          const Landed& l = landed[static_cast<size_t>(k)];
+          const PageRef p = t.page(l.page.layer, l.page.head, l.page.idx);
+          if (p.tier != Tier::Host || p.slot != l.host_slot) continue;  // (a second landing of one page)
+          const PageRef d{Tier::Device, l.dev_slot};
+          track_device(o, d, {&t, l.page.layer, l.page.head, l.page.idx}, now);
+          host_copy_[static_cast<size_t>(d.slot)] = p.slot;
+          t.relocate(l.page.layer, l.page.head, l.page.idx, d);
+          ++o.recalled;
+          if (!reads_noted) ++o.late;
+          adopted_of[i].push_back({p, d});
+        }
+      } catch (const std::exception& ex) {
+        failed[i] = ex.what();
+      }
+    }
+  });
+  for (const std::string& f : failed)
+    if (!f.empty()) throw Error(f);
+  std::vector<PageMove> adopted;
+  adopted.reserve(landed.size());
+  for (size_t i = 0; i < n_seq; ++i) {
+    for (const PageMove& m : adopted_of[i]) {
+      if (on_relocate_) {
+        const Where& w = dev_where_[static_cast<size_t>(m.dst.slot)];
+        on_relocate_(*w.t, w.layer, w.head, w.idx);
+      }
+      adopted.push_back(m);
+    }
   }
   if (on_move_)
     for (const PageMove& m : adopted) on_move_(m.src, m.dst);
