@@ -16,6 +16,7 @@
 #          per-kernel time, the late part's attention over mapped DRAM among them
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
 #          2,000 blocks; no host tier / landing / recall-ahead / uncapped): serve.jsonl
+#          (DHS_SERVE_CFGS, DHS_SERVE_LOADS: which of "cap land ahead uncapped", "sat rate2")
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -472,8 +473,10 @@ for stage in "$@"; do
       for cfg in "cap:--num-gpu-blocks-override 2000" "land:--num-gpu-blocks-override 2000 --cpu-kv-gb 4 --kv-recall land --kv-device-budget auto" \
                  "ahead:--num-gpu-blocks-override 2000 --cpu-kv-gb 4 --kv-recall ahead --kv-device-budget auto" "uncapped:"; do
         name=${cfg%%:*}; extra=${cfg#*:}
+        [[ " ${DHS_SERVE_CFGS:-cap land ahead uncapped} " == *" $name "* ]] || continue
         for load in "sat:--concurrency 16 --num-prompts 16" "rate2:--rate 2 --num-prompts 32"; do
           lname=${load%%:*}
+          [[ " ${DHS_SERVE_LOADS:-sat rate2} " == *" $lname "* ]] || continue
           run "serve_tiers_${name}_$lname" timeout 300 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$PWD/$SMOL DHS_DEVICE=cuda \
             python3 bench/serve_load.py --launch --server-args "--sparse-policy $pol --max-num-seqs 16 $extra" --dataset synthetic \
             --prompt-len 7000 --output-len 128 ${load#*:} --ctx 7k --policy "$pol" --device "$GPU" --note "servetiers $name" \
