@@ -494,7 +494,20 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
   }
   landing_.clear();
   if (n <= 0) return {};
-  make_room(n, now);  // (best effort: fewer slots when the pool cannot free n)
+  // Free slots first, then pages no step has read for a cycle of the clock (bucket_steps ticks: a
+  // decode step's layers), least recently used first; never a page the last step read, which the
+  // next step is likely to read again: evicting it for a landing slot would make it late, land it,
+  // and ask for more slots the step after (under a full pool the hit rate fell to 0.11 that way).
+  // Fewer slots than n when the pool has no such room (the rest of the step's late pages are read
+  // in place).
+  if (const int64_t short_by = n - dev_.n_free(); short_by > 0) {
+    std::vector<int32_t> v = victims(-1, short_by, now, host_.n_free());
+    const int64_t recent = now - lru_.params().bucket_steps;
+    std::erase_if(v, [&](int32_t slot) { return lru_.last_use(slot) > recent; });
+    TierStats st;
+    evict(v, st);
+    totals_ += st;
+  }
   std::vector<PageRef> got;
   DHS_CHECK(dev_.allocate(std::min(n, dev_.n_free()), &got), "tiered KV: free device slots vanished");
   if (is_landing_.empty()) is_landing_.assign(static_cast<size_t>(dev_.n_pages()), 0);

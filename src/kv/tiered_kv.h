@@ -146,7 +146,8 @@ class TieredKv {
   // Landing (kv/tier_land.h): the step copies its late pages into device slots set aside before
   // it, so a missing page crosses PCIe once instead of being read in place and recalled after.
   // reserve_landing sets aside up to n device slots (freeing least recently used pages first, as
-  // make_room does, when fewer are free): used in the device pool, named by no table, until the
+  // make_room does, when fewer are free — but no page read within a cycle of the clock, bucket_steps
+  // ticks before `now`: fewer slots then): used in the device pool, named by no table, until the
   // step's after_decode_step adopts the landings and frees the rest. Returns them, in the order
   // the step takes them.
   std::vector<int32_t> reserve_landing(int64_t n, int64_t now);

@@ -697,6 +697,41 @@ TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
 // leave — copied when they have no host copy, dropped when they do — and the rest (a pinned
 // page, an appending page, a free slot, a repeat) are skipped.
+// Landing slots under a full pool: reserve_landing frees least recently used pages for them, but
+// none the last cycle of the clock read (the next step would find it late, land it and ask for
+// more); the slots it returns are the free ones and the cold pages' only.
+TEST(TieredKv, LandingReservationsSpareThePagesTheLastStepRead) {
+  constexpr int64_t kDev = 36;
+  Scenario s(kDev, 256, LruParams{kLayers, 4, true});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  Req& r = s.reqs_.back();
+  s.kv_.add(*r.t, 0);
+  ASSERT_TRUE(s.append(r, 30));  // 8 pages per list, 32 resident; 4 free
+  ASSERT_EQ(s.kv_.resident_pages(*r.t), 32);
+  // Step 10 (clock 20..21) reads every page but pages 1 and 4 of each list, which nothing read
+  // since the appends at clock 0.
+  std::vector<PageId> hot;
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < 8; ++i)
+        if (i != 1 && i != 4) hot.push_back({l, h, i});
+  s.now_ = 21;
+  s.kv_.note_reads(*r.t, hot, s.now_);
+  // The next step asks for 20 slots at clock 22: 4 free and the 8 cold pages' slots.
+  const std::vector<int32_t> got = s.kv_.reserve_landing(20, 22);
+  EXPECT_EQ(got.size(), 4u + 8u);
+  for (int l = 0; l < kLayers; ++l)
+    for (int h = 0; h < kHeads; ++h)
+      for (int64_t i = 0; i < 8; ++i)
+        EXPECT_EQ(r.t->page(l, h, i).tier, i == 1 || i == 4 ? Tier::Host : Tier::Device)
+            << "page " << i << " of (" << l << ", " << h << ")";
+  // A cycle later (no step read anything since clock 21) every full page may make room.
+  const std::vector<int32_t> later = s.kv_.reserve_landing(40, 24);
+  EXPECT_EQ(later.size(), 4u + 8u + 20u);  // (the page each list appends into stays: 5 of its 6 hot pages go)
+  s.kv_.reserve_landing(0, 24);            // (the reservations given back)
+  s.check();
+}
+
 TEST(TieredKv, EvictSlotsTakesOnlyFullUnpinnedPages) {
   Scenario s(64, 256, {.bucket_steps = 1, .n_buckets = 8});
   s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
