@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   int32_t stamp = 0;
   int64_t last_late = 1 << 16;
   TierStats sum;
+  TieredKv::AfterStepTimes parts;  // the after-step by part, summed over the timed steps
   for (int s = 0; s < warm + steps; ++s) {
     const int64_t now = (step + 1) * L;
     auto t0 = Clock::now();
@@ -129,6 +130,9 @@ int main(int argc, char** argv) {
       sum_before += before_ms;
       sum_after += after_ms;
       sum += st;
+      const TieredKv::AfterStepTimes& k = kv.after_step_times();  // (by part)
+      parts.scan_ms += k.scan_ms, parts.adopt_ms += k.adopt_ms, parts.budgets_ms += k.budgets_ms;
+      parts.plan_ms += k.plan_ms, parts.victims_ms += k.victims_ms, parts.recall_ms += k.recall_ms;
     }
     // Churn: per list, `churn` of the selection replaced by unselected pages.
     for (auto& v : sel) {
@@ -152,16 +156,22 @@ int main(int argc, char** argv) {
   std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
               sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
               bad.empty() ? "invariants hold" : bad.c_str());
+  std::printf("  after by part: scan %.2f, adopt %.2f | budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
+              parts.scan_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
+              parts.victims_ms / steps, parts.recall_ms / steps);
   if (!out.empty()) {
     std::FILE* f = std::fopen(out.c_str(), "a");
     if (f) {
       std::fprintf(f,
                    "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"llama-3.1-8b pages\",\"ctx\":%lld,\"batch\":%lld,"
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
-                   "\"after_step_ms\":%.3f,\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
+                   "\"after_step_ms\":%.3f,\"kv_scan_ms\":%.3f,\"kv_adopt_ms\":%.3f,\"kv_budgets_ms\":%.3f,\"kv_plan_ms\":%.3f,"
+                   "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,"
+                   "\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
-                   hbm_gib, steps, sum_before / steps, sum_after / steps, land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
+                   hbm_gib, steps, sum_before / steps, sum_after / steps, parts.scan_ms / steps, parts.adopt_ms / steps,
+                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);
