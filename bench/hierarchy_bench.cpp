@@ -185,17 +185,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     BatchResult res;
     std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, ph_while, aft_host, aft_wait;
     TieredKv::AfterStepTimes kv_times;  // summed over the timed steps
-    // The last step's late reads and clock, its recalls not run yet (overlap: they run in the next
-    // step's forward, in flight).
-    std::optional<std::pair<std::vector<TieredKv::LateRead>, int64_t>> pending;
-    std::string in_flight_error;
-    const auto run_pending = [&](bool in_flight) {
-      if (!pending) return;
-      const auto p = std::move(*pending);
-      pending.reset();
-      // (in flight the running step's before_step touched pages at its clock: the recalls come after)
-      tiers->kv().after_step_recalls(p.first, in_flight ? std::max(p.second, tiers->clock()) : p.second, in_flight);
-    };
+    // The last step's recalls, not run yet (overlap: they run in the next step's forward, in flight).
+    std::unique_ptr<DeferredRecalls> recalls;
+    if (tiers) recalls = std::make_unique<DeferredRecalls>(*tiers);
     TierStats before_timed, replay;
     int64_t last_claims = int64_t{1} << 16, landed = 0;  // (landing: the last step's claims; landings timed)  // (replay: the churn replay's own moves, not the steps')
     for (int64_t s = 0; s < total_steps; ++s) {
@@ -223,17 +215,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       }
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
       const auto t0 = Clock::now();
-      std::function<void()> in_flight;
-      if (pending)
-        in_flight = [&] {
-          try {
-            run_pending(true);
-          } catch (const std::exception& e) {
-            in_flight_error = e.what();
-          }
-        };
-      m->forward(seqs, nullptr, true, in_flight);
-      DHS_CHECK(in_flight_error.empty(), "--hierarchy: the recalls in flight: {}", in_flight_error);
+      m->forward(seqs, nullptr, true, recalls ? recalls->in_flight() : std::function<void()>{});
+      if (recalls) recalls->rethrow_in_flight();
       const double f = ms_since(t0);
       const LlamaCuda::Phases ph = m->last_phases();
       const auto t1 = Clock::now();
@@ -241,9 +224,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       if (tiers) {
         // The step's reads now; its recalls in the next step's forward (overlap; not before the
         // budgets are set from the first step's reads), or now.
-        reads_after_decode(tiers->kv(), *m, tables, tiers->clock() + L - 1);
-        pending = std::pair{late_reads_of(*m), tiers->clock() + L - 1};
-        if (!opts.overlap_recalls || s == 0) run_pending(false);
+        recalls->after_decode(*m, tables, tiers->clock() + L - 1);
+        if (!opts.overlap_recalls || s == 0) recalls->flush();
         a_host = ms_since(t1);
         DHS_CUDA_CHECK(cudaDeviceSynchronize());
       }
@@ -390,7 +372,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
           "steps; churn replayed: before each step that fraction of the last step's reads evicted\"}\n";
     jl.flush();
     if (tiers) {
-      run_pending(false);  // (the last step's recalls: after the counts, untimed)
+      recalls->flush();  // (the last step's recalls: after the counts, untimed)
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
     }
     for (PageTable* t : tables) {

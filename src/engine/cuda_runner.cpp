@@ -97,6 +97,7 @@ class CudaRunner final : public StepRunner {
       tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
       if (tiers_->land()) tiers_->kv().set_land_hook([m](std::span<const PageMove> mv) { m->follow_landed(mv); });
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
+      recalls_ = std::make_unique<DeferredRecalls>(*tiers_);
     }
     overlap_recalls_ = o.kv_overlap_recalls;
     rows_.resize(static_cast<size_t>(max_batch_));
@@ -222,15 +223,7 @@ class CudaRunner final : public StepRunner {
     // overlap: docs/hierarchy.md), else now.
     const bool overlap = tiers_ && overlap_recalls_ && !prefill;
     if (!overlap) flush_recalls();
-    std::string in_flight_error;
-    const std::function<void()> in_flight = [this, &in_flight_error] {
-      try {
-        flush_recalls(/*in_flight=*/true);
-      } catch (const std::exception& e) {
-        in_flight_error = e.what();  // (thrown after the step's wait)
-      }
-    };
-    const std::function<void()> while_running = overlap && deferred_ ? in_flight : std::function<void()>{};
+    const std::function<void()> while_running = overlap ? recalls_->in_flight() : std::function<void()>{};
     if (tiers_) {
       tiers_->before_step(batch);  // (prefill and decode attention read either tier: nothing is pinned)
       tier_before = tiers_->stats_of(batch);
@@ -266,7 +259,7 @@ class CudaRunner final : public StepRunner {
       model_->forward(seqs, &rows_out_, true, while_running);
       split_output_rows(batch, rows_out_, model_->config().vocab_size, want_logits, out);
     }
-    if (!in_flight_error.empty()) throw Error("the KV hierarchy's recalls during the step: " + in_flight_error);
+    if (recalls_) recalls_->rethrow_in_flight();
     // The step is done: the hierarchy's clock reads past its layers from here (so what after it
     // touches or chooses by last use, budgets included, is later than every read of the step).
     ++steps_;
@@ -327,22 +320,15 @@ class CudaRunner final : public StepRunner {
       // brings back the second (as the CPU's).
       std::vector<PageTable*> tables;
       for (const StepRequest& r : batch) tables.push_back(r.table);
-      reads_after_decode(kv, *model_, tables, now);
-      deferred_ = Deferred{late_reads_of(*model_), now};
+      recalls_->after_decode(*model_, tables, now);
       if (!overlap_recalls_) flush_recalls();
     }
     tiers_->after_step(batch, before);
   }
 
-  // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet: in_flight while
-  // a step runs whose lists were taken before them.
-  void flush_recalls(bool in_flight = false) {
-    if (!deferred_) return;
-    const Deferred d = std::move(*deferred_);
-    deferred_.reset();
-    // (in flight the running step's before_step has touched pages at its clock: the recalls come
-    // after that, on the LRU's clock too)
-    tiers_->kv().after_step_recalls(d.late, in_flight ? std::max(d.now, tiers_->clock()) : d.now, in_flight);
+  // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet.
+  void flush_recalls() {
+    if (recalls_) recalls_->flush();
   }
 
   void check_slot(int slot) const {
@@ -360,12 +346,7 @@ class CudaRunner final : public StepRunner {
   std::vector<float> rows_out_;          // a verify step's output rows (reused)
   std::unique_ptr<RunnerTiers> tiers_;   // the KV hierarchy (--cpu-kv-gb), or null
   int64_t steps_ = 0;                    // steps run: the hierarchy's clock is steps_ x n_layers
-  // The last decode step's late reads and clock, its recalls not run yet (the overlap).
-  struct Deferred {
-    std::vector<TieredKv::LateRead> late;
-    int64_t now = 0;
-  };
-  std::optional<Deferred> deferred_;
+  std::unique_ptr<DeferredRecalls> recalls_;  // the last decode step's recalls not run yet (with tiers_)
   bool overlap_recalls_ = true;  // EngineOptions::kv_overlap_recalls
 };
 

@@ -1,5 +1,10 @@
 #include "engine/cuda_tiers.h"
 
+#include <algorithm>
+#include <exception>
+
+#include "core/error.h"
+#include "engine/runner_tiers.h"
 #include "model/arch/llama_cuda.h"
 
 namespace dhs {
@@ -22,6 +27,39 @@ TierStats recall_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vecto
   TierStats st = reads_after_decode(kv, m, seq_tables, now);
   st += kv.after_step_recalls(late_reads_of(m), now);
   return st;
+}
+
+TierStats DeferredRecalls::after_decode(const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
+  DHS_CHECK(!kept_, "a decode step's recalls kept while the last step's are still pending");
+  const TierStats st = reads_after_decode(tiers_.kv(), m, seq_tables, now);
+  kept_ = Kept{late_reads_of(m), now};
+  return st;
+}
+
+std::function<void()> DeferredRecalls::in_flight() {
+  if (!kept_) return {};
+  in_flight_error_.clear();
+  return [this] {
+    try {
+      run(true);
+    } catch (const std::exception& e) {
+      in_flight_error_ = e.what();  // (thrown after the step's wait: rethrow_in_flight)
+    }
+  };
+}
+
+void DeferredRecalls::rethrow_in_flight() {
+  if (in_flight_error_.empty()) return;
+  const std::string e = std::move(in_flight_error_);
+  in_flight_error_.clear();
+  throw Error("the KV hierarchy's recalls during the step: " + e);
+}
+
+void DeferredRecalls::run(bool in_flight) {
+  if (!kept_) return;
+  const Kept k = std::move(*kept_);
+  kept_.reset();
+  tiers_.kv().after_step_recalls(k.late, in_flight ? std::max(k.now, tiers_.clock()) : k.now, in_flight);
 }
 
 }  // namespace dhs

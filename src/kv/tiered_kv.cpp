@@ -500,14 +500,7 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
   // and ask for more slots the step after (under a full pool the hit rate fell to 0.11 that way).
   // Fewer slots than n when the pool has no such room (the rest of the step's late pages are read
   // in place).
-  if (const int64_t short_by = n - dev_.n_free(); short_by > 0) {
-    std::vector<int32_t> v = victims(-1, short_by, now, host_.n_free());
-    const int64_t recent = now - lru_.params().bucket_steps;
-    std::erase_if(v, [&](int32_t slot) { return lru_.last_use(slot) > recent; });
-    TierStats st;
-    evict(v, st);
-    totals_ += st;
-  }
+  free_device_slots(n, now, /*spare_recent=*/true);
   std::vector<PageRef> got;
   DHS_CHECK(dev_.allocate(std::min(n, dev_.n_free()), &got), "tiered KV: free device slots vanished");
   if (is_landing_.empty()) is_landing_.assign(static_cast<size_t>(dev_.n_pages()), 0);
@@ -898,13 +891,26 @@ TierStats TieredKv::end_step(int64_t now) {
 }
 
 bool TieredKv::make_room(int64_t n, int64_t now) {
+  free_device_slots(n, now, /*spare_recent=*/false);
+  return dev_.n_free() >= n;
+}
+
+void TieredKv::free_device_slots(int64_t n, int64_t now, bool spare_recent) {
   const int64_t short_by = n - dev_.n_free();
-  if (short_by <= 0) return true;
-  const std::vector<int32_t> v = victims(-1, short_by, now, host_.n_free());
+  if (short_by <= 0) return;
+  std::vector<int32_t> v = victims(-1, short_by, now, host_.n_free());
+  if (spare_recent) {
+    const int64_t recent = now - lru_.params().bucket_steps;
+    std::erase_if(v, [&](int32_t slot) { return lru_.last_use(slot) > recent; });
+  }
   TierStats st;
   evict(v, st);
   totals_ += st;
-  return dev_.n_free() >= n;
+}
+
+void TieredKv::check_no_recalls_pending(const PageTable& t, const char* what) const {
+  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
+            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", what);
 }
 
 int64_t TieredKv::reclaimable() const {
@@ -919,8 +925,7 @@ int64_t TieredKv::reclaimable() const {
 }
 
 bool TieredKv::swap_out(PageTable& t, int64_t now) {
-  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
-            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "swap_out");
+  check_no_recalls_pending(t, "swap_out");
   Owner& o = owner_of(t);
   const int64_t kept = (t.n_tokens() + t.page_size() - 1) / t.page_size();  // pages past it are only reserved
   std::vector<int32_t> slots;
@@ -1004,8 +1009,7 @@ TierStats TieredKv::prepare_append(PageTable& t, int64_t now) {
 }
 
 TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
-  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
-            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "truncate");
+  check_no_recalls_pending(t, "truncate");
   Owner& reg = owner_of(t);  // registered
   t.truncate(free_page_cb, this, n_tokens);
   reg.tracked = std::min(reg.tracked, t.n_pages_per_list());
@@ -1023,8 +1027,7 @@ TierStats TieredKv::truncate(PageTable& t, int64_t n_tokens, int64_t now) {
 }
 
 void TieredKv::release(PageTable& t) {
-  DHS_CHECK(!pending_ || std::find(pending_->tables.begin(), pending_->tables.end(), &t) == pending_->tables.end(),
-            "tiered KV: {} of a table whose step's recalls are pending (after_step_recalls first)", "release");
+  check_no_recalls_pending(t, "release");
   const Owner& o = owner_of(t);
   t.release(free_page_cb, this);
   by_id_[static_cast<size_t>(o.id)] = nullptr;

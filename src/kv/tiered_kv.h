@@ -324,6 +324,12 @@ class TieredKv {
                     const std::vector<std::vector<int32_t>>& victims_of, int64_t now, TierStats& st);
   // note_reads without the totals (after_decode_step sums them).
   TierStats note_reads_of(Owner& o, PageTable& t, std::span<const PageId> pages, int64_t now);
+  // make_room's eviction: least recently used pages offloaded until n device slots are free (fewer
+  // when they do not add up). spare_recent: never a page read within the last clock cycle
+  // (bucket_steps ticks; reserve_landing's rule).
+  void free_device_slots(int64_t n, int64_t now, bool spare_recent);
+  // Throws when t's step has recalls pending (`what` names the call refused).
+  void check_no_recalls_pending(const PageTable& t, const char* what) const;
   // Evicts the given device slots (copying those without a clean host copy); fills st.
   void evict(std::span<const int32_t> slots, TierStats& st);
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most

@@ -487,7 +487,9 @@ TEST(TieredKv, RecallsInFlightLeaveChangedSlotsOutOfTheNextHits) {
       EXPECT_EQ(again.hits, 0);
     }
     // An operation on a table with recalls pending is refused, changing nothing.
-    if (step == 7) EXPECT_THROW(s.kv_.release(*tables[0]), Error);
+    if (step == 7) {
+      EXPECT_THROW(s.kv_.release(*tables[0]), Error);
+    }
   }
   s.kv_.after_step_recalls(pending_late, 41 * kLayers);
   s.check();
@@ -555,9 +557,10 @@ TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
     ASSERT_EQ(a.host_.n_free(), b.host_.n_free());
     a.check();
     b.check();
-    if (step % 4 == 0)
+    if (step % 4 == 0) {
       for (Scenario* s : {&a, &b})
         for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
+    }
   }
   EXPECT_GT(a.kv_.batched_steps(), 30) << "the batched path should carry most steps";
   EXPECT_EQ(b.kv_.batched_steps(), 0);
@@ -671,8 +674,9 @@ void landing_scenario(bool batched, std::vector<PageRef>* final_pages) {
       }
     }
     s.check();
-    if (step % 4 == 0)
+    if (step % 4 == 0) {
       for (Req& r : s.reqs_) ASSERT_TRUE(s.append(r, 1));
+    }
   }
   EXPECT_GT(adopted_total, 40) << "the scenario should land pages";
   EXPECT_GT(landed_total, adopted_total) << "and land some page twice";
