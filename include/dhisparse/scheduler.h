@@ -38,8 +38,9 @@ struct SchedulerOptions {
   int speculative_k = 0;
   std::string draft_policy = "sinkwindow:16";
   // IO-aware admission (a KV hierarchy): a new request that needs room made by offloading running
-  // requests' pages waits while the hierarchy's I/O load (StepRunner::kv_io_load: the share of
-  // the link its page moves and in-place reads took over recent steps) is above this.
+  // requests' pages waits while the hierarchy's I/O load with it running would be above this
+  // (StepRunner::kv_io_load_admitting: the share of the link its page moves and in-place reads
+  // took over recent steps, plus what the working sets the pool no longer holds would add).
   double kv_io_admit_max = 0.8;
 };
 

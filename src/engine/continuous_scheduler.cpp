@@ -527,10 +527,15 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       const int64_t need = runner_.swap_in_pages(head.table) + head.table.pages_needed(first);
       const int64_t headroom = static_cast<int64_t>(running_.size()) * pages_per_token();
       // With a KV hierarchy, running requests' cold pages can make the room — while the link
-      // between the tiers has capacity left (IO-aware admission): offloading more when the
-      // running requests' recalls already fill it would stall every step.
+      // between the tiers keeps capacity with the new request running (IO-aware admission):
+      // the running requests' and its working sets beyond the pool cross the link every step, so
+      // admitting into that would stall every step; waiting for a request to finish costs less.
       if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
-        if (!running_.empty() && runner_.kv_io_load() > opt_.kv_io_admit_max) {
+        // (its pages when running: those it holds — a swapped request's, in the host tier — and
+        // its prompt's; the tokens it will generate are not counted)
+        const PageTable& t = head.table;
+        const int64_t pages = t.n_tokens() / t.page_size() * t.n_layers() * t.n_heads_kv() + t.pages_needed(head.remaining());
+        if (!running_.empty() && runner_.kv_io_load_admitting(pages) > opt_.kv_io_admit_max) {
           ++io_waits_;
           return;  // wait: the running requests' steps free the link (or finish)
         }

@@ -114,6 +114,7 @@ class CpuRunner final : public StepRunner {
   bool swap_in(PageTable& t) override { return !tiers_ || tiers_->swap_in(t); }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
+  double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
   void capture_queries(bool on) override {
     queries_.clear();
     if (!on) {

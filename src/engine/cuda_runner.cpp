@@ -167,6 +167,7 @@ class CudaRunner final : public StepRunner {
   }
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
+  double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
   // (per-row selections read as their union read the pages once, except over the host tier)
   bool verify_reads_kv_once() const override {
     const CudaModelOptions& o = model_->options();

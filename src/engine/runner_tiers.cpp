@@ -44,7 +44,6 @@ void RunnerTiers::before_step(const std::vector<StepRequest>& batch, const std::
 
 std::vector<TierStats> RunnerTiers::stats_of(const std::vector<StepRequest>& batch) const {
   std::vector<TierStats> st;
-  if (!auto_budgets_) return st;
   for (const StepRequest& r : batch) st.push_back(kv_->request_stats(*r.table));
   return st;
 }
@@ -53,22 +52,28 @@ std::vector<TierStats> RunnerTiers::stats_of(const std::vector<StepRequest>& bat
 // observed, then budgets for the batch's requests over the device pages they can share (free
 // slots and the full pages they hold; other requests' pages stay as they are).
 void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before) {
-  if (!auto_budgets_) return;
+  DHS_CHECK(before.size() == batch.size(), "RunnerTiers::after_step: {} stats for a batch of {}", before.size(), batch.size());
   std::vector<DeviceBudgets::Request> reqs;
   int64_t capacity = device_.n_free();
   for (size_t i = 0; i < batch.size(); ++i) {
     const PageTable& t = *batch[i].table;
     const int64_t id = static_cast<int64_t>(t.id());
+    const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
+    Demand& d = demand_[t.id()];
+    d.full_pages = t.n_tokens() / t.page_size() * lists;
     if (batch[i].n_new == 1 && !batch[i].verify) {
       // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
       const TierStats now = kv_->request_stats(t);
       const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
-      auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
+      const double read = static_cast<double>(now.hits - before[i].hits + missed);
+      d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
+      if (auto_budgets_) auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
     }
-    const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
-    reqs.push_back({id, t.n_tokens() / t.page_size() * lists});
+    if (!auto_budgets_) continue;
+    reqs.push_back({id, d.full_pages});
     capacity += kv_->movable_resident_pages(t);
   }
+  if (!auto_budgets_) return;
   const std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
   for (size_t i = 0; i < batch.size(); ++i)
     kv_->set_budget(*batch[i].table, b[i] == DeviceBudgets::kUnlimited ? TieredKv::kUnlimited : b[i], clock_());
@@ -82,6 +87,7 @@ bool RunnerTiers::truncate(PageTable& t, int64_t n_tokens) {
 
 bool RunnerTiers::release(PageTable& t) {
   if (auto_budgets_) auto_budgets_->forget(static_cast<int64_t>(t.id()));
+  demand_.erase(t.id());
   if (!kv_->has(t)) return false;
   kv_->release(t);
   return true;
@@ -116,6 +122,28 @@ void RunnerTiers::end_step_io(double step_seconds) {
   if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
   const double load = static_cast<double>(moved) * static_cast<double>(page_bytes_) / (io_gbps_ * 1e9 * step_seconds);
   io_load_ = 0.7 * io_load_ + 0.3 * load;
+  step_seconds_ = step_seconds_ > 0.0 ? 0.7 * step_seconds_ + 0.3 * step_seconds : step_seconds;
+}
+
+double RunnerTiers::io_load_admitting(int64_t pages) const {
+  double observed = 0.0, observed_full = 0.0, unobserved_full = 0.0;
+  for (const auto& [id, d] : demand_) {
+    if (d.working_set >= 0.0) {
+      observed += d.working_set;
+      observed_full += static_cast<double>(d.full_pages);
+    } else {
+      unobserved_full += static_cast<double>(d.full_pages);
+    }
+  }
+  const double frac = observed_full > 0.0 ? std::min(1.0, observed / observed_full) : 1.0;
+  const double before = observed + frac * unobserved_full;
+  const double after = before + frac * static_cast<double>(std::max<int64_t>(pages, 0));
+  const double cap = static_cast<double>(device_.n_pages());
+  const double more = std::max(0.0, after - cap) - std::max(0.0, before - cap);  // pages crossing per step
+  if (more <= 0.0) return io_load_;
+  if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return io_load_ + 1.0;  // (no rate or no step measured yet: as full)
+  const double crossings = recall_ahead_ && !land_ ? 2.0 : 1.0;
+  return io_load_ + crossings * more * static_cast<double>(page_bytes_) / (io_gbps_ * 1e9 * step_seconds_);
 }
 
 TierCounts RunnerTiers::counts() const {

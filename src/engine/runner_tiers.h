@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dhisparse/engine.h"
@@ -56,7 +57,11 @@ class RunnerTiers {
   bool release(PageTable& t);
   bool make_room(int64_t n) { return kv_->make_room(n, clock_()); }
   int64_t reclaimable() const { return kv_->reclaimable(); }
-  bool swap_out(PageTable& t) { return kv_->has(t) && kv_->swap_out(t, clock_()); }
+  bool swap_out(PageTable& t) {
+    if (!(kv_->has(t) && kv_->swap_out(t, clock_()))) return false;
+    demand_.erase(t.id());  // (it reads nothing until swap_in; observed again after)
+    return true;
+  }
   int64_t swap_in_pages(const PageTable& t) const { return kv_->has(t) && kv_->swapped(t) ? kv_->swap_in_pages(t) : 0; }
   bool swap_in(PageTable& t) { return !kv_->has(t) || kv_->swap_in(t, clock_()); }
   TierCounts counts() const;
@@ -70,6 +75,16 @@ class RunnerTiers {
   static double measure_host_copy_gbps();
   void end_step_io(double step_seconds);
   double io_load() const { return io_load_; }
+  // IO-aware admission's prediction (StepRunner::kv_io_load_admitting): the I/O load with one
+  // more request of `pages` pages running. Each running request reads its working set a step
+  // (measured over its decode steps; a request not observed yet, its pages times the read
+  // fraction observed — pages read over pages held — or all of them when nothing is observed),
+  // the new one its pages times that fraction. What the working sets hold beyond the device
+  // pool crosses the link every step (twice on the recall-ahead schedule: read in place, then
+  // recalled; once with landing or layer recalls), so the load grows by the increase of that
+  // overflow's seconds at the link's rate over the measured step time. A cold page offloaded
+  // for the new request (no working set reads it) costs nothing per step.
+  double io_load_admitting(int64_t pages) const;
   double io_gbps() const { return io_gbps_; }
 
  private:
@@ -80,7 +95,13 @@ class RunnerTiers {
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   bool recall_ahead_ = false;                    // --kv-recall ahead (or land)
   bool land_ = false;                            // --kv-recall land
-  double io_gbps_ = 0.0, io_load_ = 0.0;
+  double io_gbps_ = 0.0, io_load_ = 0.0, step_seconds_ = 0.0;  // (step_seconds_: an average, as io_load_)
+  // What each registered request reads a step (io_load_admitting), by PageTable::id.
+  struct Demand {
+    double working_set = -1.0;  // pages read per decode step, an average (the newest 0.3); < 0: none observed
+    int64_t full_pages = 0;     // full pages it holds, both tiers
+  };
+  std::unordered_map<uint64_t, Demand> demand_;
   int64_t page_bytes_ = 0, io_pages_seen_ = 0;   // pages moved or read in place counted so far
   PagePool& device_;
 };

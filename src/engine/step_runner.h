@@ -104,6 +104,10 @@ class StepRunner {
   // The share of the link between the tiers that the hierarchy's page moves and in-place reads
   // took over recent steps (an average; 0 without a hierarchy): what IO-aware admission reads.
   virtual double kv_io_load() const { return 0.0; }
+  // IO-aware admission: what that load would be with one more request of `pages` KV pages running
+  // (RunnerTiers::io_load_admitting: the running requests' measured working sets and the new
+  // one's, beyond what the pool holds, cross the link every step).
+  virtual double kv_io_load_admitting(int64_t pages) const { (void)pages; return kv_io_load(); }
   // Pages of the host tier (0: no hierarchy).
   virtual int64_t host_tier_pages() const { return 0; }
   virtual bool make_room(int64_t n) { return pages().n_free() >= n; }

@@ -344,6 +344,83 @@ TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
   }
 }
 
+// IO-aware admission weighs the working sets a new request would push out of the pool, not only
+// the link's load before it runs: A fits the pool alone (nothing moves, the load is 0), B needs
+// A's pages offloaded. Dense decoding reads every page a step, so offloading any of A's would
+// put pages on the link every step (on this slow link, several step times): B waits for A. A
+// sink + window policy reads 4 pages a list, so A's other pages are cold and B runs beside it.
+// Fails if admission looks at the present load alone (B would run beside A in both).
+TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 12;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  const auto log = [](const char* what, int salt) {
+    std::string text = std::string(what) + " log.\n";  // ~200 tokens: 13 pages a list, 1,170 in all
+    for (int i = 0; i < 14; ++i)
+      text += "The crane lifted crate " + std::to_string(i * 3 + salt) + " onto dock " + std::to_string((i + salt) % 4) + ".\n";
+    return text + "Which dock did crate 12 go to?";
+  };
+  for (const std::string policy : {"dense", "sinkwindow:4"}) {
+    std::vector<int32_t> prompt_a, prompt_b, want_b;
+    {
+      auto plain = load(policy, 0.0, 0);
+      prompt_a = plain->tokenize(log("Dock", 0));
+      prompt_b = plain->tokenize(log("Pier", 1));
+      ASSERT_GT(prompt_a.size(), 180u);
+      ASSERT_GT(prompt_b.size(), 180u);
+      want_b = plain->generate(prompt_b, g).tokens;
+    }
+    EngineOptions o;
+    o.model_path = test::default_model_path();
+    o.policy = PolicySpec::parse(policy);
+    o.cpu_kv_gb = 1.0;
+    o.kv_blocks = 24;        // 2,160 pages: A's ~1,200 fit, A's and B's together do not
+    o.kv_io_gbps = 0.01;     // 10 MB/s: a page a step costs ~0.4 ms, A's working set pushed out ~100 ms a step
+    o.max_context = 2048;
+    auto e = Engine::load(o);
+    std::vector<int32_t> got_b;
+    int step = 0, a_done_at = -1, b_first_at = -1;
+    bool b_done = false;
+    const auto submit = [&](const std::vector<int32_t>& prompt, bool is_b) {
+      RequestParams p;
+      p.prompt = prompt;
+      p.options = g;
+      const SubmitResult sub = e->scheduler().submit(p, [&, is_b](const RequestEvent& ev) {
+        if (is_b) {
+          if (b_first_at < 0 && !ev.tokens.empty()) b_first_at = step;
+          got_b.insert(got_b.end(), ev.tokens.begin(), ev.tokens.end());
+          b_done = b_done || ev.finished;
+        } else if (ev.finished) {
+          a_done_at = step;
+        }
+      });
+      ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
+    };
+    submit(prompt_a, false);
+    for (; step < 5; ++step) e->scheduler().step();  // A's prefill and first decode steps
+    ASSERT_LT(a_done_at, 0);
+    EXPECT_EQ(e->scheduler().stats().kv_io_load, 0.0) << policy << ": A alone should move nothing";
+    submit(prompt_b, true);
+    for (; (a_done_at < 0 || !b_done) && step < 500; ++step) e->scheduler().step();
+    ASSERT_TRUE(b_done && a_done_at >= 0) << policy;
+    EXPECT_EQ(got_b, want_b) << policy;
+    const SchedulerStats st = e->scheduler().stats();
+    std::printf("%s: A finished at step %d, B's first token at step %d; admission waits %llu\n", policy.c_str(), a_done_at,
+                b_first_at, static_cast<unsigned long long>(st.n_admission_io_waits));
+    if (policy == "dense") {
+      EXPECT_GT(st.n_admission_io_waits, 0u);
+      EXPECT_GT(b_first_at, a_done_at) << "B pushed A's working set out of the pool";
+    } else {
+      EXPECT_EQ(st.n_admission_io_waits, 0u);
+      EXPECT_LT(b_first_at, a_done_at) << "B waited though A's offloaded pages are cold";
+      EXPECT_GT(e->tier_counts().offloaded, 0u) << "B should have needed A's cold pages offloaded";
+    }
+    EXPECT_EQ(e->kv_check(), "");
+  }
+}
+
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);

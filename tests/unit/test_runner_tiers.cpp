@@ -72,5 +72,45 @@ TEST(RunnerTiers, IoLoadIsPagesMovedOverTheLinksCapacity) {
   EXPECT_FALSE(tiers.release(t));
 }
 
+// What admitting a request would add (io_load_admitting): the working sets beyond the device pool
+// cross the link every step. Pool 16 pages; t holds 8 full pages and its decode step read 3 of
+// them (working set 3, read fraction 3/8); u holds 8 and has not decoded (counted at 3/8 of
+// them: 3). At 1,000 B/s, 1,000-B pages and 1 s steps, a page over the pool a step is a load of 1.
+TEST(RunnerTiers, AdmittingPricesTheWorkingSetsPushedOutOfThePool) {
+  PagePool dev(Tier::Device, 16, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  int64_t clock = 0;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  tiers.set_io_rate(1e-6, 1000);
+  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+  for (PageTable* x : {&t, &u}) {
+    ASSERT_TRUE(x->reserve(dev, 16));  // 4 pages per list, 8 in all
+    x->commit(16);
+  }
+  const int32_t tok[4] = {1, 2, 3, 4};
+  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                          StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+  tiers.before_step(batch);
+  EXPECT_EQ(tiers.io_load_admitting(16), 0.0);  // nothing registered reads yet: 16 pages fit
+  EXPECT_EQ(tiers.io_load_admitting(17), 1.0) << "no step measured yet: counted as a full link";
+  const std::vector<TierStats> before = tiers.stats_of(batch);
+  EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
+  tiers.after_step(batch, before);
+  tiers.end_step_io(1.0);  // nothing moved: load 0
+  EXPECT_EQ(tiers.io_load(), 0.0);
+  EXPECT_EQ(tiers.io_load_admitting(0), 0.0);
+  EXPECT_EQ(tiers.io_load_admitting(26), 0.0);             // 3 + 3 + 3/8 x 26 = 15.75 <= 16: cold pages only
+  EXPECT_NEAR(tiers.io_load_admitting(32), 2.0, 1e-12);    // 6 + 12 = 18: 2 pages a step
+  EXPECT_NEAR(tiers.io_load_admitting(48), 8.0, 1e-12);    // 6 + 18 = 24: 8
+  // u swapped out reads nothing: only t's 3 and the new request's.
+  ASSERT_TRUE(tiers.swap_out(u));
+  EXPECT_EQ(tiers.io_load_admitting(32), 0.0);             // 3 + 12 = 15
+  EXPECT_NEAR(tiers.io_load_admitting(40), 2.0, 1e-12);    // 3 + 15 = 18
+  EXPECT_EQ(tiers.check(), "");
+  EXPECT_TRUE(tiers.release(t));
+  EXPECT_TRUE(tiers.release(u));
+}
+
 }  // namespace
 }  // namespace dhs
