@@ -124,8 +124,8 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
       ->default_str("0");
   app->add_option("--kv-io-gbps", eo.kv_io_gbps,
                   "With --cpu-kv-gb: the link between the tiers in GB/s, for the hierarchy's I/O load (IO-aware "
-                  "admission: a request that needs running requests' pages offloaded waits while the load is above "
-                  "0.8); 0 = measured at load")
+                  "admission: a request that needs running requests' pages offloaded waits while the load with it "
+                  "running is above serve's --kv-io-admit-max, 0.8); 0 = measured at load")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app->add_option("--kv-recall", eo.kv_recall,
