@@ -292,6 +292,10 @@ def summarize(args, res: dict) -> dict:
         row["tier_hit_rate"] = round(hits / (hits + late), 4)
         for k in ("late", "recalled", "offloaded", "dropped"):
             row[f"tier_{k}_pages"] = int(delta.get(f"dhisparse:kv_tier_{k}_total", 0))
+    if row.get("host_kv_gib", 0) > 0 and "dhisparse:kv_page_cost_us" in after:
+        # (a gauge: its value at the end; admissions deferred by the link: the run's count)
+        row["kv_page_cost_us"] = round(after["dhisparse:kv_page_cost_us"], 4)
+        row["admissions_deferred_io"] = int(delta.get("dhisparse:admissions_deferred_io_total", 0))
     if delta.get("vllm:spec_decode_num_drafts_total", 0) > 0:  # speculative decoding: verifies, drafts, kept
         row["spec_verifies"] = int(delta["vllm:spec_decode_num_drafts_total"])
         row["spec_draft_tokens"] = int(delta.get("vllm:spec_decode_num_draft_tokens_total", 0))

@@ -107,6 +107,7 @@ struct SchedulerStats {
   uint64_t n_swapped = 0;          // of those, swapped to the KV hierarchy's host tier (not recomputed)
   uint64_t n_admission_io_waits = 0;  // steps at which an admission waited: the hierarchy's I/O load was too high
   double kv_io_load = 0.0;         // the hierarchy's I/O load now (0 without one)
+  double kv_page_cost_us = 0.0;    // what one more page moved between the tiers costs a step, fitted (µs)
   uint64_t n_submitted = 0, n_rejected_full = 0;
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)

@@ -707,6 +707,7 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
     stats_.kv = runner_.pages().stats();
     stats_.tiers = runner_.tier_counts();
     stats_.kv_io_load = runner_.kv_io_load();
+    stats_.kv_page_cost_us = runner_.kv_page_cost_seconds() * 1e6;
     stats_.n_admission_io_waits = io_waits_;
     // The full accounting check walks every page: when the scheduler goes quiet, not per step.
     if (quiet) {

@@ -115,6 +115,7 @@ class CpuRunner final : public StepRunner {
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
+  double kv_page_cost_seconds() const override { return tiers_ ? tiers_->io_cost().per_page_seconds() : 0.0; }
   void capture_queries(bool on) override {
     queries_.clear();
     if (!on) {
@@ -180,6 +181,7 @@ class CpuRunner final : public StepRunner {
         if (summaries_pending_.erase(&t))  // (truncate left its last page in the host tier)
           truncate_summaries(t, *pool_, *summaries_, t.n_tokens());
       });
+    double tier_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();  // (the host's tier calls outside the layers)
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
@@ -200,8 +202,11 @@ class CpuRunner final : public StepRunner {
     }
     if (tiers_) {
       if (decode) last_late_ = tiers_->kv().totals().late - late_before;
+      const auto ta = std::chrono::steady_clock::now();
       tiers_->after_step(batch, before);
-      tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const auto t1 = std::chrono::steady_clock::now();
+      tier_s += std::chrono::duration<double>(t1 - ta).count();
+      tiers_->end_step_io(std::chrono::duration<double>(t1 - t0).count(), tier_s);
     }
     sampling_->sample(batch, out, want_logits);
   }

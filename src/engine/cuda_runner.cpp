@@ -168,6 +168,7 @@ class CudaRunner final : public StepRunner {
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
+  double kv_page_cost_seconds() const override { return tiers_ ? tiers_->io_cost().per_page_seconds() : 0.0; }
   // (per-row selections read as their union read the pages once, except over the host tier)
   bool verify_reads_kv_once() const override {
     const CudaModelOptions& o = model_->options();
@@ -235,6 +236,10 @@ class CudaRunner final : public StepRunner {
         model_->set_landing_slots(tiers_->kv().reserve_landing(want, tiers_->clock()));
       }
     }
+    // The host's time in the hierarchy's calls this step (RunnerTiers::end_step_io: the measured
+    // cost of a moved page): before the launch and after the step (the recalls in flight are
+    // counted as hidden behind the step).
+    double tier_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out->logits.clear();
     out->verify_logits.clear();
     out->verify_row.assign(batch.size(), -1);
@@ -265,9 +270,12 @@ class CudaRunner final : public StepRunner {
     // touches or chooses by last use, budgets included, is later than every read of the step).
     ++steps_;
     if (tiers_) {
+      const auto ta = std::chrono::steady_clock::now();
       after_tier_step(batch, prefill, tier_before);
       if (!prefill) last_claims_ = model_->landing_claims();
-      tiers_->end_step_io(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const auto t1 = std::chrono::steady_clock::now();
+      tier_s += std::chrono::duration<double>(t1 - ta).count();
+      tiers_->end_step_io(std::chrono::duration<double>(t1 - t0).count(), tier_s);
     }
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);

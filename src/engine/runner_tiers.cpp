@@ -112,15 +112,18 @@ void RunnerTiers::set_io_rate(double gbps, int64_t page_bytes) {
   DHS_CHECK(gbps > 0.0 && page_bytes > 0, "the host tier's link rate must be > 0 GB/s, got {}", gbps);
   io_gbps_ = gbps;
   page_bytes_ = page_bytes;
+  io_cost_.set_link_page_seconds(static_cast<double>(page_bytes) / (gbps * 1e9));
 }
 
-void RunnerTiers::end_step_io(double step_seconds) {
+void RunnerTiers::end_step_io(double step_seconds, double host_seconds) {
   const TierStats& t = kv_->totals();
   const int64_t pages = t.recalled + t.offloaded + t.late;
   const int64_t moved = pages - io_pages_seen_;
   io_pages_seen_ = pages;
   if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
-  const double load = static_cast<double>(moved) * static_cast<double>(page_bytes_) / (io_gbps_ * 1e9 * step_seconds);
+  const double tier_seconds = static_cast<double>(moved) * io_cost_.link_page_seconds() + std::max(host_seconds, 0.0);
+  io_cost_.observe(moved, tier_seconds);
+  const double load = tier_seconds / step_seconds;
   io_load_ = 0.7 * io_load_ + 0.3 * load;
   step_seconds_ = step_seconds_ > 0.0 ? 0.7 * step_seconds_ + 0.3 * step_seconds : step_seconds;
 }
@@ -143,7 +146,7 @@ double RunnerTiers::io_load_admitting(int64_t pages) const {
   if (more <= 0.0) return io_load_;
   if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return io_load_ + 1.0;  // (no rate or no step measured yet: as full)
   const double crossings = recall_ahead_ && !land_ ? 2.0 : 1.0;
-  return io_load_ + crossings * more * static_cast<double>(page_bytes_) / (io_gbps_ * 1e9 * step_seconds_);
+  return io_load_ + crossings * more * io_cost_.per_page_seconds() / step_seconds_;
 }
 
 TierCounts RunnerTiers::counts() const {

@@ -19,6 +19,7 @@
 #include "dhisparse/kv_stats.h"
 #include "engine/step_runner.h"
 #include "kv/device_budgets.h"
+#include "kv/io_cost.h"
 #include "kv/page_pool.h"
 #include "kv/tiered_kv.h"
 
@@ -67,13 +68,16 @@ class RunnerTiers {
   TierCounts counts() const;
   std::string check() const { return kv_->check_invariants(); }
 
-  // The I/O load (StepRunner::kv_io_load): each step's pages moved or read in place, at
-  // page_bytes each, over what the link moves in the step's seconds at `gbps`; averaged (the
-  // newest step 0.3). The rate: EngineOptions::kv_io_gbps, or the runner's measurement.
+  // The I/O load (StepRunner::kv_io_load): the share of each step the hierarchy took — its pages
+  // moved or read in place, at page_bytes each over the link's `gbps`, plus the host's time in
+  // its calls (end_step_io's host_seconds) — averaged (the newest step 0.3). The rate:
+  // EngineOptions::kv_io_gbps, or the runner's measurement.
   void set_io_rate(double gbps, int64_t page_bytes);
   // GB/s of one bulk copy between two host buffers (the CPU backend's link between its tiers).
   static double measure_host_copy_gbps();
-  void end_step_io(double step_seconds);
+  // host_seconds: the host's time in the hierarchy's calls during the step, outside the model's
+  // layers (the runner's measurement; IoCost fits it against the pages moved).
+  void end_step_io(double step_seconds, double host_seconds = 0.0);
   double io_load() const { return io_load_; }
   // IO-aware admission's prediction (StepRunner::kv_io_load_admitting): the I/O load with one
   // more request of `pages` pages running. Each running request reads its working set a step
@@ -82,10 +86,12 @@ class RunnerTiers {
   // the new one its pages times that fraction. What the working sets hold beyond the device
   // pool crosses the link every step (twice on the recall-ahead schedule: read in place, then
   // recalled; once with landing or layer recalls), so the load grows by the increase of that
-  // overflow's seconds at the link's rate over the measured step time. A cold page offloaded
-  // for the new request (no working set reads it) costs nothing per step.
+  // overflow times a page's measured cost (IoCost: at least its bytes at the link's rate) over
+  // the measured step time. A cold page offloaded for the new request (no working set reads it)
+  // costs nothing per step.
   double io_load_admitting(int64_t pages) const;
   double io_gbps() const { return io_gbps_; }
+  const IoCost& io_cost() const { return io_cost_; }
 
  private:
   std::unique_ptr<PagePool> host_;
@@ -95,6 +101,7 @@ class RunnerTiers {
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
   bool recall_ahead_ = false;                    // --kv-recall ahead (or land)
   bool land_ = false;                            // --kv-recall land
+  IoCost io_cost_;
   double io_gbps_ = 0.0, io_load_ = 0.0, step_seconds_ = 0.0;  // (step_seconds_: an average, as io_load_)
   // What each registered request reads a step (io_load_admitting), by PageTable::id.
   struct Demand {

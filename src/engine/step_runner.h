@@ -108,6 +108,9 @@ class StepRunner {
   // (RunnerTiers::io_load_admitting: the running requests' measured working sets and the new
   // one's, beyond what the pool holds, cross the link every step).
   virtual double kv_io_load_admitting(int64_t pages) const { (void)pages; return kv_io_load(); }
+  // What one more page crossing between the tiers costs a step, in seconds (kv/io_cost.h: fitted
+  // from the host's time in the hierarchy and the pages moved; 0 without a hierarchy).
+  virtual double kv_page_cost_seconds() const { return 0.0; }
   // Pages of the host tier (0: no hierarchy).
   virtual int64_t host_tier_pages() const { return 0; }
   virtual bool make_room(int64_t n) { return pages().n_free() >= n; }

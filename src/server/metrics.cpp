@@ -107,6 +107,10 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.gauge("dhisparse:kv_io_load",
           "KV hierarchy: share of the link between the tiers its page moves and in-place reads took over recent steps.",
           s.kv_io_load);
+  w.gauge("dhisparse:kv_page_cost_us",
+          "KV hierarchy: what one more page moved between the tiers costs a step (us), fitted from the host's time in "
+          "the hierarchy against the pages moved, never below its bytes at the link's rate (IO-aware admission's price).",
+          s.kv_page_cost_us);
   w.counter("dhisparse:admissions_deferred_io_total",
             "KV hierarchy: scheduler steps at which an admission waited because the link between the tiers was busy "
             "(IO-aware admission).",

@@ -29,5 +29,7 @@ def test_greedy_text_equals_all_resident(server):
     late = m["dhisparse:kv_tier_late_total"] - m0.get("dhisparse:kv_tier_late_total", 0)
     offloaded = m["dhisparse:kv_tier_offloaded_total"] - m0.get("dhisparse:kv_tier_offloaded_total", 0)
     assert late > 0 and offloaded > 0, (late, offloaded)
+    # IO-aware admission's price of a moved page (kv/io_cost.h): at least its bytes at the link's rate.
+    assert 0 < m["dhisparse:kv_page_cost_us"] < 1e6, m["dhisparse:kv_page_cost_us"]
     assert m["dhisparse:kv_tier_host_used_pages"] == 0
     assert_pool_clean(m)
