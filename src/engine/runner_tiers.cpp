@@ -121,9 +121,10 @@ void RunnerTiers::end_step_io(double step_seconds, double host_seconds) {
   const int64_t moved = pages - io_pages_seen_;
   io_pages_seen_ = pages;
   if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
-  const double tier_seconds = static_cast<double>(moved) * io_cost_.link_page_seconds() + std::max(host_seconds, 0.0);
-  io_cost_.observe(moved, tier_seconds);
-  const double load = tier_seconds / step_seconds;
+  io_cost_.observe(moved, static_cast<double>(moved) * io_cost_.link_page_seconds() + std::max(host_seconds, 0.0));
+  // (the pages' share at their fitted price: the host's fixed cost a step, which admitting or
+  // waiting does not change, is not load)
+  const double load = static_cast<double>(moved) * io_cost_.per_page_seconds() / step_seconds;
   io_load_ = 0.7 * io_load_ + 0.3 * load;
   step_seconds_ = step_seconds_ > 0.0 ? 0.7 * step_seconds_ + 0.3 * step_seconds : step_seconds;
 }

@@ -68,10 +68,11 @@ class RunnerTiers {
   TierCounts counts() const;
   std::string check() const { return kv_->check_invariants(); }
 
-  // The I/O load (StepRunner::kv_io_load): the share of each step the hierarchy took — its pages
-  // moved or read in place, at page_bytes each over the link's `gbps`, plus the host's time in
-  // its calls (end_step_io's host_seconds) — averaged (the newest step 0.3). The rate:
-  // EngineOptions::kv_io_gbps, or the runner's measurement.
+  // The I/O load (StepRunner::kv_io_load): the share of each step the pages it moved or read in
+  // place took, each at its fitted price (IoCost: its bytes over the link's `gbps`, or more when
+  // the host's time in the hierarchy — end_step_io's host_seconds — grows with the pages moved),
+  // averaged (the newest step 0.3). The rate: EngineOptions::kv_io_gbps, or the runner's
+  // measurement.
   void set_io_rate(double gbps, int64_t page_bytes);
   // GB/s of one bulk copy between two host buffers (the CPU backend's link between its tiers).
   static double measure_host_copy_gbps();
