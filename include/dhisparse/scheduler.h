@@ -39,8 +39,9 @@ struct SchedulerOptions {
   std::string draft_policy = "sinkwindow:16";
   // IO-aware admission (a KV hierarchy): a new request that needs room made by offloading running
   // requests' pages waits while the hierarchy's I/O load with it running would be above this
-  // (StepRunner::kv_io_load_admitting: the share of the link its page moves and in-place reads
-  // took over recent steps, plus what the working sets the pool no longer holds would add).
+  // (StepRunner::kv_io_load_admitting: the share of recent steps its page moves and in-place
+  // reads took, at their measured price, plus what the working sets the pool would no longer
+  // hold would add).
   double kv_io_admit_max = 0.8;
 };
 
@@ -105,7 +106,7 @@ struct SchedulerStats {
   uint64_t n_steps = 0;
   uint64_t n_preemptions = 0;
   uint64_t n_swapped = 0;          // of those, swapped to the KV hierarchy's host tier (not recomputed)
-  uint64_t n_admission_io_waits = 0;  // steps at which an admission waited: the hierarchy's I/O load was too high
+  uint64_t n_admission_io_waits = 0;  // steps at which an admission waited: the I/O load with it running was too high
   double kv_io_load = 0.0;         // the hierarchy's I/O load now (0 without one)
   double kv_page_cost_us = 0.0;    // what one more page moved between the tiers costs a step, fitted (µs)
   uint64_t n_submitted = 0, n_rejected_full = 0;

@@ -514,6 +514,11 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
   PagePool& pool = runner_.pages();
   const double now = clock_->now();
   if (phase_ == Phase::DecodeOnly) return;
+  // Full KV pages of a table: those it holds (t.n_tokens() tokens), or will hold after n more tokens.
+  const auto full_pages = [](const PageTable& t, int64_t n) {
+    return (t.n_tokens() + n) / t.page_size() * t.n_layers() * t.n_heads_kv();
+  };
+  int64_t admitted_held = 0;  // full pages held by the requests this call admitted (swapped ones)
   while (*budget > 0 && static_cast<int>(running_.size()) < cap_ && !(phase_ == Phase::PrefillOnly && prefill_rows(*rows) > 0)) {
     Owned r;
     int64_t first = 0;  // tokens whose pages admission reserves
@@ -531,10 +536,13 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       // the running requests' and its working sets beyond the pool cross the link every step, so
       // admitting into that would stall every step; waiting for a request to finish costs less.
       if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
-        // (its pages when running: those it holds — a swapped request's, in the host tier — and
-        // its prompt's; the tokens it will generate are not counted)
-        const PageTable& t = head.table;
-        const int64_t pages = t.n_tokens() / t.page_size() * t.n_layers() * t.n_heads_kv() + t.pages_needed(head.remaining());
+        // The pages it will hold running (those it holds — a swapped request's, in the host tier
+        // — and its prompt's; the tokens it will generate are not counted), and what the runner's
+        // measurement does not hold yet: the prompt pages running requests have still to prefill
+        // and the pages of requests admitted in this call.
+        int64_t pages = full_pages(head.table, head.remaining()) + admitted_held;
+        for (const Owned& o : running_)
+          if (o->remaining() > 1) pages += full_pages(o->table, o->remaining()) - full_pages(o->table, 0);
         if (!running_.empty() && runner_.kv_io_load_admitting(pages) > opt_.kv_io_admit_max) {
           ++io_waits_;
           return;  // wait: the running requests' steps free the link (or finish)
@@ -558,6 +566,7 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       waiting_.pop_front();
       ++n_running_;
     }
+    admitted_held += full_pages(r->table, 0);
     DHS_CHECK(runner_.swap_in(r->table), "scheduler: swap-in after check failed");
     DHS_CHECK(r->table.reserve(pool, first), "scheduler: reserve after check failed");
     r->slot = free_slots_.back();
@@ -624,6 +633,7 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       want_logits = want_logits || !greedy;
       if (r.draft.seed_pages > 0) runner_.keep_draft_seeds(r.draft.seed_pages);  // (from its next verify on)
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), 1, greedy, &r.history, &r.draft});
+      batch.back().draft = true;
     } else {
       batch.push_back(StepRequest{&r.table, r.slot, r.history.data() + r.table.n_tokens(), row.n, sample, &r.history, own});
     }

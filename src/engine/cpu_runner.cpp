@@ -190,8 +190,11 @@ class CpuRunner final : public StepRunner {
     // reads and a quarter more (the step adopts its landings and frees the rest).
     const bool decode = std::none_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     const int64_t late_before = tiers_ ? tiers_->kv().totals().late : 0;
-    if (tiers_ && tiers_->land() && decode)
+    if (tiers_ && tiers_->land() && decode) {
+      const auto tr = std::chrono::steady_clock::now();
       model_->set_landing_slots(tiers_->kv().reserve_landing(last_late_ + last_late_ / 4 + 16, model_->tier_clock()));
+      tier_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - tr).count();
+    }
     if (!any_verify) {
       model_->forward(seqs, *pool_, want_logits || any_sample ? &out->logits : nullptr);
     } else {

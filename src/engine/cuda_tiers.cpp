@@ -37,8 +37,8 @@ TierStats DeferredRecalls::after_decode(const LlamaCuda& m, const std::vector<Pa
 }
 
 std::function<void()> DeferredRecalls::in_flight() {
+  in_flight_error_.clear();  // (a step whose forward threw after the callback ran left one)
   if (!kept_) return {};
-  in_flight_error_.clear();
   return [this] {
     try {
       run(true);

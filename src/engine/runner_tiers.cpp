@@ -66,7 +66,9 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
       const TierStats now = kv_->request_stats(t);
       const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
       const double read = static_cast<double>(now.hits - before[i].hits + missed);
-      d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
+      // (a draft row reads the draft's pages; a request that only drafts and verifies stays
+      // unobserved, counted at the read fraction of the others)
+      if (!batch[i].draft) d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
       if (auto_budgets_) auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
     }
     if (!auto_budgets_) continue;
@@ -146,7 +148,10 @@ double RunnerTiers::io_load_admitting(int64_t pages) const {
   const double more = std::max(0.0, after - cap) - std::max(0.0, before - cap);  // pages crossing per step
   if (more <= 0.0) return io_load_;
   if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return io_load_ + 1.0;  // (no rate or no step measured yet: as full)
-  const double crossings = recall_ahead_ && !land_ ? 2.0 : 1.0;
+  // (pages as end_step_io counts them: on the recall-ahead schedule a miss is a late read and a
+  // recall — with landing too, where the landed page is counted as both — on the layer schedule a
+  // recall, its victim dropped where it has a clean host copy)
+  const double crossings = recall_ahead_ ? 2.0 : 1.0;
   return io_load_ + crossings * more * io_cost_.per_page_seconds() / step_seconds_;
 }
 

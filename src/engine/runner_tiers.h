@@ -85,8 +85,8 @@ class RunnerTiers {
   // (measured over its decode steps; a request not observed yet, its pages times the read
   // fraction observed — pages read over pages held — or all of them when nothing is observed),
   // the new one its pages times that fraction. What the working sets hold beyond the device
-  // pool crosses the link every step (twice on the recall-ahead schedule: read in place, then
-  // recalled; once with landing or layer recalls), so the load grows by the increase of that
+  // pool crosses the link every step (counted twice on the recall-ahead schedule, landing
+  // included: a late read and a recall; once with layer recalls), so the load grows by the increase of that
   // overflow times a page's measured cost (IoCost: at least its bytes at the link's rate) over
   // the measured step time. A cold page offloaded for the new request (no working set reads it)
   // costs nothing per step.

@@ -39,6 +39,9 @@ struct StepRequest {
   // A verify judged by its rows' greedy ids alone (greedy, no repetition penalty): the runner
   // may return StepOutput::verify_ids instead of the rows' logits.
   bool verify_ids = false;
+  // A speculative draft row (its pages are the draft's, not what the request's decode steps read:
+  // the hierarchy's working-set measurement leaves it out).
+  bool draft = false;
 };
 
 struct StepOutput {
@@ -101,8 +104,9 @@ class StepRunner {
   // With a KV hierarchy (kv/tiered_kv.h; the defaults: none): room for n free pages in the pool
   // by offloading running requests' cold pages (false when they do not add up to n), and how many
   // such pages there are now;
-  // The share of the link between the tiers that the hierarchy's page moves and in-place reads
-  // took over recent steps (an average; 0 without a hierarchy): what IO-aware admission reads.
+  // The share of recent steps that the hierarchy's page moves and in-place reads took, each page
+  // at its measured price (RunnerTiers::io_cost: its bytes over the link, or the host's time a
+  // page where that is more; an average; 0 without a hierarchy): what IO-aware admission reads.
   virtual double kv_io_load() const { return 0.0; }
   // IO-aware admission: what that load would be with one more request of `pages` KV pages running
   // (RunnerTiers::io_load_admitting: the running requests' measured working sets and the new

@@ -105,15 +105,16 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
   w.counter("dhisparse:kv_tier_hits_total", "KV hierarchy: pages a step read that were in the device tier.",
             static_cast<double>(s.tiers.hits));
   w.gauge("dhisparse:kv_io_load",
-          "KV hierarchy: share of the link between the tiers its page moves and in-place reads took over recent steps.",
+          "KV hierarchy: share of recent steps its page moves and in-place reads took, each page at its measured price "
+          "(dhisparse:kv_page_cost_us).",
           s.kv_io_load);
   w.gauge("dhisparse:kv_page_cost_us",
           "KV hierarchy: what one more page moved between the tiers costs a step (us), fitted from the host's time in "
           "the hierarchy against the pages moved, never below its bytes at the link's rate (IO-aware admission's price).",
           s.kv_page_cost_us);
   w.counter("dhisparse:admissions_deferred_io_total",
-            "KV hierarchy: scheduler steps at which an admission waited because the link between the tiers was busy "
-            "(IO-aware admission).",
+            "KV hierarchy: scheduler steps at which an admission waited because the hierarchy's I/O load with the new "
+            "request running would pass --kv-io-admit-max (IO-aware admission).",
             static_cast<double>(s.n_admission_io_waits));
   w.counter("dhisparse:kv_tier_late_total",
             "KV hierarchy (--kv-recall ahead): pages a step read in place from the host tier.",
