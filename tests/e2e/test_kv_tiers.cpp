@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -279,6 +280,44 @@ TEST(KvTiers, SpeculationOverTheHostTierEqualsPlainAllResident) {
 // under a budget that makes its layers recall every step; B arrives once A is decoding. With a
 // link of 1 MB/s (--kv-io-gbps 0.001: any recall fills it) B waits until A finishes; with a link
 // of 10^6 GB/s it is admitted beside A. B's greedy tokens equal its tokens alone either way.
+// Request A, then B, through the engine's scheduler: A submitted, `steps_alone` steps run (A's
+// prefill and first decode steps), `before_b` called, B submitted, then steps until both finished
+// (at most max_steps in all). Steps are counted from 0; what each request saw is returned.
+struct ABRun {
+  std::vector<int32_t> got_b;
+  int a_done_at = -1, b_first_at = -1;
+  bool b_done = false;
+};
+ABRun run_a_then_b(Engine& e, const GenerateOptions& g, const std::vector<int32_t>& prompt_a,
+                   const std::vector<int32_t>& prompt_b, int steps_alone, int max_steps, const std::function<void()>& before_b = {}) {
+  ABRun r;
+  int step = 0;
+  const auto submit = [&](const std::vector<int32_t>& prompt, bool is_b) {
+    RequestParams p;
+    p.prompt = prompt;
+    p.options = g;
+    const SubmitResult sub = e.scheduler().submit(p, [&r, &step, is_b](const RequestEvent& ev) {
+      if (is_b) {
+        if (r.b_first_at < 0 && !ev.tokens.empty()) r.b_first_at = step;
+        r.got_b.insert(r.got_b.end(), ev.tokens.begin(), ev.tokens.end());
+        r.b_done = r.b_done || ev.finished;
+      } else if (ev.finished) {
+        r.a_done_at = step;
+      }
+    });
+    EXPECT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
+    return sub.status == SubmitStatus::Accepted;
+  };
+  if (!submit(prompt_a, false)) return r;
+  for (; step < steps_alone; ++step) e.scheduler().step();
+  EXPECT_LT(r.a_done_at, 0) << "A finished before B came";
+  if (before_b) before_b();
+  if (!submit(prompt_b, true)) return r;
+  for (; (r.a_done_at < 0 || !r.b_done) && step < max_steps; ++step) e.scheduler().step();
+  EXPECT_TRUE(r.b_done && r.a_done_at >= 0) << "A and B did not finish in " << max_steps << " steps";
+  return r;
+}
+
 TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
   GenerateOptions g;
@@ -303,30 +342,9 @@ TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
     o.kv_io_gbps = gbps;
     o.max_context = 2048;
     auto e = Engine::load(o);
-    std::vector<int32_t> got_b;
-    int step = 0, a_done_at = -1, b_first_at = -1;
-    bool b_done = false;
-    const auto submit = [&](const std::vector<int32_t>& prompt, bool is_b) {
-      RequestParams p;
-      p.prompt = prompt;
-      p.options = g;
-      const SubmitResult sub = e->scheduler().submit(p, [&, is_b](const RequestEvent& ev) {
-        if (is_b) {
-          if (b_first_at < 0 && !ev.tokens.empty()) b_first_at = step;
-          got_b.insert(got_b.end(), ev.tokens.begin(), ev.tokens.end());
-          b_done = b_done || ev.finished;
-        } else if (ev.finished) {
-          a_done_at = step;
-        }
-      });
-      ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
-    };
-    submit(long_prompt(*e), false);
-    // A's prefill and first decode steps (the load builds up over them), then B.
-    for (; step < 8; ++step) e->scheduler().step();
-    ASSERT_LT(a_done_at, 0);
-    submit(prompt_b, true);
-    for (; (a_done_at < 0 || !b_done) && step < 2000; ++step) e->scheduler().step();
+    // (A's prefill and first decode steps: the load builds up over them; then B)
+    const ABRun run = run_a_then_b(*e, g, long_prompt(*e), prompt_b, 8, 2000);
+    const auto& [got_b, a_done_at, b_first_at, b_done] = run;
     ASSERT_TRUE(b_done && a_done_at >= 0);
     EXPECT_EQ(got_b, want_b) << "link " << gbps << " GB/s";
     const SchedulerStats st = e->scheduler().stats();
@@ -380,34 +398,12 @@ TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
     o.kv_io_gbps = 0.01;     // 10 MB/s: a page a step costs ~0.4 ms, A's working set pushed out ~100 ms a step
     o.max_context = 2048;
     auto e = Engine::load(o);
-    std::vector<int32_t> got_b;
-    int step = 0, a_done_at = -1, b_first_at = -1;
-    bool b_done = false;
-    const auto submit = [&](const std::vector<int32_t>& prompt, bool is_b) {
-      RequestParams p;
-      p.prompt = prompt;
-      p.options = g;
-      const SubmitResult sub = e->scheduler().submit(p, [&, is_b](const RequestEvent& ev) {
-        if (is_b) {
-          if (b_first_at < 0 && !ev.tokens.empty()) b_first_at = step;
-          got_b.insert(got_b.end(), ev.tokens.begin(), ev.tokens.end());
-          b_done = b_done || ev.finished;
-        } else if (ev.finished) {
-          a_done_at = step;
-        }
-      });
-      ASSERT_EQ(sub.status, SubmitStatus::Accepted) << sub.error;
-    };
-    submit(prompt_a, false);
-    for (; step < 5; ++step) e->scheduler().step();  // A's prefill and first decode steps
-    ASSERT_LT(a_done_at, 0);
-    {
+    const ABRun run = run_a_then_b(*e, g, prompt_a, prompt_b, 5, 500, [&] {
       const TierCounts c = e->tier_counts();
       EXPECT_EQ(c.recalled + c.offloaded + c.late, 0u) << policy << ": A alone should move nothing";
       EXPECT_EQ(e->scheduler().stats().kv_io_load, 0.0) << policy;
-    }
-    submit(prompt_b, true);
-    for (; (a_done_at < 0 || !b_done) && step < 500; ++step) e->scheduler().step();
+    });
+    const auto& [got_b, a_done_at, b_first_at, b_done] = run;
     ASSERT_TRUE(b_done && a_done_at >= 0) << policy;
     EXPECT_EQ(got_b, want_b) << policy;
     const SchedulerStats st = e->scheduler().stats();
