@@ -12,6 +12,8 @@
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   hieroverlap the after-step's recalls while the next step runs against before it (--sync-recalls),
 #          landing, 128k x 3 and x 4 at HBM 32 GiB, with the SDPA anchor: hierarchy.jsonl
+#   hieradopt the landed pages adopted on the device against the binaries before (.devcarry/bin_base.tar.xz),
+#          alternated, landing at 128k x 3 and x 4 (HBM 32 GiB), with the SDPA anchor: hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
 #          per-kernel time, the late part's attention over mapped DRAM among them
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
@@ -205,6 +207,25 @@ for stage in "$@"; do
         run hier_b${b}_land_sync timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land --sync-recalls
       done
       grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_b*.log ;;
+    hieradopt)
+      # The landed pages adopted on the device (the host's adoption in flight, session 31) against the
+      # binaries before it (.devcarry/bin_base.tar.xz, DHS_BASE_COMMIT names them), alternated, landing
+      # with the overlap at batch 3 and 4 (HBM 32 GiB); the SDPA anchor first. Rows to hierarchy.jsonl.
+      [ -f .devcarry/bin_base.tar.xz ] || { echo "hieradopt: no .devcarry/bin_base.tar.xz"; continue; }
+      mkdir -p /tmp/dhs/base && tar -C /tmp/dhs/base -xJf .devcarry/bin_base.tar.xz
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for b in ${DHS_HIER_BATCHES:-3 4}; do
+        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        for which in ${DHS_ADOPT_ORDER:-base new base new}; do
+          if [ $which = base ]; then BIN=/tmp/dhs/base/bin CC=${DHS_BASE_COMMIT:-base}; else BIN=$B CC=$C; fi
+          run hier_b${b}_adopt_$which timeout 240 env LD_LIBRARY_PATH=$BIN "$BIN/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" \
+            --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$CC" --steps ${DHS_HIER_STEPS:-12} --policies $SP \
+            --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
+          grep -hE "^ctx|^  forward|^  tiers|error" "$OUT/hier_b${b}_adopt_$which.log"
+        done
+      done ;;
     hiertimeline)
       # Where the tiered step's forward goes (docs/hierarchy.md: ~34 ms of the batch-4 forward not
       # explained by its hits and its late bytes): Nsight Compute times every node of the captured

@@ -145,7 +145,6 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       LlamaCuda* mp = m.get();
       tiers->kv().set_mover([mp](const PagePool& src, PagePool& dst, std::span<const PageMove> mv) { return mp->move_pages(src, dst, mv); });
       tiers->kv().set_relocate_hook([mp](const PageTable& t, int l, int h, int64_t i) { mp->patch_table(t, l, h, i); });
-      if (opts.land) tiers->kv().set_land_hook([mp](std::span<const PageMove> mv) { mp->follow_landed(mv); });
     }
     // The requests: ctx tokens of random KV each. With the host tier, as many of each request's
     // first pages in HBM as its share of the pool allows (at most half of it: the rest stays
@@ -350,7 +349,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
                 res.fwd_before_ms, res.fwd_gpu_ms, res.recalls_in_flight_ms, opts.overlap_recalls ? "in flight" : "off",
                 res.fwd_after_ms, res.after_host_ms, res.after_wait_ms);
     const TieredKv::AfterStepTimes& k = res.kv_times;
-    std::printf("  tiers' after-step: scan %.2f, adopt %.2f | budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n", k.scan_ms,
+    // (left of "|": after_step_reads, before the next launch; right: after_step_recalls, in flight
+    // with the overlap — the landings' adoption among them since they are adopted on the device)
+    std::printf("  tiers' after-step: scan %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n", k.scan_ms,
                 k.adopt_ms, k.budgets_ms, k.plan_ms, k.victims_ms, k.recall_ms);
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets

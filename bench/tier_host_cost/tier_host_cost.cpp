@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
               sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
               bad.empty() ? "invariants hold" : bad.c_str());
-  std::printf("  after by part: scan %.2f, adopt %.2f | budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
+  std::printf("  after by part: scan %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
               parts.scan_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
               parts.victims_ms / steps, parts.recall_ms / steps);
   if (!out.empty()) {

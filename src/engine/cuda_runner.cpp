@@ -95,7 +95,6 @@ class CudaRunner final : public StepRunner {
         return m->move_pages(src, dst, moves);
       });
       tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
-      if (tiers_->land()) tiers_->kv().set_land_hook([m](std::span<const PageMove> mv) { m->follow_landed(mv); });
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
       recalls_ = std::make_unique<DeferredRecalls>(*tiers_);
     }

@@ -19,7 +19,7 @@ std::vector<TieredKv::LateRead> late_reads_of(const LlamaCuda& m) {
 TierStats reads_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
   std::vector<TieredKv::Landed> landed;
   landed.reserve(m.landings().size());
-  for (const LlamaCuda::Landing& l : m.landings()) landed.push_back({l.seq, PageId{l.layer, l.head, l.page}, l.dev_slot, l.host_slot});
+  for (const LlamaCuda::Landing& l : m.landings()) landed.push_back({l.seq, PageId{l.layer, l.head, l.page}, l.dev_slot, l.host_slot, l.adopted});
   return kv.after_step_reads(m.read_stamps(), m.read_stamp(), seq_tables, now, landed);
 }
 

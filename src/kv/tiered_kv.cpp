@@ -511,11 +511,8 @@ std::vector<int32_t> TieredKv::reserve_landing(int64_t n, int64_t now) {
   return landing_;
 }
 
-void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
-                            bool reads_noted, bool budgets) {
-  // The log checked first (every landing in a slot reserved for this step, once), then each
-  // sequence's landings adopted apart on the thread pool (each its own table, owner and slots), in
-  // log order within it; the hooks after, in sequence order.
+std::vector<std::vector<int32_t>> TieredKv::claim_landed(std::span<const Landed> landed, std::span<PageTable* const> tables) {
+  DHS_CHECK(claimed_.empty(), "tiered KV: a step's landings claimed while the last step's await adoption");
   const size_t n_seq = tables.size();
   std::vector<std::vector<int32_t>> of_seq(n_seq);  // [sequence] its landings' indices
   for (size_t k = 0; k < landed.size(); ++k) {
@@ -525,9 +522,25 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
                   is_landing_[static_cast<size_t>(l.dev_slot)] == 1,
               "tiered KV: a landing in device slot {}, not reserved for this step (or taken twice)", l.dev_slot);
     check_in_table(*tables[static_cast<size_t>(l.seq)], l.page);
-    is_landing_[static_cast<size_t>(l.dev_slot)] = 2;  // used (adopted or not): freed below unless adopted
+    is_landing_[static_cast<size_t>(l.dev_slot)] = 2;
+    claimed_.push_back(l.dev_slot);
     of_seq[static_cast<size_t>(l.seq)].push_back(static_cast<int32_t>(k));
   }
+  for (const int32_t s : landing_)
+    if (is_landing_[static_cast<size_t>(s)] == 1) {
+      is_landing_[static_cast<size_t>(s)] = 0;
+      dev_.free(PageRef{Tier::Device, s});
+    }
+  landing_.clear();
+  return of_seq;
+}
+
+void TieredKv::adopt_claimed(std::span<const Landed> landed, const std::vector<std::vector<int32_t>>& of_seq,
+                             std::span<PageTable* const> tables, int64_t now, TierStats& st, bool reads_noted) {
+  // Each sequence's landings apart on the thread pool (each its own table, owner and slots), in
+  // log order within it; the hooks after, in sequence order.
+  const size_t n_seq = tables.size();
+  DHS_CHECK(of_seq.size() == n_seq, "tiered KV: landings of {} sequences for {} tables", of_seq.size(), n_seq);
   std::vector<std::vector<PageMove>> adopted_of(n_seq);
   std::vector<std::string> failed(n_seq);
   ThreadPool::global().parallel_for(static_cast<int64_t>(n_seq), [&](int64_t b, int64_t e, int) {
@@ -538,6 +551,7 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
         Owner& o = owner_of(t);
         for (const int32_t k : of_seq[i]) {
           const Landed& l = landed[static_cast<size_t>(k)];
+          if (!l.adopted) continue;  // (another landing of the page took it)
           const PageRef p = t.page(l.page.layer, l.page.head, l.page.idx);
           if (p.tier != Tier::Host || p.slot != l.host_slot) continue;  // (a second landing of one page)
           const PageRef d{Tier::Device, l.dev_slot};
@@ -568,19 +582,17 @@ void TieredKv::adopt_landed(std::span<const Landed> landed, std::span<PageTable*
   }
   if (on_move_)
     for (const PageMove& m : adopted) on_move_(m.src, m.dst);
-  if (on_land_ && !adopted.empty()) on_land_(adopted);
-  for (const int32_t s : landing_) {
-    const bool kept = is_landing_[static_cast<size_t>(s)] == 2 && lru_.resident(s);
+  for (const int32_t s : claimed_) {
+    const bool kept = lru_.resident(s);
     is_landing_[static_cast<size_t>(s)] = 0;
     if (!kept) dev_.free(PageRef{Tier::Device, s});
   }
-  landing_.clear();
+  claimed_.clear();
   TierStats ad;
   ad.recalled = static_cast<int64_t>(adopted.size());
   ad.late = reads_noted ? 0 : ad.recalled;
   totals_ += ad;
   st += ad;
-  if (budgets) enforce_budgets(tables, now, st);
 }
 
 void TieredKv::enforce_budgets(std::span<PageTable* const> tables, int64_t now, TierStats& st) {
@@ -682,12 +694,13 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
     p.keep[i] = keep;
   }
   times_.scan_ms = lap(t);
-  // (the landed slots were stamped by the split but are not resident yet: the scan skipped them)
+  // (the landed slots were stamped by the split but are not resident yet: the scan skipped them;
+  // they are adopted by after_step_recalls)
   if (!landing_.empty() || !landed.empty()) {
-    adopt_landed(landed, tables, now, st, /*reads_noted=*/false, /*budgets=*/false);
+    p.landed_of = claim_landed(landed, tables);
+    p.landed.assign(landed.begin(), landed.end());
     p.budgets_due = true;
   }
-  times_.adopt_ms = lap(t);
   pending_ = std::move(p);
   return st;
 }
@@ -697,6 +710,13 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
   const PendingRecalls p = std::move(*pending_);
   pending_.reset();
   const std::span<PageTable* const> tables(p.tables);
+  Clock::time_point t = Clock::now();
+  TierStats st;
+  // The landings first, not marked as changed in flight: the running step's table named each
+  // adopted page's landing slot already (the device adopted it), so its reads there are reads of
+  // that page.
+  if (p.budgets_due) adopt_claimed(p.landed, p.landed_of, tables, now, st, /*reads_noted=*/false);
+  times_.adopt_ms = lap(t);
   if (in_flight) {
     if (changed_in_flight_.empty()) changed_in_flight_.assign(static_cast<size_t>(lru_.n_slots()), 0);
     changed_any_ = in_flight_ = true;
@@ -705,8 +725,6 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
     bool& f;
     ~Reset() { f = false; }
   } reset{in_flight_};
-  Clock::time_point t = Clock::now();
-  TierStats st;
   if (p.budgets_due) enforce_budgets(tables, now, st);
   times_.budgets_ms = lap(t);
   std::vector<std::vector<PageId>> late_of(tables.size());
@@ -1086,12 +1104,14 @@ std::string TieredKv::check_invariants() const {
       return "table " + std::to_string(id) + " holds " + std::to_string(resident_full) + " full device pages, budget " +
              std::to_string(o.budget) + ", with unpinned ones it could offload";
   }
-  n_dev += static_cast<int64_t>(landing_.size());  // (reserved for landings: used, named by no table)
+  // (reserved for landings, or claimed by the last step's and not adopted yet: used, named by no table)
+  const int64_t set_aside = static_cast<int64_t>(landing_.size() + claimed_.size());
+  n_dev += set_aside;
   if (n_dev != dev_.n_used()) return std::to_string(dev_.n_used()) + " device slots used, tables name " + std::to_string(n_dev);
   if (n_host != host_.n_used()) return std::to_string(host_.n_used()) + " host slots used, tables and copies name " + std::to_string(n_host);
   int64_t tracked = 0;
   for (int32_t s = 0; s < lru_.n_slots(); ++s) tracked += lru_.resident(s);
-  if (tracked + static_cast<int64_t>(landing_.size()) != n_dev) return "the LRU tracks " + std::to_string(tracked) + " slots, tables name " + std::to_string(n_dev);
+  if (tracked + set_aside != n_dev) return "the LRU tracks " + std::to_string(tracked) + " slots, tables name " + std::to_string(n_dev);
   return "";
 }
 

@@ -114,27 +114,36 @@ class TieredKv {
     int seq;
     PageId page;
   };
-  // A landing as the step logged it: sequence, page, the slot it landed in, its host slot.
+  // A landing as the step logged it: sequence, page, the slot it landed in, its host slot; and
+  // whether it took the page (kv/tier_land.h LandEntry::adopted: of a page landed twice, the one
+  // whose slot the device's table now names; always true where the step wrote no table).
   struct Landed {
     int seq;
     PageId page;
     int32_t dev_slot;
     int32_t host_slot;
+    bool adopted = true;
   };
   // landed: the step's landings (reserve_landing), adopted after the hits are counted — each page
-  // that still lives in the host slot it landed from becomes resident in its landing slot, its
-  // host slot kept as its clean copy, touched now and counted as a late read and a recall of its
-  // request; a page that landed twice keeps its first landing — then every reserved slot left is
+  // whose landing took it (Landed::adopted) and that still lives in the host slot it landed from
+  // becomes resident in its landing slot, its host slot kept as its clean copy, touched now and
+  // counted as a late read and a recall of its request; a page that landed twice keeps the landing
+  // that took it (the first, where the step wrote no table) — then every reserved slot left is
   // freed, and requests past their budgets offload down to them.
   TierStats after_decode_step(std::span<const int32_t> stamps, int32_t stamp, std::span<const LateRead> late,
                               std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed = {});
 
   // after_decode_step in two halves, so that a runner can run the second while the next step's
   // GPU work runs (docs/hierarchy.md "After-step overlap"): after_step_reads, once the step is
-  // done — the hits touched and counted, the landings adopted (before the next step reserves
-  // slots and is launched: its tables then name them) and what the recalls need of the step's
-  // record kept; after_step_recalls — the late reads noted, budgets enforced, the late pages
-  // recalled ahead — at any time before the next after_step_reads, the tables of the step alive.
+  // done — the hits touched and counted, the landings' slots claimed (each slot a landing used
+  // stays set aside, the rest of the stack is freed) and what the recalls need of the step's
+  // record kept; after_step_recalls — the landings adopted, the late reads noted, budgets
+  // enforced, the late pages recalled ahead — at any time before the next after_step_reads, the
+  // tables of the step alive. Until then the host's tables still name a landed page's host slot:
+  // the step adopted it on the device (kv/tier_land.h LandAdopt), whose table the next step's
+  // lists come from, so the next step may run before the host catches up (docs/hierarchy.md
+  // "Landed pages adopted in the step"); a reservation for the next step (reserve_landing) in
+  // between leaves the claimed slots alone.
   // Back to back they are after_decode_step. in_flight: the next step is running; its lists were
   // taken before these moves, so each device slot whose page changes here is left out of the next
   // after_step_reads' hits (that step read the page the slot held before, or nothing).
@@ -152,16 +161,16 @@ class TieredKv {
   // the step takes them.
   std::vector<int32_t> reserve_landing(int64_t n, int64_t now);
   int64_t landing_reserved() const { return static_cast<int64_t>(landing_.size()); }
-  // Called with the adopted landings (host slot -> device slot) after their tables name the device
-  // slots: what follows a page besides its K and V, which the step already copied (the GPU's key
-  // sketch and summary rows, kept by key), moves there. The move hook runs for each as well.
-  void set_land_hook(std::function<void(std::span<const PageMove>)> hook) { on_land_ = std::move(hook); }
+  // Slots the last step's landings used, awaiting adoption (after_step_reads -> after_step_recalls).
+  int64_t landing_claimed() const { return static_cast<int64_t>(claimed_.size()); }
   // The adoption alone, for a schedule that noted the step's reads itself (the CPU backend's:
   // note_reads counted the landed pages as late reads already, so they are counted as recalls
   // only): as after_decode_step's, then every reserved slot left is freed and budgets enforced.
   TierStats adopt_landings(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now) {
     TierStats st;
-    adopt_landed(landed, tables, now, st, /*reads_noted=*/true);
+    const std::vector<std::vector<int32_t>> of_seq = claim_landed(landed, tables);
+    adopt_claimed(landed, of_seq, tables, now, st, /*reads_noted=*/true);
+    enforce_budgets(tables, now, st);
     return st;
   }
 
@@ -238,7 +247,7 @@ class TieredKv {
   void set_batch_recalls(bool on) { batch_recalls_ = on; }
   int64_t batched_steps() const { return batched_steps_; }
   // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
-  // scan, the landings' adoption; budgets enforced, the recalls' plan, their victims, the recalls.
+  // scan; the landings' adoption, budgets enforced, the recalls' plan, their victims, the recalls.
   struct AfterStepTimes {
     double scan_ms = 0, adopt_ms = 0, budgets_ms = 0, plan_ms = 0, victims_ms = 0, recall_ms = 0;
   };
@@ -345,12 +354,16 @@ class TieredKv {
   std::unordered_map<uint64_t, Owner> owners_;  // by PageTable::id()
   std::vector<Owner*> by_id_;                    // [next_owner_] by Owner::id (null: released)
   std::vector<int32_t> landing_;                 // device slots reserved for the next step's landings
-  std::vector<uint8_t> is_landing_;              // [device slots] 1 while reserved
-  std::function<void(std::span<const PageMove>)> on_land_;
-  // after_decode_step's adoption of the landings; fills st. enforce_budgets: then requests past
-  // their budgets offload down to them (after_step_reads leaves that to after_step_recalls).
-  void adopt_landed(std::span<const Landed> landed, std::span<PageTable* const> tables, int64_t now, TierStats& st,
-                    bool reads_noted = false, bool budgets = true);
+  std::vector<int32_t> claimed_;                 // the last step's landing slots, until adopted
+  std::vector<uint8_t> is_landing_;              // [device slots] 1 while reserved, 2 while claimed
+  // The adoption of a step's landings in two parts. claim_landed: the log checked (every landing
+  // in a slot reserved for the step, once; its sequence and page in range), the used slots claimed
+  // (claimed_), the rest of the reservation freed; returns each sequence's landings (indices into
+  // landed, in log order). adopt_claimed: each sequence's taken landings adopted apart on the
+  // thread pool, the hooks, the claimed slots no page took freed; fills st.
+  std::vector<std::vector<int32_t>> claim_landed(std::span<const Landed> landed, std::span<PageTable* const> tables);
+  void adopt_claimed(std::span<const Landed> landed, const std::vector<std::vector<int32_t>>& of_seq,
+                     std::span<PageTable* const> tables, int64_t now, TierStats& st, bool reads_noted);
   // Requests past their budgets offload down to them (the landed pages were touched now, so older
   // pages go first).
   void enforce_budgets(std::span<PageTable* const> tables, int64_t now, TierStats& st);
@@ -358,7 +371,10 @@ class TieredKv {
   struct PendingRecalls {
     std::vector<PageTable*> tables;
     std::vector<int64_t> keep;  // [tables] resident pages each read that may move
-    bool budgets_due = false;   // landings were adopted: budgets are enforced first
+    // The step's landings, claimed (claim_landed), adopted first by after_step_recalls.
+    std::vector<Landed> landed;
+    std::vector<std::vector<int32_t>> landed_of;
+    bool budgets_due = false;  // landings to adopt: budgets are enforced after them
   };
   std::optional<PendingRecalls> pending_;
   // A device slot whose page changed (inserted or erased): marked while after_step_recalls runs

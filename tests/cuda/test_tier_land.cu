@@ -9,7 +9,9 @@
 //  - a short stack (and none): exactly its size lands, the counter still counts every late entry,
 //    the rest keep their host keys;
 //  - two layers on one counter: the second layer's claims follow the first's;
-//  - keys past the host tier: skipped and counted, nothing written.
+//  - keys past the host tier: skipped and counted, nothing written;
+//  - adoption where the page lands (a page table and key rows): the entries and rows the CPU
+//    statement writes, except which landing of a page listed twice takes it (the first to swap).
 // Page shapes 16 x 128 and 16 x 64 (the engine's), and 3 x 40 (15 words a page: a lane's last
 // words partly past the page).
 #include <cuda_fp16.h>
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -141,7 +144,7 @@ Landed land_on_device(const PageLists& in, Pools& P, const std::vector<int32_t>&
     const int32_t init[2] = {n0, 0};
     DHS_CUDA_CHECK(cudaMemcpy(counter_d, init, 8, cudaMemcpyHostToDevice));
   }
-  if (own_log) DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(std::max(1, 5 * cap)) * 4));
+  if (own_log) DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(std::max(1, 6 * cap)) * 4));
   const dc::LandLateParams p = params(P, indptr_d, slots_d, slots_d /* (in place) */, pos_d, in.n_requests * in.n_heads_kv,
                                      stack_d, cap, counter_d, log_d, layer);
   dc::land_late_pages(p, nullptr);
@@ -152,10 +155,10 @@ Landed land_on_device(const PageLists& in, Pools& P, const std::vector<int32_t>&
   r.claims = c[0];
   r.bad = c[1];
   const int logged = std::min(r.claims, cap);
-  const auto lg = to_host(log_d, static_cast<size_t>(5 * std::max(logged, 0)));
+  const auto lg = to_host(log_d, static_cast<size_t>(6 * std::max(logged, 0)));
   for (int i = n0; i < logged; ++i) {
-    r.log.push_back({lg[5 * i], lg[5 * i + 2], lg[5 * i + 3], lg[5 * i + 4]});
-    r.log_layer.push_back(lg[5 * i + 1]);
+    r.log.push_back({lg[6 * i], lg[6 * i + 2], lg[6 * i + 3], lg[6 * i + 4], lg[6 * i + 5] != 0});
+    r.log_layer.push_back(lg[6 * i + 1]);
   }
   for (void* q : {static_cast<void*>(indptr_d), static_cast<void*>(slots_d), static_cast<void*>(pos_d), static_cast<void*>(stack_d)})
     cudaFree(q);
@@ -282,7 +285,7 @@ TEST(TierLand, TwoLayersShareTheCounter) {
   int32_t *counter_d = nullptr, *log_d = nullptr;
   DHS_CUDA_CHECK(cudaMalloc(&counter_d, 8));
   DHS_CUDA_CHECK(cudaMemset(counter_d, 0, 8));
-  DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(5 * stack.size() + 5) * 4));
+  DHS_CUDA_CHECK(cudaMalloc(&log_d, static_cast<size_t>(6 * stack.size() + 6) * 4));
   const Landed ga = land_on_device(a, P, stack, 0, 0, counter_d, log_d);
   const Landed gb = land_on_device(b, P, stack, 1, static_cast<int32_t>(la), counter_d, log_d);
   EXPECT_EQ(ga.claims, la);
@@ -315,7 +318,7 @@ TEST(TierLand, TheAvailableCountBoundsTheClaimsAndTheInputStays) {
   int32_t* pos_d = to_device(in.page_pos);
   int32_t* stack_d = to_device(stack);
   int32_t* counter_d = to_device(std::vector<int32_t>{0, 0, 7});  // claims, bad, available
-  int32_t* log_d = to_device(std::vector<int32_t>(5 * stack.size(), 0));
+  int32_t* log_d = to_device(std::vector<int32_t>(6 * stack.size(), 0));
   dc::LandLateParams p = params(P, indptr_d, slots_d, out_d, pos_d, 20, stack_d, static_cast<int>(stack.size()), counter_d,
                                 log_d, 0);
   p.land_avail = counter_d + 2;
@@ -354,6 +357,152 @@ TEST(TierLand, KeysPastTheHostTierAreSkippedAndCounted) {
   EXPECT_EQ(g.slots[1], in.slots[1]);
   EXPECT_EQ(g.slots[3], in.slots[3]);
   EXPECT_LT(g.slots[2], kDev);
+}
+
+// Adoption where the page lands: a page table ([40 request slots, 2 layers x 4 KV heads, 64 pages])
+// and two arrays of key rows (16 and 48 bytes); layer 1's lists over 30 requests name random pages
+// of their table, some of them twice (the same row and page: one landing may take the entry), some
+// with a key their entry no longer holds (no landing takes it). Against the CPU statement: the
+// same landings, the same pages taken (per row and page, as many taken: 0 or 1), every table entry
+// and row as the device's own taken landings say (the entry names the slot, the slot's rows are
+// the host key's), nothing else written.
+TEST(TierLand, AdoptionWritesTheTableAndTheRowsAsTheCpuStatement) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(47);
+  Pools P(16, 128, rng);
+  constexpr int kSlots = 40, kReqs = 30, kHkv = 4, kLists = 2 * kHkv, kPages = 64, kLayer = 1;
+  std::vector<int32_t> req_slot(kSlots);
+  for (int i = 0; i < kSlots; ++i) req_slot[static_cast<size_t>(i)] = i;
+  std::shuffle(req_slot.begin(), req_slot.end(), rng);
+  req_slot.resize(kReqs);
+  const auto at = [](int slot, int list, int page) { return static_cast<size_t>((int64_t{slot} * kLists + list) * kPages + page); };
+  std::vector<int32_t> table(static_cast<size_t>(kSlots) * kLists * kPages);
+  for (int32_t& e : table)
+    e = rng() % 2 ? static_cast<int32_t>(rng() % 1000) : static_cast<int32_t>(kDev + rng() % kHost);
+  PageLists in;
+  in.n_requests = kReqs;
+  in.n_heads_kv = kHkv;
+  in.seq_len.assign(kReqs, 1);
+  in.indptr = {0};
+  int twice = 0, stale = 0;
+  for (int r = 0; r < kReqs; ++r)
+    for (int h = 0; h < kHkv; ++h) {
+      std::vector<int32_t> again;  // pages listed a second time at the row's end
+      for (int i = 0; i < kPages; ++i) {
+        if (rng() % 10 >= 3) continue;
+        int32_t key = table[at(req_slot[static_cast<size_t>(r)], kLayer * kHkv + h, i)];
+        if (key >= kDev && rng() % 20 == 0) {
+          key = static_cast<int32_t>(kDev + (key - kDev + 1) % kHost);  // (the entry moved on)
+          ++stale;
+        } else if (key >= kDev && rng() % 8 == 0) {
+          again.push_back(i);
+          ++twice;
+        }
+        in.slots.push_back(key);
+        in.page_pos.push_back(i);
+      }
+      for (const int32_t i : again) {
+        in.slots.push_back(table[at(req_slot[static_cast<size_t>(r)], kLayer * kHkv + h, i)]);
+        in.page_pos.push_back(i);
+      }
+      in.indptr.push_back(static_cast<int32_t>(in.slots.size()));
+    }
+  ASSERT_GT(twice, 10);
+  ASSERT_GT(stale, 3);
+  const int64_t late = late_entries(in);
+  const std::vector<int32_t> stack = free_stack(late, rng);
+  // Rows by key (device slots, then host keys), random bytes.
+  const std::vector<int64_t> row_bytes = {16, 48};
+  std::vector<std::vector<uint8_t>> rows(2);
+  for (size_t a = 0; a < 2; ++a) {
+    rows[a].resize(static_cast<size_t>((kDev + kHost) * row_bytes[a]));
+    for (uint8_t& b : rows[a]) b = static_cast<uint8_t>(rng());
+  }
+  // The CPU statement.
+  PageLists cpu = in;
+  std::vector<int32_t> cpu_table = table;
+  std::vector<std::vector<uint8_t>> cpu_rows = rows;
+  dhs::LandAdopt adopt;
+  adopt.table = cpu_table;
+  adopt.req_slot = req_slot;
+  adopt.n_lists = kLists;
+  adopt.max_pages = kPages;
+  adopt.n_heads_kv = kHkv;
+  adopt.layer = kLayer;
+  for (size_t a = 0; a < 2; ++a) adopt.rows.push_back({cpu_rows[a].data(), row_bytes[a]});
+  std::vector<LandEntry> cpu_log;
+  ASSERT_EQ(dhs::land_late_pages(cpu, kDev, stack, nullptr, nullptr, &cpu_log, &adopt), late);
+  // The device.
+  int32_t* indptr_d = to_device(in.indptr);
+  int32_t* slots_d = to_device(in.slots);
+  int32_t* pos_d = to_device(in.page_pos);
+  int32_t* stack_d = to_device(stack);
+  int32_t* counter_d = to_device(std::vector<int32_t>{0, 0});
+  int32_t* log_d = to_device(std::vector<int32_t>(6 * stack.size() + 6, 0));
+  int32_t* table_d = to_device(table);
+  int32_t* req_slot_d = to_device(req_slot);
+  std::vector<uint8_t*> rows_d(2);
+  for (size_t a = 0; a < 2; ++a) {
+    DHS_CUDA_CHECK(cudaMalloc(&rows_d[a], rows[a].size()));
+    DHS_CUDA_CHECK(cudaMemcpy(rows_d[a], rows[a].data(), rows[a].size(), cudaMemcpyHostToDevice));
+  }
+  dc::LandLateParams p = params(P, indptr_d, slots_d, slots_d, pos_d, kReqs * kHkv, stack_d, static_cast<int>(stack.size()),
+                                counter_d, log_d, kLayer);
+  p.table = table_d;
+  p.req_slot = req_slot_d;
+  p.n_lists = kLists;
+  p.max_pages = kPages;
+  p.n_heads_kv = kHkv;
+  for (size_t a = 0; a < 2; ++a) p.follow[p.n_follow++] = {rows_d[a], row_bytes[a]};
+  dc::land_late_pages(p, nullptr);
+  DHS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto lg = to_host(log_d, static_cast<size_t>(6 * late));
+  std::vector<LandEntry> log;
+  for (int64_t i = 0; i < late; ++i) log.push_back({lg[6 * i], lg[6 * i + 2], lg[6 * i + 3], lg[6 * i + 4], lg[6 * i + 5] != 0});
+  EXPECT_EQ(to_host(counter_d, 2)[1], 0);
+  // The same landings, and per (row, page) as many taken.
+  std::map<std::pair<int32_t, int32_t>, std::pair<int, int>> taken;  // -> (CPU's, device's)
+  std::vector<std::tuple<int32_t, int32_t, int32_t>> a_keys, b_keys;
+  for (const LandEntry& e : cpu_log) {
+    b_keys.push_back(key_of(e));
+    taken[{e.row, e.page_pos}].first += e.adopted;
+  }
+  for (const LandEntry& e : log) {
+    a_keys.push_back(key_of(e));
+    taken[{e.row, e.page_pos}].second += e.adopted;
+  }
+  std::sort(a_keys.begin(), a_keys.end());
+  std::sort(b_keys.begin(), b_keys.end());
+  ASSERT_EQ(a_keys, b_keys);
+  int64_t n_taken = 0;
+  for (const auto& [page, n] : taken) {
+    EXPECT_EQ(n.first, n.second) << "row " << page.first << " page " << page.second;
+    EXPECT_LE(n.second, 1);
+    n_taken += n.second;
+  }
+  EXPECT_LT(n_taken, late) << "some landings should not take their page";
+  // The table and rows as the device's taken landings say; the CPU's wrote the same entries.
+  std::vector<int32_t> want_table = table;
+  std::vector<std::vector<uint8_t>> want_rows = rows;
+  for (const LandEntry& e : log) {
+    if (!e.adopted) continue;
+    want_table[at(req_slot[static_cast<size_t>(e.row / kHkv)], kLayer * kHkv + e.row % kHkv, e.page_pos)] = e.dev_slot;
+    for (size_t a = 0; a < 2; ++a)
+      std::memcpy(want_rows[a].data() + e.dev_slot * row_bytes[a], rows[a].data() + (kDev + e.host_slot) * row_bytes[a],
+                  static_cast<size_t>(row_bytes[a]));
+  }
+  EXPECT_EQ(to_host(table_d, table.size()), want_table);
+  for (size_t k = 0; k < table.size(); ++k) EXPECT_EQ(cpu_table[k] != table[k], want_table[k] != table[k]) << "entry " << k;
+  for (size_t a = 0; a < 2; ++a) {
+    std::vector<uint8_t> got(rows[a].size());
+    DHS_CUDA_CHECK(cudaMemcpy(got.data(), rows_d[a], got.size(), cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(got == want_rows[a]) << "row array " << a;
+    cudaFree(rows_d[a]);
+  }
+  // Bytes: every landing's slot holds its host page.
+  for (const LandEntry& e : log)
+    for (bool v : {false, true}) ASSERT_TRUE(host_page_equals(P.host, v, e.host_slot, dev_page(P.dev, v, e.dev_slot)));
+  for (int32_t* q : {indptr_d, slots_d, pos_d, stack_d, counter_d, log_d, table_d, req_slot_d}) cudaFree(q);
 }
 
 }  // namespace

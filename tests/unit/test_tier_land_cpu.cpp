@@ -1,7 +1,9 @@
 // Landing's CPU statement (kv/tier_land.h): which entries land, in what order, with which bytes.
 // The expected values come from the definition written out here by hand on small lists, not from
 // the function: list order, the i-th landing into the i-th stack slot, resident keys untouched,
-// a short stack leaving the rest late, a page named twice landing twice, bad input refused.
+// a short stack leaving the rest late, a page named twice landing twice, bad input refused; and the
+// adoption where a page lands (LandAdopt): the table entry swapped from the host key to the slot
+// only where it still holds the key, the key rows copied for that landing alone.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -74,6 +76,66 @@ TEST(TierLand, AShortStackLeavesTheRestLate) {
   PageLists M = two_rows();
   EXPECT_EQ(dhs::land_late_pages(M, kDev, {}, nullptr, nullptr, nullptr), 0);
   EXPECT_EQ(M.slots, two_rows().slots);
+}
+
+// Layer 1 of a table of 2 request slots x 2 KV heads x 2 layers x 8 pages: request 0 sits in
+// table slot 1, request 1 in slot 0. Lists (KV heads 0 and 1 of each request):
+//   row 0 (req 0, head 0): host 5 @ page 3, host 5 @ page 3 again, dev 1 @ page 4
+//   row 1 (req 0, head 1): host 6 @ page 2 (its entry already names slot 9: not adopted)
+//   row 2 (req 1, head 0): host 7 @ page 0
+//   row 3 (req 1, head 1): nothing
+TEST(TierLand, AdoptsWhereItLandsTheFirstLandingOfAPageOnly) {
+  constexpr int kLists = 4, kPages = 8;
+  PageLists L;
+  L.n_requests = 2;
+  L.n_heads_kv = 2;
+  L.seq_len = {1, 1};
+  L.indptr = {0, 3, 4, 5, 5};
+  L.slots = {kDev + 5, kDev + 5, 1, kDev + 6, kDev + 7};
+  L.page_pos = {3, 3, 4, 2, 0};
+  const auto at = [](int slot, int layer, int head, int page) { return static_cast<size_t>((slot * kLists + layer * 2 + head) * kPages + page); };
+  std::vector<int32_t> table(2 * kLists * kPages, -1);
+  table[at(1, 1, 0, 3)] = kDev + 5;
+  table[at(1, 1, 0, 4)] = 1;
+  table[at(1, 1, 1, 2)] = 9;  // (moved since the lists were built)
+  table[at(0, 1, 0, 0)] = kDev + 7;
+  const std::vector<int32_t> before = table;
+  // Rows of 3 bytes under each key (device slots 0-9, host keys 10-17): byte b of key k = 10 k + b.
+  std::vector<uint8_t> rows(18 * 3);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<uint8_t>(10 * (i / 3) + i % 3);
+  const std::vector<uint8_t> rows_before = rows;
+  const std::vector<int32_t> req_slot = {1, 0};
+  dhs::LandAdopt adopt;
+  adopt.table = table;
+  adopt.req_slot = req_slot;
+  adopt.n_lists = kLists;
+  adopt.max_pages = kPages;
+  adopt.n_heads_kv = 2;
+  adopt.layer = 1;
+  adopt.rows = {{rows.data(), 3}};
+  std::vector<LandEntry> log;
+  const std::vector<int32_t> stack = {8, 6, 2, 3};
+  EXPECT_EQ(dhs::land_late_pages(L, kDev, stack, nullptr, nullptr, &log, &adopt), 4);
+  EXPECT_EQ(L.slots, (std::vector<int32_t>{8, 6, 1, 2, 3}));
+  EXPECT_EQ(log, (std::vector<LandEntry>{{0, 3, 8, 5, true}, {0, 3, 6, 5, false}, {1, 2, 2, 6, false}, {2, 0, 3, 7, true}}));
+  std::vector<int32_t> want = before;
+  want[at(1, 1, 0, 3)] = 8;
+  want[at(0, 1, 0, 0)] = 3;
+  EXPECT_EQ(table, want);
+  // Rows: key 8 took host 5's (key 15), key 3 host 7's (key 17); 6 and 2 (not adopted) kept theirs.
+  std::vector<uint8_t> want_rows = rows_before;
+  for (int b = 0; b < 3; ++b) {
+    want_rows[8 * 3 + b] = static_cast<uint8_t>(150 + b);
+    want_rows[3 * 3 + b] = static_cast<uint8_t>(170 + b);
+  }
+  EXPECT_EQ(rows, want_rows);
+  // A request slot or page past the table is refused.
+  PageLists M = L;
+  M.slots = {kDev + 5, kDev + 5, 1, kDev + 6, kDev + 7};
+  M.page_pos[4] = kPages;
+  EXPECT_THROW(dhs::land_late_pages(M, kDev, stack, nullptr, nullptr, nullptr, &adopt), dhs::Error);
+  adopt.layer = 2;  // (layer 2's lists are past the table's 4)
+  EXPECT_THROW(dhs::land_late_pages(L, kDev, stack, nullptr, nullptr, nullptr, &adopt), dhs::Error);
 }
 
 TEST(TierLand, BadInputIsRefused) {

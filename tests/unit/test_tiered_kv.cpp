@@ -698,6 +698,186 @@ TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
         << "page " << i << ": batched budget evictions differ from one request at a time";
 }
 
+// Landed pages adopted on the device first and by the host after the next step (docs/hierarchy.md
+// "Landed pages adopted in the step"), as the CUDA runner runs them: a mirror of the tables (the
+// device page table: keys, rewritten by the relocate hook's patches, which are applied before each
+// step) is what each step's lists come from; the landing rewrites the mirror's entry and moves the
+// page's key rows itself (land_late_pages with LandAdopt); after_step_reads claims the slots, and
+// after_step_recalls adopts them while the next step "runs" — after that step's lists were taken
+// and its reads made, as its copies queue behind the step on the device. Checked every step: every
+// page a step lists has its own key row under the mirror's key and is read with its own bytes where
+// the landing leaves its key
+// (pages landed the step before included, read from their slots before the host adopted them), the
+// accounting after each half, and whenever nothing is pending the mirror equals the tables.
+TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
+  constexpr int64_t kDev = 70, kHost = 400, kMaxPages = 40;
+  constexpr int kLists = kLayers * kHeads;
+  Scenario s(kDev, kHost, LruParams{kLayers, 4, true});
+  constexpr int kReqs = 3;
+  for (int r = 0; r < kReqs; ++r) {
+    s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+    s.kv_.add(*s.reqs_.back().t, 0, /*budget=*/8 + 3 * r);
+    ASSERT_TRUE(s.append(s.reqs_.back(), 30 + 6 * r));
+  }
+  std::vector<PageTable*> tables;
+  for (Req& r : s.reqs_) tables.push_back(r.t.get());
+  const auto req_of = [&](const PageTable& t) {
+    for (int r = 0; r < kReqs; ++r)
+      if (tables[static_cast<size_t>(r)] == &t) return r;
+    ADD_FAILURE() << "a table the scenario does not hold";
+    return 0;
+  };
+  const auto offset = [](int r, int l, int h, int64_t i) { return ((int64_t{r} * kLists + l * kHeads + h) * kMaxPages) + i; };
+  // The mirror and its staged patches (offset, key at the hook's call), applied in order.
+  std::vector<int32_t> mirror(static_cast<size_t>(kReqs * kLists * kMaxPages), -1);
+  std::vector<std::pair<int64_t, int32_t>> patches;
+  s.kv_.set_relocate_hook([&](const PageTable& t, int l, int h, int64_t i) {
+    patches.emplace_back(offset(req_of(t), l, h, i), dhs::tier_key(t.page(l, h, i), kDev));
+  });
+  const auto flush_patches = [&] {
+    for (const auto& [off, key] : patches) mirror[static_cast<size_t>(off)] = key;
+    patches.clear();
+  };
+  // Key rows (the sketch's, on the GPU): 4 ints naming the page, kept by key and moved with it.
+  constexpr int64_t kRowBytes = 16;
+  std::vector<uint8_t> rows(static_cast<size_t>((kDev + kHost) * kRowBytes), 0);
+  const auto row_at = [&](int32_t key) { return reinterpret_cast<int32_t*>(rows.data() + int64_t{key} * kRowBytes); };
+  s.kv_.set_move_hook([&](PageRef from, PageRef to) {
+    std::copy_n(row_at(dhs::tier_key(from, kDev)), 4, row_at(dhs::tier_key(to, kDev)));
+  });
+  std::vector<int64_t> synced(kReqs, 0);
+  const auto sync_new_pages = [&] {  // (DevicePageTable::sync: the pages past those copied)
+    for (int r = 0; r < kReqs; ++r) {
+      const PageTable& t = *tables[static_cast<size_t>(r)];
+      ASSERT_LE(t.n_pages_per_list(), kMaxPages);
+      for (int64_t i = synced[static_cast<size_t>(r)]; i < t.n_pages_per_list(); ++i)
+        for (int l = 0; l < kLayers; ++l)
+          for (int h = 0; h < kHeads; ++h) {
+            const int32_t key = dhs::tier_key(t.page(l, h, i), kDev);
+            mirror[static_cast<size_t>(offset(r, l, h, i))] = key;
+            const int32_t id[4] = {r, l, h, static_cast<int32_t>(i)};
+            std::copy_n(id, 4, row_at(key));
+          }
+      synced[static_cast<size_t>(r)] = t.n_pages_per_list();
+    }
+  };
+  const auto mirror_equals_tables = [&](int step) {
+    for (int r = 0; r < kReqs; ++r) {
+      const PageTable& t = *tables[static_cast<size_t>(r)];
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
+            ASSERT_EQ(mirror[static_cast<size_t>(offset(r, l, h, i))], dhs::tier_key(t.page(l, h, i), kDev))
+                << "request " << r << " page (" << l << ", " << h << ", " << i << ") at step " << step;
+    }
+  };
+  sync_new_pages();
+  std::mt19937 rng(43);
+  std::vector<int32_t> stamps(kDev, 0);
+  std::optional<std::pair<std::vector<TieredKv::LateRead>, int64_t>> kept;  // the last step's late reads, its clock
+  int64_t adopted_total = 0, lost = 0, ahead_of_host = 0;
+  for (int step = 1; step <= 60; ++step) {
+    const int64_t start = int64_t{step} * kLayers, now = start + kLayers - 1;
+    s.now_ = now;
+    const int64_t want = step % 7 == 0 ? 0 : static_cast<int64_t>(rng() % 14);
+    const std::vector<int32_t> stack = s.kv_.reserve_landing(want, start);
+    ASSERT_EQ(s.kv_.check_invariants(), "") << "after the reservation, step " << step;
+    flush_patches();  // (the launch's upload)
+    // The step, from the mirror: per layer, each (request, head) lists random pages and the page it
+    // appends into; request 1 lists one of its host pages twice.
+    std::vector<TieredKv::Landed> landed;
+    std::vector<TieredKv::LateRead> late;
+    size_t used = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      PageLists L;
+      L.n_requests = kReqs;
+      L.n_heads_kv = kHeads;
+      L.indptr = {0};
+      L.seq_len.assign(kReqs, 1);
+      for (int r = 0; r < kReqs; ++r)
+        for (int h = 0; h < kHeads; ++h) {
+          const PageTable& t = *tables[static_cast<size_t>(r)];
+          bool doubled = false;
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i) {
+            if (!(i == t.n_pages_per_list() - 1 || rng() % 3 == 0)) continue;
+            const int32_t key = mirror[static_cast<size_t>(offset(r, l, h, i))];
+            ahead_of_host += key < kDev && t.page(l, h, i).tier == Tier::Host;
+            // (the key row where the selection reads it: under the key the mirror gives)
+            const int32_t id[4] = {r, l, h, static_cast<int32_t>(i)};
+            ASSERT_TRUE(std::equal(id, id + 4, row_at(key))) << "key row of page " << i << " at step " << step;
+            const int copies = r == 1 && !doubled && key >= kDev ? 2 : 1;
+            doubled = doubled || copies == 2;
+            for (int c = 0; c < copies; ++c) {
+              L.slots.push_back(key);
+              L.page_pos.push_back(static_cast<int32_t>(i));
+            }
+          }
+          L.indptr.push_back(static_cast<int32_t>(L.slots.size()));
+        }
+      dhs::LandAdopt adopt;
+      adopt.table = mirror;
+      const std::vector<int32_t> req_slot = {0, 1, 2};
+      adopt.req_slot = req_slot;
+      adopt.n_lists = kLists;
+      adopt.max_pages = kMaxPages;
+      adopt.n_heads_kv = kHeads;
+      adopt.layer = l;
+      adopt.rows = {{rows.data(), kRowBytes}};
+      std::vector<dhs::LandEntry> log;
+      dhs::land_late_pages(L, kDev, std::span<const int32_t>(stack).subspan(used), &s.dev_, &s.host_, &log, &adopt);
+      used += log.size();
+      for (const dhs::LandEntry& e : log) {
+        landed.push_back({e.row / kHeads, PageId{l, e.row % kHeads, e.page_pos}, e.dev_slot, e.host_slot, e.adopted});
+        lost += !e.adopted;
+      }
+      // The reads: each entry's bytes (its tokens) and key row where its key says.
+      for (int row = 0; row < kReqs * kHeads; ++row) {
+        const int r = row / kHeads, h = row % kHeads;
+        const Req& q = s.reqs_[static_cast<size_t>(r)];
+        for (int32_t k = L.indptr[static_cast<size_t>(row)]; k < L.indptr[static_cast<size_t>(row) + 1]; ++k) {
+          const int32_t key = L.slots[static_cast<size_t>(k)];
+          const int64_t i = L.page_pos[static_cast<size_t>(k)];
+          const PageRef p = dhs::tier_of_key(key, kDev);
+          for (int64_t pos = i * kPage; pos < std::min<int64_t>((i + 1) * kPage, q.t->n_tokens()); ++pos)
+            for (int e = 0; e < kDim; ++e)
+              ASSERT_EQ(s.pool(p.tier).k_page(p)[(pos - i * kPage) * kDim + e], value(q.key, l, h, pos, e))
+                  << "request " << r << " page (" << l << ", " << h << ", " << i << ") in " << dhs::tier_name(p.tier)
+                  << " slot " << p.slot << " at step " << step;
+          if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = step;
+          else late.push_back({r, PageId{l, h, i}});
+        }
+      }
+    }
+    // The last step's recalls while this one runs (its copies behind this step's reads), on the
+    // running step's clock; then this step's reads.
+    if (kept) s.kv_.after_step_recalls(kept->first, std::max(kept->second, start), /*in_flight=*/true);
+    ASSERT_EQ(s.kv_.check_invariants(), "") << "after the recalls in flight, step " << step;
+    s.kv_.after_step_reads(stamps, step, tables, now, landed);
+    ASSERT_EQ(s.kv_.check_invariants(), "") << "after the reads, step " << step;
+    EXPECT_EQ(s.kv_.landing_claimed(), static_cast<int64_t>(landed.size()));
+    for (const TieredKv::Landed& l : landed) adopted_total += l.adopted;
+    kept.emplace(std::move(late), now);
+    if (step % 4 == 0) {  // the scheduler's turn: what is pending first (flush), then appends
+      s.kv_.after_step_recalls(kept->first, kept->second);
+      kept.reset();
+      flush_patches();
+      mirror_equals_tables(step);
+      s.check();
+      for (Req& r : s.reqs_) ASSERT_TRUE(s.append(r, 1));
+      flush_patches();
+      sync_new_pages();
+    }
+  }
+  if (kept) s.kv_.after_step_recalls(kept->first, kept->second);
+  flush_patches();
+  mirror_equals_tables(61);
+  s.check();
+  EXPECT_GT(adopted_total, 40) << "the scenario should land pages";
+  EXPECT_GT(lost, 0) << "and land a page twice (one landing takes it)";
+  EXPECT_GT(ahead_of_host, 0) << "and read landed pages from the mirror before the host adopted them";
+  EXPECT_GT(s.kv_.totals().offloaded + s.kv_.totals().dropped, 40) << "and move pages out for budgets";
+}
+
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages
 // leave — copied when they have no host copy, dropped when they do — and the rest (a pinned
 // page, an appending page, a free slot, a repeat) are skipped.

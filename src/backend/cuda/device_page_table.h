@@ -52,6 +52,8 @@ class DevicePageTable {
   }
 
   const int32_t* table_d() const { return table_d_; }
+  // The entries, for a kernel that rewrites them in the step (landing: tier_land.h).
+  int32_t* entries_d() { return table_d_; }
   int max_requests() const { return max_requests_; }
   int n_lists() const { return n_lists_; }
   int64_t max_pages() const { return max_pages_; }

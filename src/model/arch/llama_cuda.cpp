@@ -234,7 +234,7 @@ void LlamaCuda::allocate_kv() {
     DHS_CUDA_CHECK(cudaMallocHost(&read_count_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&stamp_h_, 4));
     DHS_CUDA_CHECK(cudaMallocHost(&last_use_h_, static_cast<size_t>(n_pages) * 4));
-    land_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(6 * kLandMax + 3) * 4));
+    land_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(7 * kLandMax + 3) * 4));
     DHS_CUDA_CHECK(cudaMemset(land_d_ + kLandMax, 0, 12));
     land_keys_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(split_->max_nnz()) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&land_h_, static_cast<size_t>(kLandMax + 3) * 4));
@@ -885,6 +885,20 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   land.dev_k = pool_->k_d();
   land.dev_v = pool_->v_d();
   land.page_words = static_cast<int>(pool_->page_elems() / 8);
+  // (the page adopted where it lands: its table entry, its sketch and summary rows)
+  land.table = table_->entries_d();
+  land.req_slot = req_slot_d_;
+  land.n_lists = table_->n_lists();
+  land.max_pages = table_->max_pages();
+  land.n_heads_kv = static_cast<int>(cfg_.n_heads_kv);
+  const int64_t ps = opt_.page_size, D = cfg_.head_dim;
+  const auto follow = [&](void* base, int64_t row_bytes) { land.follow[land.n_follow++] = {base, row_bytes}; };
+  if (sketch_) {
+    follow(sketch_->codes_d(), ps * (D / 2));
+    follow(sketch_->steps_d(), ps * 4);
+  }
+  for (cuda::DevicePageSummaries* st : {sum_minmax_.get(), sum_meanvar_.get()})
+    if (st) follow(st->data_d(), 2 * D * 2);
   cuda::launch_land_late(land, stream_);
   cuda::split_lists_by_tier(lists.indptr, land_keys_d_, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
                             cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_,
@@ -1110,22 +1124,6 @@ void LlamaCuda::set_landing_slots(std::span<const int32_t> slots) {
   land_avail_next_ = static_cast<int32_t>(slots.size());
 }
 
-void LlamaCuda::follow_landed(std::span<const PageMove> moves) {
-  if (moves.empty() || (!sketch_ && !sum_minmax_ && !sum_meanvar_)) return;
-  const int64_t n = static_cast<int64_t>(moves.size());
-  const int64_t at = move_staging(n);  // (key pairs only: [n, 2])
-  int32_t* const stage_h = move_h_ + at;
-  const int64_t n_dev = pool_->n_pages();
-  for (int64_t i = 0; i < n; ++i) {
-    const PageMove& m = moves[static_cast<size_t>(i)];
-    DHS_CHECK(m.src.tier == Tier::Host && m.dst.tier == Tier::Device, "follow_landed: a landing goes host -> device");
-    stage_h[2 * i] = static_cast<int32_t>(n_dev + m.src.slot);
-    stage_h[2 * i + 1] = m.dst.slot;
-  }
-  DHS_CUDA_CHECK(cudaMemcpyAsync(move_d_ + at, stage_h, static_cast<size_t>(2 * n) * 4, cudaMemcpyHostToDevice, stream_));
-  move_key_rows(move_d_ + at, static_cast<int>(n));
-}
-
 // Prefill reads the dense lists: policies apply to decode steps only. With the host tier the lists
 // name pages of both tiers (keys): as decode, they are split by tier, the resident part attended
 // from HBM and the late part in place from the host tier's mapped pages, and the two merged by LSE
@@ -1288,15 +1286,15 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     land_claims_ = land_h_[kLandMax];
     const int64_t n = std::min<int64_t>(land_claims_, land_avail);
     if (n > 0) {
-      land_log_h_.resize(static_cast<size_t>(5 * n));
+      land_log_h_.resize(static_cast<size_t>(6 * n));
       DHS_CUDA_CHECK(cudaMemcpy(land_log_h_.data(), land_d_ + kLandMax + 3, land_log_h_.size() * 4, cudaMemcpyDeviceToHost));
     }
     const int hkv = static_cast<int>(cfg_.n_heads_kv);
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t* e = land_log_h_.data() + 5 * i;
+      const int32_t* e = land_log_h_.data() + 6 * i;
       // (a padding row lists nothing; its entries would name no sequence)
       if (e[0] / hkv >= n_attn) continue;
-      landings_.push_back({attn_seq_[static_cast<size_t>(e[0] / hkv)], e[1], e[0] % hkv, e[2], e[3], e[4]});
+      landings_.push_back({attn_seq_[static_cast<size_t>(e[0] / hkv)], e[1], e[0] % hkv, e[2], e[3], e[4], e[5] != 0});
     }
   }
   if (host_pool_ && step.decode) {

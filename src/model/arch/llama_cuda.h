@@ -244,17 +244,19 @@ class LlamaCuda {
   // its late pages into these HBM slots as far as they go (at most kLandMax), before each layer's
   // split, and reads them from there; a step without this call lands nothing. landings(): the last
   // step's, by sequence; landing_claims(): the late entries that asked for a slot (past the
-  // stack's length too). follow_landed: the adopted pages' sketch and summary rows follow them
-  // (TieredKv::set_land_hook).
+  // stack's length too). The landing adopts each page on the device (tier_land.h: the device
+  // page table's entry and the page's key sketch and summary rows follow it to its slot, so the
+  // next step reads it there before the host's TieredKv adopts it); `adopted` says which landing
+  // of a page landed twice took it.
   static constexpr int kLandMax = 1 << 18;
   void set_landing_slots(std::span<const int32_t> slots);
   struct Landing {
     int seq, layer, head;
     int32_t page, dev_slot, host_slot;
+    bool adopted;
   };
   const std::vector<Landing>& landings() const { return landings_; }
   int64_t landing_claims() const { return land_claims_; }
-  void follow_landed(std::span<const PageMove> moves);
   // The last decode step's reads of HBM: read_stamps()[s] == read_stamp() when it read slot s
   // ([n_pages] of the HBM pool, copied back with the step; read_stamp() is -1 after any other
   // step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
@@ -393,7 +395,7 @@ class LlamaCuda {
   std::vector<int32_t> late_log_h_;  // the entries, copied back after the step
   std::vector<LateRead> late_reads_;
   std::vector<uint64_t> late_keys_;  // the late log as sortable keys (forward's scratch)
-  // Landing: land_d_ = [kLandMax] slots, then claims, bad, available, then the log [kLandMax, 5];
+  // Landing: land_d_ = [kLandMax] slots, then claims, bad, available, then the log [kLandMax, 6];
   // land_keys_d_ the layer's keys after landing (what the split reads); land_h_ pinned: the slots'
   // staging, then claims, bad, available.
   int32_t* land_d_ = nullptr;
