@@ -260,8 +260,10 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       }
       // The churn before the next step: a random `churn` of the pages this step read leave HBM,
       // and as many other pages of each request come in from the host tier (at steady state a
-      // request's budget is full: the next step's recalls must evict, as a real run's do).
-      if (tiers && s + 1 >= kWarmSteps + kResidentSteps && opts.churn > 0.0) {
+      // request's budget is full: the next step's recalls must evict, as a real run's do). Not after
+      // the last step: its recalls, flushed below at that step's clock, would find pages the replay
+      // stamped at the next one (the LRU refuses a use later than its now).
+      if (tiers && s + 1 >= kWarmSteps + kResidentSteps && s + 1 < total_steps && opts.churn > 0.0) {
         std::vector<int32_t> read = m->read_slots();
         std::shuffle(read.begin(), read.end(), rng);
         read.resize(static_cast<size_t>(std::llround(opts.churn * static_cast<double>(read.size()))));

@@ -217,21 +217,15 @@ async def drive(args, base_url: str) -> dict:
 
 
 async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
-    """dhisparse's /metrics counters this run reads (empty for another server)."""
-    names = ("dhisparse:kv_pages_read_total", "dhisparse:kv_pages_total", "vllm:num_preemptions_total",
-             "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-             "vllm:spec_decode_num_accepted_tokens_total", "dhisparse:kv_tier_hits_total", "dhisparse:kv_tier_late_total",
-             "dhisparse:kv_tier_recalled_total", "dhisparse:kv_tier_offloaded_total", "dhisparse:kv_tier_dropped_total")
+    """The server's /metrics, every sample (empty for a server without them or that we cannot
+    parse). Every sample, not a list of names: a row that read a metric the list lacked silently
+    lost it (the KV hierarchy's kv_page_cost_us and admissions_deferred_io until session 32)."""
+    sys.path.insert(0, str(ROOT / "tests" / "serve"))
+    from dhs_server import parse_metrics
     try:
-        text = (await client.get("/metrics")).text
-    except httpx.HTTPError:
+        return parse_metrics((await client.get("/metrics")).text)
+    except (httpx.HTTPError, ValueError):
         return {}
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].split("{", 1)[0] in names:  # name{labels} value
-            out[parts[0].split("{", 1)[0]] = float(parts[1])
-    return out
 
 
 def git_commit() -> str:
