@@ -54,7 +54,11 @@ std::vector<TierStats> RunnerTiers::stats_of(const std::vector<StepRequest>& bat
 void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before) {
   DHS_CHECK(before.size() == batch.size(), "RunnerTiers::after_step: {} stats for a batch of {}", before.size(), batch.size());
   std::vector<DeviceBudgets::Request> reqs;
-  int64_t capacity = device_.n_free();
+  // The device pages the batch shares: free slots, the full pages it holds, and the slots its step
+  // landed pages in that the host has not adopted yet (the CUDA runner adopts them while the next
+  // step runs: they are this batch's pages already). Without the last, the budgets came out short
+  // by the step's landings whenever they bound, and the adoption then evicted as many pages.
+  int64_t capacity = device_.n_free() + kv_->landing_claimed();
   for (size_t i = 0; i < batch.size(); ++i) {
     const PageTable& t = *batch[i].table;
     const int64_t id = static_cast<int64_t>(t.id());

@@ -123,4 +123,69 @@ TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
 INSTANTIATE_TEST_SUITE_P(RunnerTiers, AdmittingPrices, ::testing::Values("layer", "ahead", "land"));
 
 }  // namespace
+// The cache manager's budgets after a step whose landings the host adopts while the next step runs
+// (the CUDA runner's overlap): the landed slots are the batch's pages already, so the budgets must
+// be those of the order that adopts first. Pool of 12 pages; t holds 8 full pages (2 lists x 4) and
+// appends into 2: 4 full pages kept on the device, 4 in the host tier. Two decode steps read the 4
+// resident ones (the budgets' warm-up); the third reads all 8, landing the 4 offloaded ones in 4 of
+// the 6 free slots. Adopted first, the batch holds 8 full pages with 2 free: everything fits (10 of
+// 8), no budget, nothing moves. Adopted after, the same must hold; counting only free slots and
+// resident pages (2 + 4 < 8) gave t a budget of 6 and its adoption offloaded 2 pages.
+class LandingsInFlight : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LandingsInFlight, LeaveTheBudgetsAsAdoptingFirstDoes) {
+  const bool adopt_first = GetParam();
+  PagePool dev(Tier::Device, 12, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  o.kv_recall = "land";
+  o.kv_budget_auto = true;
+  int64_t clock = 1;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  TieredKv& kv = tiers.kv();
+  PageTable t(kLayers, kHeads, kPage);
+  ASSERT_TRUE(t.reserve(dev, 17));  // 5 pages per list: 4 full, 1 to append into
+  t.commit(16);
+  kv.add(t, 0, TieredKv::kUnlimited);
+  kv.set_budget(t, 4, 0);
+  ASSERT_EQ(kv.resident_pages(t), 6);
+  const int32_t tok = 1;
+  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = &tok, .n_new = 1}};
+  std::vector<PageTable*> tables{&t};
+  std::vector<int32_t> stamps(12, 0);
+  for (int step = 1; step <= 3; ++step) {
+    tiers.before_step(batch);
+    const std::vector<TierStats> before = tiers.stats_of(batch);
+    std::vector<TieredKv::Landed> landed;
+    const std::vector<int32_t> stack = step == 3 ? kv.reserve_landing(4, clock) : std::vector<int32_t>{};
+    for (int l = 0; l < kLayers; ++l)
+      for (int64_t i = 0; i < 5; ++i) {
+        const PageRef p = t.page(l, 0, i);
+        if (p.tier == Tier::Device) {
+          stamps[static_cast<size_t>(p.slot)] = step;
+        } else if (step == 3) {
+          const int32_t slot = stack[landed.size()];
+          stamps[static_cast<size_t>(slot)] = step;  // (the split stamps a landed slot too)
+          landed.push_back({0, PageId{l, 0, i}, slot, p.slot});
+        }
+      }
+    ASSERT_EQ(landed.size(), step == 3 ? 4u : 0u);
+    ++clock;  // (the runner's clock counts the step before anything after it runs)
+    const int64_t now = clock - 1;
+    kv.after_step_reads(stamps, step, tables, now, landed);
+    if (adopt_first) kv.after_step_recalls({}, now, false);
+    tiers.after_step(batch, before);
+    if (!adopt_first) kv.after_step_recalls({}, clock, true);
+    ASSERT_EQ(kv.check_invariants(), "") << "step " << step;
+  }
+  EXPECT_EQ(kv.resident_pages(t), 10) << "the 8 full pages and the 2 appended into, all on the device";
+  EXPECT_EQ(kv.totals().offloaded, 4) << "only the 4 of the initial budget";
+  EXPECT_EQ(kv.budget(t), TieredKv::kUnlimited);
+  EXPECT_EQ(tiers.check(), "");
+  EXPECT_TRUE(tiers.release(t));
+}
+
+INSTANTIATE_TEST_SUITE_P(RunnerTiers, LandingsInFlight, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "AdoptedFirst" : "AdoptedInFlight"; });
+
 }  // namespace dhs
