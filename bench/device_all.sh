@@ -230,12 +230,13 @@ for stage in "$@"; do
       # Where the tiered step's forward goes (docs/hierarchy.md: ~34 ms of the batch-4 forward not
       # explained by its hits and its late bytes): Nsight Compute times every node of the captured
       # steps serialized (clocks and L2 as they are), the late part's attention over mapped DRAM
-      # among them; timeline_summary.py groups them per step. 128k x 4, HBM 32 GiB, 5.5% churn.
+      # among them; timeline_summary.py groups them per step. 128k x 4, HBM 32 GiB, 5.5% churn
+      # (DHS_TL_ARGS: other bench flags, e.g. "--batch 3 --buffer 1.0 --churn 0.03 --land").
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       run ncu_nodes_tiered timeout 500 ncu --graph-profiling node --metrics gpu__time_duration.sum --cache-control none \
         --clock-control none --launch-count ${DHS_TL_LAUNCHES:-6000} --csv \
         "$B/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --policies trace:coverage-0.99@sketch4 \
-        --hbm-kv-gib 32 --host-kv-gib 72 --batch 4 --buffer 0.5 --churn 0.055 --steps 4 --hierarchy-out /tmp/dhs/tl_hier.jsonl --commit "$C"
+        --hbm-kv-gib 32 --host-kv-gib 72 ${DHS_TL_ARGS:---batch 4 --buffer 0.5 --churn 0.055} --steps 4 --hierarchy-out /tmp/dhs/tl_hier.jsonl --commit "$C"
       run timeline_tiered python3 bench/timeline_summary.py "$OUT/ncu_nodes_tiered.log"
       cat "$OUT/timeline_tiered.log" ;;
     spec)
