@@ -234,7 +234,7 @@ for stage in "$@"; do
       # (DHS_TL_ARGS: other bench flags, e.g. "--batch 3 --buffer 1.0 --churn 0.03 --land").
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       run ncu_nodes_tiered timeout 500 ncu --graph-profiling node --metrics gpu__time_duration.sum --cache-control none \
-        --clock-control none --launch-count ${DHS_TL_LAUNCHES:-6000} --csv \
+        --clock-control none --launch-skip ${DHS_TL_SKIP:-0} --launch-count ${DHS_TL_LAUNCHES:-6000} --csv \
         "$B/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --policies trace:coverage-0.99@sketch4 \
         --hbm-kv-gib 32 --host-kv-gib 72 ${DHS_TL_ARGS:---batch 4 --buffer 0.5 --churn 0.055} --steps 4 --hierarchy-out /tmp/dhs/tl_hier.jsonl --commit "$C"
       run timeline_tiered python3 bench/timeline_summary.py "$OUT/ncu_nodes_tiered.log"
