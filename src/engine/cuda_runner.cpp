@@ -4,6 +4,8 @@
 // sampled ids, and the logits when asked for them.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -218,6 +220,8 @@ class CudaRunner final : public StepRunner {
       seqs.push_back(q);
     }
     const auto t0 = std::chrono::steady_clock::now();
+    // (the counts since here: the last step's recalls in flight, this step's reads)
+    const TierStats totals0 = tiers_ && phases_log_ ? tiers_->kv().totals() : TierStats{};
     const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     std::vector<TierStats> tier_before;
     // The last decode step's recalls run while this step runs when it is a decode step too (the
@@ -275,6 +279,8 @@ class CudaRunner final : public StepRunner {
       const auto t1 = std::chrono::steady_clock::now();
       tier_s += std::chrono::duration<double>(t1 - ta).count();
       tiers_->end_step_io(std::chrono::duration<double>(t1 - t0).count(), tier_s);
+      if (phases_log_) log_phases(batch, prefill, totals0, std::chrono::duration<double>(t1 - t0).count(), tier_s,
+                                  std::chrono::duration<double>(t1 - ta).count());
     }
     const std::vector<int32_t>& ids = model_->sampled_ids();
     out->sampled.assign(batch.size(), -1);
@@ -334,6 +340,26 @@ class CudaRunner final : public StepRunner {
     tiers_->after_step(batch, before);
   }
 
+  // DHS_STEP_PHASES=1 (a diagnostic, with the host tier): one line per step on stderr — its rows,
+  // where its wall time went (LlamaCuda::last_phases: before the launch, launch to wait with the
+  // in-flight recalls inside it, after the wait; the hierarchy's after-step) and the pages it
+  // moved — to find what a late page costs a serving step (docs/hierarchy.md, session 32).
+  void log_phases(const std::vector<StepRequest>& batch, bool prefill, const TierStats& before, double step_s,
+                  double tier_s, double after_s) const {
+    int64_t rows = 0;
+    for (const StepRequest& r : batch) rows += r.n_new;
+    const LlamaCuda::Phases& ph = model_->last_phases();
+    const TierStats& t = tiers_->kv().totals();
+    std::fprintf(stderr,
+                 "step phases: %s seqs %zu rows %lld | step %.3f ms, hierarchy host %.3f (after-step %.3f) | forward before %.3f "
+                 "launch-to-wait %.3f (in flight %.3f) after %.3f | late %lld recalled %lld offloaded %lld hits %lld "
+                 "landings %zu\n",
+                 prefill ? "prefill" : "decode", batch.size(), static_cast<long long>(rows), step_s * 1e3, tier_s * 1e3,
+                 after_s * 1e3, ph.before_ms, ph.gpu_ms, ph.while_ms, ph.after_ms, static_cast<long long>(t.late - before.late),
+                 static_cast<long long>(t.recalled - before.recalled), static_cast<long long>(t.offloaded - before.offloaded),
+                 static_cast<long long>(t.hits - before.hits), model_->landings().size());
+  }
+
   // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet.
   void flush_recalls() {
     if (recalls_) recalls_->flush();
@@ -344,7 +370,8 @@ class CudaRunner final : public StepRunner {
   }
 
   int max_batch_ = 1;
-  int64_t last_claims_ = 1024;  // landing: the last decode step's late entries (slots it asked for)
+  int64_t last_claims_ = 1024;
+  const bool phases_log_ = std::getenv("DHS_STEP_PHASES") != nullptr;  // log_phases  // landing: the last decode step's late entries (slots it asked for)
   PolicySpec policy_;
   std::unique_ptr<LlamaCuda> model_;
   std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters
