@@ -1,8 +1,9 @@
 // What a page crossing between the tiers costs a step, measured (IO-aware admission, issue 23).
 // The link's bulk rate prices a page at its bytes (4 KiB at 55 GB/s: 75 ns), but a moved page
 // also costs the host its bookkeeping (the tables, the LRU, the device table's patch, the
-// landing's adoption: ~100–200 ns a page for the adoption alone on the H100, and the serving run's
-// steps grew by ~2 µs per late page: docs/hierarchy.md), which the bulk rate does not see. IoCost fits the hierarchy's time per step against the pages it moved, as
+// landing's adoption: ~100–200 ns a page for the adoption alone on the H100; in a serving run of the
+// default model the in-flight bookkeeping outlasted the step's kernels, ~1 µs per late page:
+// docs/hierarchy.md), which the bulk rate does not see. IoCost fits the hierarchy's time per step against the pages it moved, as
 //   seconds(step) ≈ fixed + per_page × pages,
 // by least squares over recent steps (each step's weight decays by `forget` a step), so a fixed
 // cost per step (the stamps' scan, the budgets) is not charged to the pages. The per-page cost

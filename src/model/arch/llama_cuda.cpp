@@ -62,6 +62,8 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   max_tokens_ = T;
   DHS_CHECK(o.page_size == cuda::kDecodePageSize, "CUDA backend: page size must be {}", cuda::kDecodePageSize);
   DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DHS_CUDA_CHECK(cudaEventCreate(&ev_launch_));
+  DHS_CUDA_CHECK(cudaEventCreate(&ev_kernels_done_));
   pages_per_seq_ = (o.max_context + o.page_size - 1) / o.page_size;
   table_ = std::make_unique<cuda::DevicePageTable>(static_cast<int>(B), static_cast<int>(L), static_cast<int>(Hkv), pages_per_seq_);
   gemm_ = std::make_unique<cuda::Gemm>();
@@ -505,6 +507,8 @@ LlamaCuda::~LlamaCuda() {
   cudaFreeHost(samp_block_h_);
   cudaFreeHost(hist_stage_h_);
   cudaFreeHost(out_ids_h_);
+  if (ev_launch_) cudaEventDestroy(ev_launch_);
+  if (ev_kernels_done_) cudaEventDestroy(ev_kernels_done_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -1252,11 +1256,13 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   land_avail_next_ = 0;
   cudaGraphExec_t g = graph ? decode_graph(step) : nullptr;
   const Clock::time_point t_launch = Clock::now();
+  DHS_CUDA_CHECK(cudaEventRecord(ev_launch_, stream_));
   if (g) {
     DHS_CUDA_CHECK(cudaGraphLaunch(g, stream_));
   } else {
     run_layers(step);  // (a graph's padding rows are inert uncaptured too)
   }
+  DHS_CUDA_CHECK(cudaEventRecord(ev_kernels_done_, stream_));
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
   DHS_CUDA_CHECK(cudaMemcpyAsync(out_ids_h_, out_ids_d_, static_cast<size_t>(n_out_real) * 4, cudaMemcpyDeviceToHost, stream_));
@@ -1333,7 +1339,9 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
   for (size_t i = 0; i < batch.size(); ++i)
     sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];
-  phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now()), while_ms};
+  float graph_ms = 0.0f;  // (both events done: the step's wait came after them)
+  DHS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev_launch_, ev_kernels_done_));
+  phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now()), while_ms, graph_ms};
 }
 
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {

@@ -276,7 +276,10 @@ class LlamaCuda {
   // (the late log sorted into late reads, the sampled ids); while_ms: of the launch-to-wait
   // part, the caller's work while the step ran (forward's while_running).
   struct Phases {
-    double before_ms = 0, gpu_ms = 0, after_ms = 0, while_ms = 0;
+    // host clock: before the launch, launch to the step's wait (while_ms inside it), after; and
+    // graph_ms, the step's kernels on the GPU (CUDA events around them): while_ms beyond it is host
+    // work the step waited for.
+    double before_ms = 0, gpu_ms = 0, after_ms = 0, while_ms = 0, graph_ms = 0;
   };
   const Phases& last_phases() const { return phases_; }
 
@@ -353,6 +356,7 @@ class LlamaCuda {
   ModelConfig cfg_;
   CudaModelOptions opt_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t ev_launch_ = nullptr, ev_kernels_done_ = nullptr;  // Phases::graph_ms
   std::vector<void*> allocs_;
   size_t weight_bytes_ = 0;
 
