@@ -535,20 +535,28 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       // between the tiers keeps capacity with the new request running (IO-aware admission):
       // the running requests' and its working sets beyond the pool cross the link every step, so
       // admitting into that would stall every step; waiting for a request to finish costs less.
-      if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
+      // Priced whenever the room exists or can be made, not only when its first chunk needs
+      // others' pages: a prompt whose first chunk fits pushes the running working sets out chunk
+      // by chunk later (under the serving load all 16 requests were admitted that way, session 32).
+      if (runner_.host_tier_pages() > 0 && !running_.empty() &&
+          pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
         // The pages it will hold running (those it holds — a swapped request's, in the host tier
-        // — and its prompt's; the tokens it will generate are not counted), and what the runner's
-        // measurement does not hold yet: the prompt pages running requests have still to prefill
-        // and the pages of requests admitted in this call.
+        // — and its whole prompt's; the tokens it will generate are not counted), and what the
+        // runner's measurement does not hold yet: the prompt pages running requests have still to
+        // prefill and the pages of requests admitted in this call.
         int64_t pages = full_pages(head.table, head.remaining()) + admitted_held;
         for (const Owned& o : running_)
           if (o->remaining() > 1) pages += full_pages(o->table, o->remaining()) - full_pages(o->table, 0);
-        if (!running_.empty() && runner_.kv_io_load_admitting(pages) > opt_.kv_io_admit_max) {
+        // (one that fits as it is and adds nothing to the link is admitted, however busy it is;
+        // one that needs others' pages offloaded waits on a busy link, as before)
+        const double with = runner_.kv_io_load_admitting(pages);
+        if (with > opt_.kv_io_admit_max && (with > runner_.kv_io_load() || pool.n_free() < need + headroom)) {
           ++io_waits_;
           return;  // wait: the running requests' steps free the link (or finish)
         }
-        runner_.make_room(need + headroom);
       }
+      if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom)
+        runner_.make_room(need + headroom);
       if (pool.n_free() < need + headroom) {
         if (!running_.empty()) return;  // wait for pages to come back
         if (pool.n_free() >= need) {

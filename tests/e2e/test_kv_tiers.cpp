@@ -421,6 +421,60 @@ TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
   }
 }
 
+// IO-aware admission prices a request's whole prompt, not its first chunk: with a KV hierarchy a
+// prefill chunk takes at most half the pool (192 tokens here), so a long prompt's first chunk can
+// fit beside a running request whose working set the rest of the prompt then pushes out, chunk by
+// chunk. A (~110 tokens) decodes densely and fits; B (~380 tokens, two chunks) fits its first chunk
+// in the free room but not its whole prompt beside A. On a slow link B waits for A, and its greedy
+// tokens equal B alone. Fails when only the first chunk's room is checked (B is admitted at once:
+// under the serving load all 16 requests were, session 32).
+TEST(KvTiers, AdmissionPricesTheWholePromptNotItsFirstChunk) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
+  GenerateOptions g;
+  g.max_tokens = 12;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  const auto log = [](const char* what, int lines, int salt) {
+    std::string text = std::string(what) + " log.\n";
+    for (int i = 0; i < lines; ++i)
+      text += "The crane lifted crate " + std::to_string(i * 3 + salt) + " onto dock " + std::to_string((i + salt) % 4) + ".\n";
+    return text + "Which dock did crate 12 go to?";
+  };
+  std::vector<int32_t> prompt_a, prompt_b, want_b;
+  {
+    auto plain = load("dense", 0.0, 0);
+    prompt_a = plain->tokenize(log("Dock", 7, 0));
+    prompt_b = plain->tokenize(log("Pier", 27, 1));
+    ASSERT_GT(prompt_a.size(), 90u);
+    ASSERT_LT(prompt_a.size(), 130u);  // A: ~8 pages a list, ~720 of the pool's 2,160
+    ASSERT_GT(prompt_b.size(), 340u);  // B: ~24 pages a list, ~2,160 — its first 192 tokens ~1,080
+    ASSERT_LT(prompt_b.size(), 420u);
+    want_b = plain->generate(prompt_b, g).tokens;
+  }
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.cpu_kv_gb = 1.0;
+  o.kv_blocks = 24;     // 2,160 pages
+  o.kv_io_gbps = 0.01;  // 10 MB/s: a page a step costs ~0.4 ms
+  o.max_context = 2048;
+  auto e = Engine::load(o);
+  const ABRun run = run_a_then_b(*e, g, prompt_a, prompt_b, 4, 500, [&] {
+    const TierCounts c = e->tier_counts();
+    EXPECT_EQ(c.recalled + c.offloaded + c.late, 0u) << "A alone should move nothing";
+    EXPECT_GE(e->kv_stats().n_free, 1080 + 90) << "B's first chunk (and a token of headroom) must fit beside A";
+  });
+  const auto& [got_b, a_done_at, b_first_at, b_done] = run;
+  ASSERT_TRUE(b_done && a_done_at >= 0);
+  EXPECT_EQ(got_b, want_b);
+  const SchedulerStats st = e->scheduler().stats();
+  std::printf("A finished at step %d, B's first token at step %d; admission waits %llu\n", a_done_at, b_first_at,
+              static_cast<unsigned long long>(st.n_admission_io_waits));
+  EXPECT_GT(st.n_admission_io_waits, 0u);
+  EXPECT_GT(b_first_at, a_done_at) << "B's prompt pushed A's working set out of the pool";
+  EXPECT_EQ(e->kv_check(), "");
+  EXPECT_EQ(e->tier_counts().host_used, 0);
+}
+
 TEST(KvTiers, RefusesABudgetWithoutAHostTier) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EXPECT_THROW(load("dense", 0.0, 100), std::exception);
