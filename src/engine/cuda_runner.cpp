@@ -375,8 +375,8 @@ class CudaRunner final : public StepRunner {
   }
 
   int max_batch_ = 1;
-  int64_t last_claims_ = 1024;
-  const bool phases_log_ = std::getenv("DHS_STEP_PHASES") != nullptr;  // log_phases  // landing: the last decode step's late entries (slots it asked for)
+  int64_t last_claims_ = 1024;  // landing: the last decode step's late entries (slots it asked for)
+  const bool phases_log_ = std::getenv("DHS_STEP_PHASES") != nullptr;  // DHS_STEP_PHASES: log_phases
   PolicySpec policy_;
   std::unique_ptr<LlamaCuda> model_;
   std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters
