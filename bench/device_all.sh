@@ -16,6 +16,8 @@
 #          alternated, landing at 128k x 3 and x 4 (HBM 32 GiB), with the SDPA anchor: hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
 #          per-kernel time, the late part's attention over mapped DRAM among them
+#   hierrows the hierarchy's rows at other policies (DHS_HIER_ROWS: POLICY,BATCH,BUFFER,CHURN[,TRACE]),
+#          landing, HBM 32 GiB, host 72 GiB, with the SDPA anchor: hierarchy.jsonl
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
 #          2,000 blocks; no host tier / landing / recall-ahead / uncapped): serve.jsonl
 #          (DHS_SERVE_CFGS, DHS_SERVE_LOADS: which of "cap land ahead uncapped", "sat rate2")
@@ -193,6 +195,21 @@ for stage in "$@"; do
       run hier_tiered_b3_land timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03 --land
       [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
       grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_*.log ;;
+    hierrows)
+      # Rows of the hierarchy at other policies than coverage 0.99 (issue 23: the same at γ 0.95 and
+      # with SoloHead), landing, HBM 32 GiB, host tier 72 GiB, the SDPA anchor first. DHS_HIER_ROWS:
+      # entries POLICY,BATCH,BUFFER,CHURN[,TRACE] (the churn measured on the default model at that
+      # policy and buffer: hierarchy_hit_rate.jsonl). Rows to hierarchy.jsonl.
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for row in ${DHS_HIER_ROWS:-trace:coverage-0.95@sketch4,6,0.5,0.10 trace:coverage-0.95@sketch4,6,1.0,0.08}; do
+        IFS=, read -r pol b buf churn tr <<< "$row"
+        tr=${tr:-bench/results/budget_trace_smollm2_sketch4.json}
+        tag=$(echo "${pol}_b${b}_buf${buf}" | tr -c 'A-Za-z0-9_.\n' '_')
+        run hierrow_$tag timeout 240 "$B/dhisparse" bench --hierarchy --ctx 131072 --trace "$tr" --trace-len 7680 \
+          --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12} --policies "$pol" \
+          --hbm-kv-gib 32 --host-kv-gib 72 --batch "$b" --buffer "$buf" --churn "$churn" --land
+        grep -hE "^ctx|^  forward|^  tiers|error" "$OUT/hierrow_$tag.log"
+      done ;;
     hieroverlap)
       # The after-step's recalls while the next step runs (EngineOptions::kv_overlap_recalls) against
       # before it (--sync-recalls), alternated, with landing at batch 3 and 4 (HBM 32 GiB); the SDPA

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/tiered_kv.h"
@@ -42,10 +44,18 @@ int main(int argc, char** argv) {
   bool serial_recalls = false, land = false;
   app.add_flag("--land", land, "landing (kv/tier_land.h): slots reserved before each step, the late pages landed in them in order, adopted after");
   app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
+  int L = 32, H = 8, D = 128;
+  int64_t hbm_blocks = 0;
+  app.add_option("--layers", L, "the model's layers (default: the 8B shape's)")->capture_default_str();
+  app.add_option("--kv-heads", H)->capture_default_str();
+  app.add_option("--head-dim", D)->capture_default_str();
+  app.add_option("--hbm-blocks", hbm_blocks, "HBM KV pool in 16-token blocks of every (layer, KV head), as serve's "
+                 "--num-gpu-blocks-override (over --hbm-gib)");
   CLI11_PARSE(app, argc, argv);
-  constexpr int L = 32, H = 8, P = 16, D = 128;
+  constexpr int P = 16;
   const int64_t page_bytes = 2 * P * D * 2;
-  const int64_t n_dev = static_cast<int64_t>(hbm_gib * 1073741824.0) / page_bytes;
+  const int64_t n_dev = hbm_blocks > 0 ? hbm_blocks * L * H : static_cast<int64_t>(hbm_gib * 1073741824.0) / page_bytes;
+  hbm_gib = static_cast<double>(n_dev * page_bytes) / 1073741824.0;  // (as recorded)
   const int64_t per_list = ctx / P, n_host = batch * per_list * L * H + n_dev;
   PagePool dev(Tier::Device, n_dev, P, D, false), host(Tier::Host, n_host, P, D, false);
   TieredKv kv(dev, host, LruParams{L, 4, true});
@@ -159,17 +169,19 @@ int main(int argc, char** argv) {
   std::printf("  after by part: scan %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
               parts.scan_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
               parts.victims_ms / steps, parts.recall_ms / steps);
+  const std::string shape = L == 32 && H == 8 && D == 128 ? std::string("llama-3.1-8b pages")
+                                                         : fmt::format("{} layers x {} kv heads, d {}", L, H, D);
   if (!out.empty()) {
     std::FILE* f = std::fopen(out.c_str(), "a");
     if (f) {
       std::fprintf(f,
-                   "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"llama-3.1-8b pages\",\"ctx\":%lld,\"batch\":%lld,"
+                   "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"%s\",\"ctx\":%lld,\"batch\":%lld,"
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
                    "\"after_step_ms\":%.3f,\"kv_scan_ms\":%.3f,\"kv_adopt_ms\":%.3f,\"kv_budgets_ms\":%.3f,\"kv_plan_ms\":%.3f,"
                    "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,"
                    "\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
-                   commit.c_str(), machine.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
+                   commit.c_str(), machine.c_str(), shape.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
                    hbm_gib, steps, sum_before / steps, sum_after / steps, parts.scan_ms / steps, parts.adopt_ms / steps,
                    parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,

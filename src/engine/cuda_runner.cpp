@@ -355,14 +355,17 @@ class CudaRunner final : public StepRunner {
     for (const StepRequest& r : batch) rows += r.n_new;
     const LlamaCuda::Phases& ph = model_->last_phases();
     const TierStats& t = tiers_->kv().totals();
+    const TieredKv::AfterStepTimes& k = tiers_->kv().after_step_times();  // (the last reads' and recalls' calls)
     std::fprintf(stderr,
                  "step phases: %s seqs %zu rows %lld | step %.3f ms, hierarchy host %.3f (after-step %.3f) | forward before %.3f "
                  "launch-to-wait %.3f (in flight %.3f, kernels %.3f) after %.3f | late %lld recalled %lld offloaded %lld hits %lld "
-                 "landings %zu\n",
+                 "landings %zu | kv parts: scan %.3f adopt %.3f budgets %.3f plan %.3f victims %.3f recalls %.3f ms, batched "
+                 "steps %lld\n",
                  prefill ? "prefill" : "decode", batch.size(), static_cast<long long>(rows), step_s * 1e3, tier_s * 1e3,
                  after_s * 1e3, ph.before_ms, ph.gpu_ms, ph.while_ms, ph.graph_ms, ph.after_ms, static_cast<long long>(t.late - before.late),
                  static_cast<long long>(t.recalled - before.recalled), static_cast<long long>(t.offloaded - before.offloaded),
-                 static_cast<long long>(t.hits - before.hits), model_->landings().size());
+                 static_cast<long long>(t.hits - before.hits), model_->landings().size(), k.scan_ms, k.adopt_ms, k.budgets_ms, k.plan_ms,
+                 k.victims_ms, k.recall_ms, static_cast<long long>(tiers_->kv().batched_steps()));
   }
 
   // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet.
