@@ -155,9 +155,11 @@ class CpuRunner final : public StepRunner {
   PageCounts take_page_counts() override {
     const auto st = model_->sparsity_stats();
     model_->reset_sparsity_stats();
-    PageCounts c;  // the CPU model counts totals only
+    PageCounts c;  // (per (layer, KV head): selecting steps outside verifies)
     c.read = static_cast<uint64_t>(st.pages_read);
     c.total = static_cast<uint64_t>(st.pages_total);
+    c.layer_head_read = st.read;
+    c.layer_head_total = st.total;
     return c;
   }
   void step(const std::vector<StepRequest>& batch, StepOutput* out, bool want_logits) override {

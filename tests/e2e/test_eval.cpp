@@ -101,7 +101,27 @@ TEST(Eval, GammaOneIsDenseAndSparseReadsLess) {
   EXPECT_LT(g5["pages_read_frac"].get<double>(), 1.0);
   EXPECT_GE(g5["top1_agree"].get<double>(), 0.0);
   EXPECT_LE(g5["top1_agree"].get<double>(), 100.0);
-  EXPECT_TRUE(std::filesystem::exists(trace));
+  // The budget trace (the bench replays it): per (layer, KV head), the pages each policy read on its
+  // selecting steps — every page at γ 1, fewer at 0.5 (the CPU counts them as the CUDA backend).
+  std::ifstream tf(trace);
+  const nlohmann::json tj = nlohmann::json::parse(tf);
+  const size_t n_lists = static_cast<size_t>(tj["n_layers"].get<int>() * tj["n_heads_kv"].get<int>());
+  for (const char* label : {"coverage-1", "coverage-0.5"}) {
+    SCOPED_TRACE(label);
+    ASSERT_TRUE(tj["policies"].contains(label));
+    const auto& at = tj["policies"][label]["400"];
+    ASSERT_EQ(at["read"].size(), n_lists);
+    ASSERT_EQ(at["total"].size(), n_lists);
+    uint64_t read = 0, total = 0;
+    for (size_t i = 0; i < n_lists; ++i) {
+      EXPECT_GT(at["total"][i].get<uint64_t>(), 0u);
+      EXPECT_LE(at["read"][i].get<uint64_t>(), at["total"][i].get<uint64_t>());
+      read += at["read"][i].get<uint64_t>();
+      total += at["total"][i].get<uint64_t>();
+    }
+    if (std::string(label) == "coverage-1") EXPECT_EQ(read, total);
+    else EXPECT_LT(read, total);
+  }
   EXPECT_EQ(e->kv_check(), "");
   // The policy grammar itself: tests/unit/test_policy_spec.cpp.
 }

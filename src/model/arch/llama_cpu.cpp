@@ -342,6 +342,7 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
       stats_.pages_read += lists.nnz();
       for (size_t r = 0; r < seq_len.size(); ++r)
         stats_.pages_total += Hkv * ((seq_len[r] + pool.page_size() - 1) / pool.page_size());
+      count_lists(lists, l, seq_len, pool.page_size());
     } else {
       lists = dense_page_lists(tables, l, seq_len);
       if (policy_ && decode_step) {
@@ -466,6 +467,20 @@ std::vector<LlamaCpu::AttnReq> LlamaCpu::plan_verify_step(const std::vector<Seq>
     }
   }
   return areq;
+}
+
+void LlamaCpu::count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size) {
+  const size_t Hkv = static_cast<size_t>(cfg_.n_heads_kv);
+  if (stats_.read.empty()) {
+    stats_.read.assign(static_cast<size_t>(cfg_.n_layers) * Hkv, 0);
+    stats_.total.assign(stats_.read.size(), 0);
+  }
+  for (int r = 0; r < lists.n_requests; ++r)
+    for (size_t h = 0; h < Hkv; ++h) {
+      const size_t i = static_cast<size_t>(layer) * Hkv + h;
+      stats_.read[i] += static_cast<uint64_t>(lists.row_end(r, static_cast<int>(h)) - lists.row_begin(r, static_cast<int>(h)));
+      stats_.total[i] += static_cast<uint64_t>((seq_len[static_cast<size_t>(r)] + page_size - 1) / page_size);
+    }
 }
 
 PageLists LlamaCpu::verify_step_lists(const std::vector<Seq>& batch, const std::vector<AttnReq>& areq, int layer,

@@ -128,6 +128,8 @@ class LlamaCpu {
                                         std::vector<int32_t>* a_indptr, std::vector<int32_t>* a_seq_len,
                                         std::vector<const PageTable*>* a_tables) const;
   // One layer's appends of page data and lists of such a step, stage by stage.
+  // A selecting step's lists of one layer counted per (layer, KV head) in stats_.read / total.
+  void count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size);
   PageLists verify_step_lists(const std::vector<Seq>& batch, const std::vector<AttnReq>& areq, int layer,
                               const std::vector<int32_t>& a_indptr, const std::vector<int32_t>& a_seq_len,
                               const std::vector<const PageTable*>& a_tables, const float* q, const float* k,
@@ -149,6 +151,9 @@ class LlamaCpu {
   struct SparsityStats {
     int64_t pages_read = 0;
     int64_t pages_total = 0;
+    // The same on selecting steps, per (layer, KV head): [n_layers * n_heads_kv] (the eval's
+    // budget trace; the CUDA backend's PageSelector counts the same way).
+    std::vector<uint64_t> read, total;
   };
   const SparsityStats& sparsity_stats() const { return stats_; }
   void reset_sparsity_stats() { stats_ = {}; }
