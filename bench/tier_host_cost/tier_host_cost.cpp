@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--machine", machine, "where it ran (recorded)");
   bool serial_recalls = false, land = false;
   app.add_flag("--land", land, "landing (kv/tier_land.h): slots reserved before each step, the late pages landed in them in order, adopted after");
+  bool hook = false;
+  app.add_flag("--hook", hook, "the CUDA runner's relocate hook emulated (a record per page moved)");
   app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
   int L = 32, H = 8, D = 128;
   int64_t hbm_blocks = 0;
@@ -61,6 +63,19 @@ int main(int argc, char** argv) {
   TieredKv kv(dev, host, LruParams{L, 4, true});
   kv.set_batch_recalls(!serial_recalls);
   kv.set_mover([](const PagePool&, PagePool&, std::span<const PageMove> m) { return m.empty() ? int64_t{0} : int64_t{1}; });
+  // --hook: the CUDA runner's relocate hook, emulated (its device page table records the page's
+  // new key: the table read again, one record appended; cuda::DevicePageTable::patch).
+  struct Patch {
+    int64_t off;
+    int32_t key;
+  };
+  std::vector<Patch> patches;
+  if (hook)
+    kv.set_relocate_hook([&patches, n_dev](const PageTable& t, int l, int h, int64_t i) {
+      const PageRef p = t.page(l, h, i);
+      patches.push_back({(static_cast<int64_t>(l) * t.n_heads_kv() + h) * t.n_pages_per_list() + i,
+                         p.tier == Tier::Device ? p.slot : static_cast<int32_t>(n_dev + p.slot)});
+    });
   std::vector<std::unique_ptr<PageTable>> ts;
   std::vector<PageTable*> tables;
   int64_t step = 0;
@@ -128,6 +143,7 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     const TierStats st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1, landed);
     last_late = static_cast<int64_t>(late.size() + landed.size());
+    patches.clear();  // (flushed to the device once a step)
     const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     ++step;
     if (s == 0)
@@ -179,11 +195,11 @@ int main(int argc, char** argv) {
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
                    "\"after_step_ms\":%.3f,\"kv_scan_ms\":%.3f,\"kv_adopt_ms\":%.3f,\"kv_budgets_ms\":%.3f,\"kv_plan_ms\":%.3f,"
                    "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,"
-                   "\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
+                   "\"relocate_hook\":%s,\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), shape.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
                    hbm_gib, steps, sum_before / steps, sum_after / steps, parts.scan_ms / steps, parts.adopt_ms / steps,
-                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
+                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, hook ? "true" : "false", land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);

@@ -245,6 +245,9 @@ class TieredKv {
   // after_decode_step's recalls all at once (recall_batch) where they allow it (default), or one
   // request at a time always (the tests compare both); and how many steps ran batched.
   void set_batch_recalls(bool on) { batch_recalls_ = on; }
+  // Evictions of at least this many slots release them on the thread pool (default
+  // kParallelEvict; the tests compare both forms).
+  void set_parallel_evict_from(int64_t n) { parallel_evict_from_ = n; }
   int64_t batched_steps() const { return batched_steps_; }
   // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
   // scan; the landings' adoption, budgets enforced, the recalls' plan, their victims, the recalls.
@@ -339,8 +342,10 @@ class TieredKv {
   void free_device_slots(int64_t n, int64_t now, bool spare_recent);
   // Throws when t's step has recalls pending (`what` names the call refused).
   void check_no_recalls_pending(const PageTable& t, const char* what) const;
-  // Evicts the given device slots (copying those without a clean host copy); fills st.
+  // Evicts the given device slots (copying those without a clean host copy); fills st. From
+  // kParallelEvict slots on, the slots' own entries are released on the thread pool.
   void evict(std::span<const int32_t> slots, TierStats& st);
+  static constexpr int64_t kParallelEvict = 8192;
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most
   // host_room of them without a clean host copy (each takes a host slot).
   std::vector<int32_t> victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const;
@@ -387,6 +392,7 @@ class TieredKv {
   std::vector<uint8_t> changed_in_flight_;  // [device slots], allocated on first use
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;
+  int64_t parallel_evict_from_ = kParallelEvict;
   int64_t batched_steps_ = 0;
   // The owner of the page in a resident device slot (its LRU owner), without a table lookup.
   Owner& owner_at(int32_t slot) { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }

@@ -954,6 +954,104 @@ TEST(TieredKv, EvictSlotsTakesOnlyFullUnpinnedPages) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// A large eviction releases its slots on the thread pool (TieredKv::evict from
+// kParallelEvict slots): the same tables, pools, LRU, host copies, hook calls and moves as the
+// serial loop, here with three requests' pages interleaved in the LRU's order and half of them
+// holding clean host copies (dropped, not copied). Storage-less pools: ~49k pages.
+TEST(TieredKv, ParallelEvictionEqualsTheSerialOne) {
+  constexpr int L = 2, H = 2, P = 16;
+  constexpr int64_t kTokens = 4096 * P;  // 4,096 pages per list: 16,384 per request
+  struct Twin {
+    PagePool dev{Tier::Device, 3 * 4 * 4097 + 64, P, 8, false};
+    PagePool host{Tier::Host, 3 * 4 * 4097 + 64, P, 8, false};
+    TieredKv kv{dev, host, LruParams{.bucket_steps = 4, .n_buckets = 16}};
+    std::vector<std::unique_ptr<PageTable>> ts;
+    std::vector<std::tuple<uint64_t, int, int, int64_t, int>> hooked;  // (request, layer, head, page, tier)
+    std::vector<PageMove> moved;
+  };
+  const auto run = [&](Twin& w, int64_t parallel_from) {
+    w.kv.set_parallel_evict_from(parallel_from);
+    w.kv.set_mover([&w](const PagePool&, PagePool&, std::span<const PageMove> m) {
+      w.moved.insert(w.moved.end(), m.begin(), m.end());
+      return static_cast<int64_t>(m.size());
+    });
+    for (int r = 0; r < 3; ++r) {
+      w.ts.push_back(std::make_unique<PageTable>(L, H, P));
+      PageTable& t = *w.ts.back();
+      EXPECT_TRUE(t.reserve(w.dev, kTokens));
+      t.commit(kTokens);
+      w.kv.add(t, 0);
+      w.kv.track_new_pages(t, 0);
+    }
+    // Every other page of each request to the host and back (a clean copy), then reads that give
+    // the pages last uses interleaved across requests (page i of every list read at step i % 40).
+    for (int r = 0; r < 3; ++r) {
+      std::vector<int32_t> half;
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (int64_t i = 0; i < 4096; i += 2) half.push_back(w.ts[static_cast<size_t>(r)]->page(l, h, i).slot);
+      w.kv.evict_slots(half);
+      std::vector<PageId> back;
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (int64_t i = 0; i < 4096; i += 2) back.push_back({l, h, i});
+      w.kv.recall_ahead(*w.ts[static_cast<size_t>(r)], back, 1);
+    }
+    for (int64_t step = 2; step < 42; ++step)
+      for (int r = 0; r < 3; ++r) {
+        std::vector<PageId> read;
+        for (int l = 0; l < L; ++l)
+          for (int h = 0; h < H; ++h)
+            for (int64_t i = (step + r) % 40; i < 4096; i += 40) read.push_back({l, h, i});
+        w.kv.note_reads(*w.ts[static_cast<size_t>(r)], read, step);
+      }
+    w.moved.clear();
+    w.kv.set_relocate_hook([&w](const PageTable& t, int l, int h, int64_t i) {
+      uint64_t r = 0;
+      while (w.ts[r]->id() != t.id()) ++r;  // (the request's index: table ids differ between the twins)
+      w.hooked.emplace_back(r, l, h, i, static_cast<int>(t.page(l, h, i).tier));
+    });
+    // Budgets of 9,000 pages: ~7,380 evicted per request (one at a time: offload), then all three
+    // down to 2,000 at once (the batched form: one eviction of 21,000 slots).
+    for (int r = 0; r < 3; ++r) w.kv.set_budget(*w.ts[static_cast<size_t>(r)], 9000, 43);
+    std::vector<PageTable*> all;
+    for (auto& t : w.ts) {
+      w.kv.set_budget(*t, 2000, 44);
+      all.push_back(t.get());
+    }
+    EXPECT_EQ(w.kv.check_invariants(), "");
+  };
+  Twin serial, parallel;
+  run(serial, INT64_MAX);
+  run(parallel, 1);
+  ASSERT_GT(serial.hooked.size(), 40000u);
+  EXPECT_EQ(serial.hooked, parallel.hooked);
+  ASSERT_EQ(serial.moved.size(), parallel.moved.size());
+  for (size_t k = 0; k < serial.moved.size(); ++k) {
+    EXPECT_EQ(serial.moved[k].src.slot, parallel.moved[k].src.slot);
+    EXPECT_EQ(serial.moved[k].dst.slot, parallel.moved[k].dst.slot);
+  }
+  for (int r = 0; r < 3; ++r) {
+    const PageTable &a = *serial.ts[static_cast<size_t>(r)], &b = *parallel.ts[static_cast<size_t>(r)];
+    EXPECT_EQ(serial.kv.resident_pages(a), 2000) << "request " << r;
+    EXPECT_EQ(parallel.kv.resident_pages(b), serial.kv.resident_pages(a));
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int64_t i = 0; i < a.n_pages_per_list(); ++i) {
+          const PageRef pa = a.page(l, h, i), pb = b.page(l, h, i);
+          ASSERT_TRUE(pa.tier == pb.tier && pa.slot == pb.slot) << "request " << r << " page (" << l << ", " << h << ", " << i << ")";
+        }
+  }
+  // The pools' free lists in the same order: the next allocations take the same slots.
+  std::vector<PageRef> na, nb;
+  ASSERT_TRUE(serial.dev.allocate(serial.dev.n_free(), &na));
+  ASSERT_TRUE(parallel.dev.allocate(parallel.dev.n_free(), &nb));
+  ASSERT_EQ(na.size(), nb.size());
+  for (size_t k = 0; k < na.size(); ++k) ASSERT_EQ(na[k].slot, nb[k].slot);
+  for (const PageRef& p : na) serial.dev.free(p);
+  for (const PageRef& p : nb) parallel.dev.free(p);
+}
+
 // The bytes move through the mover the backend gives (the CUDA backend's copies): every
 // recall and offload goes through it, in the direction its pools say, and nothing else copies;
 // every tier change is reported to the relocation hook (the CUDA backend's table mirror).
