@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--machine", machine, "where it ran (recorded)");
   bool serial_recalls = false, land = false;
   app.add_flag("--land", land, "landing (kv/tier_land.h): slots reserved before each step, the late pages landed in them in order, adopted after");
-  bool hook = false;
+  bool hook = false, fresh_victims = false;
+  app.add_flag("--fresh-victims", fresh_victims, "recalls one request at a time select other requests' victims afresh each (the shared prefix off: the A/B)");
   app.add_flag("--hook", hook, "the CUDA runner's relocate hook emulated (a record per page moved)");
   app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
   int L = 32, H = 8, D = 128;
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   PagePool dev(Tier::Device, n_dev, P, D, false), host(Tier::Host, n_host, P, D, false);
   TieredKv kv(dev, host, LruParams{L, 4, true});
   kv.set_batch_recalls(!serial_recalls);
+  kv.set_shared_victims(!fresh_victims);
   kv.set_mover([](const PagePool&, PagePool&, std::span<const PageMove> m) { return m.empty() ? int64_t{0} : int64_t{1}; });
   // --hook: the CUDA runner's relocate hook, emulated (its device page table records the page's
   // new key: the table read again, one record appended; cuda::DevicePageTable::patch).

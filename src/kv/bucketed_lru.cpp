@@ -35,24 +35,29 @@ void BucketedLru::touch(int32_t s, int64_t now) {
 void BucketedLru::erase(int32_t s) {
   DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU erase of slot {} that holds no page", s);
   owner_[static_cast<size_t>(s)] = -1;
+  n_pinned_ -= pinned_[static_cast<size_t>(s)];
   pinned_[static_cast<size_t>(s)] = 0;
 }
 
 void BucketedLru::set_pinned(int32_t s, bool pinned) {
   DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU pin of slot {} that holds no page", s);
+  n_pinned_ += (pinned ? 1 : 0) - pinned_[static_cast<size_t>(s)];
   pinned_[static_cast<size_t>(s)] = pinned ? 1 : 0;
 }
 
-void BucketedLru::unpin_all() { std::fill(pinned_.begin(), pinned_.end(), 0); }
+void BucketedLru::unpin_all() {
+  std::fill(pinned_.begin(), pinned_.end(), 0);
+  n_pinned_ = 0;
+}
 
 int64_t BucketedLru::bucket(int32_t s, int64_t now) const {
   const int64_t oldest = now / p_.bucket_steps - (p_.n_buckets - 1);
   return std::max(last_use_[static_cast<size_t>(s)] / p_.bucket_steps, oldest);
 }
 
-int64_t BucketedLru::order_bin(int32_t s, int64_t now) const {
-  const int64_t P = p_.bucket_steps, B = p_.n_buckets, u = last_use_[static_cast<size_t>(s)];
-  if (!p_.cyclic) return (bucket(s, now) - (now / P - (B - 1))) * P;  // key2 = 0
+int64_t BucketedLru::order_bin_at(int64_t u, int64_t now) const {
+  const int64_t P = p_.bucket_steps, B = p_.n_buckets;
+  if (!p_.cyclic) return (std::max(u / P, now / P - (B - 1)) - (now / P - (B - 1))) * P;  // key2 = 0
   const int64_t age = std::min((now - u) / P, B - 1);
   return ((B - 1) - age) * P + std::min(now - age * P - u, P - 1);
 }
@@ -209,6 +214,8 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
 }
 
 std::string BucketedLru::check_invariants(int64_t now) const {
+  const int64_t pinned = std::count(pinned_.begin(), pinned_.end(), uint8_t{1});
+  if (pinned != n_pinned_) return std::to_string(pinned) + " slots pinned, counted " + std::to_string(n_pinned_);
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (owner_[s] < -1) return "slot " + std::to_string(s) + " has owner " + std::to_string(owner_[s]);
     if (owner_[s] < 0 && pinned_[s]) return "free slot " + std::to_string(s) + " is pinned";

@@ -56,6 +56,8 @@ class BucketedLru {
     if (u < now) u = now;
   }
   void unpin_all();
+  // Slots pinned now.
+  int64_t n_pinned() const { return n_pinned_; }
 
   bool resident(int32_t s) const { return owner_[static_cast<size_t>(s)] >= 0; }
   int32_t owner(int32_t s) const { return owner_[static_cast<size_t>(s)]; }
@@ -64,7 +66,9 @@ class BucketedLru {
   int64_t bucket(int32_t s, int64_t now) const;  // (plain: key1)
   // The slot's place in the eviction order at `now` before the slot number: key1 relative to the
   // oldest bucket times bucket_steps, plus key2 (a bin in [0, n_buckets * bucket_steps)).
-  int64_t order_bin(int32_t s, int64_t now) const;
+  int64_t order_bin(int32_t s, int64_t now) const { return order_bin_at(last_use_[static_cast<size_t>(s)], now); }
+  // The same for a slot last used at u.
+  int64_t order_bin_at(int64_t u, int64_t now) const;
 
   // Up to n victims of `owner` (-1: of every owner) at step `now`, in (bucket, slot) order.
   // `eligible` (optional) narrows the candidates further (the definition's C: those it accepts).
@@ -98,6 +102,7 @@ class BucketedLru {
   std::vector<int64_t> last_use_;
   std::vector<int32_t> owner_;   // -1: free
   std::vector<uint8_t> pinned_;
+  int64_t n_pinned_ = 0;
 };
 
 }  // namespace dhs

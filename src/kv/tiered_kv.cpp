@@ -279,8 +279,50 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   return st;
 }
 
+TieredKv::AnyVictims TieredKv::take_any_victims(int64_t n, int64_t now) const {
+  AnyVictims a;
+  // The order's bin of a slot used at `now` (what the recalls the prefix serves insert and touch):
+  // the prefix ends before the first entry at it or past it, so nothing they change comes before
+  // what it holds.
+  const int64_t newest = lru_.order_bin_at(now, now);
+  for (const int32_t s : lru_.select(-1, n, now)) {
+    if (lru_.order_bin(s, now) >= newest || lru_.last_use(s) >= now) break;
+    a.slots.push_back(s);
+    a.last_use.push_back(lru_.last_use(s));
+  }
+  return a;
+}
+
+bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t host_room, std::vector<int32_t>* out) const {
+  // victims(-1, n, now, host_room) over the order's entries that are still what they were.
+  out->clear();
+  if (n <= 0) return true;
+  const auto gone = [&](size_t k) {
+    const int32_t s = any.slots[k];
+    return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k];
+  };
+  while (any.first < any.slots.size() && gone(any.first)) ++any.first;
+  for (size_t k = any.first; k < any.slots.size(); ++k) {
+    const int32_t s = any.slots[k];
+    if (gone(k) || lru_.pinned(s)) continue;
+    const Where& w = dev_where_[static_cast<size_t>(s)];
+    if (!may_move(*w.t, w.idx)) continue;
+    if (host_copy_[static_cast<size_t>(s)] < 0) {
+      if (host_room == 0) continue;
+      --host_room;
+    }
+    out->push_back(s);
+    if (static_cast<int64_t>(out->size()) == n) {
+      ++shared_victim_picks_;
+      return true;
+    }
+  }
+  return false;
+}
+
 void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing_pages, int64_t now,
-                            std::vector<int32_t>& pinned, TierStats& st, const std::vector<int32_t>* own_victims) {
+                            std::vector<int32_t>& pinned, TierStats& st, const std::vector<int32_t>* own_victims,
+                            const AnyVictims* any) {
   const auto fail = [&](const std::string& why) {
     for (int32_t s : pinned) lru_.set_pinned(s, false);
     throw Error("tiered KV: " + why);
@@ -306,8 +348,9 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     int64_t own_copies = 0;
     for (int32_t s : out) own_copies += host_copy_[static_cast<size_t>(s)] < 0;
     // (the own victims' copies count twice against the room here at most: conservative)
-    const std::vector<int32_t> more =
-        victims(-1, need_any + static_cast<int64_t>(out.size()), now, std::max<int64_t>(0, host_.n_free() - own_copies));
+    const int64_t ask = need_any + static_cast<int64_t>(out.size()), room = std::max<int64_t>(0, host_.n_free() - own_copies);
+    std::vector<int32_t> more;
+    if (!any || !any_victims(*any, ask, room, &more)) more = victims(-1, ask, now, room);
     std::unordered_set<int32_t> chosen(out.begin(), out.end());
     int64_t added = 0;
     for (int32_t s : more) {
@@ -445,7 +488,8 @@ int64_t TieredKv::ahead_plan(const Owner& o, std::vector<PageId>& missing, int64
 }
 
 TierStats TieredKv::recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
-                                    std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims) {
+                                    std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims,
+                                    const AnyVictims* any) {
   const auto unpin = [&] {
     for (int32_t slot : pinned)
       if (lru_.resident(slot)) lru_.set_pinned(slot, false);
@@ -457,7 +501,7 @@ TierStats TieredKv::recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> 
   }
   TierStats st;
   try {
-    recall_pages(o, t, missing, now, pinned, st, own_victims);
+    recall_pages(o, t, missing, now, pinned, st, own_victims, any);
   } catch (const Error&) {
     return {};  // (no room now: changed nothing but LRU stamps of pages that were read anyway)
   }
@@ -798,11 +842,17 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
     times_.recall_ms = lap(t);
     return st;
   }
+  // One request at a time; their victims of any owner from one prefix of the LRU's order (at most
+  // what they recall in all, twice over: the pages the recalls before evict are skipped in it).
+  std::optional<AnyVictims> any;
+  int64_t all_missing = 0;
+  for (const std::vector<PageId>& m : missing_of) all_missing += static_cast<int64_t>(m.size());
+  if (shared_victims_ && all_missing > 0 && lru_.n_pinned() == 0) any = take_any_victims(2 * all_missing + 64, now);
   for (size_t i = 0; i < n_req; ++i) {
     std::vector<int32_t> pinned;
     // (ahead_plan again on the planned list: the same cut and order)
     st += recall_ahead_of(*owner[i], *tables[i], std::move(missing_of[i]), p.keep[i], now, pinned,
-                          victims_of ? &(*victims_of)[i] : nullptr);
+                          victims_of ? &(*victims_of)[i] : nullptr, any ? &*any : nullptr);
   }
   times_.recall_ms = lap(t);
   return st;

@@ -248,6 +248,10 @@ class TieredKv {
   // Evictions of at least this many slots release them on the thread pool (default
   // kParallelEvict; the tests compare both forms).
   void set_parallel_evict_from(int64_t n) { parallel_evict_from_ = n; }
+  // The shared prefix of victims for recalls made one request at a time (AnyVictims; default on,
+  // the tests compare both), and how many selections it answered.
+  void set_shared_victims(bool on) { shared_victims_ = on; }
+  int64_t shared_victim_picks() const { return shared_victim_picks_; }
   int64_t batched_steps() const { return batched_steps_; }
   // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
   // scan; the landings' adoption, budgets enforced, the recalls' plan, their victims, the recalls.
@@ -305,11 +309,28 @@ class TieredKv {
   // is true the first time the call sees id (and checks it is in t).
   void begin_dedupe(Owner& o, const PageTable& t);
   bool first_time(Owner& o, const PageTable& t, const PageId& id);
+  // A step's recalls made one request at a time (after_step_recalls when they cannot run batched:
+  // some request needs other requests' pages) each select victims of any owner over the whole LRU.
+  // Instead they share one prefix of that order, taken once: while the pages a request takes are
+  // older than anything the recalls before it inserted or touched (those are used at `now`), and
+  // still resident, unpinned and unchanged, the prefix gives what a fresh selection would
+  // (any_victims); past it, a fresh selection. Taken only when no slot is pinned (a page pinned
+  // when it was taken could be unpinned later and belong to a fresh order).
+  struct AnyVictims {
+    std::vector<int32_t> slots;     // the order's first entries, up to the first at the bin of `now`
+    std::vector<int64_t> last_use;  // [slots] each one's last use when taken
+    // Entries before it are gone for good (evicted, or used again: a later use is `now`).
+    mutable size_t first = 0;
+  };
+  AnyVictims take_any_victims(int64_t n, int64_t now) const;
+  // victims(-1, n, now, host_room) from the prefix; false when the prefix runs out first.
+  bool any_victims(const AnyVictims& any, int64_t n, int64_t host_room, std::vector<int32_t>* out) const;
   // recall_ahead's rule: `missing` (host pages of t, once each, in the order read) recalled as far
   // as t's budget has room beside keep_movable resident pages it read, evicting by the budgets;
   // best effort (no room: nothing). Every slot in `pinned` is unpinned on return.
   TierStats recall_ahead_of(Owner& o, PageTable& t, std::vector<PageId> missing, int64_t keep_movable, int64_t now,
-                            std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims = nullptr);
+                            std::vector<int32_t>& pinned, const std::vector<int32_t>* own_victims = nullptr,
+                            const AnyVictims* any = nullptr);
   // recall_ahead_of's first half: `missing` cut to the room and sorted; its own evictions' count.
   int64_t ahead_plan(const Owner& o, std::vector<PageId>& missing, int64_t keep_movable) const;
   // The recall half of ensure_resident: `missing` (host pages of t, once each, in (layer, head,
@@ -319,7 +340,7 @@ class TieredKv {
   // own_victims (optional): the request's own victims chosen beforehand (in the LRU's order, at
   // least as many as it needs: after_decode_step picks every request's in one pass).
   void recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing, int64_t now, std::vector<int32_t>& pinned,
-                    TierStats& st, const std::vector<int32_t>* own_victims = nullptr);
+                    TierStats& st, const std::vector<int32_t>* own_victims = nullptr, const AnyVictims* any = nullptr);
   // The victims of several requests at once, as victims(o, n, now, host room) would pick each
   // (their own pages only; nullopt when the host tier's room could bind: then one at a time).
   std::optional<std::vector<std::vector<int32_t>>> victims_many(std::span<const std::pair<int32_t, int64_t>> wants,
@@ -393,6 +414,8 @@ class TieredKv {
   int32_t next_owner_ = 0;
   bool batch_recalls_ = true;
   int64_t parallel_evict_from_ = kParallelEvict;
+  bool shared_victims_ = true;
+  mutable int64_t shared_victim_picks_ = 0;
   int64_t batched_steps_ = 0;
   // The owner of the page in a resident device slot (its LRU owner), without a table lookup.
   Owner& owner_at(int32_t slot) { return *by_id_[static_cast<size_t>(lru_.owner(slot))]; }

@@ -501,31 +501,41 @@ TEST(TieredKv, RecallsInFlightLeaveChangedSlotsOutOfTheNextHits) {
 // order, evictions then recalls per request on the thread pool, the copies evictions first)
 // against one request at a time: twin hierarchies, three requests under tight budgets, 60 random
 // steps; every page's tier and slot, every count and every byte equal after each step.
-TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
+// a: batched (the default), b: one request at a time with the victims of any owner from one
+// shared prefix of the LRU's order (TieredKv::AnyVictims), c: one at a time with a fresh
+// selection each (the definition). All three end every step with the same tables and counts.
+// Budgets from `budget0` on: small ones keep every request within its own pages (the batched path),
+// large ones fill the pool, so recalls take other requests' pages (the shared prefix). all_resident:
+// each step also reads every resident page, so every victim is as new as the recalls themselves
+// (the prefix must then give way to fresh selections).
+void recall_forms_scenario(int64_t budget0, int64_t* batched, int64_t* shared, bool all_resident = false) {
   constexpr int64_t kDev = 80, kHost = 400;
   const LruParams lru{kLayers, 4, true};
-  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru), c(kDev, kHost, lru);
   b.kv_.set_batch_recalls(false);
-  for (Scenario* s : {&a, &b})
+  c.kv_.set_batch_recalls(false);
+  c.kv_.set_shared_victims(false);
+  for (Scenario* s : {&a, &b, &c})
     for (int r = 0; r < 3; ++r) {
       s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
-      s->kv_.add(*s->reqs_.back().t, 0, /*budget=*/10 + 2 * r);
+      s->kv_.add(*s->reqs_.back().t, 0, /*budget=*/budget0 + 2 * r);
       ASSERT_TRUE(s->append(s->reqs_.back(), 30 + 5 * r));
     }
   std::mt19937 rng(17);
-  std::vector<int32_t> stamps_a(kDev, 0), stamps_b(kDev, 0);
+  std::vector<int32_t> stamps_a(kDev, 0), stamps_b(kDev, 0), stamps_c(kDev, 0);
   for (int step = 1; step <= 60; ++step) {
     const int64_t now = int64_t{step} * kLayers + kLayers - 1;
-    a.now_ = b.now_ = now;
+    a.now_ = b.now_ = c.now_ = now;
     std::vector<std::vector<PageId>> reads(3);
     for (int r = 0; r < 3; ++r) {
       const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
       for (int l = 0; l < kLayers; ++l)
         for (int h = 0; h < kHeads; ++h)
           for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
-            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
+            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0 || (all_resident && t.page(l, h, i).tier == Tier::Device))
+              reads[static_cast<size_t>(r)].push_back({l, h, i});
     }
-    for (auto [s, stamps] : {std::pair{&a, &stamps_a}, std::pair{&b, &stamps_b}}) {
+    for (auto [s, stamps] : {std::pair{&a, &stamps_a}, std::pair{&b, &stamps_b}, std::pair{&c, &stamps_c}}) {
       std::vector<TieredKv::LateRead> late;
       for (int r = 0; r < 3; ++r)
         for (const PageId& id : reads[static_cast<size_t>(r)]) {
@@ -537,35 +547,50 @@ TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
       for (Req& r : s->reqs_) tables.push_back(r.t.get());
       s->kv_.after_decode_step(*stamps, step, late, tables, now);
     }
-    for (int r = 0; r < 3; ++r) {
-      const PageTable &ta = *a.reqs_[static_cast<size_t>(r)].t, &tb = *b.reqs_[static_cast<size_t>(r)].t;
-      for (int l = 0; l < kLayers; ++l)
-        for (int h = 0; h < kHeads; ++h)
-          for (int64_t i = 0; i < ta.n_pages_per_list(); ++i) {
-            const PageRef pa = ta.page(l, h, i), pb = tb.page(l, h, i);
-            ASSERT_TRUE(pa.tier == pb.tier && pa.slot == pb.slot) << "step " << step << " request " << r << " page " << i;
-          }
-      const TierStats sa = a.kv_.request_stats(ta), sb = b.kv_.request_stats(tb);
-      ASSERT_EQ(sa.hits, sb.hits);
-      ASSERT_EQ(sa.late, sb.late);
-      ASSERT_EQ(sa.recalled, sb.recalled);
+    for (Scenario* x : {&a, &b}) {
+      SCOPED_TRACE(x == &a ? "batched" : "one at a time, shared victims");
+      for (int r = 0; r < 3; ++r) {
+        const PageTable &tx = *x->reqs_[static_cast<size_t>(r)].t, &tc = *c.reqs_[static_cast<size_t>(r)].t;
+        for (int l = 0; l < kLayers; ++l)
+          for (int h = 0; h < kHeads; ++h)
+            for (int64_t i = 0; i < tx.n_pages_per_list(); ++i) {
+              const PageRef px = tx.page(l, h, i), pc = tc.page(l, h, i);
+              ASSERT_TRUE(px.tier == pc.tier && px.slot == pc.slot) << "step " << step << " request " << r << " page " << i;
+            }
+        const TierStats sx = x->kv_.request_stats(tx), sc = c.kv_.request_stats(tc);
+        ASSERT_EQ(sx.hits, sc.hits);
+        ASSERT_EQ(sx.late, sc.late);
+        ASSERT_EQ(sx.recalled, sc.recalled);
+      }
+      const TierStats &tx = x->kv_.totals(), &tc = c.kv_.totals();
+      ASSERT_EQ(tx.offloaded, tc.offloaded) << "step " << step;
+      ASSERT_EQ(tx.dropped, tc.dropped) << "step " << step;
+      ASSERT_EQ(x->dev_.n_free(), c.dev_.n_free());
+      ASSERT_EQ(x->host_.n_free(), c.host_.n_free());
+      x->check();
     }
-    const TierStats &ta = a.kv_.totals(), &tb = b.kv_.totals();
-    ASSERT_EQ(ta.offloaded, tb.offloaded) << "step " << step;
-    ASSERT_EQ(ta.dropped, tb.dropped) << "step " << step;
-    ASSERT_EQ(a.dev_.n_free(), b.dev_.n_free());
-    ASSERT_EQ(a.host_.n_free(), b.host_.n_free());
-    a.check();
-    b.check();
+    c.check();
     if (step % 4 == 0) {
-      for (Scenario* s : {&a, &b})
+      for (Scenario* s : {&a, &b, &c})
         for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
     }
   }
-  EXPECT_GT(a.kv_.batched_steps(), 30) << "the batched path should carry most steps";
   EXPECT_EQ(b.kv_.batched_steps(), 0);
+  EXPECT_EQ(c.kv_.batched_steps(), 0);
+  EXPECT_EQ(c.kv_.shared_victim_picks(), 0);
   EXPECT_GT(a.kv_.totals().recalled, 50);
   EXPECT_GT(a.kv_.totals().offloaded + a.kv_.totals().dropped, 50);
+  *batched = a.kv_.batched_steps();
+  *shared = b.kv_.shared_victim_picks();
+}
+
+TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
+  int64_t batched = 0, shared = 0;
+  recall_forms_scenario(10, &batched, &shared);
+  EXPECT_GT(batched, 30) << "the batched path should carry most steps";
+  recall_forms_scenario(26, &batched, &shared);
+  EXPECT_GT(shared, 20) << "with the pool full, the shared prefix should answer the selections";
+  recall_forms_scenario(26, &batched, &shared, /*all_resident=*/true);
 }
 
 // Landing (kv/tier_land.h): before each step slots are reserved, the step's late pages land in
