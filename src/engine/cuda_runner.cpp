@@ -97,6 +97,7 @@ class CudaRunner final : public StepRunner {
         return m->move_pages(src, dst, moves);
       });
       tiers_->kv().set_relocate_hook([m](const PageTable& t, int l, int h, int64_t i) { m->patch_table(t, l, h, i); });
+      tiers_->kv().set_time_hooks(phases_log_);  // (DHS_STEP_PHASES: the hook's share of the after-step)
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
       recalls_ = std::make_unique<DeferredRecalls>(*tiers_);
     }
@@ -359,13 +360,13 @@ class CudaRunner final : public StepRunner {
     std::fprintf(stderr,
                  "step phases: %s seqs %zu rows %lld | step %.3f ms, hierarchy host %.3f (after-step %.3f) | forward before %.3f "
                  "launch-to-wait %.3f (in flight %.3f, kernels %.3f) after %.3f | late %lld recalled %lld offloaded %lld hits %lld "
-                 "landings %zu | kv parts: scan %.3f adopt %.3f budgets %.3f plan %.3f victims %.3f recalls %.3f ms, batched "
-                 "steps %lld\n",
+                 "landings %zu | kv parts: scan %.3f adopt %.3f budgets %.3f plan %.3f victims %.3f recalls %.3f (io %.3f, hooks %.3f) ms, "
+                 "batched steps %lld\n",
                  prefill ? "prefill" : "decode", batch.size(), static_cast<long long>(rows), step_s * 1e3, tier_s * 1e3,
                  after_s * 1e3, ph.before_ms, ph.gpu_ms, ph.while_ms, ph.graph_ms, ph.after_ms, static_cast<long long>(t.late - before.late),
                  static_cast<long long>(t.recalled - before.recalled), static_cast<long long>(t.offloaded - before.offloaded),
                  static_cast<long long>(t.hits - before.hits), model_->landings().size(), k.scan_ms, k.adopt_ms, k.budgets_ms, k.plan_ms,
-                 k.victims_ms, k.recall_ms, static_cast<long long>(tiers_->kv().batched_steps()));
+                 k.victims_ms, k.recall_ms, k.io_ms, k.hooks_ms, static_cast<long long>(tiers_->kv().batched_steps()));
   }
 
   // The last decode step's recalls (TieredKv::after_step_recalls), if not run yet.

@@ -159,7 +159,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   for (int32_t s : slots)
     if (host_copy_[static_cast<size_t>(s)] < 0) moves.push_back({PageRef{Tier::Device, s}, hs[k++]});
   std::sort(moves.begin(), moves.end(), [](const PageMove& a, const PageMove& b) { return a.src.slot < b.src.slot; });
-  st.offload_runs += mover_(dev_, host_, moves);
+  st.offload_runs += move(dev_, host_, moves);
   st.offloaded += static_cast<int64_t>(moves.size());
   for (const PageMove& m : moves) {
     host_copy_[static_cast<size_t>(m.src.slot)] = m.dst.slot;
@@ -195,7 +195,7 @@ void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
   for (int32_t s : slots) {
     if (on_relocate_) {
       const Where& w = dev_where_[static_cast<size_t>(s)];
-      on_relocate_(*w.t, w.layer, w.head, w.idx);
+      relocated(*w.t, w.layer, w.head, w.idx);
     }
     dev_.free(PageRef{Tier::Device, s});
   }
@@ -277,6 +277,24 @@ TierStats TieredKv::ensure_resident(PageTable& t, std::span<const PageId> pages,
   o.hits += st.hits;
   totals_.hits += st.hits;
   return st;
+}
+
+int64_t TieredKv::move(const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t runs = mover_(src, dst, moves);
+  times_.io_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return runs;
+}
+
+void TieredKv::relocated(const PageTable& t, int layer, int head, int64_t idx) {
+  if (!on_relocate_) return;
+  if (!time_hooks_) {
+    on_relocate_(t, layer, head, idx);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  on_relocate_(t, layer, head, idx);
+  times_.hooks_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 TieredKv::AnyVictims TieredKv::take_any_victims(int64_t n, int64_t now) const {
@@ -381,7 +399,7 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     moves.push_back({t.page(id.layer, id.head, id.idx), fresh[k]});
   }
   TierStats rc;
-  rc.recall_runs = mover_(host_, dev_, moves);
+  rc.recall_runs = move(host_, dev_, moves);
   if (on_move_)
     for (const PageMove& m : moves) on_move_(m.src, m.dst);
   rc.recalled = missing;
@@ -393,7 +411,7 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     lru_.set_pinned(d.slot, true);
     pinned.push_back(d.slot);
     t.relocate(id.layer, id.head, id.idx, d);
-    if (on_relocate_) on_relocate_(t, id.layer, id.head, id.idx);
+    relocated(t, id.layer, id.head, id.idx);
   }
   o.recalled += missing;
   totals_ += ev;
@@ -642,7 +660,7 @@ void TieredKv::adopt_claimed(std::span<const Landed> landed, const std::vector<s
     for (const PageMove& m : adopted_of[i]) {
       if (on_relocate_) {
         const Where& w = dev_where_[static_cast<size_t>(m.dst.slot)];
-        on_relocate_(*w.t, w.layer, w.head, w.idx);
+        relocated(*w.t, w.layer, w.head, w.idx);
       }
       adopted.push_back(m);
     }
@@ -777,6 +795,7 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
   const PendingRecalls p = std::move(*pending_);
   pending_.reset();
   const std::span<PageTable* const> tables(p.tables);
+  times_.io_ms = times_.hooks_ms = 0;
   Clock::time_point t = Clock::now();
   TierStats st;
   // The landings first, not marked as changed in flight: the running step's table named each
@@ -953,16 +972,16 @@ bool TieredKv::recall_batch(std::span<PageTable* const> tables, const std::vecto
     all_recall.insert(all_recall.end(), recall_moves[i].begin(), recall_moves[i].end());
   }
   TierStats sum;
-  sum.offload_runs = mover_(dev_, host_, all_evict);
+  sum.offload_runs = move(dev_, host_, all_evict);
   if (on_move_)
     for (const PageMove& m : all_evict) on_move_(m.src, m.dst);
-  sum.recall_runs = mover_(host_, dev_, all_recall);
+  sum.recall_runs = move(host_, dev_, all_recall);
   if (on_move_)
     for (const PageMove& m : all_recall) on_move_(m.src, m.dst);
   for (size_t i = 0; i < n_req; ++i) {
     if (on_relocate_) {
-      for (const Where& w : evicted[i]) on_relocate_(*w.t, w.layer, w.head, w.idx);
-      for (const PageId& id : missing_of[i]) on_relocate_(*tables[i], id.layer, id.head, id.idx);
+      for (const Where& w : evicted[i]) relocated(*w.t, w.layer, w.head, w.idx);
+      for (const PageId& id : missing_of[i]) relocated(*tables[i], id.layer, id.head, id.idx);
     }
     sum += part[i];
   }

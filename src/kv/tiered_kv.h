@@ -255,9 +255,13 @@ class TieredKv {
   int64_t batched_steps() const { return batched_steps_; }
   // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
   // scan; the landings' adoption, budgets enforced, the recalls' plan, their victims, the recalls.
+  // io_ms: of after_step_recalls' time, inside the mover (the backend's copies: staging and
+  // launches); hooks_ms: inside the relocate hook (timed only with set_time_hooks: a clock read per page).
   struct AfterStepTimes {
     double scan_ms = 0, adopt_ms = 0, budgets_ms = 0, plan_ms = 0, victims_ms = 0, recall_ms = 0;
+    double io_ms = 0, hooks_ms = 0;
   };
+  void set_time_hooks(bool on) { time_hooks_ = on; }
   const AfterStepTimes& after_step_times() const { return times_; }
   const PagePool& host_pool() const { return host_; }
   const BucketedLru& lru() const { return lru_; }
@@ -415,6 +419,10 @@ class TieredKv {
   bool batch_recalls_ = true;
   int64_t parallel_evict_from_ = kParallelEvict;
   bool shared_victims_ = true;
+  bool time_hooks_ = false;
+  // The mover and the relocate hook, timed into times_.io_ms / hooks_ms.
+  int64_t move(const PagePool& src, PagePool& dst, std::span<const PageMove> moves);
+  void relocated(const PageTable& t, int layer, int head, int64_t idx);
   mutable int64_t shared_victim_picks_ = 0;
   int64_t batched_steps_ = 0;
   // The owner of the page in a resident device slot (its LRU owner), without a table lookup.
