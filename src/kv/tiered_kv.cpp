@@ -299,30 +299,39 @@ void TieredKv::relocated(const PageTable& t, int layer, int head, int64_t idx) {
 
 TieredKv::AnyVictims TieredKv::take_any_victims(int64_t n, int64_t now) const {
   AnyVictims a;
-  // The order's bin of a slot used at `now` (what the recalls the prefix serves insert and touch):
-  // the prefix ends before the first entry at it or past it, so nothing they change comes before
-  // what it holds.
-  const int64_t newest = lru_.order_bin_at(now, now);
-  for (const int32_t s : lru_.select(-1, n, now)) {
-    if (lru_.order_bin(s, now) >= newest || lru_.last_use(s) >= now) break;
-    a.slots.push_back(s);
+  a.slots = lru_.select(-1, n, now);
+  a.cut = static_cast<int64_t>(a.slots.size()) == n;
+  for (const int32_t s : a.slots) {
     a.last_use.push_back(lru_.last_use(s));
+    a.bin.push_back(lru_.order_bin(s, now));
   }
   return a;
 }
 
-bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t host_room, std::vector<int32_t>* out) const {
-  // victims(-1, n, now, host_room) over the order's entries that are still what they were.
+bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t now, int64_t host_room, std::vector<int32_t>* out) const {
+  // victims(-1, n, now, host_room) over the merge of the prefix's unchanged entries and the slots
+  // inserted since (at the bin of `now`), in (bin, slot) order.
   out->clear();
   if (n <= 0) return true;
   const auto gone = [&](size_t k) {
     const int32_t s = any.slots[k];
-    return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k];
+    return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k] || any.added.count(s) != 0;
   };
   while (any.first < any.slots.size() && gone(any.first)) ++any.first;
-  for (size_t k = any.first; k < any.slots.size(); ++k) {
-    const int32_t s = any.slots[k];
-    if (gone(k) || lru_.pinned(s)) continue;
+  const int64_t b_now = lru_.order_bin_at(now, now);
+  const auto before = [](int64_t b1, int32_t s1, int64_t b2, int32_t s2) { return b1 < b2 || (b1 == b2 && s1 < s2); };
+  size_t k = any.first;
+  auto it = any.added.begin();
+  for (;;) {
+    while (k < any.slots.size() && gone(k)) ++k;
+    const bool from_prefix = k < any.slots.size() &&
+                             (it == any.added.end() || before(any.bin[k], any.slots[k], b_now, *it));
+    if (!from_prefix && it == any.added.end()) return false;  // (the merge ran out: a fresh selection)
+    const int32_t s = from_prefix ? any.slots[k] : *it;
+    if (!from_prefix && any.cut && before(any.bin.back(), any.slots.back(), b_now, s)) return false;  // (past the prefix)
+    if (from_prefix) ++k;
+    else ++it;
+    if (!lru_.resident(s) || lru_.pinned(s)) continue;
     const Where& w = dev_where_[static_cast<size_t>(s)];
     if (!may_move(*w.t, w.idx)) continue;
     if (host_copy_[static_cast<size_t>(s)] < 0) {
@@ -335,7 +344,6 @@ bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t host_room, 
       return true;
     }
   }
-  return false;
 }
 
 void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& missing_pages, int64_t now,
@@ -368,7 +376,7 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     // (the own victims' copies count twice against the room here at most: conservative)
     const int64_t ask = need_any + static_cast<int64_t>(out.size()), room = std::max<int64_t>(0, host_.n_free() - own_copies);
     std::vector<int32_t> more;
-    if (!any || !any_victims(*any, ask, room, &more)) more = victims(-1, ask, now, room);
+    if (!any || !any_victims(*any, ask, now, room, &more)) more = victims(-1, ask, now, room);
     std::unordered_set<int32_t> chosen(out.begin(), out.end());
     int64_t added = 0;
     for (int32_t s : more) {
@@ -414,6 +422,8 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     relocated(t, id.layer, id.head, id.idx);
   }
   o.recalled += missing;
+  if (any)  // (the shared order's new entries: at the bin of `now`)
+    for (const PageMove& m : moves) any->added.insert(m.dst.slot);
   totals_ += ev;
   totals_ += rc;
   st += rc;

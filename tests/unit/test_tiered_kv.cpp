@@ -507,7 +507,7 @@ TEST(TieredKv, RecallsInFlightLeaveChangedSlotsOutOfTheNextHits) {
 // Budgets from `budget0` on: small ones keep every request within its own pages (the batched path),
 // large ones fill the pool, so recalls take other requests' pages (the shared prefix). all_resident:
 // each step also reads every resident page, so every victim is as new as the recalls themselves
-// (the prefix must then give way to fresh selections).
+// (they take turns by slot with the slots the recalls before them inserted).
 void recall_forms_scenario(int64_t budget0, int64_t* batched, int64_t* shared, bool all_resident = false) {
   constexpr int64_t kDev = 80, kHost = 400;
   const LruParams lru{kLayers, 4, true};
@@ -591,6 +591,7 @@ TEST(TieredKv, BatchedRecallsEqualOneAtATime) {
   recall_forms_scenario(26, &batched, &shared);
   EXPECT_GT(shared, 20) << "with the pool full, the shared prefix should answer the selections";
   recall_forms_scenario(26, &batched, &shared, /*all_resident=*/true);
+  EXPECT_GT(shared, 20) << "with every victim as new as the recalls, the merge with the inserted slots should answer";
 }
 
 // Landing (kv/tier_land.h): before each step slots are reserved, the step's late pages land in
