@@ -80,9 +80,15 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
     capacity += kv_->movable_resident_pages(t);
   }
   if (!auto_budgets_) return;
-  const std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
-  for (size_t i = 0; i < batch.size(); ++i)
-    kv_->set_budget(*batch[i].table, b[i] == DeviceBudgets::kUnlimited ? TieredKv::kUnlimited : b[i], clock_());
+  std::vector<int64_t> b = auto_budgets_->budgets(reqs, capacity);
+  std::vector<PageTable*> tables;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    tables.push_back(batch[i].table);
+    if (b[i] == DeviceBudgets::kUnlimited) b[i] = TieredKv::kUnlimited;
+  }
+  // (all at once: one selection over the LRU, not one per request — 16 of them took ~5 ms a step
+  // under the serving load)
+  kv_->set_budgets(tables, b, clock_());
 }
 
 bool RunnerTiers::truncate(PageTable& t, int64_t n_tokens) {

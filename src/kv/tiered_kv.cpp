@@ -86,6 +86,22 @@ TierStats TieredKv::set_budget(PageTable& t, int64_t budget, int64_t now) {
   const int64_t over = movable_resident(o) - budget;
   return over > 0 ? offload(t, over, now) : TierStats{};
 }
+TierStats TieredKv::set_budgets(std::span<PageTable* const> tables, std::span<const int64_t> budgets, int64_t now) {
+  DHS_CHECK(tables.size() == budgets.size(), "tiered KV: {} budgets for {} tables", budgets.size(), tables.size());
+  TierStats st;
+  std::unordered_set<const PageTable*> seen;
+  for (PageTable* t : tables) seen.insert(t);
+  if (seen.size() != tables.size()) {  // (a table listed twice: each in turn, as the definition)
+    for (size_t i = 0; i < tables.size(); ++i) st += set_budget(*tables[i], budgets[i], now);
+    return st;
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    DHS_CHECK(budgets[i] >= 0, "tiered KV: budget {} < 0", budgets[i]);
+    owner_of(*tables[i]).budget = budgets[i];
+  }
+  enforce_budgets(tables, now, st);
+  return st;
+}
 int64_t TieredKv::budget(const PageTable& t) const { return owner_of(t).budget; }
 int64_t TieredKv::resident_pages(const PageTable& t) const { return owner_of(t).resident; }
 

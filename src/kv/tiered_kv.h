@@ -64,6 +64,10 @@ class TieredKv {
   void add(PageTable& t, int64_t now, int64_t budget = kUnlimited);
   // A new budget; pages over it are offloaded now (least recently used first).
   TierStats set_budget(PageTable& t, int64_t budget, int64_t now);
+  // set_budget on each table in turn, as one selection of every request's victims and one
+  // eviction (enforce_budgets; one at a time where the host tier's room could bind): the same
+  // pages, slots and tables. The cache manager's budgets for a step's batch.
+  TierStats set_budgets(std::span<PageTable* const> tables, std::span<const int64_t> budgets, int64_t now);
   int64_t budget(const PageTable& t) const;
   int64_t resident_pages(const PageTable& t) const;
   // t's device pages that may move (resident minus the pages its lists append into).

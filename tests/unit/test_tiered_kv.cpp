@@ -980,6 +980,70 @@ TEST(TieredKv, EvictSlotsTakesOnlyFullUnpinnedPages) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// The cache manager's budgets for a batch at once (TieredKv::set_budgets: one selection, one
+// eviction) against set_budget on each request in turn: the same tables, pools and counts after
+// every round, with budgets going down and up at random, the LRU's order shuffled by reads between
+// rounds, and a host tier small enough that its room sometimes binds (then one at a time).
+TEST(TieredKv, SetBudgetsEqualsEachInTurn) {
+  constexpr int64_t kDev = 120, kHost = 150;
+  const LruParams lru{kLayers, 4, true};
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  for (Scenario* s : {&a, &b})
+    for (int r = 0; r < 3; ++r) {
+      s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
+      s->kv_.add(*s->reqs_.back().t, 0);
+      ASSERT_TRUE(s->append(s->reqs_.back(), 36 + 4 * r));
+    }
+  std::mt19937 rng(23);
+  int64_t evicted = 0;
+  for (int round = 1; round <= 40; ++round) {
+    const int64_t now = int64_t{round} * kLayers;
+    a.now_ = b.now_ = now;
+    std::vector<int64_t> budgets;
+    for (int r = 0; r < 3; ++r) budgets.push_back(4 + static_cast<int64_t>(rng() % 36));
+    std::vector<std::vector<PageId>> reads(3);
+    for (int r = 0; r < 3; ++r)
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < a.reqs_[static_cast<size_t>(r)].t->n_pages_per_list(); ++i)
+            if (rng() % 4 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
+    for (Scenario* s : {&a, &b}) {
+      for (int r = 0; r < 3; ++r) s->kv_.note_reads(*s->reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now);
+      std::vector<PageTable*> tables;
+      for (Req& r : s->reqs_) tables.push_back(r.t.get());
+      if (s == &a) {
+        a.kv_.set_budgets(tables, budgets, now + 1);
+      } else {
+        for (size_t r = 0; r < 3; ++r) b.kv_.set_budget(*tables[r], budgets[r], now + 1);
+      }
+    }
+    for (int r = 0; r < 3; ++r) {
+      const PageTable &ta = *a.reqs_[static_cast<size_t>(r)].t, &tb = *b.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < ta.n_pages_per_list(); ++i) {
+            const PageRef pa = ta.page(l, h, i), pb = tb.page(l, h, i);
+            ASSERT_TRUE(pa.tier == pb.tier && pa.slot == pb.slot) << "round " << round << " request " << r << " page " << i;
+          }
+      ASSERT_EQ(a.kv_.resident_pages(ta), b.kv_.resident_pages(tb));
+      ASSERT_LE(a.kv_.movable_resident_pages(ta), budgets[static_cast<size_t>(r)]);
+    }
+    ASSERT_EQ(a.kv_.totals().offloaded, b.kv_.totals().offloaded);
+    ASSERT_EQ(a.kv_.totals().dropped, b.kv_.totals().dropped);
+    ASSERT_EQ(a.host_.n_free(), b.host_.n_free());
+    a.check();
+    b.check();
+    evicted = a.kv_.totals().offloaded + a.kv_.totals().dropped;
+    // (recalls between rounds: pages come back, so budgets have something to evict again)
+    for (Scenario* s : {&a, &b})
+      for (int r = 0; r < 3; ++r) {
+        s->kv_.set_budget(*s->reqs_[static_cast<size_t>(r)].t, TieredKv::kUnlimited, now + 2);
+        s->kv_.recall_ahead(*s->reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now + 2);
+      }
+  }
+  EXPECT_GT(evicted, 200);
+}
+
 // A large eviction releases its slots on the thread pool (TieredKv::evict from
 // kParallelEvict slots): the same tables, pools, LRU, host copies, hook calls and moves as the
 // serial loop, here with three requests' pages interleaved in the LRU's order and half of them
