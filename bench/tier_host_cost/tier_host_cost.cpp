@@ -197,11 +197,11 @@ int main(int argc, char** argv) {
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
                    "\"after_step_ms\":%.3f,\"kv_scan_ms\":%.3f,\"kv_adopt_ms\":%.3f,\"kv_budgets_ms\":%.3f,\"kv_plan_ms\":%.3f,"
                    "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,"
-                   "\"relocate_hook\":%s,\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
+                   "\"relocate_hook\":%s,\"any_victims\":\"%s\",\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), shape.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
                    hbm_gib, steps, sum_before / steps, sum_after / steps, parts.scan_ms / steps, parts.adopt_ms / steps,
-                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, hook ? "true" : "false", land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
+                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, hook ? "true" : "false", fresh_victims ? "fresh per request" : "shared prefix", land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);
