@@ -313,8 +313,25 @@ void TieredKv::relocated(const PageTable& t, int layer, int head, int64_t idx) {
   times_.hooks_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void TieredKv::AnyVictims::add(std::vector<int32_t> slots) const {
+  // (a sorted run merged in: the recalls of one request at a time, a few hundred slots each)
+  std::sort(slots.begin(), slots.end());
+  size_t keep = 0;
+  for (const int32_t s : slots) {
+    if (is_added.empty()) is_added.assign(static_cast<size_t>(n_slots), 0);
+    if (is_added[static_cast<size_t>(s)]) continue;  // (reinserted again: listed once)
+    is_added[static_cast<size_t>(s)] = 1;
+    slots[keep++] = s;
+  }
+  slots.resize(keep);
+  const size_t mid = added.size();
+  added.insert(added.end(), slots.begin(), slots.end());
+  std::inplace_merge(added.begin(), added.begin() + static_cast<std::ptrdiff_t>(mid), added.end());
+}
+
 TieredKv::AnyVictims TieredKv::take_any_victims(int64_t n, int64_t now) const {
   AnyVictims a;
+  a.n_slots = lru_.n_slots();
   a.slots = lru_.select(-1, n, now);
   a.cut = static_cast<int64_t>(a.slots.size()) == n;
   for (const int32_t s : a.slots) {
@@ -331,7 +348,7 @@ bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t now, int64_
   if (n <= 0) return true;
   const auto gone = [&](size_t k) {
     const int32_t s = any.slots[k];
-    return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k] || any.added.count(s) != 0;
+    return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k] || (!any.is_added.empty() && any.is_added[static_cast<size_t>(s)]);
   };
   while (any.first < any.slots.size() && gone(any.first)) ++any.first;
   const int64_t b_now = lru_.order_bin_at(now, now);
@@ -439,7 +456,11 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
   }
   o.recalled += missing;
   if (any)  // (the shared order's new entries: at the bin of `now`)
-    for (const PageMove& m : moves) any->added.insert(m.dst.slot);
+    any->add([&] {
+      std::vector<int32_t> v;
+      for (const PageMove& m : moves) v.push_back(m.dst.slot);
+      return v;
+    }());
   totals_ += ev;
   totals_ += rc;
   st += rc;

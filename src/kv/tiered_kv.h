@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -332,7 +331,11 @@ class TieredKv {
     std::vector<int64_t> last_use;  // [slots] each one's last use when taken
     std::vector<int64_t> bin;       // [slots] its order bin then
     bool cut = false;               // there were more candidates than `slots` holds
-    mutable std::set<int32_t> added;  // slots the recalls inserted since (recall_pages)
+    int64_t n_slots = 0;            // the device pool's
+    // Slots the recalls inserted since (recall_pages), ascending, and a mark per device slot.
+    mutable std::vector<int32_t> added;
+    mutable std::vector<uint8_t> is_added;
+    void add(std::vector<int32_t> slots) const;
     // Entries before it are gone for good (evicted or used again; a reinserted slot is in added).
     mutable size_t first = 0;
   };
