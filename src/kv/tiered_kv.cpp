@@ -152,16 +152,21 @@ std::vector<int32_t> TieredKv::victims(int32_t owner, int64_t n, int64_t now, in
   // those needing a copy only as many as the host tier has room for (a page with a clean host
   // copy leaves for free).
   for (int32_t s : lru_.select(owner, lru_.n_slots(), now)) {
-    const Where& w = dev_where_[static_cast<size_t>(s)];
-    if (!may_move(*w.t, w.idx)) continue;
-    if (host_copy_[static_cast<size_t>(s)] < 0) {
-      if (host_room == 0) continue;
-      --host_room;
-    }
+    if (!victim_fits(s, host_room)) continue;
     out.push_back(s);
     if (static_cast<int64_t>(out.size()) == n) break;
   }
   return out;
+}
+
+bool TieredKv::victim_fits(int32_t s, int64_t& host_room) const {
+  const Where& w = dev_where_[static_cast<size_t>(s)];
+  if (!may_move(*w.t, w.idx)) return false;
+  if (host_copy_[static_cast<size_t>(s)] < 0) {
+    if (host_room == 0) return false;
+    --host_room;
+  }
+  return true;
 }
 
 void TieredKv::evict(std::span<const int32_t> slots, TierStats& st) {
@@ -316,9 +321,9 @@ void TieredKv::relocated(const PageTable& t, int layer, int head, int64_t idx) {
 void TieredKv::AnyVictims::add(std::vector<int32_t> slots) const {
   // (a sorted run merged in: the recalls of one request at a time, a few hundred slots each)
   std::sort(slots.begin(), slots.end());
+  if (is_added.empty()) is_added.assign(static_cast<size_t>(n_slots), 0);
   size_t keep = 0;
   for (const int32_t s : slots) {
-    if (is_added.empty()) is_added.assign(static_cast<size_t>(n_slots), 0);
     if (is_added[static_cast<size_t>(s)]) continue;  // (reinserted again: listed once)
     is_added[static_cast<size_t>(s)] = 1;
     slots[keep++] = s;
@@ -364,13 +369,7 @@ bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t now, int64_
     if (!from_prefix && any.cut && before(any.bin.back(), any.slots.back(), b_now, s)) return false;  // (past the prefix)
     if (from_prefix) ++k;
     else ++it;
-    if (!lru_.resident(s) || lru_.pinned(s)) continue;
-    const Where& w = dev_where_[static_cast<size_t>(s)];
-    if (!may_move(*w.t, w.idx)) continue;
-    if (host_copy_[static_cast<size_t>(s)] < 0) {
-      if (host_room == 0) continue;
-      --host_room;
-    }
+    if (!lru_.resident(s) || lru_.pinned(s) || !victim_fits(s, host_room)) continue;
     out->push_back(s);
     if (static_cast<int64_t>(out->size()) == n) {
       ++shared_victim_picks_;
@@ -455,12 +454,12 @@ void TieredKv::recall_pages(Owner& o, PageTable& t, const std::vector<PageId>& m
     relocated(t, id.layer, id.head, id.idx);
   }
   o.recalled += missing;
-  if (any)  // (the shared order's new entries: at the bin of `now`)
-    any->add([&] {
-      std::vector<int32_t> v;
-      for (const PageMove& m : moves) v.push_back(m.dst.slot);
-      return v;
-    }());
+  if (any) {  // (the shared order's new entries: at the bin of `now`)
+    std::vector<int32_t> slots;
+    slots.reserve(moves.size());
+    for (const PageMove& m : moves) slots.push_back(m.dst.slot);
+    any->add(std::move(slots));
+  }
   totals_ += ev;
   totals_ += rc;
   st += rc;

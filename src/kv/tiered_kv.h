@@ -259,8 +259,10 @@ class TieredKv {
   int64_t batched_steps() const { return batched_steps_; }
   // Where the last after_step_reads / after_step_recalls calls' host time went (ms): the stamps'
   // scan; the landings' adoption, budgets enforced, the recalls' plan, their victims, the recalls.
-  // io_ms: of after_step_recalls' time, inside the mover (the backend's copies: staging and
-  // launches); hooks_ms: inside the relocate hook (timed only with set_time_hooks: a clock read per page).
+  // io_ms: time inside the mover (the backend's copies: staging and launches), hooks_ms: inside the
+  // relocate hook (timed only with set_time_hooks: a clock read per page) — both since the last
+  // after_step_recalls began, so they include what runs after it before the next (the budgets'
+  // evictions).
   struct AfterStepTimes {
     double scan_ms = 0, adopt_ms = 0, budgets_ms = 0, plan_ms = 0, victims_ms = 0, recall_ms = 0;
     double io_ms = 0, hooks_ms = 0;
@@ -387,6 +389,9 @@ class TieredKv {
   // Up to n LRU victims: of `owner` (>= 0) or of anyone (-1), full pages only, and at most
   // host_room of them without a clean host copy (each takes a host slot).
   std::vector<int32_t> victims(int32_t owner, int64_t n, int64_t now, int64_t host_room) const;
+  // victims' rule for a candidate in the order (shared with any_victims): its page may move, and a
+  // page without a clean host copy takes one of host_room's slots (counted down when it does).
+  bool victim_fits(int32_t s, int64_t& host_room) const;
   static void free_page_cb(void* self, PageRef p, int layer, int head, int64_t idx);
 
   PagePool& dev_;
