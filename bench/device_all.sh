@@ -505,7 +505,9 @@ for stage in "$@"; do
       # KV pool capped at 2,000 blocks (32k tokens: ~4.4 of them), coverage 0.99: without a host
       # tier (requests wait for pages), with one (landing and recall-ahead, auto budgets), and
       # uncapped (every request's pages in HBM: the ceiling); all at once, then Poisson arrivals.
-      # Rows: serve.jsonl (host_kv_gib, kv_blocks, kv_recall, tier_hit_rate, ...).
+      # Rows: serve.jsonl (host_kv_gib, kv_blocks, kv_recall, tier_hit_rate, ...). DHS_SERVE_EXTRA:
+      # server arguments added to every configuration (e.g. --kv-io-admit load), DHS_SERVE_NOTE: the
+      # rows' note after "servetiers NAME".
       [ -f $SMOL ] || { echo "servetiers: default model missing"; continue; }
       pyserve || continue
       pol=coverage:0.99
@@ -517,8 +519,8 @@ for stage in "$@"; do
           lname=${load%%:*}
           [[ " ${DHS_SERVE_LOADS:-sat rate2} " == *" $lname "* ]] || continue
           run "serve_tiers_${name}_$lname" timeout 300 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$PWD/$SMOL DHS_DEVICE=cuda \
-            python3 bench/serve_load.py --launch --server-args "--sparse-policy $pol --max-num-seqs 16 $extra" --dataset synthetic \
-            --prompt-len 7000 --output-len 128 ${load#*:} --ctx 7k --policy "$pol" --device "$GPU" --note "servetiers $name" \
+            python3 bench/serve_load.py --launch --server-args "--sparse-policy $pol --max-num-seqs 16 $extra ${DHS_SERVE_EXTRA:-}" --dataset synthetic \
+            --prompt-len 7000 --output-len 128 ${load#*:} --ctx 7k --policy "$pol" --device "$GPU" --note "servetiers $name${DHS_SERVE_NOTE:+ $DHS_SERVE_NOTE}" \
             --results "$OUT/serve.jsonl" --no-tqdm
           tail -10 "$OUT/serve_tiers_${name}_$lname.log"
         done

@@ -281,6 +281,7 @@ def summarize(args, res: dict) -> dict:
         if row["host_kv_gib"] > 0:
             row["kv_recall"] = opt("--kv-recall") or "layer"
             row["kv_device_budget"] = opt("--kv-device-budget") or "0"
+            row["kv_io_admit"] = opt("--kv-io-admit") or "throughput"
     hits, late = delta.get("dhisparse:kv_tier_hits_total", 0), delta.get("dhisparse:kv_tier_late_total", 0)
     if hits + late > 0:
         row["tier_hit_rate"] = round(hits / (hits + late), 4)
@@ -290,6 +291,10 @@ def summarize(args, res: dict) -> dict:
         # (a gauge: its value at the end; admissions deferred by the link: the run's count)
         row["kv_page_cost_us"] = round(after["dhisparse:kv_page_cost_us"], 4)
         row["admissions_deferred_io"] = int(delta.get("dhisparse:admissions_deferred_io_total", 0))
+        if "dhisparse:kv_step_page_cost_us" in after:  # (the throughput rule: its share, its price, the step's fixed part)
+            row["admissions_deferred_throughput"] = int(delta.get("dhisparse:admissions_deferred_throughput_total", 0))
+            row["kv_step_page_cost_us"] = round(after["dhisparse:kv_step_page_cost_us"], 4)
+            row["kv_step_fixed_ms"] = round(after.get("dhisparse:kv_step_fixed_ms", -1.0), 4)
     if delta.get("vllm:spec_decode_num_drafts_total", 0) > 0:  # speculative decoding: verifies, drafts, kept
         row["spec_verifies"] = int(delta["vllm:spec_decode_num_drafts_total"])
         row["spec_draft_tokens"] = int(delta.get("vllm:spec_decode_num_draft_tokens_total", 0))

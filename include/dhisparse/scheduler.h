@@ -43,6 +43,11 @@ struct SchedulerOptions {
   // reads took, at their measured price, plus what the working sets the pool would no longer
   // hold would add).
   double kv_io_admit_max = 0.8;
+  // And (the throughput rule) waits while the batch's tokens per second would fall with it
+  // running: the step's cost fitted against its rows, prefill tokens and pages moved
+  // (StepRunner::kv_admitting_pays, kv/step_cost.h); a request that adds no pages to the link
+  // is never held by it. false: the load rule alone (`serve --kv-io-admit load`).
+  bool kv_admit_throughput = true;
 };
 
 struct RequestParams {
@@ -107,8 +112,11 @@ struct SchedulerStats {
   uint64_t n_preemptions = 0;
   uint64_t n_swapped = 0;          // of those, swapped to the KV hierarchy's host tier (not recomputed)
   uint64_t n_admission_io_waits = 0;  // steps at which an admission waited: the I/O load with it running was too high
+  uint64_t n_admission_throughput_waits = 0;  // of those, held by the throughput rule (the load alone was not too high)
   double kv_io_load = 0.0;         // the hierarchy's I/O load now (0 without one)
   double kv_page_cost_us = 0.0;    // what one more page moved between the tiers costs a step, fitted (µs)
+  double kv_step_page_cost_us = 0.0;  // the throughput rule's price of a page: the larger of that and the whole step's fitted slope (µs)
+  double kv_step_fixed_ms = -1.0;     // the step's fitted fixed part (ms; < 0: not known, counted as 0)
   uint64_t n_submitted = 0, n_rejected_full = 0;
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)

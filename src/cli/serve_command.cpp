@@ -30,6 +30,7 @@ ServeCommand::ServeCommand(CLI::App& app) {
   app_->add_option("--max-num-seqs", so_.max_num_seqs, "Requests running at once (0 = the backend's default)")->check(int_in(0, 1 << 16));
   app_->add_option("--max-num-batched-tokens", so_.max_num_batched_tokens, "Tokens of one step, decode rows and prefill chunks (0 = the backend's default)")->check(int_in(0, kMaxTokens));
   app_->add_option("--kv-io-admit-max", so_.kv_io_admit_max, "With --cpu-kv-gb: a request that needs running requests' pages offloaded waits while the hierarchy's I/O load with it running (the share of the link its moves take, the working sets the pool would no longer hold included) is above this")->check(real_in(0.0, End::Open, 1e6, End::Closed))->capture_default_str();
+  app_->add_option("--kv-io-admit", kv_io_admit_, "With --cpu-kv-gb: throughput = also wait while the batch's tokens per second would fall with the request running (the step's cost fitted against its rows and the pages moved); load = --kv-io-admit-max alone")->check(CLI::IsMember({"throughput", "load"}))->capture_default_str();
   app_->add_option("--max-waiting", so_.max_waiting, "Requests that may wait for admission; more get HTTP 429")->check(int_in(0, 1 << 20))->capture_default_str();
   app_->add_option("--gpu-memory-utilization", eo_.gpu_memory_utilization, "Fraction of the GPU's memory the engine may take")->check(real_in(0.0, End::Open, 1.0, End::Closed))->capture_default_str();
   app_->add_option("--block-size", eo_.page_size, "Tokens per KV head-page")->check(int_in(1, 256))->capture_default_str();
@@ -78,6 +79,7 @@ void ServeCommand::check() {
 int ServeCommand::run(std::string& oom_while) {
   eo_.model_path = resolve_model(model_, app_->count("model") > 0);
   eo_.max_context = max_model_len_;
+  so_.kv_admit_throughput = kv_io_admit_ == "throughput";
   eo_.max_batch = so_.max_num_seqs;
   if (http_.served_model_name.empty()) http_.served_model_name = std::filesystem::path(eo_.model_path).stem().string();
   http_.version = version_text();

@@ -31,6 +31,7 @@ class ServeCommand {
   std::string sparse_policy_ = "dense";
   std::string model_;
   int64_t max_model_len_ = 0;
+  std::string kv_io_admit_ = "throughput";  // --kv-io-admit
 };
 
 }  // namespace dhs::cli

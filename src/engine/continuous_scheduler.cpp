@@ -554,6 +554,13 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
           ++io_waits_;
           return;  // wait: the running requests' steps free the link (or finish)
         }
+        // (the throughput rule: the pages it adds to the link every step, at what a page costs
+        // the whole step, against the step's fixed part and the I/O the rows already share)
+        if (opt_.kv_admit_throughput && !runner_.kv_admitting_pays(pages, static_cast<int64_t>(running_.size()))) {
+          ++io_waits_;
+          ++throughput_waits_;
+          return;
+        }
       }
       if (pool.n_free() < need + headroom && pool.n_free() + runner_.reclaimable_pages() >= need + headroom)
         runner_.make_room(need + headroom);
@@ -727,6 +734,9 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
     stats_.kv_io_load = runner_.kv_io_load();
     stats_.kv_page_cost_us = runner_.kv_page_cost_seconds() * 1e6;
     stats_.n_admission_io_waits = io_waits_;
+    stats_.n_admission_throughput_waits = throughput_waits_;
+    stats_.kv_step_page_cost_us = runner_.kv_step_page_cost_seconds() * 1e6;
+    stats_.kv_step_fixed_ms = runner_.kv_step_fixed_seconds() < 0.0 ? -1.0 : runner_.kv_step_fixed_seconds() * 1e3;
     // The full accounting check walks every page: when the scheduler goes quiet, not per step.
     if (quiet) {
       stats_.kv_check = runner_.pages().check_invariants();

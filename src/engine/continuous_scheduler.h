@@ -121,6 +121,7 @@ class ContinuousScheduler final : public Scheduler {
   uint64_t next_id_ = 1;
   int64_t n_running_ = 0;
   uint64_t io_waits_ = 0;  // admissions deferred by the hierarchy's I/O load (loop thread only)
+  uint64_t throughput_waits_ = 0;  // of those, by the throughput rule
   bool accepting_ = true, stopping_ = false, abort_all_ = false;
   std::thread loop_;
 

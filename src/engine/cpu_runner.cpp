@@ -115,6 +115,11 @@ class CpuRunner final : public StepRunner {
   TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
+  bool kv_admitting_pays(int64_t pages, int64_t running) const override {
+    return !tiers_ || tiers_->admitting_pays(pages, running);
+  }
+  double kv_step_page_cost_seconds() const override { return tiers_ ? tiers_->step_page_seconds() : 0.0; }
+  double kv_step_fixed_seconds() const override { return tiers_ ? tiers_->step_fixed_seconds() : -1.0; }
   double kv_page_cost_seconds() const override { return tiers_ ? tiers_->io_cost().per_page_seconds() : 0.0; }
   void capture_queries(bool on) override {
     queries_.clear();
@@ -211,7 +216,8 @@ class CpuRunner final : public StepRunner {
       tiers_->after_step(batch, before);
       const auto t1 = std::chrono::steady_clock::now();
       tier_s += std::chrono::duration<double>(t1 - ta).count();
-      tiers_->end_step_io(std::chrono::duration<double>(t1 - t0).count(), tier_s);
+      const StepWork work = step_work(batch);
+      tiers_->end_step_io(std::chrono::duration<double>(t1 - t0).count(), tier_s, work.decode_rows, work.prefill_tokens);
     }
     sampling_->sample(batch, out, want_logits);
   }

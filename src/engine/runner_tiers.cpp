@@ -127,21 +127,36 @@ void RunnerTiers::set_io_rate(double gbps, int64_t page_bytes) {
   io_cost_.set_link_page_seconds(static_cast<double>(page_bytes) / (gbps * 1e9));
 }
 
-void RunnerTiers::end_step_io(double step_seconds, double host_seconds) {
+void RunnerTiers::end_step_io(double step_seconds, double host_seconds, int64_t decode_rows, int64_t prefill_tokens) {
   const TierStats& t = kv_->totals();
   const int64_t pages = t.recalled + t.offloaded + t.late;
   const int64_t moved = pages - io_pages_seen_;
   io_pages_seen_ = pages;
+  // (a miss: a page a step read that was not in the device tier — read in place on the
+  // recall-ahead schedule, recalled on the layer schedule)
+  const int64_t misses_total = recall_ahead_ ? t.late : t.recalled;
+  const int64_t misses = misses_total - misses_seen_;
+  misses_seen_ = misses_total;
   if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
+  // The step cost's fit sees two steps at a time (this one and the last): a step's late pages
+  // cost it their reads and the next step the recalls and adoptions run in flight beside it, so
+  // steps alternate between many pages counted and the time they cost (docs/hierarchy.md).
+  const StepSample now{static_cast<double>(decode_rows), static_cast<double>(prefill_tokens), static_cast<double>(moved), step_seconds};
+  if (last_sample_.seconds > 0.0)
+    step_cost_.observe(now.rows + last_sample_.rows, now.tokens + last_sample_.tokens, now.pages + last_sample_.pages,
+                       now.seconds + last_sample_.seconds);
+  last_sample_ = now;
+  miss_avg_ = 0.7 * miss_avg_ + 0.3 * static_cast<double>(misses);
   io_cost_.observe(moved, static_cast<double>(moved) * io_cost_.link_page_seconds() + std::max(host_seconds, 0.0));
   // (the pages' share at their fitted price: the host's fixed cost a step, which admitting or
   // waiting does not change, is not load)
   const double load = static_cast<double>(moved) * io_cost_.per_page_seconds() / step_seconds;
   io_load_ = 0.7 * io_load_ + 0.3 * load;
+  moved_avg_ = 0.7 * moved_avg_ + 0.3 * static_cast<double>(moved);
   step_seconds_ = step_seconds_ > 0.0 ? 0.7 * step_seconds_ + 0.3 * step_seconds : step_seconds;
 }
 
-double RunnerTiers::io_load_admitting(int64_t pages) const {
+double RunnerTiers::overflow_added(int64_t pages) const {
   double observed = 0.0, observed_full = 0.0, unobserved_full = 0.0;
   for (const auto& [id, d] : demand_) {
     if (d.working_set >= 0.0) {
@@ -152,17 +167,51 @@ double RunnerTiers::io_load_admitting(int64_t pages) const {
     }
   }
   const double frac = observed_full > 0.0 ? std::min(1.0, observed / observed_full) : 1.0;
-  const double before = observed + frac * unobserved_full;
-  const double after = before + frac * static_cast<double>(std::max<int64_t>(pages, 0));
   const double cap = static_cast<double>(device_.n_pages());
+  // (the working sets, or, where the steps already miss, at least the pool plus their misses: a
+  // working set moves from step to step, so the pool can be oversubscribed before their
+  // one-step sizes add up to it — the serving run's hit rate was 0.87 with working sets of ~1.1
+  // times the pool, session 34 — and then the new request's whole working set adds to the misses)
+  // (only with the pool full — its budgets sized to fill it, or no page free: misses under a
+  // budget chosen smaller than the pool are that budget's, not the pool's)
+  const bool full = auto_budgets_ != nullptr || device_.n_free() == 0;
+  const double before = std::max(observed + frac * unobserved_full, full && miss_avg_ > 0.5 ? cap + miss_avg_ : 0.0);
+  const double after = before + frac * static_cast<double>(std::max<int64_t>(pages, 0));
   const double more = std::max(0.0, after - cap) - std::max(0.0, before - cap);  // pages crossing per step
-  if (more <= 0.0) return io_load_;
-  if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return io_load_ + 1.0;  // (no rate or no step measured yet: as full)
   // (pages as end_step_io counts them: on the recall-ahead schedule a miss is a late read and a
   // recall — with landing too, where the landed page is counted as both — on the layer schedule a
   // recall, its victim dropped where it has a clean host copy)
   const double crossings = recall_ahead_ ? 2.0 : 1.0;
-  return io_load_ + crossings * more * io_cost_.per_page_seconds() / step_seconds_;
+  return crossings * more;
+}
+
+double RunnerTiers::io_load_admitting(int64_t pages) const {
+  const double more = overflow_added(pages);
+  if (more <= 0.0) return io_load_;
+  if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return io_load_ + 1.0;  // (no rate or no step measured yet: as full)
+  return io_load_ + more * io_cost_.per_page_seconds() / step_seconds_;
+}
+
+double RunnerTiers::step_page_seconds() const {
+  const StepCost::Fit f = step_cost_.fit();
+  return std::max(io_cost_.per_page_seconds(), f.ok && f.pages_vary ? f.per_page : 0.0);
+}
+
+double RunnerTiers::step_fixed_seconds() const {
+  const StepCost::Fit f = step_cost_.fit();
+  return f.ok && f.fixed_known ? 0.5 * f.fixed : -1.0;  // (the fit is over pairs of steps)
+}
+
+bool RunnerTiers::admitting_pays(int64_t pages, int64_t running) const {
+  const double more = overflow_added(pages);
+  if (more <= 0.0) return true;
+  if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return false;  // (nothing measured yet: as io_load_admitting, full)
+  // (n + 1) / (T + t + X) >= n / T with T = fixed + n t + io: fixed + io >= n X.
+  // (the I/O the steps carry now and what the request adds, at the same price)
+  const double price = step_page_seconds();
+  const double io = std::min(moved_avg_ * price, step_seconds_);
+  const double fixed = std::clamp(step_fixed_seconds(), 0.0, step_seconds_ - io);
+  return fixed + io >= static_cast<double>(std::max<int64_t>(running, 1)) * more * price;
 }
 
 TierCounts RunnerTiers::counts() const {

@@ -21,6 +21,7 @@
 #include "kv/device_budgets.h"
 #include "kv/io_cost.h"
 #include "kv/page_pool.h"
+#include "kv/step_cost.h"
 #include "kv/tiered_kv.h"
 
 namespace dhs {
@@ -77,8 +78,10 @@ class RunnerTiers {
   // GB/s of one bulk copy between two host buffers (the CPU backend's link between its tiers).
   static double measure_host_copy_gbps();
   // host_seconds: the host's time in the hierarchy's calls during the step, outside the model's
-  // layers (the runner's measurement; IoCost fits it against the pages moved).
-  void end_step_io(double step_seconds, double host_seconds = 0.0);
+  // layers (the runner's measurement; IoCost fits it against the pages moved). decode_rows and
+  // prefill_tokens: what the step computed (StepCost fits the whole step's seconds against them
+  // and the pages moved: admitting_pays).
+  void end_step_io(double step_seconds, double host_seconds = 0.0, int64_t decode_rows = 0, int64_t prefill_tokens = 0);
   double io_load() const { return io_load_; }
   // IO-aware admission's prediction (StepRunner::kv_io_load_admitting): the I/O load with one
   // more request of `pages` pages running. Each running request reads its working set a step
@@ -91,10 +94,28 @@ class RunnerTiers {
   // the measured step time. A cold page offloaded for the new request (no working set reads it)
   // costs nothing per step.
   double io_load_admitting(int64_t pages) const;
+  // IO-aware admission's throughput rule (StepRunner::kv_admitting_pays): whether the batch's
+  // tokens per second stay at least what they are with one more request of `pages` pages beside
+  // the `running` ones. With the step as fixed + per-row × rows + I/O (StepCost), one more row
+  // pays while fixed + io ≥ running × added, where added is the pages the working sets would then
+  // put on the link every step (as io_load_admitting counts them) at a page's price — the larger
+  // of IoCost's and the whole step's fitted slope — and io the I/O the steps carry now. Where the
+  // fixed part is not known (the rows have not varied) it counts as 0, which admits no request
+  // that adds I/O; a request that adds none always pays.
+  bool admitting_pays(int64_t pages, int64_t running) const;
+  // The fitted step (StepCost::fit, over pairs of consecutive steps: its fixed part is two
+  // steps') and the price admitting_pays puts on a page, in seconds.
+  StepCost::Fit step_fit() const { return step_cost_.fit(); }
+  double step_page_seconds() const;
+  // One step's fitted fixed part in seconds (< 0 while not known).
+  double step_fixed_seconds() const;
   double io_gbps() const { return io_gbps_; }
   const IoCost& io_cost() const { return io_cost_; }
 
  private:
+  // Pages a step more would put on the link with one more request of `pages` pages running (the
+  // working sets beyond the pool, each crossing counted as end_step_io counts it).
+  double overflow_added(int64_t pages) const;
   std::unique_ptr<PagePool> host_;
   std::unique_ptr<TieredKv> kv_;
   std::function<int64_t()> clock_;
@@ -103,7 +124,15 @@ class RunnerTiers {
   bool recall_ahead_ = false;                    // --kv-recall ahead (or land)
   bool land_ = false;                            // --kv-recall land
   IoCost io_cost_;
+  StepCost step_cost_;
   double io_gbps_ = 0.0, io_load_ = 0.0, step_seconds_ = 0.0;  // (step_seconds_: an average, as io_load_)
+  double moved_avg_ = 0.0;  // pages moved or read in place a step, an average as io_load_
+  double miss_avg_ = 0.0;   // pages a step read that were not in the device tier, an average as io_load_
+  int64_t misses_seen_ = 0;
+  struct StepSample {
+    double rows = 0.0, tokens = 0.0, pages = 0.0, seconds = 0.0;
+  };
+  StepSample last_sample_;  // the last step (the step cost is fitted over pairs of steps)
   // What each registered request reads a step (io_load_admitting), by PageTable::id.
   struct Demand {
     double working_set = -1.0;  // pages read per decode step, an average (the newest 0.3); < 0: none observed

@@ -44,6 +44,17 @@ struct StepRequest {
   bool draft = false;
 };
 
+// What a step computes, as the KV hierarchy's step-cost fit counts it (kv/step_cost.h): decode
+// rows (a request's one new token, or each row of its verify) and prefill tokens.
+struct StepWork {
+  int64_t decode_rows = 0, prefill_tokens = 0;
+};
+inline StepWork step_work(const std::vector<StepRequest>& batch) {
+  StepWork w;
+  for (const StepRequest& r : batch) (r.n_new == 1 || r.verify ? w.decode_rows : w.prefill_tokens) += r.n_new;
+  return w;
+}
+
 struct StepOutput {
   std::vector<float> logits;     // [n_requests, vocab] last-row logits, when the step was asked for them
   std::vector<int32_t> sampled;  // [n_requests] next token of each request that asked, -1 elsewhere
@@ -112,6 +123,14 @@ class StepRunner {
   // (RunnerTiers::io_load_admitting: the running requests' measured working sets and the new
   // one's, beyond what the pool holds, cross the link every step).
   virtual double kv_io_load_admitting(int64_t pages) const { (void)pages; return kv_io_load(); }
+  // IO-aware admission's throughput rule: whether one more request of `pages` pages beside the
+  // `running` ones keeps the batch's tokens per second (RunnerTiers::admitting_pays: the step's
+  // cost fitted, kv/step_cost.h); true without a hierarchy.
+  virtual bool kv_admitting_pays(int64_t pages, int64_t running) const { (void)pages; (void)running; return true; }
+  // The price that rule puts on a page (seconds: the larger of kv_page_cost_seconds and
+  // the whole step's fitted slope), and the step's fitted fixed part (seconds; < 0: not known).
+  virtual double kv_step_page_cost_seconds() const { return 0.0; }
+  virtual double kv_step_fixed_seconds() const { return -1.0; }
   // What one more page crossing between the tiers costs a step, in seconds (kv/io_cost.h: fitted
   // from the host's time in the hierarchy and the pages moved; 0 without a hierarchy).
   virtual double kv_page_cost_seconds() const { return 0.0; }

@@ -114,8 +114,20 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
           s.kv_page_cost_us);
   w.counter("dhisparse:admissions_deferred_io_total",
             "KV hierarchy: scheduler steps at which an admission waited because the hierarchy's I/O load with the new "
-            "request running would pass --kv-io-admit-max (IO-aware admission).",
+            "request running would pass --kv-io-admit-max, or (the throughput rule) the batch's tokens per second would "
+            "fall with it running (IO-aware admission).",
             static_cast<double>(s.n_admission_io_waits));
+  w.counter("dhisparse:admissions_deferred_throughput_total",
+            "KV hierarchy: of those, the steps held by the throughput rule (--kv-io-admit throughput).",
+            static_cast<double>(s.n_admission_throughput_waits));
+  w.gauge("dhisparse:kv_step_page_cost_us",
+          "KV hierarchy: the throughput rule's price of a page moved between the tiers (us): the larger of "
+          "dhisparse:kv_page_cost_us and the whole step's fitted cost per page.",
+          s.kv_step_page_cost_us);
+  w.gauge("dhisparse:kv_step_fixed_ms",
+          "KV hierarchy: the step's fitted fixed part (ms), which one more running request shares; -1 while not known "
+          "(the rows have not varied), which the throughput rule counts as 0.",
+          s.kv_step_fixed_ms);
   w.counter("dhisparse:kv_tier_late_total",
             "KV hierarchy (--kv-recall ahead): pages a step read in place from the host tier.",
             static_cast<double>(s.tiers.late));

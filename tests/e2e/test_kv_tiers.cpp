@@ -342,6 +342,9 @@ TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
     o.kv_io_gbps = gbps;
     o.max_context = 2048;
     auto e = Engine::load(o);
+    SchedulerOptions so;
+    so.kv_admit_throughput = false;  // (the link's rule on its own; the throughput rule: the next test)
+    e->configure_scheduler(so);
     // (A's prefill and first decode steps: the load builds up over them; then B)
     const ABRun run = run_a_then_b(*e, g, long_prompt(*e), prompt_b, 8, 2000);
     const auto& [got_b, a_done_at, b_first_at, b_done] = run;
@@ -368,6 +371,9 @@ TEST(KvTiers, AdmissionWaitsWhileTheLinkIsBusy) {
 // put pages on the link every step (on this slow link, several step times): B waits for A. A
 // sink + window policy reads 4 pages a list, so A's other pages are cold and B runs beside it.
 // Fails if admission looks at the present load alone (B would run beside A in both).
+// Under each rule on its own: the load rule (--kv-io-admit load), and the throughput rule with
+// the load rule's bound out of reach (--kv-io-admit-max 1e6): B's pushed-out working set, at
+// least the link's 0.4 ms a page every step, outweighs anything a 135M model's step shares.
 TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing: run scripts/fetch_model.sh";
   GenerateOptions g;
@@ -380,6 +386,7 @@ TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
       text += "The crane lifted crate " + std::to_string(i * 3 + salt) + " onto dock " + std::to_string((i + salt) % 4) + ".\n";
     return text + "Which dock did crate 12 go to?";
   };
+  for (const std::string rule : {"load", "throughput"})
   for (const std::string policy : {"dense", "sinkwindow:4"}) {
     std::vector<int32_t> prompt_a, prompt_b, want_b;
     {
@@ -398,6 +405,10 @@ TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
     o.kv_io_gbps = 0.01;     // 10 MB/s: a page a step costs ~0.4 ms, A's working set pushed out ~100 ms a step
     o.max_context = 2048;
     auto e = Engine::load(o);
+    SchedulerOptions so;
+    so.kv_admit_throughput = rule == "throughput";
+    if (rule == "throughput") so.kv_io_admit_max = 1e6;
+    e->configure_scheduler(so);
     const ABRun run = run_a_then_b(*e, g, prompt_a, prompt_b, 5, 500, [&] {
       const TierCounts c = e->tier_counts();
       EXPECT_EQ(c.recalled + c.offloaded + c.late, 0u) << policy << ": A alone should move nothing";
@@ -407,8 +418,10 @@ TEST(KvTiers, AdmissionWeighsTheWorkingSetsANewRequestPushesOut) {
     ASSERT_TRUE(b_done && a_done_at >= 0) << policy;
     EXPECT_EQ(got_b, want_b) << policy;
     const SchedulerStats st = e->scheduler().stats();
-    std::printf("%s: A finished at step %d, B's first token at step %d; admission waits %llu\n", policy.c_str(), a_done_at,
-                b_first_at, static_cast<unsigned long long>(st.n_admission_io_waits));
+    std::printf("%s rule, %s: A finished at step %d, B's first token at step %d; admission waits %llu (throughput rule %llu)\n",
+                rule.c_str(), policy.c_str(), a_done_at, b_first_at, static_cast<unsigned long long>(st.n_admission_io_waits),
+                static_cast<unsigned long long>(st.n_admission_throughput_waits));
+    EXPECT_EQ(st.n_admission_throughput_waits, rule == "throughput" ? st.n_admission_io_waits : 0u) << rule << ", " << policy;
     if (policy == "dense") {
       EXPECT_GT(st.n_admission_io_waits, 0u);
       EXPECT_GT(b_first_at, a_done_at) << "B pushed A's working set out of the pool";

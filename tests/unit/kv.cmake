@@ -4,3 +4,4 @@ dhs_test(test_tiered_kv LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tiered
 dhs_test(test_device_budgets LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_device_budgets.cpp LIBS dhs_kv)
 dhs_test(test_io_cost LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_io_cost.cpp LIBS dhs_kv)
 dhs_test(test_tier_land_cpu LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land_cpu.cpp LIBS dhs_kv)
+dhs_test(test_step_cost LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_step_cost.cpp LIBS dhs_kv)

@@ -120,6 +120,118 @@ TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
   EXPECT_TRUE(tiers.release(u));
 }
 
+// The throughput rule (admitting_pays): one more running request pays while the step's fixed part
+// and the I/O the steps carry cover `running` times what it adds to the link. The same pool and
+// requests as above (admitting 32 pages puts 2 pages a step over the pool, 48 puts 8; each counted
+// twice on the recall-ahead schedule), a page at the link's 1 s; the steps cost 10 s plus 1 s a
+// decode row and move nothing.
+TEST_P(AdmittingPrices, TheThroughputRuleWeighsTheAddedIoAgainstTheSharedPartOfTheStep) {
+  const std::string recall = GetParam();
+  const double crossings = recall == "layer" ? 1.0 : 2.0;
+  PagePool dev(Tier::Device, 16, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  o.kv_recall = recall;
+  int64_t clock = 0;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  tiers.set_io_rate(1e-6, 1000);
+  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+  for (PageTable* x : {&t, &u}) {
+    ASSERT_TRUE(x->reserve(dev, 16));
+    x->commit(16);
+  }
+  const int32_t tok[4] = {1, 2, 3, 4};
+  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                          StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+  EXPECT_FALSE(tiers.admitting_pays(32, 2)) << "no step measured yet: nothing known to share";
+  tiers.before_step(batch);
+  const std::vector<TierStats> before = tiers.stats_of(batch);
+  EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
+  tiers.after_step(batch, before);
+  tiers.end_step_io(10.0, 0.0, 0, 0);
+  // One step: no fit, the fixed part counts as 0, so any added I/O loses; none added always pays.
+  EXPECT_TRUE(tiers.admitting_pays(26, 2));
+  EXPECT_FALSE(tiers.admitting_pays(32, 2));
+  EXPECT_FALSE(tiers.step_fit().ok);
+  // Steps of 1-4 decode rows at 10 s + 1 s a row: the fixed part, 10 s, is known (the fit is
+  // over pairs of steps: its intercept is two steps' fixed parts).
+  EXPECT_LT(tiers.step_fixed_seconds(), 0.0);
+  for (int rep = 0; rep < 5; ++rep)
+    for (int r = 1; r <= 4; ++r) tiers.end_step_io(10.0 + r, 0.0, r, 0);
+  const StepCost::Fit f = tiers.step_fit();
+  ASSERT_TRUE(f.ok && f.fixed_known);
+  EXPECT_NEAR(f.fixed, 20.0, 1e-9);
+  EXPECT_NEAR(tiers.step_fixed_seconds(), 10.0, 1e-9);
+  EXPECT_NEAR(f.per_row, 1.0, 1e-9);
+  EXPECT_EQ(tiers.step_page_seconds(), 1.0);  // (the pages never varied: the link's price)
+  EXPECT_TRUE(tiers.admitting_pays(26, 2));   // adds nothing
+  // 32 pages: 2 x crossings a step, x 2 running = 4 or 8 s <= 10 s.
+  EXPECT_TRUE(tiers.admitting_pays(32, 2));
+  // x 3 running: 6 s pays; 12 s (twice the crossings) does not.
+  EXPECT_EQ(tiers.admitting_pays(32, 3), 3 * 2 * crossings <= 10.0);
+  // 48 pages: 8 x crossings x 2 = 16 or 32 s > 10 s.
+  EXPECT_FALSE(tiers.admitting_pays(48, 2));
+  EXPECT_EQ(tiers.check(), "");
+  EXPECT_TRUE(tiers.release(t));
+  EXPECT_TRUE(tiers.release(u));
+}
+
+// Where the steps already miss and the pool is full, the working sets' one-step sizes understate
+// what the pool must hold (a working set moves from step to step: in the serving run of session 34
+// they added up to ~1.1 pools and the hit rate was 0.87), so the new request's whole working set
+// adds to the misses. Pool 16 pages: t holds 16 with 12 offloaded under a budget of 4, u takes
+// `u_pages` of the 12 freed; t's decode step reads 2 pages from the host tier and 1 in the pool
+// (working set 3 of 16: read fraction 3/16). Recall-ahead schedule: the 2 are late reads.
+TEST(RunnerTiers, AStepsMissesWithThePoolFullCountAsOverflow) {
+  for (const int64_t u_pages : {12, 8}) {
+    PagePool dev(Tier::Device, 16, kPage, kDim);
+    EngineOptions o;
+    o.cpu_kv_gb = 1.0;
+    o.kv_recall = "ahead";
+    int64_t clock = 0;
+    RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+    tiers.set_io_rate(1e-6, 1000);  // a page: 1 s
+    PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+    ASSERT_TRUE(t.reserve(dev, 32));
+    t.commit(32);
+    const int32_t tok[4] = {1, 2, 3, 4};
+    tiers.before_step({StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1}});
+    tiers.kv().set_budget(t, 4, clock);  // 12 offloaded
+    ASSERT_TRUE(u.reserve(dev, 2 * u_pages));  // u_pages / 2 pages a list
+    u.commit(2 * u_pages);
+    EXPECT_EQ(dev.n_free(), 12 - u_pages);
+    ++clock;
+    const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                            StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+    tiers.before_step(batch);
+    const std::vector<TierStats> before = tiers.stats_of(batch);
+    std::vector<PageId> read;
+    for (int l = 0; l < kLayers && read.size() < 2; ++l)
+      for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
+        if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
+    for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
+      if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+    ASSERT_EQ(read.size(), 3u);
+    EXPECT_EQ(tiers.kv().note_reads(t, read, clock).late, 2);
+    tiers.after_step(batch, before);
+    tiers.end_step_io(1.0);  // misses: 0.3 x 2 = 0.6 a step
+    // Working sets 3 + 3/16 x u_pages: far below the pool. Admitting 16 pages more (3 more read a step):
+    // with the pool full, the pool already misses 0.6 a step: 16.6 + 3 = 19.6, 3 more pages a step,
+    // each a late read and a recall: 6 s a step at 1 s a page, which two running requests do not
+    // share (no fixed part known, 1 s of I/O now at most). With free pages the misses are the
+    // budget's: the working sets fit and it pays.
+    const bool full = u_pages == 12;
+    EXPECT_EQ(tiers.admitting_pays(16, 2), !full) << u_pages;
+    if (full)
+      EXPECT_GT(tiers.io_load_admitting(16), tiers.io_load() + 5.9) << "6 page-seconds a step more over 1 s steps";
+    else
+      EXPECT_EQ(tiers.io_load_admitting(16), tiers.io_load());
+    EXPECT_EQ(tiers.check(), "");
+    EXPECT_TRUE(tiers.release(t));
+    EXPECT_TRUE(tiers.release(u));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(RunnerTiers, AdmittingPrices, ::testing::Values("layer", "ahead", "land"));
 
 }  // namespace
