@@ -138,21 +138,27 @@ void RunnerTiers::end_step_io(double step_seconds, double host_seconds, int64_t 
   const int64_t misses = misses_total - misses_seen_;
   misses_seen_ = misses_total;
   if (io_gbps_ <= 0.0 || step_seconds <= 0.0) return;
-  // The step cost's fit sees two steps at a time (this one and the last): a step's late pages
-  // cost it their reads and the next step the recalls and adoptions run in flight beside it, so
-  // steps alternate between many pages counted and the time they cost (docs/hierarchy.md).
+  // The throughput rule weighs decode steps (what a running request's every step costs; a
+  // prefill chunk's time says little about them: session 34's serving run admitted all 16
+  // requests against prefill steps several times a decode step's). Its fit sees two decode
+  // steps at a time (this one and the last): a step's late pages cost it their reads and the
+  // next step the recalls and adoptions run in flight beside it, so steps alternate between many
+  // pages counted and the time they cost (docs/hierarchy.md).
+  const bool decode = decode_rows > 0 && prefill_tokens == 0;
   const StepSample now{static_cast<double>(decode_rows), static_cast<double>(prefill_tokens), static_cast<double>(moved), step_seconds};
-  if (last_sample_.seconds > 0.0)
-    step_cost_.observe(now.rows + last_sample_.rows, now.tokens + last_sample_.tokens, now.pages + last_sample_.pages,
-                       now.seconds + last_sample_.seconds);
-  last_sample_ = now;
+  if (decode && last_sample_.seconds > 0.0)
+    step_cost_.observe(now.rows + last_sample_.rows, 0.0, now.pages + last_sample_.pages, now.seconds + last_sample_.seconds);
+  last_sample_ = decode ? now : StepSample{};
+  if (decode) {
+    decode_moved_avg_ = decode_seconds_ > 0.0 ? 0.7 * decode_moved_avg_ + 0.3 * static_cast<double>(moved) : static_cast<double>(moved);
+    decode_seconds_ = decode_seconds_ > 0.0 ? 0.7 * decode_seconds_ + 0.3 * step_seconds : step_seconds;
+  }
   miss_avg_ = 0.7 * miss_avg_ + 0.3 * static_cast<double>(misses);
   io_cost_.observe(moved, static_cast<double>(moved) * io_cost_.link_page_seconds() + std::max(host_seconds, 0.0));
   // (the pages' share at their fitted price: the host's fixed cost a step, which admitting or
   // waiting does not change, is not load)
   const double load = static_cast<double>(moved) * io_cost_.per_page_seconds() / step_seconds;
   io_load_ = 0.7 * io_load_ + 0.3 * load;
-  moved_avg_ = 0.7 * moved_avg_ + 0.3 * static_cast<double>(moved);
   step_seconds_ = step_seconds_ > 0.0 ? 0.7 * step_seconds_ + 0.3 * step_seconds : step_seconds;
 }
 
@@ -205,12 +211,12 @@ double RunnerTiers::step_fixed_seconds() const {
 bool RunnerTiers::admitting_pays(int64_t pages, int64_t running) const {
   const double more = overflow_added(pages);
   if (more <= 0.0) return true;
-  if (io_gbps_ <= 0.0 || step_seconds_ <= 0.0) return false;  // (nothing measured yet: as io_load_admitting, full)
+  if (io_gbps_ <= 0.0 || decode_seconds_ <= 0.0) return false;  // (no decode step measured yet: nothing known to share)
   // (n + 1) / (T + t + X) >= n / T with T = fixed + n t + io: fixed + io >= n X.
   // (the I/O the steps carry now and what the request adds, at the same price)
   const double price = step_page_seconds();
-  const double io = std::min(moved_avg_ * price, step_seconds_);
-  const double fixed = std::clamp(step_fixed_seconds(), 0.0, step_seconds_ - io);
+  const double io = std::min(decode_moved_avg_ * price, decode_seconds_);
+  const double fixed = std::clamp(step_fixed_seconds(), 0.0, decode_seconds_ - io);
   return fixed + io >= static_cast<double>(std::max<int64_t>(running, 1)) * more * price;
 }
 

@@ -95,13 +95,14 @@ class RunnerTiers {
   // costs nothing per step.
   double io_load_admitting(int64_t pages) const;
   // IO-aware admission's throughput rule (StepRunner::kv_admitting_pays): whether the batch's
-  // tokens per second stay at least what they are with one more request of `pages` pages beside
-  // the `running` ones. With the step as fixed + per-row × rows + I/O (StepCost), one more row
-  // pays while fixed + io ≥ running × added, where added is the pages the working sets would then
-  // put on the link every step (as io_load_admitting counts them) at a page's price — the larger
-  // of IoCost's and the whole step's fitted slope — and io the I/O the steps carry now. Where the
-  // fixed part is not known (the rows have not varied) it counts as 0, which admits no request
-  // that adds I/O; a request that adds none always pays.
+  // decode tokens per second stay at least what they are with one more request of `pages` pages
+  // beside the `running` ones. With a decode step as fixed + per-row × rows + I/O (StepCost over
+  // pairs of decode steps), one more row pays while fixed + io ≥ running × added, where added is
+  // the pages the working sets would then put on the link every step (as io_load_admitting counts
+  // them) at a page's price — the larger of IoCost's and the decode steps' fitted slope — and io
+  // the I/O the decode steps carry now. Where the fixed part is not known (the rows have not
+  // varied) it counts as 0, which admits no request that adds I/O, and before any decode step
+  // nothing adding I/O is admitted; a request that adds none always pays.
   bool admitting_pays(int64_t pages, int64_t running) const;
   // The fitted step (StepCost::fit, over pairs of consecutive steps: its fixed part is two
   // steps') and the price admitting_pays puts on a page, in seconds.
@@ -126,13 +127,14 @@ class RunnerTiers {
   IoCost io_cost_;
   StepCost step_cost_;
   double io_gbps_ = 0.0, io_load_ = 0.0, step_seconds_ = 0.0;  // (step_seconds_: an average, as io_load_)
-  double moved_avg_ = 0.0;  // pages moved or read in place a step, an average as io_load_
+  // Decode steps (no prefill rows): their seconds and pages moved or read in place, averages as io_load_.
+  double decode_seconds_ = 0.0, decode_moved_avg_ = 0.0;
   double miss_avg_ = 0.0;   // pages a step read that were not in the device tier, an average as io_load_
   int64_t misses_seen_ = 0;
   struct StepSample {
     double rows = 0.0, tokens = 0.0, pages = 0.0, seconds = 0.0;
   };
-  StepSample last_sample_;  // the last step (the step cost is fitted over pairs of steps)
+  StepSample last_sample_;  // the last step when it decoded (the step cost is fitted over pairs of decode steps)
   // What each registered request reads a step (io_load_admitting), by PageTable::id.
   struct Demand {
     double working_set = -1.0;  // pages read per decode step, an average (the newest 0.3); < 0: none observed
