@@ -1,6 +1,8 @@
 #include "engine/continuous_scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "core/error.h"
@@ -538,6 +540,12 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
       // Priced whenever the room exists or can be made, not only when its first chunk needs
       // others' pages: a prompt whose first chunk fits pushes the running working sets out chunk
       // by chunk later (under the serving load all 16 requests were admitted that way, session 32).
+      // (DHS_ADMIT_LOG: a line per admission the hierarchy weighs, on stderr)
+      static const bool admit_log = std::getenv("DHS_ADMIT_LOG") != nullptr;
+      if (admit_log && runner_.host_tier_pages() > 0)
+        std::fprintf(stderr, "admit: running %zu free %lld reclaimable %lld need %lld headroom %lld\n", running_.size(),
+                     static_cast<long long>(pool.n_free()), static_cast<long long>(runner_.reclaimable_pages()),
+                     static_cast<long long>(need), static_cast<long long>(headroom));
       if (runner_.host_tier_pages() > 0 && !running_.empty() &&
           pool.n_free() + runner_.reclaimable_pages() >= need + headroom) {
         // The pages it will hold running (those it holds — a swapped request's, in the host tier
@@ -550,6 +558,9 @@ void ContinuousScheduler::admit(std::vector<Row>* rows, int64_t* budget, std::ve
         // (one that fits as it is and adds nothing to the link is admitted, however busy it is;
         // one that needs others' pages offloaded waits on a busy link, as before)
         const double with = runner_.kv_io_load_admitting(pages);
+        if (admit_log)
+          std::fprintf(stderr, "admit: pages %lld load %.3f with %.3f pays %d\n", static_cast<long long>(pages), runner_.kv_io_load(), with,
+                       runner_.kv_admitting_pays(pages, static_cast<int64_t>(running_.size())) ? 1 : 0);
         if (with > opt_.kv_io_admit_max && (with > runner_.kv_io_load() || pool.n_free() < need + headroom)) {
           ++io_waits_;
           return;  // wait: the running requests' steps free the link (or finish)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -217,6 +219,10 @@ bool RunnerTiers::admitting_pays(int64_t pages, int64_t running) const {
   const double price = step_page_seconds();
   const double io = std::min(decode_moved_avg_ * price, decode_seconds_);
   const double fixed = std::clamp(step_fixed_seconds(), 0.0, decode_seconds_ - io);
+  static const bool log = std::getenv("DHS_ADMIT_LOG") != nullptr;  // (the scheduler's admission log)
+  if (log)
+    std::fprintf(stderr, "admit: more %.0f pages a step, price %.3f us, decode step %.3f ms, io %.3f ms, fixed %.3f ms, misses %.0f\n",
+                 more, price * 1e6, decode_seconds_ * 1e3, io * 1e3, fixed * 1e3, miss_avg_);
   return fixed + io >= static_cast<double>(std::max<int64_t>(running, 1)) * more * price;
 }
 
