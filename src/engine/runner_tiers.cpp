@@ -165,16 +165,28 @@ void RunnerTiers::end_step_io(double step_seconds, double host_seconds, int64_t 
 }
 
 double RunnerTiers::overflow_added(int64_t pages) const {
-  double observed = 0.0, observed_full = 0.0, unobserved_full = 0.0;
+  // What each request must keep resident: its working set, and with the cache manager's budgets
+  // (--kv-device-budget auto) its buffer on top, W (1 + b) — what the manager sizes to hold the
+  // misses near its target as the working set moves from step to step (at 16 requests whose
+  // one-step working sets came to ~1.1 pools, the serving run's hit rate was 0.87, session 34).
+  // A request not observed yet, and the new one, at the observed buffers' mean (the manager's
+  // initial one when none is).
+  double observed = 0.0, observed_full = 0.0, unobserved_full = 0.0, resident = 0.0, buffers = 0.0;
+  int64_t n_observed = 0;
   for (const auto& [id, d] : demand_) {
     if (d.working_set >= 0.0) {
+      const double b = auto_budgets_ ? auto_budgets_->state(static_cast<int64_t>(id)).buffer : 0.0;
       observed += d.working_set;
+      resident += d.working_set * (1.0 + b);
       observed_full += static_cast<double>(d.full_pages);
+      buffers += b;
+      ++n_observed;
     } else {
       unobserved_full += static_cast<double>(d.full_pages);
     }
   }
   const double frac = observed_full > 0.0 ? std::min(1.0, observed / observed_full) : 1.0;
+  const double b_new = !auto_budgets_ ? 0.0 : n_observed > 0 ? buffers / static_cast<double>(n_observed) : BudgetParams{}.buffer;
   const double cap = static_cast<double>(device_.n_pages());
   // (the working sets, or, where the steps already miss, at least the pool plus their misses: a
   // working set moves from step to step, so the pool can be oversubscribed before their
@@ -183,8 +195,9 @@ double RunnerTiers::overflow_added(int64_t pages) const {
   // (only with the pool full — its budgets sized to fill it, or no page free: misses under a
   // budget chosen smaller than the pool are that budget's, not the pool's)
   const bool full = auto_budgets_ != nullptr || device_.n_free() == 0;
-  const double before = std::max(observed + frac * unobserved_full, full && miss_avg_ > 0.5 ? cap + miss_avg_ : 0.0);
-  const double after = before + frac * static_cast<double>(std::max<int64_t>(pages, 0));
+  const double before =
+      std::max(resident + frac * (1.0 + b_new) * unobserved_full, full && miss_avg_ > 0.5 ? cap + miss_avg_ : 0.0);
+  const double after = before + frac * (1.0 + b_new) * static_cast<double>(std::max<int64_t>(pages, 0));
   const double more = std::max(0.0, after - cap) - std::max(0.0, before - cap);  // pages crossing per step
   // (pages as end_step_io counts them: on the recall-ahead schedule a miss is a late read and a
   // recall — with landing too, where the landed page is counted as both — on the layer schedule a

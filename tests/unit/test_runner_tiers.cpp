@@ -176,6 +176,51 @@ TEST_P(AdmittingPrices, TheThroughputRuleWeighsTheAddedIoAgainstTheSharedPartOfT
   EXPECT_TRUE(tiers.release(u));
 }
 
+// With the cache manager's budgets (--kv-device-budget auto) each request must keep its working set
+// and the manager's buffer resident, W (1 + b): the same scene as TheWorkingSetsPushedOutOfThePool,
+// where t's one decode step (3 pages read, none missed) left its buffer at 0.5 x 0.9 = 0.45. t
+// needs 3 x 1.45 = 4.35, u (not observed) 3/8 x 1.45 x 8 = 4.35, a request of 16 pages 8.7: 17.4
+// against the pool's 16, 1.4 pages a step over it, where the working sets alone (12) fit.
+TEST_P(AdmittingPrices, TheCacheManagersBuffersCountWhereItSetsTheBudgets) {
+  const std::string recall = GetParam();
+  const double per_page = recall == "layer" ? 1.0 : 2.0;
+  for (const bool manager : {false, true}) {
+    PagePool dev(Tier::Device, 16, kPage, kDim);
+    EngineOptions o;
+    o.cpu_kv_gb = 1.0;
+    o.kv_recall = recall;
+    o.kv_budget_auto = manager;
+    int64_t clock = 0;
+    RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+    tiers.set_io_rate(1e-6, 1000);
+    PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+    for (PageTable* x : {&t, &u}) {
+      ASSERT_TRUE(x->reserve(dev, 16));
+      x->commit(16);
+    }
+    const int32_t tok[4] = {1, 2, 3, 4};
+    const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                            StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+    tiers.before_step(batch);
+    const std::vector<TierStats> before = tiers.stats_of(batch);
+    EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
+    tiers.after_step(batch, before);
+    tiers.end_step_io(1.0);
+    EXPECT_EQ(tiers.kv().totals().offloaded, 0) << "every page fits: the manager sets no budget";
+    if (manager) {
+      EXPECT_NEAR(tiers.io_load_admitting(16), 1.4 * per_page, 1e-9);
+      EXPECT_FALSE(tiers.admitting_pays(16, 2));
+      EXPECT_EQ(tiers.io_load_admitting(8), 0.0);  // 8.7 + 4.35 = 13.05: fits
+    } else {
+      EXPECT_EQ(tiers.io_load_admitting(16), 0.0);  // 3 + 3 + 6 = 12
+      EXPECT_TRUE(tiers.admitting_pays(16, 2));
+    }
+    EXPECT_EQ(tiers.check(), "");
+    EXPECT_TRUE(tiers.release(t));
+    EXPECT_TRUE(tiers.release(u));
+  }
+}
+
 // Where the steps already miss and the pool is full, the working sets' one-step sizes understate
 // what the pool must hold (a working set moves from step to step: in the serving run of session 34
 // they added up to ~1.1 pools and the hit rate was 0.87), so the new request's whole working set
