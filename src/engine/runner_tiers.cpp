@@ -73,8 +73,12 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
       const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
       const double read = static_cast<double>(now.hits - before[i].hits + missed);
       // (a draft row reads the draft's pages; a request that only drafts and verifies stays
-      // unobserved, counted at the read fraction of the others)
-      if (!batch[i].draft) d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
+      // unobserved, counted at the read fraction of the others; a step that counted no read of
+      // its own says nothing, as DeviceBudgets::observe has it: the CUDA runner counts a decode
+      // row's reads only in decode-only steps — in a step with a prefill chunk they were 0, and
+      // under the serving load every request came out observed with a working set of 0, so
+      // admission saw every working set fit, session 34)
+      if (!batch[i].draft && read > 0.0) d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
       if (auto_budgets_) auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
     }
     if (!auto_budgets_) continue;
@@ -203,6 +207,10 @@ double RunnerTiers::overflow_added(int64_t pages) const {
   // recall — with landing too, where the landed page is counted as both — on the layer schedule a
   // recall, its victim dropped where it has a clean host copy)
   const double crossings = recall_ahead_ ? 2.0 : 1.0;
+  static const bool log = std::getenv("DHS_ADMIT_LOG") != nullptr;  // (the scheduler's admission log)
+  if (log)
+    std::fprintf(stderr, "admit: overflow: observed %.0f of %.0f (%lld requests), unobserved %.0f, frac %.3f, buffer %.2f, before %.0f after %.0f pool %.0f misses %.1f\n",
+                 observed, observed_full, static_cast<long long>(n_observed), unobserved_full, frac, b_new, before, after, cap, miss_avg_);
   return crossings * more;
 }
 

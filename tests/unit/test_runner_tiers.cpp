@@ -221,6 +221,36 @@ TEST_P(AdmittingPrices, TheCacheManagersBuffersCountWhereItSetsTheBudgets) {
   }
 }
 
+// A decode row whose step counted no read of its own (the CUDA runner's decode rows in a step
+// with a prefill chunk) leaves the request unobserved: with t and u both unobserved every page they
+// hold counts (read fraction 1: 16 pages, the pool), so one page more is one over the pool. Had
+// t's 0 reads counted as its working set, the read fraction would be 0 and nothing would ever
+// overflow (the serving run of session 34 admitted all 16 requests so).
+TEST(RunnerTiers, AStepThatCountedNoReadsObservesNothing) {
+  PagePool dev(Tier::Device, 16, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  int64_t clock = 0;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  tiers.set_io_rate(1e-6, 1000);
+  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+  for (PageTable* x : {&t, &u}) {
+    ASSERT_TRUE(x->reserve(dev, 16));
+    x->commit(16);
+  }
+  const int32_t tok[4] = {1, 2, 3, 4};
+  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                          StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+  tiers.before_step(batch);
+  const std::vector<TierStats> before = tiers.stats_of(batch);
+  tiers.after_step(batch, before);  // (t decoded; no read of it noted)
+  tiers.end_step_io(1.0);
+  EXPECT_NEAR(tiers.io_load_admitting(1), 1.0, 1e-12);
+  EXPECT_NEAR(tiers.io_load_admitting(4), 4.0, 1e-12);
+  EXPECT_TRUE(tiers.release(t));
+  EXPECT_TRUE(tiers.release(u));
+}
+
 // Where the steps already miss and the pool is full, the working sets' one-step sizes understate
 // what the pool must hold (a working set moves from step to step: in the serving run of session 34
 // they added up to ~1.1 pools and the hit rate was 0.87), so the new request's whole working set
