@@ -87,10 +87,10 @@ class StepRunner {
   // 0: step() takes no verify requests (no speculative decoding).
   virtual int max_verify_rows() const { return 0; }
   // Whether a step that carries prompt rows must carry one request's prompt chunk and nothing
-  // else. The CUDA runner with a host tier: its prefill attention reads HBM only, and a step with
-  // prompt rows runs every row of it that way, so each request in it has all its pages pinned in
-  // HBM — several requests at once may not fit the pool. The scheduler then alternates prefill
-  // steps of one request with decode steps.
+  // else; the scheduler then alternates prefill steps of one request with decode steps. The CUDA
+  // runner with a host tier: a step with prompt rows runs every row through prefill attention, so
+  // a decode row beside a chunk would read all its pages, the offloaded ones in place over PCIe
+  // (cuda_runner.cpp).
   virtual bool prefill_alone() const { return false; }
   bool verifies() const { return max_verify_rows() > 0; }
   // Whether a verify request's rows read its KV pages once between them (the speculation
