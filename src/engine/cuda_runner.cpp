@@ -137,13 +137,13 @@ class CudaRunner final : public StepRunner {
   // A verify's rows are decode rows of one request in one attention call: each selected page is
   // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
-  // With a host tier a prompt chunk runs alone (the scheduler alternates prefill and decode
-  // steps): a step with prompt rows runs every row through prefill attention, so a decode row
-  // beside a chunk is read densely, its offloaded pages in place over PCIe, with no landing and
-  // no recall after — under the serving load (session 34, H100) such steps took 25–38 ms with 5–12
-  // requests against 15 ms with up to 4, ~2.5 ms a decode row. DHS_TIER_MIXED_STEPS=1 keeps them
-  // mixed (the A/B of docs/hierarchy.md).
-  bool prefill_alone() const override { return tiers_ != nullptr && !mixed_steps_; }
+  // DHS_TIER_PREFILL_ALONE=1, with a host tier: a prompt chunk runs alone (the scheduler
+  // alternates prefill and decode steps). A step with prompt rows runs every row through prefill
+  // attention, so a decode row beside a chunk is read densely, its offloaded pages in place over
+  // PCIe, with no landing and no recall after — under the serving load (session 34, H100) such
+  // steps took 25–38 ms with 5–12 requests against 15 ms with up to 4, ~2.5 ms a decode row. Off
+  // by default until the serving A/B has run on the device (docs/hierarchy.md).
+  bool prefill_alone() const override { return tiers_ != nullptr && prefill_alone_; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
   int max_draft_seeds() const override { return cuda::kMaxSeedPages; }
@@ -394,7 +394,7 @@ class CudaRunner final : public StepRunner {
   int max_batch_ = 1;
   int64_t last_claims_ = 1024;  // landing: the last decode step's late entries (slots it asked for)
   const bool phases_log_ = std::getenv("DHS_STEP_PHASES") != nullptr;  // DHS_STEP_PHASES: log_phases
-  const bool mixed_steps_ = std::getenv("DHS_TIER_MIXED_STEPS") != nullptr;  // (prefill_alone's A/B)
+  const bool prefill_alone_ = std::getenv("DHS_TIER_PREFILL_ALONE") != nullptr;  // (prefill_alone's A/B)
   PolicySpec policy_;
   std::unique_ptr<LlamaCuda> model_;
   std::vector<cuda::SamplingRow> rows_;  // [max_batch] each slot's sampling parameters

@@ -88,9 +88,9 @@ class StepRunner {
   virtual int max_verify_rows() const { return 0; }
   // Whether a step that carries prompt rows must carry one request's prompt chunk and nothing
   // else; the scheduler then alternates prefill steps of one request with decode steps. The CUDA
-  // runner with a host tier: a step with prompt rows runs every row through prefill attention, so
-  // a decode row beside a chunk would read all its pages, the offloaded ones in place over PCIe
-  // (cuda_runner.cpp).
+  // runner with a host tier, when asked (DHS_TIER_PREFILL_ALONE: a step with prompt rows runs
+  // every row through prefill attention, so a decode row beside a chunk reads all its pages, the
+  // offloaded ones in place over PCIe; cuda_runner.cpp).
   virtual bool prefill_alone() const { return false; }
   bool verifies() const { return max_verify_rows() > 0; }
   // Whether a verify request's rows read its KV pages once between them (the speculation
