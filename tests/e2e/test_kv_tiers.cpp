@@ -151,6 +151,12 @@ void expect_batch_equal_alone(bool auto_budget, const std::string& recall = "lay
   for (const auto& pr : prompts) blocks += (static_cast<int64_t>(pr.size()) + g.max_tokens + 15) / 16;
   auto e = auto_budget ? load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true, recall)
                        : load("coverage:0.99", 1.0, 3 * 3 * 16, 0, false, recall);  // 3 layers' worth at ~16 pages per list
+  // (all four run at once, whatever IO-aware admission would say of the pages they push out: the
+  // test is of the pages moving, and admission's decisions follow measured step times)
+  SchedulerOptions so;
+  so.kv_admit_throughput = false;
+  so.kv_io_admit_max = 1e6;
+  e->configure_scheduler(so);
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
