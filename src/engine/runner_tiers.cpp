@@ -10,6 +10,14 @@
 
 namespace dhs {
 
+namespace {
+// DHS_ADMIT_LOG: the terms of each admission the hierarchy weighs, on stderr (with the scheduler's lines).
+bool admit_log() {
+  static const bool on = std::getenv("DHS_ADMIT_LOG") != nullptr;
+  return on;
+}
+}  // namespace
+
 int64_t RunnerTiers::host_pages(const EngineOptions& o, int64_t page_bytes) {
   DHS_CHECK(o.cpu_kv_gb >= 0.0 && o.kv_device_budget >= 0, "the host KV tier and device budget must be >= 0");
   const int64_t pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
@@ -207,8 +215,7 @@ double RunnerTiers::overflow_added(int64_t pages) const {
   // recall — with landing too, where the landed page is counted as both — on the layer schedule a
   // recall, its victim dropped where it has a clean host copy)
   const double crossings = recall_ahead_ ? 2.0 : 1.0;
-  static const bool log = std::getenv("DHS_ADMIT_LOG") != nullptr;  // (the scheduler's admission log)
-  if (log)
+  if (admit_log())
     std::fprintf(stderr, "admit: overflow: observed %.0f of %.0f (%lld requests), unobserved %.0f, frac %.3f, buffer %.2f, before %.0f after %.0f pool %.0f misses %.1f\n",
                  observed, observed_full, static_cast<long long>(n_observed), unobserved_full, frac, b_new, before, after, cap, miss_avg_);
   return crossings * more;
@@ -240,8 +247,7 @@ bool RunnerTiers::admitting_pays(int64_t pages, int64_t running) const {
   const double price = step_page_seconds();
   const double io = std::min(decode_moved_avg_ * price, decode_seconds_);
   const double fixed = std::clamp(step_fixed_seconds(), 0.0, decode_seconds_ - io);
-  static const bool log = std::getenv("DHS_ADMIT_LOG") != nullptr;  // (the scheduler's admission log)
-  if (log)
+  if (admit_log())
     std::fprintf(stderr, "admit: more %.0f pages a step, price %.3f us, decode step %.3f ms, io %.3f ms, fixed %.3f ms, misses %.0f\n",
                  more, price * 1e6, decode_seconds_ * 1e3, io * 1e3, fixed * 1e3, miss_avg_);
   return fixed + io >= static_cast<double>(std::max<int64_t>(running, 1)) * more * price;

@@ -171,6 +171,12 @@ TEST_P(AdmittingPrices, TheThroughputRuleWeighsTheAddedIoAgainstTheSharedPartOfT
   EXPECT_EQ(tiers.admitting_pays(32, 3), 3 * 2 * crossings <= 10.0);
   // 48 pages: 8 x crossings x 2 = 16 or 32 s > 10 s.
   EXPECT_FALSE(tiers.admitting_pays(48, 2));
+  // A step with a prompt chunk says nothing of decode steps: a 100 s one changes neither the fit
+  // nor a decision (had it entered the average step, 6 s of added I/O x 3 rows would pay).
+  tiers.end_step_io(100.0, 0.0, 2, 512);
+  EXPECT_NEAR(tiers.step_fixed_seconds(), 10.0, 1e-9);
+  EXPECT_EQ(tiers.admitting_pays(32, 3), 3 * 2 * crossings <= 10.0);
+  EXPECT_FALSE(tiers.admitting_pays(48, 2));
   EXPECT_EQ(tiers.check(), "");
   EXPECT_TRUE(tiers.release(t));
   EXPECT_TRUE(tiers.release(u));
