@@ -81,30 +81,53 @@ TEST(RunnerTiers, IoLoadIsPagesMovedOverTheLinksCapacity) {
 // end_step_io counts it: a late read and a recall.
 class AdmittingPrices : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
-  const std::string recall = GetParam();
-  const double per_page = recall == "layer" ? 1.0 : 2.0;
-  PagePool dev(Tier::Device, 16, kPage, kDim);
-  EngineOptions o;
-  o.cpu_kv_gb = 1.0;
-  o.kv_recall = recall;
-  int64_t clock = 0;
-  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
-  tiers.set_io_rate(1e-6, 1000);
-  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
-  for (PageTable* x : {&t, &u}) {
-    ASSERT_TRUE(x->reserve(dev, 16));  // 4 pages per list, 8 in all
-    x->commit(16);
+// The scene of the AdmittingPrices tests: pool 16 pages, a 64-page host tier, 1,000-B pages at
+// 1,000 B/s (a page: 1 s); t and u hold 8 full pages each; the batch is t's decode row beside u's
+// 4 prompt rows. reads(): the step's part after before_step — t reads 3 of its pages.
+struct AdmitScene {
+  explicit AdmitScene(const std::string& recall, bool manager = false)
+      : tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), options(recall, manager), kLayers, [this] { return clock; }) {
+    tiers.set_io_rate(1e-6, 1000);
+    for (PageTable* x : {&t, &u}) {
+      EXPECT_TRUE(x->reserve(dev, 16));  // 4 pages per list, 8 in all
+      x->commit(16);
+    }
   }
+  static EngineOptions options(const std::string& recall, bool manager) {
+    EngineOptions o;
+    o.cpu_kv_gb = 1.0;
+    o.kv_recall = recall;
+    o.kv_budget_auto = manager;
+    return o;
+  }
+  void reads() {
+    const std::vector<TierStats> before = tiers.stats_of(batch);
+    EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
+    tiers.after_step(batch, before);
+  }
+  void end() {
+    EXPECT_EQ(tiers.check(), "");
+    EXPECT_TRUE(tiers.release(t));
+    EXPECT_TRUE(tiers.release(u));
+  }
+  PagePool dev{Tier::Device, 16, kPage, kDim};
+  int64_t clock = 0;
+  RunnerTiers tiers;
+  PageTable t{kLayers, kHeads, kPage}, u{kLayers, kHeads, kPage};
   const int32_t tok[4] = {1, 2, 3, 4};
   const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
                                           StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
-  tiers.before_step(batch);
+};
+
+TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
+  const std::string recall = GetParam();
+  const double per_page = recall == "layer" ? 1.0 : 2.0;
+  AdmitScene sc(recall);
+  RunnerTiers& tiers = sc.tiers;
+  tiers.before_step(sc.batch);
   EXPECT_EQ(tiers.io_load_admitting(16), 0.0);  // nothing registered reads yet: 16 pages fit
   EXPECT_EQ(tiers.io_load_admitting(17), 1.0) << "no step measured yet: counted as a full link";
-  const std::vector<TierStats> before = tiers.stats_of(batch);
-  EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
-  tiers.after_step(batch, before);
+  sc.reads();
   tiers.end_step_io(1.0);  // nothing moved: load 0
   EXPECT_EQ(tiers.io_load(), 0.0);
   EXPECT_EQ(tiers.io_load_admitting(0), 0.0);
@@ -112,12 +135,10 @@ TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
   EXPECT_NEAR(tiers.io_load_admitting(32), 2.0 * per_page, 1e-12);  // 6 + 12 = 18: 2 pages a step
   EXPECT_NEAR(tiers.io_load_admitting(48), 8.0 * per_page, 1e-12);  // 6 + 18 = 24: 8
   // u swapped out reads nothing: only t's 3 and the new request's.
-  ASSERT_TRUE(tiers.swap_out(u));
+  ASSERT_TRUE(tiers.swap_out(sc.u));
   EXPECT_EQ(tiers.io_load_admitting(32), 0.0);                       // 3 + 12 = 15
   EXPECT_NEAR(tiers.io_load_admitting(40), 2.0 * per_page, 1e-12);  // 3 + 15 = 18
-  EXPECT_EQ(tiers.check(), "");
-  EXPECT_TRUE(tiers.release(t));
-  EXPECT_TRUE(tiers.release(u));
+  sc.end();
 }
 
 // The throughput rule (admitting_pays): one more running request pays while the step's fixed part
@@ -128,26 +149,11 @@ TEST_P(AdmittingPrices, TheWorkingSetsPushedOutOfThePool) {
 TEST_P(AdmittingPrices, TheThroughputRuleWeighsTheAddedIoAgainstTheSharedPartOfTheStep) {
   const std::string recall = GetParam();
   const double crossings = recall == "layer" ? 1.0 : 2.0;
-  PagePool dev(Tier::Device, 16, kPage, kDim);
-  EngineOptions o;
-  o.cpu_kv_gb = 1.0;
-  o.kv_recall = recall;
-  int64_t clock = 0;
-  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
-  tiers.set_io_rate(1e-6, 1000);
-  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
-  for (PageTable* x : {&t, &u}) {
-    ASSERT_TRUE(x->reserve(dev, 16));
-    x->commit(16);
-  }
-  const int32_t tok[4] = {1, 2, 3, 4};
-  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
-                                          StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+  AdmitScene sc(recall);
+  RunnerTiers& tiers = sc.tiers;
   EXPECT_FALSE(tiers.admitting_pays(32, 2)) << "no step measured yet: nothing known to share";
-  tiers.before_step(batch);
-  const std::vector<TierStats> before = tiers.stats_of(batch);
-  EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
-  tiers.after_step(batch, before);
+  tiers.before_step(sc.batch);
+  sc.reads();
   tiers.end_step_io(10.0, 0.0, 0, 0);
   // One step: no fit, the fixed part counts as 0, so any added I/O loses; none added always pays.
   EXPECT_TRUE(tiers.admitting_pays(26, 2));
@@ -177,9 +183,7 @@ TEST_P(AdmittingPrices, TheThroughputRuleWeighsTheAddedIoAgainstTheSharedPartOfT
   EXPECT_NEAR(tiers.step_fixed_seconds(), 10.0, 1e-9);
   EXPECT_EQ(tiers.admitting_pays(32, 3), 3 * 2 * crossings <= 10.0);
   EXPECT_FALSE(tiers.admitting_pays(48, 2));
-  EXPECT_EQ(tiers.check(), "");
-  EXPECT_TRUE(tiers.release(t));
-  EXPECT_TRUE(tiers.release(u));
+  sc.end();
 }
 
 // With the cache manager's budgets (--kv-device-budget auto) each request must keep its working set
@@ -191,26 +195,10 @@ TEST_P(AdmittingPrices, TheCacheManagersBuffersCountWhereItSetsTheBudgets) {
   const std::string recall = GetParam();
   const double per_page = recall == "layer" ? 1.0 : 2.0;
   for (const bool manager : {false, true}) {
-    PagePool dev(Tier::Device, 16, kPage, kDim);
-    EngineOptions o;
-    o.cpu_kv_gb = 1.0;
-    o.kv_recall = recall;
-    o.kv_budget_auto = manager;
-    int64_t clock = 0;
-    RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
-    tiers.set_io_rate(1e-6, 1000);
-    PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
-    for (PageTable* x : {&t, &u}) {
-      ASSERT_TRUE(x->reserve(dev, 16));
-      x->commit(16);
-    }
-    const int32_t tok[4] = {1, 2, 3, 4};
-    const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
-                                            StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
-    tiers.before_step(batch);
-    const std::vector<TierStats> before = tiers.stats_of(batch);
-    EXPECT_EQ(tiers.kv().note_reads(t, std::vector<PageId>{{0, 0, 0}, {0, 0, 1}, {1, 0, 3}}, clock).hits, 3);
-    tiers.after_step(batch, before);
+    AdmitScene sc(recall, manager);
+    RunnerTiers& tiers = sc.tiers;
+    tiers.before_step(sc.batch);
+    sc.reads();
     tiers.end_step_io(1.0);
     EXPECT_EQ(tiers.kv().totals().offloaded, 0) << "every page fits: the manager sets no budget";
     if (manager) {
@@ -221,9 +209,7 @@ TEST_P(AdmittingPrices, TheCacheManagersBuffersCountWhereItSetsTheBudgets) {
       EXPECT_EQ(tiers.io_load_admitting(16), 0.0);  // 3 + 3 + 6 = 12
       EXPECT_TRUE(tiers.admitting_pays(16, 2));
     }
-    EXPECT_EQ(tiers.check(), "");
-    EXPECT_TRUE(tiers.release(t));
-    EXPECT_TRUE(tiers.release(u));
+    sc.end();
   }
 }
 
