@@ -61,6 +61,9 @@ class CudaRunner final : public StepRunner {
               "the KV hierarchy on the GPU runs the recall-ahead schedule: add --kv-recall ahead or land (the layer "
               "schedule needs a host round trip per layer inside the step)");
     co.host_pages = host_pages;
+    // DHS_MIXED_PREFILL=1: a mixed step's decode rows through prefill attention, dense, as before
+    // session 35 (the serving A/B of CudaModelOptions::mixed_decode_attention).
+    co.mixed_decode_attention = std::getenv("DHS_MIXED_PREFILL") == nullptr;
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;
@@ -138,11 +141,12 @@ class CudaRunner final : public StepRunner {
   // read once for all of them (LlamaCuda::Seq::verify), unless each row selects its own.
   int max_verify_rows() const override { return model_->options().max_verify_rows; }
   // DHS_TIER_PREFILL_ALONE=1, with a host tier: a prompt chunk runs alone (the scheduler
-  // alternates prefill and decode steps). A step with prompt rows runs every row through prefill
-  // attention, so a decode row beside a chunk is read densely, its offloaded pages in place over
-  // PCIe, with no landing and no recall after — under the serving load (session 34, H100) such
-  // steps took 25–38 ms with 5–12 requests against 15 ms with up to 4, ~2.5 ms a decode row. Off
-  // by default until the serving A/B has run on the device (docs/hierarchy.md).
+  // alternates prefill and decode steps). Until session 35 a step with prompt rows ran every row
+  // through prefill attention, so a decode row beside a chunk was read densely, its offloaded pages
+  // in place over PCIe, with no landing and no recall after — under the serving load (session 34,
+  // H100) such steps took 25–38 ms with 5–12 requests against 15 ms with up to 4, ~2.5 ms a decode
+  // row. Now those rows read their policy's pages (CudaModelOptions::mixed_decode_attention; no
+  // landing: their late pages are recalled after the step). Off by default (docs/hierarchy.md).
   bool prefill_alone() const override { return tiers_ != nullptr && prefill_alone_; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
@@ -347,6 +351,15 @@ class CudaRunner final : public StepRunner {
     TieredKv& kv = tiers_->kv();
     const int64_t now = tiers_->clock() - 1;  // this step's last layer (steps_ counts it already)
     if (prefill) {
+      // A mixed step's decode rows were read as a decode step reads them
+      // (CudaModelOptions::mixed_decode_attention): their hits touched, their late pages recalled
+      // now (the next step may be another chunk's: nothing overlaps them); then the chunks' pages
+      // past their budgets offloaded.
+      if (model_->read_stamp() >= 0) {
+        std::vector<PageTable*> tables;
+        for (const StepRequest& r : batch) tables.push_back(r.table);
+        recall_after_decode(kv, *model_, tables, now);
+      }
       kv.end_step(now);
     } else {
       // Each request's reads: its hits and its late reads; recall_ahead keeps the first and

@@ -82,10 +82,11 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
       const double read = static_cast<double>(now.hits - before[i].hits + missed);
       // (a draft row reads the draft's pages; a request that only drafts and verifies stays
       // unobserved, counted at the read fraction of the others; a step that counted no read of
-      // its own says nothing, as DeviceBudgets::observe has it: the CUDA runner counts a decode
-      // row's reads only in decode-only steps — in a step with a prefill chunk they were 0, and
-      // under the serving load every request came out observed with a working set of 0, so
-      // admission saw every working set fit, session 34)
+      // its own says nothing, as DeviceBudgets::observe has it: until session 35 the CUDA runner
+      // counted a decode row's reads only in decode-only steps — in a step with a prefill chunk
+      // they were 0, and under the serving load every request came out observed with a working
+      // set of 0, so admission saw every working set fit, session 34; with
+      // CudaModelOptions::mixed_decode_attention off they still are)
       if (!batch[i].draft && read > 0.0) d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
       if (auto_budgets_) auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
     }

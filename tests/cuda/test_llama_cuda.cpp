@@ -6,7 +6,9 @@
 //  * ReselectReadsTheCpuPages: --reselect-every on the device reading exactly the pages the CPU
 //    definition reads;
 //  * DenseBelowAndSparseMinTokens: steps under the threshold bitwise the dense step, selection
-//    from the threshold on.
+//    from the threshold on;
+//  * MixedStepDecodeRowsReadTheirPolicy: a decode row beside a prompt chunk reads its policy's
+//    pages (CudaModelOptions::mixed_decode_attention), the outputs in the caller's order.
 // GTest binary through gtest_shim.h (with -DDHS_NO_GTEST a plain executable with the same
 // TESTs). Every TEST skips where there is no GPU or no default model ($DHS_MODELS_DIR,
 // scripts/fetch_model.sh); the prompts come from $DHS_TEST_DATA/reference/smollm2_135m.json.
@@ -399,4 +401,104 @@ TEST(LlamaCudaVsCpu, DenseBelowAndSparseMinTokens) {
   }
   t.gt.release(sg.allocator());
   t.ct.release(t.cpool);
+}
+
+// A mixed step (CudaModelOptions::mixed_decode_attention): a prompt chunk and a decode row in one
+// forward, the chunk first in the caller's order. The decode row reads its policy's pages (sink +
+// window: 8 of the 75 pages of each list) as a decode step does — its logits equal the decode
+// step's on the same token, not the dense read's, and the step's page counts are that row's — while
+// with the option off (the form before it) the row reads every page through prefill attention and
+// gives the dense logits, and the step counts no pages. The chunk's last logits equal its prefill
+// alone, and every output comes back in the caller's order (logits rows, out_row, sampled ids).
+// Every GEMM runs on cuBLASLt (gemv_max_tok 0), so the steps compared differ in attention and in
+// the GEMMs' row counts only (the same tolerance as BatchedDecodeEqualsSolo).
+TEST(LlamaCudaVsCpu, MixedStepDecodeRowsReadTheirPolicy) {
+  SKIP_WITHOUT_GPU_OR_MODEL();
+  Models& m = models();
+  const ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size, L = c.n_layers, Hkv = c.n_heads_kv;
+  CudaModelOptions so = model_options();
+  so.summaries = "minmax";
+  so.gemv_max_tok = 0;
+  PolicySpec pc;
+  pc.rule = SelectRule::SinkWindow;
+  pc.estimator = "minmax";
+  pc.budget = 8;
+  PolicySpec dense = pc;
+  dense.rule = SelectRule::Dense;
+  const auto& a_ids = m.prompts.back();  // 1,186 tokens: 75 pages per list at the decode row
+  const auto& b_ids = m.prompts[3];      // 65 tokens: the chunk
+  const int64_t na = static_cast<int64_t>(a_ids.size()), nb = static_cast<int64_t>(b_ids.size());
+  const int32_t tok = a_ids[10];
+  const auto max_diff = [&](const float* x, const float* y) {
+    float d = 0;
+    for (int64_t i = 0; i < V; ++i) d = std::max(d, std::fabs(x[i] - y[i]));
+    return d;
+  };
+  std::vector<float> policy_row, dense_row, b_alone;
+  for (const bool mixed_on : {true, false}) {
+    CudaModelOptions o = so;
+    o.mixed_decode_attention = mixed_on;
+    LlamaCuda g(m.src, o);
+    g.set_sparsity(pc);
+    PageTable ta(static_cast<int>(L), static_cast<int>(Hkv), 16), tb(static_cast<int>(L), static_cast<int>(Hkv), 16);
+    for (int64_t b = 0; b < na; b += 512) {
+      const int64_t n = std::min<int64_t>(512, na - b);
+      ASSERT_TRUE(ta.reserve(g.allocator(), n));
+      g.forward({LlamaCuda::Seq{&ta, 0, a_ids.data() + b, n}}, nullptr);
+    }
+    if (mixed_on) {  // the references: the decode step under the policy and dense; the chunk alone
+      for (const PolicySpec* p : {&pc, &dense}) {
+        g.set_sparsity(*p);
+        ASSERT_TRUE(ta.reserve(g.allocator(), 1));
+        g.forward({LlamaCuda::Seq{&ta, 0, &tok, 1}}, p == &pc ? &policy_row : &dense_row);
+        ta.truncate(g.allocator(), na);
+      }
+      g.set_sparsity(pc);
+      ASSERT_TRUE(tb.reserve(g.allocator(), nb));
+      g.forward({LlamaCuda::Seq{&tb, 1, b_ids.data(), nb}}, &b_alone);
+      tb.truncate(g.allocator(), 0);
+      const float sep = max_diff(policy_row.data(), dense_row.data());
+      std::printf("mixed step: the decode step's logits under sink + window 8 vs dense: max |dlogit| %.3f\n", sep);
+      ASSERT_GT(sep, 4 * kLogitTol) << "the policy's read is too close to the dense read for this test to tell them apart";
+    }
+    g.reset_sparsity_stats();
+    ASSERT_TRUE(tb.reserve(g.allocator(), nb));
+    ASSERT_TRUE(ta.reserve(g.allocator(), 1));
+    std::vector<float> out;
+    g.forward({LlamaCuda::Seq{&tb, 1, b_ids.data(), nb}, LlamaCuda::Seq{&ta, 0, &tok, 1}}, &out);
+    ASSERT_EQ(out.size(), static_cast<size_t>(2 * V));
+    EXPECT_EQ(g.out_row(0), 0);
+    EXPECT_EQ(g.out_row(1), 1);
+    const float* b_row = out.data();
+    const float* a_row = out.data() + V;
+    const float d_policy = max_diff(a_row, policy_row.data()), d_dense = max_diff(a_row, dense_row.data());
+    const float d_chunk = max_diff(b_row, b_alone.data());
+    const CudaSparsityStats st = g.sparsity_stats();
+    uint64_t read = 0, total = 0;
+    for (size_t i = 0; i < st.read.size(); ++i) {
+      read += st.read[i];
+      total += st.total[i];
+    }
+    std::printf("mixed step, mixed_decode_attention %d: decode row vs the policy's decode step %.3f, vs dense %.3f; "
+                "chunk vs alone %.3f; pages read %llu of %llu\n",
+                mixed_on ? 1 : 0, d_policy, d_dense, d_chunk, static_cast<unsigned long long>(read),
+                static_cast<unsigned long long>(total));
+    EXPECT_LT(d_chunk, kLogitTol) << "the chunk's logits in the mixed step differ from its prefill alone";
+    EXPECT_EQ(g.sampled_ids()[0], argmax(b_row, V)) << "sampled ids out of the caller's order";
+    EXPECT_EQ(g.sampled_ids()[1], argmax(a_row, V)) << "sampled ids out of the caller's order";
+    EXPECT_EQ(g.row_ids()[1], g.sampled_ids()[1]);
+    if (mixed_on) {
+      EXPECT_LT(d_policy, kLogitTol) << "the decode row did not read its policy's pages";
+      // (one decode row: every list of it, ceil((na + 1) / 16) pages, of which 8 read)
+      EXPECT_EQ(total, static_cast<uint64_t>(L * Hkv * ((na + 1 + 15) / 16)));
+      EXPECT_EQ(read, static_cast<uint64_t>(L * Hkv * 8));
+    } else {
+      EXPECT_LT(d_dense, kLogitTol) << "option off: the decode row should read every page (prefill attention)";
+      EXPECT_EQ(total, 0u) << "option off: a prefill step counts no pages";
+    }
+    ta.release(g.allocator());
+    tb.release(g.allocator());
+    EXPECT_TRUE(pages_balanced(g)) << "page accounting";
+  }
 }

@@ -749,7 +749,7 @@ void LlamaCuda::build_params() {
 // The model, as one step runs it on the stream (and as the decode graph captures it).
 void LlamaCuda::run_layers(const Step& s) {
   const int64_t T = s.n_tok;
-  const bool log_late = host_pool_ && s.decode;  // (the late reads' count starts at 0)
+  const bool log_late = host_pool_ && s.n_dec > 0;  // (the late reads' count starts at 0)
   if (log_late) {
     DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
     DHS_CUDA_CHECK(cudaMemsetAsync(read_d_ + pool_->n_pages(), 0, 4, stream_));
@@ -762,7 +762,7 @@ void LlamaCuda::run_layers(const Step& s) {
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     selector_->join(stream_);                                                // (the last layer's seed record)
-    if (!s.plan.window_only) dense_lists(l, s.n_req);                        // every page of this layer
+    if (!s.plan.window_only || s.n_dec < s.n_req) dense_lists(l, s.n_req);  // every page of this layer
     if (s.decode && s.max_q > 1 && s.plan.runs_policy && opt_.verify_selection == "last-row") {
       // A verify's shared selection from its last row's queries (CudaModelOptions::verify_selection).
       cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,
@@ -775,7 +775,10 @@ void LlamaCuda::run_layers(const Step& s) {
     } else if (s.decode) {
       attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q, l, s.n_tok);  // the pages the policy keeps
     } else {
-      attention_prefill(s.n_tok, s.n_req);
+      // A mixed step's decode rows (the first n_dec requests, a row each) under the policy, as a
+      // decode step reads them; the prompt chunks' rows after them, dense.
+      if (s.n_dec > 0) attention_decode(selector_->select(l, s.n_dec, s.plan, stream_), s.n_dec, 1, l, s.n_dec);
+      attention_prefill(s.n_dec, s.n_tok, s.n_req);
     }
     gemm_->run(w.w_o, att_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
     rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
@@ -1134,16 +1137,21 @@ void LlamaCuda::set_landing_slots(std::span<const int32_t> slots) {
 // (a prompt longer than HBM holds prefills with its earlier chunks' pages offloaded). The late
 // part runs the mma.sync kernel: its plain loads read mapped DRAM (the wgmma kernel's cp.async
 // ring is for HBM), and PCIe bounds it whatever kernel runs.
-void LlamaCuda::attention_prefill(int n_tok, int n_req) {
+void LlamaCuda::attention_prefill(int first, int n_tok, int n_req) {
+  if (first >= n_req) return;
+  const int hkv = static_cast<int>(cfg_.n_heads_kv);
   cuda::PrefillAttentionParams p = prefill_attn_;
-  p.n_requests = n_req;
-  p.n_rows = n_tok;
+  // (requests from `first`: q_indptr holds absolute rows, so the kernel writes rows first.. of out)
+  p.q_indptr += first;
+  p.kv_indptr += static_cast<int64_t>(first) * hkv;
+  p.seq_len += first;
+  p.n_requests = n_req - first;
+  p.n_rows = n_tok - first;
   if (!host_pool_) {
     cuda::launch_prefill_attention(p, stream_, prefill_kernel_);
     return;
   }
-  cuda::split_lists_by_tier(p.kv_indptr, p.slots, p.page_pos, n_req * static_cast<int>(cfg_.n_heads_kv), pool_->n_pages(),
-                            *split_, stream_);
+  cuda::split_lists_by_tier(p.kv_indptr, p.slots, p.page_pos, p.n_requests * hkv, pool_->n_pages(), *split_, stream_);
   p.kv_indptr = split_->dev_indptr();
   p.slots = split_->dev_slots();
   p.page_pos = split_->dev_page_pos();
@@ -1158,8 +1166,9 @@ void LlamaCuda::attention_prefill(int n_tok, int n_req) {
   late.out = late_att_d_;
   late.lse = late_lse_d_;
   cuda::launch_prefill_attention(late, stream_, cuda::PrefillKernel{.wgmma = false});
-  cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_tok * static_cast<int>(cfg_.n_heads_q),
-                           static_cast<int>(cfg_.head_dim)},
+  const int64_t row0 = static_cast<int64_t>(first) * cfg_.n_heads_q;  // (the prefill rows' first head row)
+  cuda::launch_merge_late({att_d_ + row0 * cfg_.head_dim, lse_d_ + row0, late_att_d_ + row0 * cfg_.head_dim, late_lse_d_ + row0,
+                           p.n_rows * static_cast<int>(cfg_.n_heads_q), static_cast<int>(cfg_.head_dim)},
                           stream_);
 }
 
@@ -1183,7 +1192,7 @@ void LlamaCuda::logits_and_sample(int n_out) {
   cuda::launch_sample(sp, stream_);
 }
 
-void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logits, bool use_graph,
+void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logits, bool use_graph,
                         const std::function<void()>& while_running) {
   using Clock = std::chrono::steady_clock;
   const auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -1191,7 +1200,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   Step step;
   step.decode = true;
   int64_t T = 0, n_out_real = 0;
-  for (const Seq& s : batch) {
+  for (const Seq& s : given) {
     // A decode-like step: one token each, or a verify's rows (a verify in a step with a prefill
     // chunk runs as prefill rows: dense, causal; its logits are the same rows').
     step.decode = step.decode && (s.n_new == 1 || (s.verify && s.n_new <= opt_.max_verify_rows));
@@ -1199,7 +1208,24 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     T += s.n_new;
     n_out_real += s.verify ? s.n_new : 1;
   }
-  const int n_real = static_cast<int>(batch.size());
+  const int n_real = static_cast<int>(given.size());
+  // A mixed step (CudaModelOptions::mixed_decode_attention): its plain decode rows first, in the
+  // caller's order, then the rest; `orig` maps back (empty: the caller's order).
+  std::vector<int> orig;
+  int n_dec = 0;
+  if (!step.decode && opt_.mixed_decode_attention) {
+    const auto is_dec = [](const Seq& s) { return s.n_new == 1 && !s.verify; };
+    for (int i = 0; i < n_real; ++i)
+      if (is_dec(given[static_cast<size_t>(i)])) orig.push_back(i);
+    n_dec = static_cast<int>(orig.size());
+    for (int i = 0; i < n_real; ++i)
+      if (!is_dec(given[static_cast<size_t>(i)])) orig.push_back(i);
+    if (n_dec == 0) orig.clear();
+  }
+  ordered_.clear();
+  for (const int i : orig) ordered_.push_back(given[static_cast<size_t>(i)]);
+  const std::vector<Seq>& batch = orig.empty() ? given : ordered_;
+  const auto caller = [&](size_t i) { return orig.empty() ? static_cast<int>(i) : orig[i]; };
   // verify_selection "per-row" under a sparse engine: each verify row its own attention request
   // (and selection), at its own position.
   const bool split = step.decode && opt_.verify_selection == "per-row" && selector_->sparse();
@@ -1210,11 +1236,11 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
     if (split && s.verify) {
       for (int64_t j = 0; j < s.n_new; ++j) {
         reqs.push_back({s.table, s.req_slot, s.table->n_tokens() + j, 1, s.policy, s.table->id()});
-        attn_seq_.push_back(static_cast<int>(i));
+        attn_seq_.push_back(caller(i));
       }
     } else {
       reqs.push_back({s.table, s.req_slot, s.table->n_tokens(), s.n_new, s.policy, s.table->id()});
-      attn_seq_.push_back(static_cast<int>(i));
+      attn_seq_.push_back(caller(i));
     }
   }
   if (split) step.max_q = 1;
@@ -1239,13 +1265,17 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   step.n_tok = static_cast<int>(T) + (n_rows - n_attn);
   step.n_req = n_rows;
   step.n_out = static_cast<int>(n_out_real) + (n_rows - n_attn);
+  step.n_dec = step.decode ? n_rows : n_dec;
   step.n_union = upload_step(batch, n_rows, split);
+  const std::vector<int64_t> row_first = out_first_;  // (each of batch's sequences' first output row)
   if (step.n_union > 0)
     for (const Seq& s : batch) step.union_max_q = std::max(step.union_max_q, s.verify ? static_cast<int>(s.n_new) : 1);
-  step.plan = selector_->begin_step(reqs, step.decode, stream_);
+  // (a mixed step's selection: its decode rows, the first n_dec requests)
+  if (!step.decode && n_dec > 0) reqs.resize(static_cast<size_t>(n_dec));
+  step.plan = selector_->begin_step(reqs, step.decode || n_dec > 0, stream_);
   last_step_ = step;
   int32_t land_avail = 0;
-  if (host_pool_ && step.decode) {  // this step's stamp for the resident reads' record
+  if (host_pool_ && step.n_dec > 0) {  // this step's stamp for the resident reads' record
     *stamp_h_ = ++stamp_;
     DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
     // The landing stack's length (set_landing_slots uploaded the slots; 0: nothing lands).
@@ -1266,13 +1296,29 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   DHS_CUDA_CHECK(cudaGetLastError());
   for (const Seq& s : batch) s.table->commit(s.n_new);
   DHS_CUDA_CHECK(cudaMemcpyAsync(out_ids_h_, out_ids_d_, static_cast<size_t>(n_out_real) * 4, cudaMemcpyDeviceToHost, stream_));
+  // The output rows in the caller's order: each sequence's first at out_first_ (out_row).
+  const auto n_out_of = [](const Seq& s) { return s.verify ? s.n_new : int64_t{1}; };
+  out_first_.assign(static_cast<size_t>(n_real), 0);
+  {
+    std::vector<int64_t> n_of(static_cast<size_t>(n_real));
+    for (size_t i = 0; i < batch.size(); ++i) n_of[static_cast<size_t>(caller(i))] = n_out_of(batch[i]);
+    for (int j = 1; j < n_real; ++j) out_first_[static_cast<size_t>(j)] = out_first_[static_cast<size_t>(j - 1)] + n_of[static_cast<size_t>(j - 1)];
+  }
   if (logits) {
     logits->resize(static_cast<size_t>(n_out_real * cfg_.vocab_size));
-    DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
+    if (orig.empty()) {
+      DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data(), logits_d_, logits->size() * 4, cudaMemcpyDeviceToHost, stream_));
+    } else {
+      const size_t V = static_cast<size_t>(cfg_.vocab_size);
+      for (size_t i = 0; i < batch.size(); ++i)
+        DHS_CUDA_CHECK(cudaMemcpyAsync(logits->data() + static_cast<size_t>(out_first_[static_cast<size_t>(caller(i))]) * V,
+                                       logits_d_ + static_cast<size_t>(row_first[i]) * V,
+                                       static_cast<size_t>(n_out_of(batch[i])) * V * 4, cudaMemcpyDeviceToHost, stream_));
+    }
   }
   // The HBM reads' stamps (a decode step with the host tier): what the hierarchy's after-step
   // reads in one pass (TieredKv::after_decode_step), rather than a list of millions of slots.
-  stamps_valid_ = host_pool_ && step.decode;
+  stamps_valid_ = host_pool_ && step.n_dec > 0;
   if (stamps_valid_)
     DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
   // The caller's host work while the step runs (the hierarchy's last recalls: what it enqueues
@@ -1288,7 +1334,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
   landings_.clear();
   land_claims_ = 0;
   late_overflow_ = false;
-  if (host_pool_ && step.decode) {
+  if (host_pool_ && step.n_dec > 0) {
     land_claims_ = land_h_[kLandMax];
     const int64_t n = std::min<int64_t>(land_claims_, land_avail);
     if (n > 0) {
@@ -1303,7 +1349,7 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
       landings_.push_back({attn_seq_[static_cast<size_t>(e[0] / hkv)], e[1], e[0] % hkv, e[2], e[3], e[4], e[5] != 0});
     }
   }
-  if (host_pool_ && step.decode) {
+  if (host_pool_ && step.n_dec > 0) {
     const int32_t n = *late_count_h_;
     late_overflow_ = n > late_cap_;
     const int logged = std::min(n, late_cap_);
@@ -1335,10 +1381,14 @@ void LlamaCuda::forward(const std::vector<Seq>& batch, std::vector<float>* logit
                              static_cast<int32_t>(k & 0xffffffffu)});
   }
   hist_stage_used_ = 0;
-  row_ids_.assign(out_ids_h_, out_ids_h_ + n_out_real);
+  row_ids_.resize(static_cast<size_t>(n_out_real));
   sampled_.resize(static_cast<size_t>(n_real));  // each sequence's last output row
-  for (size_t i = 0; i < batch.size(); ++i)
-    sampled_[i] = out_ids_h_[out_first_[i] + (batch[i].verify ? batch[i].n_new - 1 : 0)];
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int32_t* rows = out_ids_h_ + row_first[i];
+    const int64_t n = n_out_of(batch[i]);
+    std::copy(rows, rows + n, row_ids_.begin() + out_first_[static_cast<size_t>(caller(i))]);
+    sampled_[static_cast<size_t>(caller(i))] = rows[n - 1];
+  }
   float graph_ms = 0.0f;  // (both events done: the step's wait came after them)
   DHS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev_launch_, ev_kernels_done_));
   phases_ = {ms(t_start, t_launch), ms(t_launch, t_done), ms(t_done, Clock::now()), while_ms, graph_ms};

@@ -107,6 +107,12 @@ struct CudaModelOptions {
   // schedule: split by tier, attention over each, LSE merge) and logs them (late_reads()).
   // Prefill steps need their requests' pages resident (forward checks).
   int64_t host_pages = 0;
+  // A step with prompt chunks (or verifies beside other rows) and plain decode rows: the decode
+  // rows are read by decode attention under their policy (sparse, over either tier as a decode
+  // step reads them: late pages in place, logged; read stamps) and the rest by prefill attention;
+  // false: every row of such a step through prefill attention, dense (before session 35). forward
+  // orders the decode rows first internally; what it returns is in the caller's order.
+  bool mixed_decode_attention = true;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -257,9 +263,9 @@ class LlamaCuda {
   };
   const std::vector<Landing>& landings() const { return landings_; }
   int64_t landing_claims() const { return land_claims_; }
-  // The last decode step's reads of HBM: read_stamps()[s] == read_stamp() when it read slot s
-  // ([n_pages] of the HBM pool, copied back with the step; read_stamp() is -1 after any other
-  // step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
+  // The last decode step's reads of HBM (or a mixed step's decode rows': mixed_decode_attention):
+  // read_stamps()[s] == read_stamp() when it read slot s ([n_pages] of the HBM pool, copied back
+  // with the step; read_stamp() is -1 after any other step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
   // the benches).
   std::span<const int32_t> read_stamps() const {
     return {last_use_h_, last_use_h_ ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
@@ -298,6 +304,9 @@ class LlamaCuda {
     int n_tok = 0;
     int n_req = 0;
     bool decode = false;  // one new token per request, or verify rows
+    // Requests read by decode attention under the policy, first in the batch: every one of a
+    // decode step (padding included), a mixed step's decode rows (mixed_decode_attention), else 0.
+    int n_dec = 0;
     int max_q = 1;        // rows of the longest request (a decode step with verify rows: > 1)
     int n_out = 0;        // output rows: one per request, each row of a verify
     // Per-row verify selections read as their union (CudaModelOptions::per_row_union): the
@@ -349,7 +358,9 @@ class LlamaCuda {
   // once, each row over its own pages.
   void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
   void check_row_union_layer(const cuda::LayerLists& rows, const Step& step);
-  void attention_prefill(int n_tok, int n_req);
+  // Requests [first, n_req) and their rows [first, n_tok) (the requests before are one-row decode
+  // requests of a mixed step).
+  void attention_prefill(int first, int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
 
@@ -415,6 +426,7 @@ class LlamaCuda {
   // The estimator rows (sketch, summaries) of n pages moved by key pairs ([n, 2] on the device).
   void move_key_rows(const int32_t* key_pairs_d, int n);
   std::vector<int> attn_seq_;  // [attention requests of the last step] its sequence in the batch
+  std::vector<Seq> ordered_;   // a mixed step's batch, decode rows first (mixed_decode_attention)
   // The resident reads' record: last_use_d_[slot] = the step's stamp (stamp_d_, written before
   // each decode step from stamp_h_); each slot read listed once in read_d_ ([n_pages] then the
   // count), the count copied back in the step (read_count_h_), the slots after it.
