@@ -145,8 +145,9 @@ class CudaRunner final : public StepRunner {
   // through prefill attention, so a decode row beside a chunk was read densely, its offloaded pages
   // in place over PCIe, with no landing and no recall after — under the serving load (session 34,
   // H100) such steps took 25–38 ms with 5–12 requests against 15 ms with up to 4, ~2.5 ms a decode
-  // row. Now those rows read their policy's pages (CudaModelOptions::mixed_decode_attention; no
-  // landing: their late pages are recalled after the step). Off by default (docs/hierarchy.md).
+  // row. Now those rows read their policy's pages as a decode step's rows do
+  // (CudaModelOptions::mixed_decode_attention: landing, reads scanned, late pages recalled after
+  // the step). Off by default (docs/hierarchy.md).
   bool prefill_alone() const override { return tiers_ != nullptr && prefill_alone_; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
@@ -243,6 +244,11 @@ class CudaRunner final : public StepRunner {
     std::vector<TierStats> tier_before;
     // The last decode step's recalls run while this step runs when it is a decode step too (the
     // overlap: docs/hierarchy.md), else now.
+    // A step whose rows all read as a decode step's, or a mixed step whose decode rows do
+    // (CudaModelOptions::mixed_decode_attention): landing slots, and the reads scanned after it.
+    const bool decode_reads =
+        !prefill || (model_->options().mixed_decode_attention &&
+                     std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new == 1 && !r.verify; }));
     const bool overlap = tiers_ && overlap_recalls_ && !prefill;
     if (!overlap) flush_recalls();
     const std::function<void()> while_running = overlap ? recalls_->in_flight() : std::function<void()>{};
@@ -251,7 +257,7 @@ class CudaRunner final : public StepRunner {
       tier_before = tiers_->stats_of(batch);
       // Landing (--kv-recall land): slots for a decode step's late pages, the last one's claims
       // and a quarter more (after_decode_step adopts the landings and frees the rest).
-      if (tiers_->land() && !prefill) {
+      if (tiers_->land() && decode_reads) {
         const int64_t want = std::min<int64_t>(LlamaCuda::kLandMax, last_claims_ + last_claims_ / 4 + 64);
         model_->set_landing_slots(tiers_->kv().reserve_landing(want, tiers_->clock()));
       }
@@ -297,7 +303,7 @@ class CudaRunner final : public StepRunner {
     if (tiers_) {
       const auto ta = std::chrono::steady_clock::now();
       after_tier_step(batch, prefill, tier_before);
-      if (!prefill) last_claims_ = model_->landing_claims();
+      if (decode_reads) last_claims_ = model_->landing_claims();
       const auto t1 = std::chrono::steady_clock::now();
       tier_s += std::chrono::duration<double>(t1 - ta).count();
       const StepWork work = step_work(batch);
@@ -352,9 +358,9 @@ class CudaRunner final : public StepRunner {
     const int64_t now = tiers_->clock() - 1;  // this step's last layer (steps_ counts it already)
     if (prefill) {
       // A mixed step's decode rows were read as a decode step reads them
-      // (CudaModelOptions::mixed_decode_attention): their hits touched, their late pages recalled
-      // now (the next step may be another chunk's: nothing overlaps them); then the chunks' pages
-      // past their budgets offloaded.
+      // (CudaModelOptions::mixed_decode_attention): their hits touched, their landings adopted,
+      // their late pages recalled now (the next step may be another chunk's: nothing overlaps
+      // them); then the chunks' pages past their budgets offloaded.
       if (model_->read_stamp() >= 0) {
         std::vector<PageTable*> tables;
         for (const StepRequest& r : batch) tables.push_back(r.table);

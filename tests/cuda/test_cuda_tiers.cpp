@@ -92,7 +92,7 @@ TEST(CudaTiers, CoverageGreedyTokensEqualAllResident) { expect_same_tokens("cove
 TEST(CudaTiers, LandingDenseGreedyTokensEqualAllResident) { expect_same_tokens("dense", "land"); }
 TEST(CudaTiers, LandingCoverageGreedyTokensEqualAllResident) { expect_same_tokens("coverage:0.99", "land"); }
 
-TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
+void expect_batch_equals_alone(const std::string& recall) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   GenerateOptions g;
@@ -112,7 +112,7 @@ TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
   }
   int64_t blocks = 0;
   for (const auto& pr : prompts) blocks += (static_cast<int64_t>(pr.size()) + g.max_tokens + 15) / 16;
-  auto e = load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true);
+  auto e = load("coverage:0.99", 1.0, 0, blocks * 7 / 10, /*auto_budget=*/true, 2048, recall);
   std::vector<std::vector<int32_t>> got(prompts.size());
   int done = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -130,15 +130,21 @@ TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) {
   }
   for (int n = 0; done < static_cast<int>(prompts.size()) && n < 10000; ++n) e->scheduler().step();
   ASSERT_EQ(done, static_cast<int>(prompts.size()));
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << "request " << i;
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_TRUE(got[i] == want[i]) << recall << ": request " << i;
   const TierCounts t = e->tier_counts();
-  std::printf("cuda batch of 4 (auto budgets): late %llu, recalled %llu, offloaded %llu, hits %llu\n",
+  std::printf("cuda batch of 4 (auto budgets, %s): late %llu, recalled %llu, offloaded %llu, hits %llu\n", recall.c_str(),
               static_cast<unsigned long long>(t.late), static_cast<unsigned long long>(t.recalled),
               static_cast<unsigned long long>(t.offloaded), static_cast<unsigned long long>(t.hits));
   EXPECT_EQ(e->kv_stats().n_used, 0);
   EXPECT_EQ(t.host_used, 0);
   EXPECT_EQ(e->kv_check(), "");
 }
+
+// Prompt chunks and decode rows share steps here: a decode row beside a chunk reads its coverage
+// pages over both tiers as a decode step does (CudaModelOptions::mixed_decode_attention), its late
+// pages read in place and recalled after the step, or landed in the step.
+TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) { expect_batch_equals_alone("ahead"); }
+TEST(CudaTiers, LandingBatchedUnderAutoBudgetsEqualAlone) { expect_batch_equals_alone("land"); }
 
 // A prompt whose KV is larger than the HBM pool (~3,000 tokens: two prefill chunks of up to 2,048;
 // a pool of 160 blocks of 16 tokens holds the first chunk and not the prompt): the second chunk's
