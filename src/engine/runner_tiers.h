@@ -130,6 +130,7 @@ class RunnerTiers {
   // Decode steps (no prefill rows): their seconds and pages moved or read in place, averages as io_load_.
   double decode_seconds_ = 0.0, decode_moved_avg_ = 0.0;
   double miss_avg_ = 0.0;   // pages a step read that were not in the device tier, an average as io_load_
+  bool budgets_bound_ = false;  // the cache manager's last budgets were cut by the pool (DeviceBudgets::budgets)
   int64_t misses_seen_ = 0;
   struct StepSample {
     double rows = 0.0, tokens = 0.0, pages = 0.0, seconds = 0.0;

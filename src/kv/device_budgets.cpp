@@ -32,7 +32,8 @@ DeviceBudgets::State DeviceBudgets::state(int64_t id) const {
   return it == st_.end() ? State{} : it->second;
 }
 
-std::vector<int64_t> DeviceBudgets::budgets(std::span<const Request> reqs, int64_t capacity) const {
+std::vector<int64_t> DeviceBudgets::budgets(std::span<const Request> reqs, int64_t capacity, bool* bound) const {
+  if (bound) *bound = false;
   std::vector<int64_t> out(reqs.size(), kUnlimited);
   int64_t all = 0, unobserved = 0;
   for (const Request& r : reqs) all += r.full_pages;
@@ -58,7 +59,10 @@ std::vector<int64_t> DeviceBudgets::budgets(std::span<const Request> reqs, int64
   if (sum_full <= cap) return out;
   if (sum_want <= cap) {
     for (size_t i : obs) out[i] = want[i];
-  } else if (sum_ws <= cap) {  // working sets, and the rest in proportion to the buffers wanted
+    return out;
+  }
+  if (bound) *bound = true;
+  if (sum_ws <= cap) {  // working sets, and the rest in proportion to the buffers wanted
     const double rest = static_cast<double>(cap - sum_ws), extra = static_cast<double>(sum_want - sum_ws);
     for (size_t i : obs)
       out[i] = ws[i] + static_cast<int64_t>(std::floor(rest * static_cast<double>(want[i] - ws[i]) / extra));

@@ -49,8 +49,11 @@ class DeviceBudgets {
     int64_t id = 0;
     int64_t full_pages = 0;  // full pages it holds in both tiers (what could be offloaded at most)
   };
-  // Budgets (full device pages) for `reqs`, in their order, sharing `capacity` pages.
-  std::vector<int64_t> budgets(std::span<const Request> reqs, int64_t capacity) const;
+  // Budgets (full device pages) for `reqs`, in their order, sharing `capacity` pages. bound
+  // (optional): whether capacity bound them — the observed requests' wanted budgets, working set
+  // and buffer, did not all fit, so the pool is full and the buffers were cut; false where every
+  // request got what it wants (or everything fits).
+  std::vector<int64_t> budgets(std::span<const Request> reqs, int64_t capacity, bool* bound = nullptr) const;
 
   struct State {
     double working_set = 0, miss = 0, buffer = 0;

@@ -68,9 +68,11 @@ DeviceBudgets two_requests() {
 TEST(DeviceBudgets, RoomForEverythingOffloadsNothing) {
   const DeviceBudgets b = two_requests();
   const DeviceBudgets::Request r[] = {{1, 500}, {2, 700}};
-  const std::vector<int64_t> got = b.budgets(r, 1200);
+  bool bound = true;
+  const std::vector<int64_t> got = b.budgets(r, 1200, &bound);
   EXPECT_EQ(got[0], DeviceBudgets::kUnlimited);
   EXPECT_EQ(got[1], DeviceBudgets::kUnlimited);
+  EXPECT_FALSE(bound);
 }
 
 TEST(DeviceBudgets, SharesByTheRules) {
@@ -80,18 +82,23 @@ TEST(DeviceBudgets, SharesByTheRules) {
   const int64_t want1 = static_cast<int64_t>(std::ceil(100 * (1 + buf)));  // 141
   const int64_t want2 = static_cast<int64_t>(std::ceil(300 * (1 + buf)));  // 422
   const DeviceBudgets::Request r[] = {{1, 500}, {2, 700}};
-  // The wanted budgets fit.
-  std::vector<int64_t> got = b.budgets(r, 1000);
+  // The wanted budgets fit: the pool did not bind them.
+  bool bound = true;
+  std::vector<int64_t> got = b.budgets(r, 1000, &bound);
   EXPECT_EQ(got[0], want1);
   EXPECT_EQ(got[1], want2);
+  EXPECT_FALSE(bound);
   // Working sets fit (400), the wanted ones (563) not: 100 + 300, then 100 pages left shared in
   // proportion to the buffers wanted (41 : 122).
-  got = b.budgets(r, 500);
+  got = b.budgets(r, 500, &bound);
+  EXPECT_TRUE(bound);
   EXPECT_EQ(got[0], 100 + static_cast<int64_t>(std::floor(100.0 * (want1 - 100) / (want1 + want2 - 400))));
   EXPECT_EQ(got[1], 300 + static_cast<int64_t>(std::floor(100.0 * (want2 - 300) / (want1 + want2 - 400))));
   EXPECT_LE(got[0] + got[1], 500);
   // Not even the working sets: scaled alike, 200 pages as 1 : 3.
-  got = b.budgets(r, 200);
+  bound = false;
+  got = b.budgets(r, 200, &bound);
+  EXPECT_TRUE(bound);
   EXPECT_EQ(got[0], 50);
   EXPECT_EQ(got[1], 150);
   // A budget never exceeds the pages a request holds.

@@ -299,6 +299,53 @@ TEST(RunnerTiers, AStepsMissesWithThePoolFullCountAsOverflow) {
   }
 }
 
+// The same misses under the cache manager's budgets (--kv-device-budget auto) that leave pages
+// free: they are those budgets' churn, not a full pool, and the working sets fit — admitting pays.
+// (Until session 35 any budgets set by the manager counted as a full pool: the serving run held 5
+// requests with ~100k of 180k pages free and 0.8% of the reads missing.) Pool 32 pages: t holds 16,
+// 12 of them offloaded under a budget of 4, u holds 8, 20 free; t's step reads 2 pages in place and
+// 1 in the pool. Working sets with the manager's initial buffer: 3 x 1.5 + 3/16 x 1.5 x 8 = 6.75,
+// and 4.5 for the new request's 16: far below 32.
+TEST(RunnerTiers, ChurnMissesUnderBudgetsThatLeaveRoomAreNotAFullPool) {
+  PagePool dev(Tier::Device, 32, kPage, kDim);
+  EngineOptions o;
+  o.cpu_kv_gb = 1.0;
+  o.kv_recall = "ahead";
+  o.kv_budget_auto = true;
+  int64_t clock = 0;
+  RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+  tiers.set_io_rate(1e-6, 1000);  // a page: 1 s
+  PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+  ASSERT_TRUE(t.reserve(dev, 32));
+  t.commit(32);
+  const int32_t tok[4] = {1, 2, 3, 4};
+  tiers.before_step({StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1}});
+  tiers.kv().set_budget(t, 4, clock);  // 12 offloaded
+  ASSERT_TRUE(u.reserve(dev, 16));
+  u.commit(16);
+  ++clock;
+  const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1},
+                                          StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
+  tiers.before_step(batch);
+  const std::vector<TierStats> before = tiers.stats_of(batch);
+  std::vector<PageId> read;
+  for (int l = 0; l < kLayers && read.size() < 2; ++l)
+    for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
+      if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
+  for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
+    if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+  ASSERT_EQ(read.size(), 3u);
+  EXPECT_EQ(tiers.kv().note_reads(t, read, clock).late, 2);
+  tiers.after_step(batch, before);
+  tiers.end_step_io(1.0);  // misses: 0.3 x 2 = 0.6 a step
+  EXPECT_GT(dev.n_free(), 0);
+  EXPECT_TRUE(tiers.admitting_pays(16, 2));
+  EXPECT_EQ(tiers.io_load_admitting(16), tiers.io_load());
+  EXPECT_EQ(tiers.check(), "");
+  EXPECT_TRUE(tiers.release(t));
+  EXPECT_TRUE(tiers.release(u));
+}
+
 INSTANTIATE_TEST_SUITE_P(RunnerTiers, AdmittingPrices, ::testing::Values("layer", "ahead", "land"));
 
 }  // namespace
