@@ -16,7 +16,10 @@ import matplotlib.pyplot as plt
 
 root = Path(__file__).resolve().parent.parent
 rows = [json.loads(l) for l in (root / "bench" / "results" / "serve.jsonl").read_text().splitlines() if l.strip()]
-rows = [r for r in rows if str(r.get("note", "")).startswith("servetiers")]
+# (not plotted: diagnostic runs, with a per-step log on, and A/B runs of a non-default setting —
+# an environment override DHS_..., or a server flag in the note)
+rows = [r for r in rows if str(r.get("note", "")).startswith("servetiers")
+        and not any(w in r["note"] for w in ("diagnostic", "DHS_", "--"))]
 CONFIGS = ["cap", "ahead", "land", "uncapped"]
 LABELS = {"cap": "capped pool,\nno host tier", "ahead": "capped + host,\nrecall ahead", "land": "capped + host,\nlanding",
           "uncapped": "every page\nin HBM"}
