@@ -147,7 +147,8 @@ class CudaRunner final : public StepRunner {
   // H100) such steps took 25–38 ms with 5–12 requests against 15 ms with up to 4, ~2.5 ms a decode
   // row. Now those rows read their policy's pages as a decode step's rows do
   // (CudaModelOptions::mixed_decode_attention: landing, reads scanned, late pages recalled after
-  // the step). Off by default (docs/hierarchy.md).
+  // the step), and running chunks alone loses (session 35, H100: landing 5.63 -> 4.90 req/s under
+  // the serving load). Off by default (docs/hierarchy.md).
   bool prefill_alone() const override { return tiers_ != nullptr && prefill_alone_; }
   // (per-row verify selections read them once per row)
   void keep_draft_seeds(int m) override { model_->keep_draft_seeds(m); }
