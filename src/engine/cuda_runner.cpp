@@ -249,7 +249,7 @@ class CudaRunner final : public StepRunner {
     // (CudaModelOptions::mixed_decode_attention): landing slots, and the reads scanned after it.
     const bool decode_reads =
         !prefill || (model_->options().mixed_decode_attention &&
-                     std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new == 1 && !r.verify; }));
+                     std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new == 1 || r.verify; }));
     const bool overlap = tiers_ && overlap_recalls_ && !prefill;
     if (!overlap) flush_recalls();
     const std::function<void()> while_running = overlap ? recalls_->in_flight() : std::function<void()>{};

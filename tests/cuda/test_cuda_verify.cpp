@@ -13,6 +13,7 @@
 //    alone on the same KV; per-row reads what decoding one at a time reads, with its logits;
 //  * DraftWindowListsEqualTheSelectKernels: draft rows' sink + recent lists from the page table
 //    equal the select kernel's SinkWindow lists, also on a dense engine;
+//  * MixedStepVerifyRowsReadTheirPolicy: a verify beside a prompt chunk reads its policy's pages;
 //  * EngineSpeculativeGreedyEqualsPlain: the default model through the engine on the device,
 //    greedy output with --speculative-k 3 / 6 (sink + recent drafts) equal to decoding without
 //    it under dense verification and under coverage 0.99 with per-row selections, drafts both
@@ -333,6 +334,59 @@ TEST(CudaVerify, DraftWindowListsEqualTheSelectKernels) {
     EXPECT_EQ(read, want) << "a dense engine's draft rows did not read their windows";
     for (float x : l) ASSERT_TRUE(std::isfinite(x));
   }
+}
+
+// A verify beside a prompt chunk (CudaModelOptions::mixed_decode_attention): the chunk first in
+// the caller's order, then request 3's verify of 4 rows under sink + window (3 of its 9 pages a
+// list). Its rows read what the verify alone reads — logits within this file's tolerance (2% of
+// the largest |logit|) of the verify-only step's — not every page (the dense verify's logits,
+// which the test first checks are more than 4x that tolerance away), and come back at out_row.
+TEST(CudaVerify, MixedStepVerifyRowsReadTheirPolicy) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  Fixture f(true);
+  const int64_t V = f.cfg.vocab_size;
+  const PolicySpec window = PolicySpec::parse("sinkwindow:3");
+  constexpr int kRows = 4;
+  PageTable& t = f.ts[3];
+  auto verify_alone = [&](const PolicySpec& p) {
+    f.m->set_sparsity(p);
+    EXPECT_TRUE(t.reserve(f.m->allocator(), kRows));
+    LlamaCuda::Seq s{&t, 3, f.feed[3].data(), kRows};
+    s.verify = true;
+    std::vector<float> l;
+    f.m->forward({s}, &l);
+    t.truncate(f.m->allocator(), f.n0[3]);
+    return l;
+  };
+  const std::vector<float> want = verify_alone(window), dense = verify_alone(PolicySpec{});
+  ASSERT_EQ(want.size(), static_cast<size_t>(kRows * V));
+  const float tol = 0.02f * max_abs(want);
+  float sep = 0.0f;
+  for (size_t i = 0; i < want.size(); ++i) sep = std::max(sep, std::fabs(want[i] - dense[i]));
+  ASSERT_GT(sep, 4 * tol) << "sink + window is too close to dense here for the test to tell them apart";
+  f.m->set_sparsity(window);
+  std::mt19937 rng(5);
+  const std::vector<int32_t> chunk = random_ids(40, static_cast<int>(V), rng);
+  PageTable c(static_cast<int>(f.cfg.n_layers), static_cast<int>(f.cfg.n_heads_kv), 16);
+  ASSERT_TRUE(c.reserve(f.m->allocator(), 40));
+  ASSERT_TRUE(t.reserve(f.m->allocator(), kRows));
+  LlamaCuda::Seq v{&t, 3, f.feed[3].data(), kRows};
+  v.verify = true;
+  std::vector<float> l;
+  f.m->forward({LlamaCuda::Seq{&c, 4, chunk.data(), 40}, v}, &l);
+  ASSERT_EQ(l.size(), static_cast<size_t>((1 + kRows) * V));
+  ASSERT_EQ(f.m->out_row(1), 1);
+  float d_want = 0.0f, d_dense = 0.0f;
+  for (int64_t i = 0; i < kRows * V; ++i) {
+    d_want = std::max(d_want, std::fabs(l[static_cast<size_t>(V + i)] - want[static_cast<size_t>(i)]));
+    d_dense = std::max(d_dense, std::fabs(l[static_cast<size_t>(V + i)] - dense[static_cast<size_t>(i)]));
+  }
+  std::printf("verify beside a chunk: vs the verify alone %.4f, vs dense %.4f (tolerance %.4f, policy vs dense %.4f)\n",
+              d_want, d_dense, tol, sep);
+  EXPECT_LE(d_want, tol) << "the verify rows beside a chunk did not read their policy's pages";
+  t.truncate(f.m->allocator(), f.n0[3]);
+  c.release(f.m->allocator());
+  f.m->set_sparsity(PolicySpec{});
 }
 
 // Seeded drafts through the model: after a coverage step (which records seeds), a seeded draft

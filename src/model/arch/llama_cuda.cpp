@@ -663,7 +663,8 @@ int LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool split
   // token order) merge into one attention request, each padding row stays one; a merged
   // request's tokens are its last row's.
   if (!split || !union_h_ || host_pool_ ||
-      std::none_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify && s.n_new > 1; }))
+      std::none_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify && s.n_new > 1; }) ||
+      std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return !s.verify && s.n_new > 1; }))  // (a mixed step)
     return 0;
   int32_t* rows = union_h_;
   int32_t* len = union_h_ + max_attn_ + 1;
@@ -763,22 +764,15 @@ void LlamaCuda::run_layers(const Step& s) {
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
     selector_->join(stream_);                                                // (the last layer's seed record)
     if (!s.plan.window_only || s.n_dec < s.n_req) dense_lists(l, s.n_req);  // every page of this layer
-    if (s.decode && s.max_q > 1 && s.plan.runs_policy && opt_.verify_selection == "last-row") {
-      // A verify's shared selection from its last row's queries (CudaModelOptions::verify_selection).
-      cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,
-                               .dst = reinterpret_cast<float*>(sel_q_d_), .n_out = s.n_req,
-                               .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
-      cuda::launch_gather_rows(g, stream_);
-      attention_decode(selector_->select(l, s.n_req, s.plan, stream_, sel_q_d_, sel_q_indptr_d_), s.n_req, s.max_q, l, s.n_tok);
-    } else if (s.decode && s.n_union > 0) {
+    if (s.decode && s.n_union > 0) {
       attention_decode_united(selector_->select(l, s.n_req, s.plan, stream_), s);  // each row's own pages, read once
     } else if (s.decode) {
-      attention_decode(selector_->select(l, s.n_req, s.plan, stream_), s.n_req, s.max_q, l, s.n_tok);  // the pages the policy keeps
+      attention_policy(l, s.n_req, s.max_q, s.n_tok, s.plan);  // the pages the policy keeps
     } else {
-      // A mixed step's decode rows (the first n_dec requests, a row each) under the policy, as a
-      // decode step reads them; the prompt chunks' rows after them, dense.
-      if (s.n_dec > 0) attention_decode(selector_->select(l, s.n_dec, s.plan, stream_), s.n_dec, 1, l, s.n_dec);
-      attention_prefill(s.n_dec, s.n_tok, s.n_req);
+      // A mixed step's decode and verify requests (the first n_dec) under the policy, as a
+      // decode-like step reads them; the prompt chunks' rows after them, dense.
+      if (s.n_dec > 0) attention_policy(l, s.n_dec, s.dec_max_q, s.dec_rows, s.plan);
+      attention_prefill(s.n_dec, s.dec_rows, s.n_tok, s.n_req);
     }
     gemm_->run(w.w_o, att_d_, x_d_, T, cuda::GemmOut::F32, stream_, 1.0f);  // x += att W_o^T
     rms_norm(w.ffn_norm, s.n_tok);                                           // h = rmsnorm(x)
@@ -855,6 +849,19 @@ cuda::DecodeAttentionParams LlamaCuda::decode_params(int max_q, int n_req) const
     p.max_q_len = ws->max_q_len();
   }
   return p;
+}
+
+void LlamaCuda::attention_policy(int layer, int n, int max_q, int rows, const cuda::SelectPlan& plan) {
+  if (max_q > 1 && plan.runs_policy && opt_.verify_selection == "last-row") {
+    // A verify's shared selection from its last row's queries (CudaModelOptions::verify_selection).
+    cuda::GatherRowsParams g{.src = reinterpret_cast<const float*>(q_d_), .rows = sel_row_d_,
+                             .dst = reinterpret_cast<float*>(sel_q_d_), .n_out = n,
+                             .n = cfg_.n_heads_q * cfg_.head_dim / 2};  // (f16 rows moved as pairs)
+    cuda::launch_gather_rows(g, stream_);
+    attention_decode(selector_->select(layer, n, plan, stream_, sel_q_d_, sel_q_indptr_d_), n, max_q, layer, rows);
+  } else {
+    attention_decode(selector_->select(layer, n, plan, stream_), n, max_q, layer, rows);
+  }
 }
 
 void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int max_q, int layer, int n_tok) {
@@ -1137,7 +1144,7 @@ void LlamaCuda::set_landing_slots(std::span<const int32_t> slots) {
 // (a prompt longer than HBM holds prefills with its earlier chunks' pages offloaded). The late
 // part runs the mma.sync kernel: its plain loads read mapped DRAM (the wgmma kernel's cp.async
 // ring is for HBM), and PCIe bounds it whatever kernel runs.
-void LlamaCuda::attention_prefill(int first, int n_tok, int n_req) {
+void LlamaCuda::attention_prefill(int first, int first_row, int n_tok, int n_req) {
   if (first >= n_req) return;
   const int hkv = static_cast<int>(cfg_.n_heads_kv);
   cuda::PrefillAttentionParams p = prefill_attn_;
@@ -1146,7 +1153,7 @@ void LlamaCuda::attention_prefill(int first, int n_tok, int n_req) {
   p.kv_indptr += static_cast<int64_t>(first) * hkv;
   p.seq_len += first;
   p.n_requests = n_req - first;
-  p.n_rows = n_tok - first;
+  p.n_rows = n_tok - first_row;
   if (!host_pool_) {
     cuda::launch_prefill_attention(p, stream_, prefill_kernel_);
     return;
@@ -1166,7 +1173,7 @@ void LlamaCuda::attention_prefill(int first, int n_tok, int n_req) {
   late.out = late_att_d_;
   late.lse = late_lse_d_;
   cuda::launch_prefill_attention(late, stream_, cuda::PrefillKernel{.wgmma = false});
-  const int64_t row0 = static_cast<int64_t>(first) * cfg_.n_heads_q;  // (the prefill rows' first head row)
+  const int64_t row0 = static_cast<int64_t>(first_row) * cfg_.n_heads_q;  // (the prefill rows' first head row)
   cuda::launch_merge_late({att_d_ + row0 * cfg_.head_dim, lse_d_ + row0, late_att_d_ + row0 * cfg_.head_dim, late_lse_d_ + row0,
                            p.n_rows * static_cast<int>(cfg_.n_heads_q), static_cast<int>(cfg_.head_dim)},
                           stream_);
@@ -1209,18 +1216,18 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
     n_out_real += s.verify ? s.n_new : 1;
   }
   const int n_real = static_cast<int>(given.size());
-  // A mixed step (CudaModelOptions::mixed_decode_attention): its plain decode rows first, in the
-  // caller's order, then the rest; `orig` maps back (empty: the caller's order).
+  // A mixed step (CudaModelOptions::mixed_decode_attention): its decode and verify requests
+  // first, in the caller's order, then the rest; `orig` maps back (empty: the caller's order).
   std::vector<int> orig;
-  int n_dec = 0;
+  int n_dec_seqs = 0;
   if (!step.decode && opt_.mixed_decode_attention) {
-    const auto is_dec = [](const Seq& s) { return s.n_new == 1 && !s.verify; };
+    const auto is_dec = [&](const Seq& s) { return s.n_new == 1 || (s.verify && s.n_new <= opt_.max_verify_rows); };
     for (int i = 0; i < n_real; ++i)
       if (is_dec(given[static_cast<size_t>(i)])) orig.push_back(i);
-    n_dec = static_cast<int>(orig.size());
+    n_dec_seqs = static_cast<int>(orig.size());
     for (int i = 0; i < n_real; ++i)
       if (!is_dec(given[static_cast<size_t>(i)])) orig.push_back(i);
-    if (n_dec == 0) orig.clear();
+    if (n_dec_seqs == 0) orig.clear();
   }
   ordered_.clear();
   for (const int i : orig) ordered_.push_back(given[static_cast<size_t>(i)]);
@@ -1228,7 +1235,7 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   const auto caller = [&](size_t i) { return orig.empty() ? static_cast<int>(i) : orig[i]; };
   // verify_selection "per-row" under a sparse engine: each verify row its own attention request
   // (and selection), at its own position.
-  const bool split = step.decode && opt_.verify_selection == "per-row" && selector_->sparse();
+  const bool split = (step.decode || n_dec_seqs > 0) && opt_.verify_selection == "per-row" && selector_->sparse();
   std::vector<cuda::PageSelector::Request> reqs;
   attn_seq_.clear();  // each attention request's sequence (the late log names the former)
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -1244,6 +1251,14 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
     }
   }
   if (split) step.max_q = 1;
+  // (a mixed step's decode part: its attention requests, rows and longest request)
+  int n_dec = 0, dec_rows = 0, dec_max_q = 1;
+  for (int i = 0; i < n_dec_seqs; ++i) {
+    const Seq& s = batch[static_cast<size_t>(i)];
+    n_dec += split && s.verify ? static_cast<int>(s.n_new) : 1;
+    dec_rows += static_cast<int>(s.n_new);
+    dec_max_q = std::max(dec_max_q, split ? 1 : static_cast<int>(s.n_new));
+  }
   if (host_pool_) {
     // Moved pages' entries first (a later sync of the same entries writes after them).
     table_->flush_patches(stream_);
@@ -1266,6 +1281,8 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   step.n_req = n_rows;
   step.n_out = static_cast<int>(n_out_real) + (n_rows - n_attn);
   step.n_dec = step.decode ? n_rows : n_dec;
+  step.dec_rows = dec_rows;
+  step.dec_max_q = dec_max_q;
   step.n_union = upload_step(batch, n_rows, split);
   const std::vector<int64_t> row_first = out_first_;  // (each of batch's sequences' first output row)
   if (step.n_union > 0)

@@ -110,8 +110,9 @@ struct CudaModelOptions {
   // A step with prompt chunks (or verifies beside other rows) and plain decode rows: the decode
   // rows are read by decode attention under their policy (sparse, over either tier as a decode
   // step reads them: late pages in place, logged; read stamps) and the rest by prefill attention;
-  // false: every row of such a step through prefill attention, dense (before session 35). forward
-  // orders the decode rows first internally; what it returns is in the caller's order.
+  // false: every row of such a step through prefill attention, dense (before session 35). A
+  // verify beside a chunk reads as in a decode-like step too (its verify_selection). forward
+  // orders the decode and verify rows first internally; what it returns is in the caller's order.
   bool mixed_decode_attention = true;
 };
 
@@ -305,8 +306,11 @@ class LlamaCuda {
     int n_req = 0;
     bool decode = false;  // one new token per request, or verify rows
     // Requests read by decode attention under the policy, first in the batch: every one of a
-    // decode step (padding included), a mixed step's decode rows (mixed_decode_attention), else 0.
+    // decode step (padding included), a mixed step's decode and verify requests
+    // (mixed_decode_attention), else 0; in a mixed step, their rows and longest request.
     int n_dec = 0;
+    int dec_rows = 0;
+    int dec_max_q = 1;
     int max_q = 1;        // rows of the longest request (a decode step with verify rows: > 1)
     int n_out = 0;        // output rows: one per request, each row of a verify
     // Per-row verify selections read as their union (CudaModelOptions::per_row_union): the
@@ -358,9 +362,13 @@ class LlamaCuda {
   // once, each row over its own pages.
   void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
   void check_row_union_layer(const cuda::LayerLists& rows, const Step& step);
-  // Requests [first, n_req) and their rows [first, n_tok) (the requests before are one-row decode
-  // requests of a mixed step).
-  void attention_prefill(int first, int n_tok, int n_req);
+  // The first n requests (rows [0, rows), at most max_q each) under the step's policy: the lists
+  // select returns (a verify's shared set from its last row's queries under "last-row"), decode
+  // attention over them.
+  void attention_policy(int layer, int n, int max_q, int rows, const cuda::SelectPlan& plan);
+  // Requests [first, n_req) and their rows [first_row, n_tok) (the requests before them are a
+  // mixed step's decode and verify requests).
+  void attention_prefill(int first, int first_row, int n_tok, int n_req);
   void swiglu(int n_tok);
   void logits_and_sample(int n_out);
 
