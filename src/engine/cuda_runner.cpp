@@ -243,13 +243,14 @@ class CudaRunner final : public StepRunner {
     const TierStats totals0 = tiers_ && phases_log_ ? tiers_->kv().totals() : TierStats{};
     const bool prefill = std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new > 1 && !r.verify; });
     std::vector<TierStats> tier_before;
-    // The last decode step's recalls run while this step runs when it is a decode step too (the
-    // overlap: docs/hierarchy.md), else now.
-    // A step whose rows all read as a decode step's, or a mixed step whose decode rows do
-    // (CudaModelOptions::mixed_decode_attention): landing slots, and the reads scanned after it.
+    // A step whose rows all read as a decode step's, or a mixed step whose decode and verify rows
+    // do (CudaModelOptions::mixed_decode_attention; LlamaCuda::forward's split): landing slots, and
+    // the reads scanned after it.
     const bool decode_reads =
         !prefill || (model_->options().mixed_decode_attention &&
                      std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new == 1 || r.verify; }));
+    // The last decode step's recalls run while this step runs when it is a decode step too (the
+    // overlap: docs/hierarchy.md), else now.
     const bool overlap = tiers_ && overlap_recalls_ && !prefill;
     if (!overlap) flush_recalls();
     const std::function<void()> while_running = overlap ? recalls_->in_flight() : std::function<void()>{};
