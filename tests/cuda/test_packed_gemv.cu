@@ -12,8 +12,8 @@
 //    1e-6 (S = sum |w_i x_i|), plus 2^-10 |ref| for an f16 output. (Q4_K: the kernel multiplies
 //    d*sc*q - dmin*m as real numbers, the CPU rounds it to fp32 first: 2^-24 |w| per weight, inside
 //    that bound.) A wrong code, nibble, scale or min moves a sum by O(|w| |x|), far above it.
-//  * RejectsBadViews: misaligned planes, a wrong chunk count, `in` not a multiple of 8, n_tok 9, shape 4,
-//    missing row scales.
+//  * RejectsBadViews: misaligned planes, a wrong chunk count, `in` not a multiple of 8, n_tok 9, a block form the
+//    format does not have, missing row scales.
 //  * Bandwidth (DHS_CUDA_BENCH=1): the 8B shape's matrices per format and row count, GB/s of
 //    packed bytes against a device-to-device copy timed in the same process; JSON rows to
 //    $DHS_BENCH_OUT when set.
@@ -177,9 +177,10 @@ TEST(PackedGemv, GemvMatchesTheCpuReference) {
       if (f == PackedFormat::Q4_K && s.in % 256 != 0) continue;
       if (f == PackedFormat::Q8_0 && s.in % 32 != 0) continue;
       if (small && s.in > 2304) continue;
-      // Every block form (auto, one tile x 4 / 8 warps, two tiles): rows past the matrix in
-      // the last block, fewer chunks than warps, 1-8 activation rows.
-      for (int shape = 0; shape <= 3; ++shape)
+      // Every block form of the format (auto, one tile x 4 / 8 warps, two tiles; Q4_K's further
+      // forms up to four tiles of 64 rows): rows past the matrix in the last block, fewer chunks
+      // than warps, 1-8 activation rows.
+      for (int shape = 0; shape < dc::packed_shapes(f); ++shape)
         for (int mode = 0; mode < 3; ++mode)
           EXPECT_EQ(check_gemv(f, s.n_tok, s.in, s.out, mode, shape, rng), 0) << "shape " << shape;
     }
@@ -241,7 +242,9 @@ TEST(PackedGemv, RejectsBadViews) {
   p.accumulate = true;  // f16 output
   EXPECT_TRUE(throws(p));
   p = ok;
-  p.shape = 4;  // no such block form
+  p.shape = dc::packed_shapes(p.w.format);  // no such block form
+  EXPECT_TRUE(throws(p));
+  p.shape = -1;
   EXPECT_TRUE(throws(p));
   cudaFree(buf);
 }
@@ -306,7 +309,7 @@ TEST(PackedGemv, Bandwidth) {
       }
       __half* x = reinterpret_cast<__half*>(to_device(std::vector<uint16_t>(static_cast<size_t>(8 * mm.in), 0x3C00)));
       float* y = to_device(std::vector<float>(static_cast<size_t>(8 * mm.out), 0.0f));
-      for (int shape = 0; shape <= 3; ++shape)
+      for (int shape = 0; shape < dc::packed_shapes(f); ++shape)
       for (int nt = 1; nt <= 8; nt *= 2) {
         dc::PackedGemvParams p;
         p.shape = shape;

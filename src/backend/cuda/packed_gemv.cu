@@ -41,16 +41,20 @@ constexpr int kScalePitch = 72;
 // (Pick's probe instantiates Shape with one slot only to measure it; nvcc would warn that the probe's
 // kWarps / kStages / kTiles are never read.)
 #pragma nv_diag_suppress 177
-template <PackedFormat F, int WARPS, int STAGES, int TILES>
+// XREG: the activations are not staged; each lane loads its 16-byte fragments of x straight into
+// registers (ld.global.nc, through L1), so a slot holds only the weights and more slots or blocks
+// fit (the x part of a slot is as large as Q4_K's codes at 4 rows).
+template <PackedFormat F, int WARPS, int STAGES, int TILES, bool XREG = false>
 struct Shape {
   static constexpr int kWarps = WARPS;
   static constexpr int kStages = STAGES;
   static constexpr int kTiles = TILES;
   static constexpr int kRows = 16 * TILES;
-  // One ring slot: a chunk of the block's rows and of the NT activation rows.
+  static constexpr bool kXReg = XREG;
+  // One ring slot: a chunk of the block's rows and (unless XREG) of the NT activation rows.
   template <int NT>
   __host__ __device__ static constexpr int slot_bytes() {
-    return kRows * Geo<F>::kWPitch + NT * Geo<F>::kXPitch;
+    return kRows * Geo<F>::kWPitch + (XREG ? 0 : NT * Geo<F>::kXPitch);
   }
   // After the rings: the split-K partial sums (at the end) or Q4_K's scale scratch (in the loop).
   static constexpr int kTail = F == PackedFormat::Q4_K ? WARPS * kRows * kScalePitch : WARPS * kRows * 8 * 4;
@@ -64,13 +68,13 @@ struct Shape {
 // TILES tiles fit on one SM (228 KB of shared memory, 1 KB of it reserved per block). Measured on
 // the H200: 5 slots at one activation row were slower than 4 for Q8_0 / FP8 (gate/up 46.8 / 41.1 us
 // against 38.5 / 33.9).
-template <PackedFormat F, int NT, int PER_SM, int WARPS = 4, int TILES = 1>
+template <PackedFormat F, int NT, int PER_SM, int WARPS = 4, int TILES = 1, bool XREG = false>
 struct Pick {
-  using Probe = Shape<F, WARPS, 1, TILES>;
+  using Probe = Shape<F, WARPS, 1, TILES, XREG>;
   static constexpr int kMaxStages = F == PackedFormat::Q4_K ? 6 : 4;
   static constexpr int kBudget = 233472 / PER_SM - 1024;
   static constexpr int kFit = (kBudget - Probe::kTail) / (WARPS * Probe::template slot_bytes<NT>());
-  using type = Shape<F, WARPS, (kFit < 2 ? 2 : kFit > kMaxStages ? kMaxStages : kFit), TILES>;
+  using type = Shape<F, WARPS, (kFit < 2 ? 2 : kFit > kMaxStages ? kMaxStages : kFit), TILES, XREG>;
   static_assert(type::template smem_bytes<NT>() <= 232448, "packed_gemv: ring too large for one block");
 };
 
@@ -87,6 +91,12 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
 __device__ __forceinline__ uint32_t lds32(uint32_t a) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ldg_nc128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
@@ -172,8 +182,14 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
   uint32_t code_live = 0;  // bit i: row lr + i * kRowsPerIt is inside the matrix
 #pragma unroll
   for (int i = 0; i < kIt; ++i) code_live |= (row0 + lr + i * kRowsPerIt < rows ? 1u : 0u) << i;
-  const bool meta_live = G::kMeta && lane < kRows && row0 + lane < rows;
-  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + lane % kRows) * chunks * kPackMetaBytes + c_begin * kPackMetaBytes : nullptr;
+  // Meta: lane l copies rows l, l + 32, ... (bit i of meta_live: row l + 32 i is inside the matrix).
+  constexpr int kMetaIt = (kRows + 31) / 32;
+  uint32_t meta_live = 0;
+#pragma unroll
+  for (int i = 0; i < kMetaIt; ++i)
+    meta_live |= (G::kMeta && lane + 32 * i < kRows && row0 + lane + 32 * i < rows ? 1u : 0u) << i;
+  const int64_t meta_row_bytes = chunks * kPackMetaBytes;
+  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + lane % kRows) * meta_row_bytes + c_begin * kPackMetaBytes : nullptr;
   const auto copy_w = [&](int c, int slot) {
     if (c >= c_end) return;
     const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot);
@@ -185,14 +201,20 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
     }
     code_src += kCB;
     if constexpr (G::kMeta) {
-      if (lane < kRows) ptx::cp_async_16(dst + lane * G::kWPitch + kCB, meta_live ? meta_src : p.w.meta, meta_live ? 16 : 0);
+#pragma unroll
+      for (int i = 0; i < kMetaIt; ++i) {
+        const bool live = (meta_live >> i) & 1u;
+        if (lane + 32 * i < kRows)
+          ptx::cp_async_16(dst + (lane + 32 * i) * G::kWPitch + kCB, live ? meta_src + 32 * i * meta_row_bytes : p.w.meta,
+                           live ? 16 : 0);
+      }
       meta_src += kPackMetaBytes;
     }
   };
   // The activations of chunk c (the previous kernel's output: only after the wait); past `in`
   // zero-filled.
   const auto copy_x = [&](int c, int slot) {
-    if (c >= c_end) return;
+    if (S::kXReg || c >= c_end) return;
     const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot) + kRows * G::kWPitch;
     const int64_t e = static_cast<int64_t>(c) * kPackChunk + 8 * lane;
     const bool ok = e < in;
@@ -225,7 +247,21 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
     const uint32_t slot = ring + static_cast<uint32_t>(use * kSlot);
     use = use + 1 == kSt ? 0 : use + 1;
     load = load + 1 == kSt ? 0 : load + 1;
-    const uint32_t xs = slot + kRows * G::kWPitch + g * G::kXPitch;
+    // Lanes past the last activation row read row NT - 1 (their columns are never stored): no
+    // predicate and no zeroed registers per group.
+    const int gx = g < NT ? g : NT - 1;
+    const uint32_t xs = slot + kRows * G::kWPitch + gx * G::kXPitch;
+    // XREG: the chunk's x fragments, loaded first (their latency behind the scale scratch);
+    // elements past `in` (Q8_0 / FP8's last chunk) are zero.
+    [[maybe_unused]] uint4 xr[8];
+    if constexpr (S::kXReg) {
+      const __half* xrow = p.x + gx * in;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t e = static_cast<int64_t>(c) * kPackChunk + 32 * j + 8 * t;
+        xr[j] = F == PackedFormat::Q4_K || e < in ? ldg_nc128(xrow + e) : make_uint4(0, 0, 0, 0);  // (Q4_K: in % 256 == 0)
+      }
+    }
     // Tile u's rows g and g + 8 of the slot.
     const auto w_row = [&](int u, int hi) { return slot + (16 * u + g + 8 * hi) * G::kWPitch; };
     uint4 meta[kTiles][2] = {};
@@ -263,7 +299,9 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
     }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // 32-element groups of the chunk
-      const uint4 xv = g < NT ? lds128(xs + 64 * j + 16 * t) : make_uint4(0, 0, 0, 0);
+      uint4 xv;
+      if constexpr (S::kXReg) xv = xr[j];
+      else xv = lds128(xs + 64 * j + 16 * t);
       [[maybe_unused]] float sx[4] = {};  // Q4_K: the group's sum of x per token (the same on every row)
       if constexpr (F == PackedFormat::Q4_K) {
         ptx::mma_f16_16816(sx, ones, xv.x, xv.y);
@@ -382,16 +420,24 @@ int sm_count() {
   return n;
 }
 
-// The block's form and ring (Pick), from a sweep of every form on the 8B shape's matrices at 1, 2,
-// 4 and 8 activation rows (docs/kernels/quant_gemv_NOTES.md). Q8_0 / FP8: 8 warps per block up to
-// 4 rows (gate/up Q8_0 32.8 against 39.0 us with 4), except the QKV matrix at 1-2 rows (384
-// blocks: one tile, 4 warps, 3 blocks per SM, one wave); from 5 rows two tiles per warp on large
-// matrices, else one tile and 4 warps. Q4_K, whose loop issues ~2x the instructions per byte:
-// 8 warps where one-tile blocks would not give 2 per SM (down: 256 blocks, 13.9 against 15.7 us),
-// two tiles on large matrices (gate/up), else one tile and 4 blocks per SM (QKV).
-int auto_shape(PackedFormat f, int n_tok, int64_t grid, int64_t sms) {
+// The block's form and ring (Pick), from sweeps of every form on the 8B shape's matrices at 1, 2,
+// 4 and 8 activation rows (docs/kernels/quant_gemv_NOTES.md). Q8_0 / FP8 (H200, session 21): 8
+// warps per block up to 4 rows (gate/up Q8_0 32.8 against 39.0 us with 4), except the QKV matrix
+// at 1-2 rows (384 blocks: one tile, 4 warps, 3 blocks per SM, one wave); from 5 rows two tiles
+// per warp on large matrices, else one tile and 4 warps. Q4_K, whose loop issues ~2x the
+// instructions per byte (H100, session 36): 8 warps and 2 blocks per SM where one-tile blocks
+// would not give 2 per SM (down: 256 blocks), 16 warps at one row where each warp still gets 2
+// chunks or more (down 13.6 against 15.3 us); on the QKV matrix 8 warps and 3 per SM up to 4
+// rows (7.4 against 7.9 us at one row), one tile and 4 per SM at 8; on large matrices 8 warps
+// and 3 per SM at 1-2 rows (gate/up 24.7 against 29.1 us for two tiles), two tiles with x in
+// registers from 3 (29.5 against 34.3 us at 8 rows).
+int auto_shape(PackedFormat f, int n_tok, int64_t grid, int64_t sms, int64_t chunks) {
   const bool qkv_like = grid > 2 * sms && grid <= 3 * sms, large = grid >= 8 * sms;
-  if (f == PackedFormat::Q4_K) return grid <= 2 * sms ? 2 : large ? 3 : 1;
+  if (f == PackedFormat::Q4_K) {
+    if (grid <= 2 * sms) return n_tok == 1 && chunks >= 32 ? 6 : 2;
+    if (large) return n_tok <= 2 ? 4 : 5;
+    return n_tok <= 4 ? 4 : 1;
+  }
   if (n_tok <= 2) return qkv_like ? 1 : 2;
   if (n_tok <= 4) return 2;
   return large ? 3 : 1;
@@ -400,8 +446,19 @@ int auto_shape(PackedFormat f, int n_tok, int64_t grid, int64_t sms) {
 template <PackedFormat F, int NT>
 void launch_nt(const PackedGemvParams& p, cudaStream_t stream) {
   const int64_t grid = (p.w.rows + 15) / 16, sms = sm_count();
-  const int shape = p.shape != 0 ? p.shape : auto_shape(F, NT, grid, sms);
+  const int shape = p.shape != 0 ? p.shape : auto_shape(F, NT, grid, sms, p.w.chunks);
   constexpr int kOne = F == PackedFormat::Q4_K ? 4 : 2;  // blocks per SM of the one-tile form
+  // Q4_K's two further forms (docs/kernels/quant_gemv_NOTES.md, session 36's sweep): 8 warps
+  // and 3 blocks per SM; two tiles with the activations in registers.
+  if constexpr (F == PackedFormat::Q4_K) {
+    if (shape == 4) return launch_shape<F, NT, typename Pick<F, NT, 3, 8, 1>::type>(p, stream);
+    if (shape == 5) return launch_shape<F, NT, typename Pick<F, NT, 4, 4, 2, true>::type>(p, stream);
+    if (shape == 6) {  // 16 warps, 2-slot rings: two blocks per SM where they fit
+      using S16 = Shape<F, 16, 2, 1>;
+      if constexpr (S16::template smem_bytes<NT>() <= 232448) return launch_shape<F, NT, S16>(p, stream);
+      else return launch_shape<F, NT, typename Pick<F, NT, 2, 8, 1>::type>(p, stream);  // (as shape 2)
+    }
+  }
   switch (shape) {
     case 2: launch_shape<F, NT, typename Pick<F, NT, 2, 8, 1>::type>(p, stream); break;
     case 3: launch_shape<F, NT, typename Pick<F, NT, 3, 4, 2>::type>(p, stream); break;
@@ -536,7 +593,7 @@ void launch_packed_gemv(const PackedGemvParams& p, cudaStream_t stream) {
   require_view(p.w);
   require(p.n_tok >= 1 && p.n_tok <= 8, "packed_gemv: n_tok must be 1..8");
   require(p.ldy >= p.w.rows && p.x != nullptr && p.y != nullptr, "packed_gemv: bad ldy or null pointer");
-  require(p.shape >= 0 && p.shape <= 3, "packed_gemv: shape must be 0..3");
+  require(p.shape >= 0 && p.shape < packed_shapes(p.w.format), "packed_gemv: no such block form for this format");
   require((reinterpret_cast<uintptr_t>(p.x) & 15) == 0, "packed_gemv: activations must be 16-byte aligned");
   require((reinterpret_cast<uintptr_t>(p.y) & (p.y_f32 ? 3 : 1)) == 0, "packed_gemv: misaligned output");
   require(!p.accumulate || p.y_f32, "packed_gemv: accumulate needs fp32 output");

@@ -38,9 +38,14 @@ struct PackedGemvParams {
   int n_tok = 0;              // 1 .. 8
   // The block's form (0: chosen by the matrix's size and the SM count, docs/kernels/quant_gemv_NOTES.md);
   // tests and sweeps pin one: 1 = one 16-row tile, 4 warps; 2 = one tile, 8 warps; 3 = two tiles
-  // (32 rows), 4 warps. Every form computes the same sums.
+  // (32 rows), 4 warps; Q4_K also 4 = one tile, 8 warps, 3 blocks per SM, 5 = two tiles, 4 warps,
+  // the activations loaded into registers instead of staged, 6 = one tile, 16 warps, 2-slot
+  // rings (as 2 where two such blocks would not fit an SM). Every form computes the same sums.
   int shape = 0;
 };
+
+// Block forms a format has: shape < packed_shapes(format).
+constexpr int packed_shapes(PackedFormat f) { return f == PackedFormat::Q4_K ? 7 : 4; }
 
 // Checks the params (throws dhs::Error naming what is wrong); graph-capturable; launched with
 // programmatic dependent launch (pdl_launch.h).
