@@ -144,7 +144,7 @@ for stage in "$@"; do
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_packed_gemv timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_packed_gemv"
       DHS_TEST_QUICK=1 run sanitizer_racecheck_test_packed_gemv timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_packed_gemv"
       DHS_CUDA_BENCH=1 DHS_BENCH_OUT="$OUT/quant_gemv.jsonl" DHS_COMMIT="$C" run packed_gemv_bandwidth timeout 200 "$B/test_packed_gemv" --gtest_filter='*Bandwidth*'
-      grep -E "^bw |d2d" "$OUT/packed_gemv_bandwidth.log"
+      grep -E "^bw |^layer |d2d" "$OUT/packed_gemv_bandwidth.log"
       if [ -f $SMOL ]; then
         run greedy_smol_fp8 timeout 200 "$B/gpu_vs_cpu_greedy" -m $SMOL --quantization fp8 --out "$OUT/gpu_vs_cpu_greedy.jsonl" --commit "$C"
         run generate_cuda_fp8 "$B/dhisparse" generate --device cuda -m $SMOL --quantization fp8 --chat -p "What is the capital of France?" -n 48

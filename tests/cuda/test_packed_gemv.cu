@@ -285,7 +285,10 @@ TEST(PackedGemv, Bandwidth) {
   }
   struct M { const char* name; int64_t out, in; };
   const M mats[] = {{"qkv", 6144, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}};
-  for (PackedFormat f : kFormats)
+  for (PackedFormat f : kFormats) {
+    // The automatic form's time per row count over the three matrices (a layer's projections
+    // but the output one): bytes / time, the figure docs/kernels/quant_gemv_NOTES.md quotes.
+    double layer_us[4] = {}, layer_bytes = 0;
     for (const M& mm : mats) {
       dc::PackedWeightView v;
       v.format = f;
@@ -333,6 +336,7 @@ TEST(PackedGemv, Bandwidth) {
         float ms = 0;
         DHS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         const double us = 1000.0 * ms / reps, gbps = static_cast<double>(bytes) / (us * 1e3);
+        if (shape == 0) layer_us[nt == 1 ? 0 : nt == 2 ? 1 : nt == 4 ? 2 : 3] += us;
         std::printf("bw %-5s %-8s shape %d n_tok %d: %8.1f us  %7.1f GB/s of weights  %.2f of the copy rate\n",
                     name(f).c_str(), mm.name, shape, nt, us, gbps, gbps / copy_gbps);
         if (jl.is_open())
@@ -344,10 +348,15 @@ TEST(PackedGemv, Bandwidth) {
              << ", \"timing\": \"events over 4 x copies launches, each on its own copy of the weights (> 1 GiB in all), "
                 "fp32 output\"}\n";
       }
+      layer_bytes += static_cast<double>(bytes);
       for (void* d : owned) cudaFree(d);
       cudaFree(x);
       cudaFree(y);
     }
+    for (int i = 0; i < 4; ++i)
+      std::printf("layer %-5s n_tok %d: %8.1f us  %.2f of the copy rate (automatic form, qkv + gate_up + down)\n",
+                  name(f).c_str(), 1 << i, layer_us[i], layer_bytes / (layer_us[i] * 1e3) / copy_gbps);
+  }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
 }
