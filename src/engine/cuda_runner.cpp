@@ -248,7 +248,7 @@ class CudaRunner final : public StepRunner {
     // the reads scanned after it.
     const bool decode_reads =
         !prefill || (model_->options().mixed_decode_attention &&
-                     std::any_of(batch.begin(), batch.end(), [](const StepRequest& r) { return r.n_new == 1 || r.verify; }));
+                     std::any_of(batch.begin(), batch.end(), [&](const StepRequest& r) { return model_->reads_as_decode(r.n_new, r.verify); }));
     // The last decode step's recalls run while this step runs when it is a decode step too (the
     // overlap: docs/hierarchy.md), else now.
     const bool overlap = tiers_ && overlap_recalls_ && !prefill;

@@ -1208,9 +1208,9 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   step.decode = true;
   int64_t T = 0, n_out_real = 0;
   for (const Seq& s : given) {
-    // A decode-like step: one token each, or a verify's rows (a verify in a step with a prefill
-    // chunk runs as prefill rows: dense, causal; its logits are the same rows').
-    step.decode = step.decode && (s.n_new == 1 || (s.verify && s.n_new <= opt_.max_verify_rows));
+    // A decode-like step: one token each, or a verify's rows (reads_as_decode). A step with a
+    // prompt chunk is not; its decode and verify rows are ordered first below.
+    step.decode = step.decode && reads_as_decode(s.n_new, s.verify);
     step.max_q = std::max(step.max_q, static_cast<int>(s.n_new));
     T += s.n_new;
     n_out_real += s.verify ? s.n_new : 1;
@@ -1221,7 +1221,7 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   std::vector<int> orig;
   int n_dec_seqs = 0;
   if (!step.decode && opt_.mixed_decode_attention) {
-    const auto is_dec = [&](const Seq& s) { return s.n_new == 1 || (s.verify && s.n_new <= opt_.max_verify_rows); };
+    const auto is_dec = [&](const Seq& s) { return reads_as_decode(s.n_new, s.verify); };
     for (int i = 0; i < n_real; ++i)
       if (is_dec(given[static_cast<size_t>(i)])) orig.push_back(i);
     n_dec_seqs = static_cast<int>(orig.size());

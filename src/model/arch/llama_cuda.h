@@ -164,6 +164,12 @@ class LlamaCuda {
     // row's logits come back, not only the last's.
     bool verify = false;
   };
+
+  // Whether a request's rows read as a decode step's: one new token, or a speculative verify of at
+  // most max_verify_rows rows. A step of only such requests is a decode step; in a mixed step
+  // they are read under their policy (CudaModelOptions::mixed_decode_attention) and the runner
+  // reserves landing for them.
+  bool reads_as_decode(int64_t n_new, bool verify) const { return n_new == 1 || (verify && n_new <= opt_.max_verify_rows); }
   // Prefill (any n_new), or a decode-like step: every sequence one token or a verify. Commits
   // the tables. logits (host, optional): the step's output rows, [n_out, vocab]: one per
   // sequence (its last token), every row of a verify; sequence i's first at out_row(i).
