@@ -178,8 +178,8 @@ TEST(PackedGemv, GemvMatchesTheCpuReference) {
       if (f == PackedFormat::Q8_0 && s.in % 32 != 0) continue;
       if (small && s.in > 2304) continue;
       // Every block form of the format (auto, one tile x 4 / 8 warps, two tiles; Q4_K's further
-      // forms up to four tiles of 64 rows): rows past the matrix in the last block, fewer chunks
-      // than warps, 1-8 activation rows.
+      // forms: 8 and 16 warps, two tiles with x in registers): rows past the matrix in the last
+      // block, fewer chunks than warps, 1-8 activation rows.
       for (int shape = 0; shape < dc::packed_shapes(f); ++shape)
         for (int mode = 0; mode < 3; ++mode)
           EXPECT_EQ(check_gemv(f, s.n_tok, s.in, s.out, mode, shape, rng), 0) << "shape " << shape;

@@ -182,14 +182,9 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
   uint32_t code_live = 0;  // bit i: row lr + i * kRowsPerIt is inside the matrix
 #pragma unroll
   for (int i = 0; i < kIt; ++i) code_live |= (row0 + lr + i * kRowsPerIt < rows ? 1u : 0u) << i;
-  // Meta: lane l copies rows l, l + 32, ... (bit i of meta_live: row l + 32 i is inside the matrix).
-  constexpr int kMetaIt = (kRows + 31) / 32;
-  uint32_t meta_live = 0;
-#pragma unroll
-  for (int i = 0; i < kMetaIt; ++i)
-    meta_live |= (G::kMeta && lane + 32 * i < kRows && row0 + lane + 32 * i < rows ? 1u : 0u) << i;
-  const int64_t meta_row_bytes = chunks * kPackMetaBytes;
-  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + lane % kRows) * meta_row_bytes + c_begin * kPackMetaBytes : nullptr;
+  static_assert(kRows <= 32, "packed_gemv: one lane copies each row's meta");
+  const bool meta_live = G::kMeta && lane < kRows && row0 + lane < rows;
+  const uint8_t* meta_src = G::kMeta ? p.w.meta + (row0 + lane % kRows) * chunks * kPackMetaBytes + c_begin * kPackMetaBytes : nullptr;
   const auto copy_w = [&](int c, int slot) {
     if (c >= c_end) return;
     const uint32_t dst = ring + static_cast<uint32_t>(slot * kSlot);
@@ -201,13 +196,7 @@ __global__ void __launch_bounds__(S::kWarps * 32) packed_gemv_kernel(const __gri
     }
     code_src += kCB;
     if constexpr (G::kMeta) {
-#pragma unroll
-      for (int i = 0; i < kMetaIt; ++i) {
-        const bool live = (meta_live >> i) & 1u;
-        if (lane + 32 * i < kRows)
-          ptx::cp_async_16(dst + (lane + 32 * i) * G::kWPitch + kCB, live ? meta_src + 32 * i * meta_row_bytes : p.w.meta,
-                           live ? 16 : 0);
-      }
+      if (lane < kRows) ptx::cp_async_16(dst + lane * G::kWPitch + kCB, meta_live ? meta_src : p.w.meta, meta_live ? 16 : 0);
       meta_src += kPackMetaBytes;
     }
   };
