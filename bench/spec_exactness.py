@@ -6,13 +6,13 @@ built from templates and subjects, and free continuations of the repository's do
 offsets and lengths. One row per run in bench/results/spec_exactness.jsonl (prompts, tokens,
 identical, near_ties = 0 on the CPU, whose forward is exact per row, device, policy, k).
 
-Concurrency: a dense server batches requests without changing any row's bits (the CPU forward is
-batch-invariant), so prompts run several at a time there; on a sparse server a decode row that
-shares a step with another request's prefill chunk reads every page (docs/serving.md), so run
-sparse policies with --concurrency 1.
+Concurrency: the CPU forward is batch-invariant, and since session 37 a decode row that shares a
+step with another request's prefill chunk reads its policy's pages as alone (docs/serving.md;
+before, it read every page, so sparse policies ran with --concurrency 1), so prompts run several
+at a time under every policy.
 
   python3 bench/spec_exactness.py --prompts 500 --policy dense --concurrency 16
-  python3 bench/spec_exactness.py --prompts 100 --policy coverage:0.99 --concurrency 1
+  python3 bench/spec_exactness.py --prompts 500 --policy coverage:0.99 --concurrency 16
 """
 from __future__ import annotations
 

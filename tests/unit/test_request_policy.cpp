@@ -148,5 +148,88 @@ TEST_F(RequestPolicyBatch, EachRequestGetsWhatItsPolicyGivesAlone) {
   }
 }
 
+// A decode row beside another request's prompt chunk (a mixed step) reads its policy's pages as
+// in a decode step alone (the CUDA backend's rule since session 35; the CPU's since session 37:
+// before, such a step read every page for every row). Request A decodes 5 teacher-forced tokens
+// alone, then again with each step beside a 40-token chunk of B's prompt (B first or last); A's
+// logits must equal the alone run's within kTol, and the alone run must differ from A read densely
+// by more than 1e-2 (so a mixed step that read every page fails). B's chunks must give the logits
+// of B prefilled alone in the same chunks (a chunk reads every page), and the pages counted as
+// read must be A's alone (a chunk's are not counted). Under the engine's policy (coverage) and
+// under A's own (sinkwindow:3), whose steps select without scoring.
+TEST_F(RequestPolicyBatch, ADecodeRowBesideAPromptChunkReadsItsPolicy) {
+  const char* engine_policy = "coverage:0.8@sketch4";
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int32_t> id(0, 299);
+  std::vector<int32_t> a(170), b(200), a_dec(5);
+  for (int32_t& t : a) t = id(rng);
+  for (int32_t& t : b) t = id(rng);
+  for (int32_t& t : a_dec) t = id(rng);
+  for (const char* own : {"", "sinkwindow:3"}) {
+    auto r = runner(engine_policy);
+    const int64_t V = r->config().vocab_size;
+    PolicySpec spec;
+    const PolicySpec* pol = nullptr;
+    if (*own) {
+      spec = PolicySpec::parse(own, r->policy()).as_request_policy(r->policy());
+      pol = &spec;
+    }
+    struct Run {
+      std::vector<std::vector<float>> a, b;  // A's logits per decode step; B's last-row logits per chunk
+      PageCounts pages;                      // counted as read over A's steps
+    };
+    // A's decode steps, each beside chunk k of B when `with_a` and `with_b` (B first on odd
+    // steps); B's chunks alone when !with_a.
+    const auto run = [&](StepRunner& rn, const PolicySpec* p, bool with_a, bool with_b) {
+      PageTable ta = table(rn), tb = table(rn);
+      StepOutput out;
+      Run got;
+      if (with_a) {
+        EXPECT_TRUE(ta.reserve(rn.pages(), static_cast<int64_t>(a.size())));
+        rn.step({StepRequest{&ta, 0, a.data(), static_cast<int64_t>(a.size())}}, &out, false);
+      }
+      rn.take_page_counts();
+      for (size_t k = 0; k < a_dec.size(); ++k) {
+        std::vector<StepRequest> batch;
+        if (with_a) {
+          EXPECT_TRUE(ta.reserve(rn.pages(), 1));
+          StepRequest qa{&ta, 0, &a_dec[k], 1};
+          qa.policy = p;
+          batch.push_back(qa);
+        }
+        if (with_b) {
+          EXPECT_TRUE(tb.reserve(rn.pages(), 40));
+          const StepRequest qb{&tb, 1, b.data() + 40 * k, 40};
+          if (k % 2) batch.insert(batch.begin(), qb);
+          else batch.push_back(qb);
+        }
+        rn.step(batch, &out, true);
+        const int64_t at_a = with_a && with_b && k % 2 ? 1 : 0, at_b = with_a && !(k % 2) ? 1 : 0;
+        if (with_a) got.a.emplace_back(out.logits.begin() + at_a * V, out.logits.begin() + (at_a + 1) * V);
+        if (with_b) got.b.emplace_back(out.logits.begin() + at_b * V, out.logits.begin() + (at_b + 1) * V);
+      }
+      got.pages = rn.take_page_counts();
+      ta.release(rn.pages());
+      tb.release(rn.pages());
+      EXPECT_EQ(rn.pages().stats().n_used, 0);
+      return got;
+    };
+    const std::string what = *own ? own : engine_policy;
+    const Run alone = run(*r, pol, true, false), mixed = run(*r, pol, true, true), b_alone = run(*r, pol, false, true);
+    const Run dense = run(*runner("dense"), nullptr, true, false);
+    float moved = 0.0f;
+    for (size_t k = 0; k < a_dec.size(); ++k) {
+      EXPECT_LT(max_diff(mixed.a[k].data(), alone.a[k].data(), V), kTol) << what << ", A at step " << k;
+      EXPECT_LT(max_diff(mixed.b[k].data(), b_alone.b[k].data(), V), kTol) << what << ", B's chunk " << k;
+      moved = std::max(moved, max_diff(alone.a[k].data(), dense.a[k].data(), V));
+    }
+    EXPECT_GT(moved, 1e-2f) << what << " reads every page here: the check is void";
+    EXPECT_GT(alone.pages.total, alone.pages.read) << what;
+    EXPECT_EQ(mixed.pages.read, alone.pages.read) << what;
+    EXPECT_EQ(mixed.pages.total, alone.pages.total) << what;
+    EXPECT_EQ(mixed.pages.layer_head_read, alone.pages.layer_head_read) << what;
+  }
+}
+
 }  // namespace
 }  // namespace dhs

@@ -254,11 +254,18 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   const bool has_verify = std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return s.verify; });
   const bool any_policy = policy_ || std::any_of(batch.begin(), batch.end(), [](const Seq& s) { return s.policy; });
   const bool decode_step = T == static_cast<int64_t>(batch.size());
-  // The policy runs on the decode steps step_runs_policy allows; the others read every page
-  // (counted as read when a policy is set). A step with verify sequences plans its own
+  // The policy runs on the decode rows of the steps step_runs_policy allows (over those rows);
+  // prompt chunks read every page, and so do decode rows where the rule says dense (counted as
+  // read when a policy is set). A decode row beside a prompt chunk (a mixed step) reads its
+  // policy's pages as in a decode step of its own, as on the CUDA backend (session 35): before,
+  // such a step read every page for every row, so a sparse request's tokens depended on whether
+  // its step carried another request's prompt. A step with verify sequences plans its own
   // (plan_verify_step); its attention requests are then rows, not sequences.
-  const bool select_step = !has_verify && any_policy && decode_step &&
-                           step_runs_policy(std::vector<int64_t>(seq_len.begin(), seq_len.end()), dense_below_, min_step_tokens_);
+  std::vector<int64_t> decode_len;  // tokens of each decode row's sequence, this step's included
+  for (const Seq& s : batch)
+    if (s.n_new == 1) decode_len.push_back(s.table->n_tokens() + 1);
+  const bool select_step = !has_verify && any_policy && !decode_len.empty() &&
+                           step_runs_policy(decode_len, dense_below_, min_step_tokens_);
   std::vector<int32_t> a_indptr = q_indptr, a_seq_len = seq_len;
   std::vector<const PageTable*> a_tables = tables;
   std::vector<AttnReq> areq;
@@ -267,8 +274,10 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
               schedule_.every());
     areq = plan_verify_step(batch, q_indptr, &a_indptr, &a_seq_len, &a_tables);
   }
+  // (a mixed step's decode rows select afresh and the reuse schedule restarts after it — on the
+  // CPU only: the CUDA backend's selector keeps the schedule over a mixed step's decode rows)
   int phase = ReselectSchedule::kFull;
-  if (select_step) {
+  if (select_step && decode_step) {
     std::vector<const void*> ids(tables.begin(), tables.end());
     std::vector<int64_t> n_before(seq_len.begin(), seq_len.end());
     for (int64_t& n : n_before) --n;
@@ -324,31 +333,41 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     }
 
     PageLists lists;
-    // Sparse selection serves decode steps; prefill reads every page (a chunk's
-    // queries span the whole prompt, and its own pages are not summarised yet).
+    // Sparse selection serves decode rows (and verifies); a prompt chunk reads every page (its
+    // queries span the whole prompt).
     if (has_verify) {
       lists = verify_step_lists(batch, areq, l, a_indptr, a_seq_len, a_tables, q.data(), k.data(), pos, scale);
     } else if (select_step) {
       if (schedule_.selects(l, phase)) {
         SelectionInput in{&tables, l, &seq_len, q.data(), q_indptr.data(), static_cast<int>(Hq), scale, summaries_,
                           seeds.data()};
-        std::vector<const SelectionPolicy*> policies;
-        for (const Seq& s : batch) policies.push_back(s.policy ? s.policy : policy_ ? policy_ : &dense_);
+        std::vector<const SelectionPolicy*> policies;  // (a prompt chunk's rows: every page)
+        for (const Seq& s : batch) policies.push_back(s.n_new > 1 ? &dense_ : s.policy ? s.policy : policy_ ? policy_ : &dense_);
         lists = select_each(in, policies);
-        if (schedule_.every() > 1) selected_[static_cast<size_t>(l)] = lists;
+        if (schedule_.every() > 1 && decode_step) selected_[static_cast<size_t>(l)] = lists;
       } else {
         lists = reuse_selection(selected_[static_cast<size_t>(l)], tables, l, seq_len);
       }
-      stats_.pages_read += lists.nnz();
-      for (size_t r = 0; r < seq_len.size(); ++r)
+      // (the decode rows' reads: a mixed step's chunks are not counted)
+      std::vector<uint8_t> counted(batch.size());
+      for (size_t r = 0; r < batch.size(); ++r) {
+        counted[r] = batch[r].n_new == 1;
+        if (!counted[r]) continue;
+        for (int hh = 0; hh < static_cast<int>(Hkv); ++hh)
+          stats_.pages_read += lists.row_end(static_cast<int>(r), hh) - lists.row_begin(static_cast<int>(r), hh);
         stats_.pages_total += Hkv * ((seq_len[r] + pool.page_size() - 1) / pool.page_size());
-      count_lists(lists, l, seq_len, pool.page_size());
+      }
+      count_lists(lists, l, seq_len, pool.page_size(), counted);
     } else {
       lists = dense_page_lists(tables, l, seq_len);
-      if (policy_ && decode_step) {
-        stats_.pages_read += lists.nnz();
-        stats_.pages_total += lists.nnz();
-      }
+      if (policy_)  // (the decode rows' reads, as a decode step alone counts them)
+        for (size_t r = 0; r < batch.size(); ++r)
+          if (batch[r].n_new == 1)
+            for (int hh = 0; hh < static_cast<int>(Hkv); ++hh) {
+              const int64_t n = lists.row_end(static_cast<int>(r), hh) - lists.row_begin(static_cast<int>(r), hh);
+              stats_.pages_read += n;
+              stats_.pages_total += n;
+            }
     }
     const int64_t now = step * cfg_.n_layers + l;  // the hierarchy's clock (set_tiers)
     PageLists late;
@@ -383,8 +402,8 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     }
     if (tiers_ && !ahead) tiers_->end_step(now);
     dump("attn_out", l, att.data(), T, Hq * D);
-    if (select_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
-    if (select_step && !tiers_ && std::getenv("DHS_REPAIR_DIAG")) report_repair(lists, tables, l, static_cast<int>(cfg_.n_layers));
+    if (select_step && decode_step && !tiers_ && std::getenv("DHS_SPARSE_DIAG")) report_true_mass(ap, tables, l, seq_len, static_cast<int>(cfg_.n_layers));
+    if (select_step && decode_step && !tiers_ && std::getenv("DHS_REPAIR_DIAG")) report_repair(lists, tables, l, static_cast<int>(cfg_.n_layers));
 
     cpu::matmul(L.wo, att.data(), o.data(), T);
     cpu::add_inplace(x.data(), o.data(), T * H);
@@ -405,8 +424,14 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     for (const PageTable* t : a_tables) seqs.push_back(const_cast<PageTable*>(t));
     tiers_->adopt_landings(landed, seqs, step * cfg_.n_layers + cfg_.n_layers - 1);
   }
-  if (ahead && (decode_step || has_verify))
-    for (auto& [t, ids] : reads) tiers_->recall_ahead(const_cast<PageTable&>(*t), ids, step * cfg_.n_layers + cfg_.n_layers - 1);
+  // (a mixed step's decode rows: theirs, as a decode step's)
+  const auto predicts = [&](const PageTable* t) {
+    if (decode_step) return true;
+    return std::any_of(batch.begin(), batch.end(), [&](const Seq& s) { return s.table == t && (s.n_new == 1 || s.verify); });
+  };
+  if (ahead)
+    for (auto& [t, ids] : reads)
+      if (predicts(t)) tiers_->recall_ahead(const_cast<PageTable&>(*t), ids, step * cfg_.n_layers + cfg_.n_layers - 1);
   if (!logits) return;  // a prefill chunk before the last: no output head
   output_head(batch, q_indptr, x, all_logits, logits);
 }
@@ -437,18 +462,13 @@ std::vector<LlamaCpu::AttnReq> LlamaCpu::plan_verify_step(const std::vector<Seq>
                                                           std::vector<int32_t>* a_indptr,
                                                           std::vector<int32_t>* a_seq_len,
                                                           std::vector<const PageTable*>* a_tables) const {
-  // The other sequences select as in a decode step of theirs alone (each a decode row,
-  // step_runs_policy over them); a verify row as its request's decode step at its position
+  // The other decode rows select as in a decode step of theirs alone (step_runs_policy over
+  // them), prompt chunks read every page; a verify row as its request's decode step at its position
   // would, alone (generate's batch of one: the same decision as decoding one token at a time).
-  bool plain_decode = true;
   std::vector<int64_t> plain_len;
-  for (const Seq& s : batch) {
-    if (s.verify) continue;
-    plain_decode = plain_decode && s.n_new == 1;
-    plain_len.push_back(s.table->n_tokens() + s.n_new);
-  }
-  const bool plain_selects = plain_decode && !plain_len.empty() &&
-                             step_runs_policy(plain_len, dense_below_, min_step_tokens_);
+  for (const Seq& s : batch)
+    if (!s.verify && s.n_new == 1) plain_len.push_back(s.table->n_tokens() + 1);
+  const bool plain_selects = !plain_len.empty() && step_runs_policy(plain_len, dense_below_, min_step_tokens_);
   std::vector<AttnReq> areq;
   a_indptr->assign(1, 0);
   a_seq_len->clear();
@@ -459,7 +479,7 @@ std::vector<LlamaCpu::AttnReq> LlamaCpu::plan_verify_step(const std::vector<Seq>
     const int64_t n_rows = sq.verify ? sq.n_new : 1;
     for (int64_t j = 0; j < n_rows; ++j) {
       const int64_t len = sq.verify ? sq.table->n_tokens() + j + 1 : sq.table->n_tokens() + sq.n_new;
-      const bool selects = has_policy && (sq.verify ? step_runs_policy({len}, dense_below_, min_step_tokens_) : plain_selects);
+      const bool selects = has_policy && (sq.verify ? step_runs_policy({len}, dense_below_, min_step_tokens_) : sq.n_new == 1 && plain_selects);
       areq.push_back(AttnReq{s, q_indptr[s] + j, static_cast<int>(j), selects});
       a_indptr->push_back(sq.verify ? q_indptr[s] + static_cast<int32_t>(j) + 1 : q_indptr[s + 1]);
       a_seq_len->push_back(static_cast<int32_t>(len));
@@ -469,14 +489,15 @@ std::vector<LlamaCpu::AttnReq> LlamaCpu::plan_verify_step(const std::vector<Seq>
   return areq;
 }
 
-void LlamaCpu::count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size) {
+void LlamaCpu::count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size,
+                           const std::vector<uint8_t>& counted) {
   const size_t Hkv = static_cast<size_t>(cfg_.n_heads_kv);
   if (stats_.read.empty()) {
     stats_.read.assign(static_cast<size_t>(cfg_.n_layers) * Hkv, 0);
     stats_.total.assign(stats_.read.size(), 0);
   }
   for (int r = 0; r < lists.n_requests; ++r)
-    for (size_t h = 0; h < Hkv; ++h) {
+    for (size_t h = 0; h < Hkv && counted[static_cast<size_t>(r)]; ++h) {
       const size_t i = static_cast<size_t>(layer) * Hkv + h;
       stats_.read[i] += static_cast<uint64_t>(lists.row_end(r, static_cast<int>(h)) - lists.row_begin(r, static_cast<int>(h)));
       stats_.total[i] += static_cast<uint64_t>((seq_len[static_cast<size_t>(r)] + page_size - 1) / page_size);

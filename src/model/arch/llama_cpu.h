@@ -63,8 +63,8 @@ class LlamaCpu {
   // schedule Ahead (the GPU's; docs/hierarchy.md "Recall ahead") moves nothing inside a step
   // instead: each layer reads its pages where they live — attention over the resident ones and
   // over the late ones (host tier) apart, merged by their log-sum-exps (merge_normalized) — and
-  // after a decode-like step the pages it read that live in the host tier are recalled for the
-  // next step (TieredKv::recall_ahead: the prediction of a step's reads is the step before's).
+  // after a decode-like step (or a mixed step's decode rows) the pages it read that live in the host
+  // tier are recalled for the next step (TieredKv::recall_ahead: the prediction of a step's reads is the step before's).
   enum class RecallSchedule { Layer, Ahead };
   void set_tiers(TieredKv* kv, RecallSchedule schedule = RecallSchedule::Layer) {
     tiers_ = kv;
@@ -129,7 +129,9 @@ class LlamaCpu {
                                         std::vector<const PageTable*>* a_tables) const;
   // One layer's appends of page data and lists of such a step, stage by stage.
   // A selecting step's lists of one layer counted per (layer, KV head) in stats_.read / total.
-  void count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size);
+  // (counted[r]: whether request r's reads count — a mixed step's prompt chunks do not)
+  void count_lists(const PageLists& lists, int layer, const std::vector<int32_t>& seq_len, int page_size,
+                   const std::vector<uint8_t>& counted);
   PageLists verify_step_lists(const std::vector<Seq>& batch, const std::vector<AttnReq>& areq, int layer,
                               const std::vector<int32_t>& a_indptr, const std::vector<int32_t>& a_seq_len,
                               const std::vector<const PageTable*>& a_tables, const float* q, const float* k,
