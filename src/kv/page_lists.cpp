@@ -31,6 +31,34 @@ PageLists dense_page_lists(const std::vector<const PageTable*>& tables, int laye
   return pl;
 }
 
+PageLists pick_requests(const std::vector<ListPick>& pick) {
+  PageLists out;
+  out.n_requests = static_cast<int>(pick.size());
+  out.indptr.push_back(0);
+  bool masks = false;
+  for (const ListPick& p : pick) masks = masks || !p.lists->row_mask.empty();
+  for (const ListPick& p : pick) {
+    const PageLists& in = *p.lists;
+    DHS_CHECK(p.req >= 0 && p.req < in.n_requests, "pick_requests: request {} of lists of {}", p.req, in.n_requests);
+    DHS_CHECK(out.seq_len.empty() || in.n_heads_kv == out.n_heads_kv, "pick_requests: {} KV heads beside {}", in.n_heads_kv,
+              out.n_heads_kv);
+    out.n_heads_kv = in.n_heads_kv;
+    out.seq_len.push_back(in.seq_len[static_cast<size_t>(p.req)]);
+    const size_t b = static_cast<size_t>(in.row_begin(p.req, 0)), e = static_cast<size_t>(in.row_end(p.req, in.n_heads_kv - 1));
+    out.slots.insert(out.slots.end(), in.slots.begin() + static_cast<std::ptrdiff_t>(b), in.slots.begin() + static_cast<std::ptrdiff_t>(e));
+    out.page_pos.insert(out.page_pos.end(), in.page_pos.begin() + static_cast<std::ptrdiff_t>(b),
+                        in.page_pos.begin() + static_cast<std::ptrdiff_t>(e));
+    if (masks) {
+      if (in.row_mask.empty()) out.row_mask.insert(out.row_mask.end(), e - b, ~uint32_t{0});
+      else out.row_mask.insert(out.row_mask.end(), in.row_mask.begin() + static_cast<std::ptrdiff_t>(b),
+                               in.row_mask.begin() + static_cast<std::ptrdiff_t>(e));
+    }
+    const int32_t shift = static_cast<int32_t>(out.indptr.back()) - static_cast<int32_t>(b);
+    for (int h = 0; h < in.n_heads_kv; ++h) out.indptr.push_back(in.row_end(p.req, h) + shift);
+  }
+  return out;
+}
+
 PageLists union_row_lists(const PageLists& rows, const std::vector<int32_t>& row_indptr) {
   DHS_CHECK(!row_indptr.empty() && row_indptr.front() == 0 && row_indptr.back() == rows.n_requests,
             "union_row_lists: row_indptr must run from 0 to the {} input requests", rows.n_requests);

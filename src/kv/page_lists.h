@@ -39,6 +39,16 @@ struct PageLists {
 // list, or at two slots in two rows' lists, throws dhs::Error.
 PageLists union_row_lists(const PageLists& rows, const std::vector<int32_t>& row_indptr);
 
+// Lists whose request r is request pick[r].req of *pick[r].lists: its heads' entries (row masks
+// too, when that input carries them) and seq_len. A step's decode rows apart from its prompt
+// chunks and back (LlamaCpu's mixed steps with a reused selection). Every input must have the
+// same n_heads_kv; a request index out of its input's range throws dhs::Error.
+struct ListPick {
+  const PageLists* lists = nullptr;
+  int req = 0;
+};
+PageLists pick_requests(const std::vector<ListPick>& pick);
+
 // All pages of `layer` for each request, covering seq_len[r] tokens each.
 // tables[r]->capacity_tokens() must be >= seq_len[r].
 PageLists dense_page_lists(const std::vector<const PageTable*>& tables, int layer,

@@ -144,5 +144,43 @@ TEST(PageLists, DenseListsCoverEveryPageInOrder) {
   EXPECT_EQ(pool.n_used(), 0);
 }
 
+// pick_requests against hand-made lists: requests taken from two inputs in another order (one
+// twice), their entries, seq_len and offsets; a row mask from one input makes the other's
+// entries read by every row; a request out of range and a head-count mismatch throw.
+TEST(PageLists, PickRequestsTakesWholeRequests) {
+  PageLists a;  // 2 requests x 2 heads: pages (10, 11 | 12) and (13 | -)
+  a.n_requests = 2;
+  a.n_heads_kv = 2;
+  a.indptr = {0, 2, 3, 4, 4};
+  a.slots = {10, 11, 12, 13};
+  a.page_pos = {0, 1, 0, 5};
+  a.seq_len = {20, 90};
+  PageLists b;  // 1 request x 2 heads: (20 | 21, 22), with row masks
+  b.n_requests = 1;
+  b.n_heads_kv = 2;
+  b.indptr = {0, 1, 3};
+  b.slots = {20, 21, 22};
+  b.page_pos = {3, 1, 2};
+  b.seq_len = {64};
+  b.row_mask = {1u, 2u, 3u};
+  const PageLists p = pick_requests({{&a, 1}, {&b, 0}, {&a, 0}, {&a, 1}});
+  EXPECT_EQ(p.n_requests, 4);
+  EXPECT_EQ(p.n_heads_kv, 2);
+  EXPECT_EQ(p.indptr, (std::vector<int32_t>{0, 1, 1, 2, 4, 6, 7, 8, 8}));
+  EXPECT_EQ(p.slots, (std::vector<int32_t>{13, 20, 21, 22, 10, 11, 12, 13}));
+  EXPECT_EQ(p.page_pos, (std::vector<int32_t>{5, 3, 1, 2, 0, 1, 0, 5}));
+  EXPECT_EQ(p.seq_len, (std::vector<int32_t>{90, 64, 20, 90}));
+  EXPECT_EQ(p.row_mask, (std::vector<uint32_t>{~0u, 1u, 2u, 3u, ~0u, ~0u, ~0u, ~0u}));
+  const PageLists q = pick_requests({{&a, 0}});
+  EXPECT_EQ(q.indptr, (std::vector<int32_t>{0, 2, 3}));
+  EXPECT_TRUE(q.row_mask.empty());
+  EXPECT_THROW(pick_requests({{&a, 2}}), Error);
+  EXPECT_THROW(pick_requests({{&a, -1}}), Error);
+  PageLists c = b;
+  c.n_heads_kv = 3;
+  c.indptr = {0, 1, 2, 3};
+  EXPECT_THROW(pick_requests({{&a, 0}, {&c, 0}}), Error);
+}
+
 }  // namespace
 }  // namespace dhs

@@ -58,10 +58,11 @@ constexpr float kTol = 1e-4f;
 class RequestPolicyBatch : public ::testing::Test {
  protected:
   void SetUp() override { src_ = open_weights(test::data_dir() + "/tiny_models/qwen2_bias"); }
-  std::unique_ptr<StepRunner> runner(const char* policy) {
+  std::unique_ptr<StepRunner> runner(const char* policy, int reselect_every = 1) {
     EngineOptions o;
     o.weight_type = "f32";
     o.policy = PolicySpec::parse(policy);
+    o.policy.reselect_every = reselect_every;
     o.kv_blocks = 64;  // four requests of up to 210 tokens (14 blocks of 16)
     return make_cpu_runner(*src_, o, 512);
   }
@@ -155,8 +156,10 @@ TEST_F(RequestPolicyBatch, EachRequestGetsWhatItsPolicyGivesAlone) {
 // logits must equal the alone run's within kTol, and the alone run must differ from A read densely
 // by more than 1e-2 (so a mixed step that read every page fails). B's chunks must give the logits
 // of B prefilled alone in the same chunks (a chunk reads every page), and the pages counted as
-// read must be A's alone (a chunk's are not counted). Under the engine's policy (coverage) and
-// under A's own (sinkwindow:3), whose steps select without scoring.
+// read must be A's alone (a chunk's are not counted). Under the engine's policy (coverage), under
+// A's own (sinkwindow:3), whose steps select without scoring, and under coverage reselected every
+// 2 steps (the reuse schedule runs over a mixed step's decode rows as over a decode step's: a
+// mixed step that selected afresh would differ from A alone at the reusing layers).
 TEST_F(RequestPolicyBatch, ADecodeRowBesideAPromptChunkReadsItsPolicy) {
   const char* engine_policy = "coverage:0.8@sketch4";
   std::mt19937 rng(9);
@@ -165,8 +168,8 @@ TEST_F(RequestPolicyBatch, ADecodeRowBesideAPromptChunkReadsItsPolicy) {
   for (int32_t& t : a) t = id(rng);
   for (int32_t& t : b) t = id(rng);
   for (int32_t& t : a_dec) t = id(rng);
-  for (const char* own : {"", "sinkwindow:3"}) {
-    auto r = runner(engine_policy);
+  for (const auto& [own, every] : std::vector<std::pair<const char*, int>>{{"", 1}, {"sinkwindow:3", 1}, {"", 2}}) {
+    auto r = runner(engine_policy, every);
     const int64_t V = r->config().vocab_size;
     PolicySpec spec;
     const PolicySpec* pol = nullptr;
@@ -214,7 +217,7 @@ TEST_F(RequestPolicyBatch, ADecodeRowBesideAPromptChunkReadsItsPolicy) {
       EXPECT_EQ(rn.pages().stats().n_used, 0);
       return got;
     };
-    const std::string what = *own ? own : engine_policy;
+    const std::string what = std::string(*own ? own : engine_policy) + " every " + std::to_string(every);
     const Run alone = run(*r, pol, true, false), mixed = run(*r, pol, true, true), b_alone = run(*r, pol, false, true);
     const Run dense = run(*runner("dense"), nullptr, true, false);
     float moved = 0.0f;

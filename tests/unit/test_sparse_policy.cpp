@@ -485,7 +485,9 @@ TEST(DraftSeeds, ScoringRecordsAndSeededDraftReadsWindowAndSeeds) {
         // fewer), ascending here.
         std::vector<std::pair<double, int32_t>> ranked;
         const std::vector<int32_t> set = row_pages(chosen[static_cast<size_t>(layer)], r, h);
-        if (r == 0) ASSERT_LT(set.size(), mass.size()) << "the coverage set holds every page: the check is void";
+        if (r == 0) {
+          ASSERT_LT(set.size(), mass.size()) << "the coverage set holds every page: the check is void";
+        }
         for (int32_t i : set) ranked.push_back({-mass[static_cast<size_t>(i)], i});
         std::sort(ranked.begin(), ranked.end());
         std::vector<int32_t> want;

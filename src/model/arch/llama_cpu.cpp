@@ -274,12 +274,21 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
               schedule_.every());
     areq = plan_verify_step(batch, q_indptr, &a_indptr, &a_seq_len, &a_tables);
   }
-  // (a mixed step's decode rows select afresh and the reuse schedule restarts after it — on the
-  // CPU only: the CUDA backend's selector keeps the schedule over a mixed step's decode rows)
+  // The reuse schedule (--reselect-every) over the decode rows, a mixed step's too (as the CUDA
+  // selector keeps it): dec[i] is the batch index of decode row i.
+  std::vector<int> dec;
+  for (size_t s = 0; s < batch.size(); ++s)
+    if (batch[s].n_new == 1) dec.push_back(static_cast<int>(s));
+  std::vector<const PageTable*> dec_tables;
+  std::vector<int32_t> dec_seq_len;
+  for (const int s : dec) {
+    dec_tables.push_back(tables[static_cast<size_t>(s)]);
+    dec_seq_len.push_back(seq_len[static_cast<size_t>(s)]);
+  }
   int phase = ReselectSchedule::kFull;
-  if (select_step && decode_step) {
-    std::vector<const void*> ids(tables.begin(), tables.end());
-    std::vector<int64_t> n_before(seq_len.begin(), seq_len.end());
+  if (select_step) {
+    std::vector<const void*> ids(dec_tables.begin(), dec_tables.end());
+    std::vector<int64_t> n_before(dec_seq_len.begin(), dec_seq_len.end());
     for (int64_t& n : n_before) --n;
     phase = schedule_.begin_step(ids, n_before);
   } else {
@@ -344,9 +353,22 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
         std::vector<const SelectionPolicy*> policies;  // (a prompt chunk's rows: every page)
         for (const Seq& s : batch) policies.push_back(s.n_new > 1 ? &dense_ : s.policy ? s.policy : policy_ ? policy_ : &dense_);
         lists = select_each(in, policies);
-        if (schedule_.every() > 1 && decode_step) selected_[static_cast<size_t>(l)] = lists;
-      } else {
+        if (schedule_.every() > 1) {  // (the decode rows' lists, which a later step may reuse)
+          std::vector<ListPick> pick;
+          for (const int s : dec) pick.push_back({&lists, s});
+          selected_[static_cast<size_t>(l)] = decode_step ? lists : pick_requests(pick);
+        }
+      } else if (decode_step) {
         lists = reuse_selection(selected_[static_cast<size_t>(l)], tables, l, seq_len);
+      } else {
+        // The decode rows' reused lists, the chunks' every page, in the batch's order.
+        const PageLists reused = reuse_selection(selected_[static_cast<size_t>(l)], dec_tables, l, dec_seq_len);
+        const PageLists dense = dense_page_lists(tables, l, seq_len);
+        std::vector<ListPick> pick;
+        for (size_t s = 0, i = 0; s < batch.size(); ++s)
+          pick.push_back(i < dec.size() && dec[i] == static_cast<int>(s) ? ListPick{&reused, static_cast<int>(i++)}
+                                                                          : ListPick{&dense, static_cast<int>(s)});
+        lists = pick_requests(pick);
       }
       // (the decode rows' reads: a mixed step's chunks are not counted)
       std::vector<uint8_t> counted(batch.size());
