@@ -222,5 +222,65 @@ TEST_F(Speculative, SeededDraftReadsTheVerifiersPages) {
     }
 }
 
+// A step with a speculative verify and another request's prompt chunk: the plain decode row beside
+// them reads its policy's pages as in a decode step alone (LlamaCpu::plan_verify_step; until
+// session 37 a chunk in the step made the plain rows read every page), the verify's rows equal the
+// same verifies alone, and the chunk's last row equals its prefill alone. Three such steps, against
+// each request run by itself; A's steps alone must differ from A read densely by more than 1e-2,
+// so a plain row that read every page fails.
+TEST_F(Speculative, APlainRowBesideAVerifyAndAPromptChunkReadsItsPolicy) {
+  const std::string policy = "coverage:0.8@sketch4";
+  const std::vector<int32_t> pa = random_ids(170, 3), pc = random_ids(150, 4), pb = random_ids(120, 5);
+  const std::vector<int32_t> a_next = random_ids(3, 6), c_next = random_ids(9, 7);
+  const auto alone_a = [&](const std::string& pol) {
+    auto r = runner(pol);
+    PageTable t = table(*r);
+    prefill(*r, t, pa);
+    const auto steps = decode(*r, t, a_next);
+    t.release(r->pages());
+    return steps;
+  };
+  const auto want_a = alone_a(policy), dense_a = alone_a("dense");
+  const int64_t V = runner(policy)->config().vocab_size;
+  std::vector<std::vector<float>> want_c, want_b;
+  {
+    auto r = runner(policy);
+    PageTable tc = table(*r), tb = table(*r);
+    prefill(*r, tc, pc);
+    for (int k = 0; k < 3; ++k) want_c.push_back(verify(*r, tc, std::vector<int32_t>(c_next.begin() + 3 * k, c_next.begin() + 3 * k + 3)));
+    StepOutput out;
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(tb.reserve(r->pages(), 40));
+      r->step({StepRequest{&tb, 0, pb.data() + 40 * k, 40}}, &out, true);
+      want_b.push_back(out.logits);
+    }
+    tc.release(r->pages());
+    tb.release(r->pages());
+  }
+  auto r = runner(policy);
+  PageTable ta = table(*r), tb = table(*r), tc = table(*r);
+  prefill(*r, ta, pa);
+  prefill(*r, tc, pc);
+  float moved = 0.0f;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(tb.reserve(r->pages(), 40));
+    EXPECT_TRUE(ta.reserve(r->pages(), 1));
+    EXPECT_TRUE(tc.reserve(r->pages(), 3));
+    StepRequest qc{&tc, 2, c_next.data() + 3 * k, 3};
+    qc.verify = true;
+    StepOutput out;
+    r->step({StepRequest{&tb, 0, pb.data() + 40 * k, 40}, StepRequest{&ta, 1, &a_next[static_cast<size_t>(k)], 1}, qc}, &out, true);
+    ASSERT_EQ(out.logits.size(), 3 * static_cast<size_t>(V));
+    EXPECT_EQ(max_diff(out.logits.data() + V, want_a[static_cast<size_t>(k)].data(), V), 0.0f) << "A at step " << k;
+    EXPECT_EQ(max_diff(out.logits.data(), want_b[static_cast<size_t>(k)].data(), V), 0.0f) << "B's chunk " << k;
+    ASSERT_EQ(out.verify_row.at(2), 0);
+    EXPECT_EQ(max_diff(out.verify_logits.data(), want_c[static_cast<size_t>(k)].data(), 3 * V), 0.0f) << "C's verify " << k;
+    moved = std::max(moved, max_diff(want_a[static_cast<size_t>(k)].data(), dense_a[static_cast<size_t>(k)].data(), V));
+  }
+  EXPECT_GT(moved, 1e-2f) << policy << " reads every page of A here: the check is void";
+  for (PageTable* t : {&ta, &tb, &tc}) t->release(r->pages());
+  EXPECT_EQ(r->pages().stats().n_used, 0);
+}
+
 }  // namespace
 }  // namespace dhs
