@@ -261,9 +261,19 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
   // such a step read every page for every row, so a sparse request's tokens depended on whether
   // its step carried another request's prompt. A step with verify sequences plans its own
   // (plan_verify_step); its attention requests are then rows, not sequences.
-  std::vector<int64_t> decode_len;  // tokens of each decode row's sequence, this step's included
-  for (const Seq& s : batch)
-    if (s.n_new == 1) decode_len.push_back(s.table->n_tokens() + 1);
+  // The decode rows: dec[i] is the batch index of decode row i, dec_seq_len[i] its sequence's
+  // tokens with this step's (the rule's input and the reuse schedule's, --reselect-every, which
+  // runs over a mixed step's decode rows too, as the CUDA selector keeps it).
+  std::vector<int> dec;
+  std::vector<const PageTable*> dec_tables;
+  std::vector<int32_t> dec_seq_len;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (batch[s].n_new != 1) continue;
+    dec.push_back(static_cast<int>(s));
+    dec_tables.push_back(tables[s]);
+    dec_seq_len.push_back(seq_len[s]);
+  }
+  const std::vector<int64_t> decode_len(dec_seq_len.begin(), dec_seq_len.end());
   const bool select_step = !has_verify && any_policy && !decode_len.empty() &&
                            step_runs_policy(decode_len, dense_below_, min_step_tokens_);
   std::vector<int32_t> a_indptr = q_indptr, a_seq_len = seq_len;
@@ -273,17 +283,6 @@ void LlamaCpu::forward(const std::vector<Seq>& batch, PagePool& pool, std::vecto
     DHS_CHECK(schedule_.every() == 1, "speculative verification with reselect every {} steps (> 1) is not supported",
               schedule_.every());
     areq = plan_verify_step(batch, q_indptr, &a_indptr, &a_seq_len, &a_tables);
-  }
-  // The reuse schedule (--reselect-every) over the decode rows, a mixed step's too (as the CUDA
-  // selector keeps it): dec[i] is the batch index of decode row i.
-  std::vector<int> dec;
-  for (size_t s = 0; s < batch.size(); ++s)
-    if (batch[s].n_new == 1) dec.push_back(static_cast<int>(s));
-  std::vector<const PageTable*> dec_tables;
-  std::vector<int32_t> dec_seq_len;
-  for (const int s : dec) {
-    dec_tables.push_back(tables[static_cast<size_t>(s)]);
-    dec_seq_len.push_back(seq_len[static_cast<size_t>(s)]);
   }
   int phase = ReselectSchedule::kFull;
   if (select_step) {
