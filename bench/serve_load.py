@@ -295,6 +295,7 @@ def summarize(args, res: dict) -> dict:
             row["admissions_deferred_throughput"] = int(delta.get("dhisparse:admissions_deferred_throughput_total", 0))
             row["kv_step_page_cost_us"] = round(after["dhisparse:kv_step_page_cost_us"], 4)
             row["kv_step_fixed_ms"] = round(after.get("dhisparse:kv_step_fixed_ms", -1.0), 4)
+            row["kv_budget_target_miss"] = round(after.get("dhisparse:kv_budget_target_miss", 0.0), 5)
     if delta.get("vllm:spec_decode_num_drafts_total", 0) > 0:  # speculative decoding: verifies, drafts, kept
         row["spec_verifies"] = int(delta["vllm:spec_decode_num_drafts_total"])
         row["spec_draft_tokens"] = int(delta.get("vllm:spec_decode_num_draft_tokens_total", 0))

@@ -54,6 +54,12 @@ struct EngineOptions {
   // working set, miss rate and the device tier's room across requests) instead of one fixed
   // kv_device_budget. `--kv-device-budget auto`.
   bool kv_budget_auto = false;
+  // With kv_budget_auto: the share of a decode step the misses the budgets allow may take on the
+  // link, at a page's measured price (RunnerTiers' link rule): the cache manager's miss target
+  // follows it — lower on a loaded or slow link (bigger buffers), higher with link time to spare
+  // (smaller ones, HBM left to other requests). 0: the fixed target (2.5% of the pages read).
+  // `--kv-budget-io-share`.
+  double kv_budget_io_share = 0.0;
   // With the host tier, when pages move: "layer" (before each layer's attention, the pages it
   // reads are recalled: the host knows every list in time) or "ahead" (the GPU's schedule: no
   // move inside a step — each layer reads late pages in place from the host tier and merges them

@@ -117,6 +117,7 @@ struct SchedulerStats {
   double kv_page_cost_us = 0.0;    // what one more page moved between the tiers costs a step, fitted (µs)
   double kv_step_page_cost_us = 0.0;  // the throughput rule's price of a page: the larger of that and the whole step's fitted slope (µs)
   double kv_step_fixed_ms = -1.0;     // the step's fitted fixed part (ms; < 0: not known, counted as 0)
+  double kv_budget_target_miss = 0.0;  // the cache manager's miss target (0 without it; RunnerTiers::budget_target_miss)
   uint64_t n_submitted = 0, n_rejected_full = 0;
   uint64_t n_finished_stop = 0, n_finished_length = 0, n_finished_abort = 0, n_finished_error = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of requests that started (recompute not counted)

@@ -122,6 +122,12 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
          "pages go to the host tier past it); 0 = no limit; auto = sized after every step from the request's "
          "working set and misses and the device tier's room (kv/device_budgets.h)")
       ->default_str("0");
+  app->add_option("--kv-budget-io-share", eo.kv_budget_io_share,
+                  "With --kv-device-budget auto: the share of a decode step the misses the budgets allow may take on "
+                  "the link, at a page's measured price; the budgets' miss target follows it (lower on a loaded link: "
+                  "bigger buffers); 0 = a fixed target of 2.5% of the pages read")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app->add_option("--kv-io-gbps", eo.kv_io_gbps,
                   "With --cpu-kv-gb: the link between the tiers in GB/s, for the hierarchy's I/O load (IO-aware "
                   "admission: a request that needs running requests' pages offloaded waits while the load with it "

@@ -748,6 +748,7 @@ void ContinuousScheduler::publish(std::vector<Owned>* done) {
     stats_.n_admission_throughput_waits = throughput_waits_;
     stats_.kv_step_page_cost_us = runner_.kv_step_page_cost_seconds() * 1e6;
     stats_.kv_step_fixed_ms = runner_.kv_step_fixed_seconds() < 0.0 ? -1.0 : runner_.kv_step_fixed_seconds() * 1e3;
+    stats_.kv_budget_target_miss = runner_.kv_budget_target_miss();
     // The full accounting check walks every page: when the scheduler goes quiet, not per step.
     if (quiet) {
       stats_.kv_check = runner_.pages().check_invariants();

@@ -120,6 +120,7 @@ class CpuRunner final : public StepRunner {
   }
   double kv_step_page_cost_seconds() const override { return tiers_ ? tiers_->step_page_seconds() : 0.0; }
   double kv_step_fixed_seconds() const override { return tiers_ ? tiers_->step_fixed_seconds() : -1.0; }
+  double kv_budget_target_miss() const override { return tiers_ ? tiers_->budget_target_miss() : 0.0; }
   double kv_page_cost_seconds() const override { return tiers_ ? tiers_->io_cost().per_page_seconds() : 0.0; }
   void capture_queries(bool on) override {
     queries_.clear();

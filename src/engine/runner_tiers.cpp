@@ -23,6 +23,9 @@ int64_t RunnerTiers::host_pages(const EngineOptions& o, int64_t page_bytes) {
   const int64_t pages = static_cast<int64_t>(o.cpu_kv_gb * 1073741824.0) / page_bytes;
   DHS_CHECK(o.cpu_kv_gb == 0.0 || pages > 0, "--cpu-kv-gb {} holds no page of {} bytes", o.cpu_kv_gb, page_bytes);
   DHS_CHECK((o.kv_device_budget == 0 && !o.kv_budget_auto) || pages > 0, "a device KV budget needs the host tier (--cpu-kv-gb)");
+  DHS_CHECK(o.kv_budget_io_share >= 0.0 && o.kv_budget_io_share <= 1.0, "--kv-budget-io-share must be in [0, 1], got {}",
+            o.kv_budget_io_share);
+  DHS_CHECK(o.kv_budget_io_share == 0.0 || o.kv_budget_auto, "--kv-budget-io-share needs --kv-device-budget auto");
   DHS_CHECK(o.kv_recall == "layer" || o.kv_recall == "ahead" || o.kv_recall == "land",
             "--kv-recall must be layer, ahead or land, got '{}'", o.kv_recall);
   DHS_CHECK(o.kv_recall == "layer" || pages > 0, "--kv-recall {} needs the host tier (--cpu-kv-gb)", o.kv_recall);
@@ -36,6 +39,7 @@ RunnerTiers::RunnerTiers(PagePool& device, std::unique_ptr<PagePool> host, const
   kv_ = std::make_unique<TieredKv>(device, *host_, LruParams{n_layers, 4, /*cyclic=*/true});
   budget_ = o.kv_device_budget > 0 ? o.kv_device_budget : TieredKv::kUnlimited;
   if (o.kv_budget_auto) auto_budgets_ = std::make_unique<DeviceBudgets>();
+  io_share_ = o.kv_budget_io_share;
   recall_ahead_ = o.kv_recall == "ahead" || o.kv_recall == "land";
   land_ = o.kv_recall == "land";
 }
@@ -69,17 +73,32 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
   // step runs: they are this batch's pages already). Without the last, the budgets came out short
   // by the step's landings whenever they bound, and the adoption then evicted as many pages.
   int64_t capacity = device_.n_free() + kv_->landing_claimed();
+  // Each decode row's pages read and missed this step (-1: not a decode row).
+  std::vector<int64_t> read_of(batch.size(), -1), missed_of(batch.size(), 0);
+  int64_t read_all = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].n_new != 1 || batch[i].verify) continue;
+    // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
+    const TierStats now = kv_->request_stats(*batch[i].table);
+    missed_of[i] = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
+    read_of[i] = now.hits - before[i].hits + missed_of[i];
+    read_all += read_of[i];
+  }
+  // The link rule (budget_target_miss): the misses the budgets allow priced against the step.
+  if (auto_budgets_ && io_share_ > 0.0 && decode_seconds_ > 0.0 && read_all > 0) {
+    const double price = step_page_seconds();
+    if (price > 0.0)
+      auto_budgets_->set_target_miss(io_share_ * decode_seconds_ / ((recall_ahead_ ? 2.0 : 1.0) * price * static_cast<double>(read_all)));
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     const PageTable& t = *batch[i].table;
     const int64_t id = static_cast<int64_t>(t.id());
     const int64_t lists = static_cast<int64_t>(t.n_layers()) * t.n_heads_kv();
     Demand& d = demand_[t.id()];
     d.full_pages = t.n_tokens() / t.page_size() * lists;
-    if (batch[i].n_new == 1 && !batch[i].verify) {
-      // Misses: the pages the step recalled for its layers, or (recall ahead) read in place.
-      const TierStats now = kv_->request_stats(t);
-      const int64_t missed = recall_ahead_ ? now.late - before[i].late : now.recalled - before[i].recalled;
-      const double read = static_cast<double>(now.hits - before[i].hits + missed);
+    if (read_of[i] >= 0) {
+      const int64_t missed = missed_of[i];
+      const double read = static_cast<double>(read_of[i]);
       // (a draft row reads the draft's pages; a request that only drafts and verifies stays
       // unobserved, counted at the read fraction of the others; a step that counted no read of
       // its own says nothing, as DeviceBudgets::observe has it: until session 35 the CUDA runner
@@ -88,7 +107,7 @@ void RunnerTiers::after_step(const std::vector<StepRequest>& batch, const std::v
       // set of 0, so admission saw every working set fit, session 34; with
       // CudaModelOptions::mixed_decode_attention off they still are)
       if (!batch[i].draft && read > 0.0) d.working_set = d.working_set < 0.0 ? read : 0.7 * d.working_set + 0.3 * read;
-      if (auto_budgets_) auto_budgets_->observe(id, now.hits - before[i].hits + missed, missed);
+      if (auto_budgets_) auto_budgets_->observe(id, read_of[i], missed);
     }
     if (!auto_budgets_) continue;
     reqs.push_back({id, d.full_pages});

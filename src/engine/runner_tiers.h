@@ -52,6 +52,14 @@ class RunnerTiers {
   // `before` is the batch's request_stats taken before the step (stats_of).
   std::vector<TierStats> stats_of(const std::vector<StepRequest>& batch) const;
   void after_step(const std::vector<StepRequest>& batch, const std::vector<TierStats>& before);
+  // The cache manager's miss target under the link rule (EngineOptions::kv_budget_io_share s > 0):
+  // the misses a decode step may carry are those whose crossings (2 a miss on the recall-ahead
+  // schedule, 1 on the layer one, as end_step_io counts them) take s of the measured decode step T
+  // at a page's price p (step_page_seconds): target = s T / (crossings p R), R the pages the
+  // step's decode rows read; set before the step's rows are observed, kept within BudgetParams'
+  // bounds. Before a decode step and a price are measured, the fixed target stays. The target in
+  // force (0 without the cache manager).
+  double budget_target_miss() const { return auto_budgets_ ? auto_budgets_->target_miss() : 0.0; }
 
   // StepRunner's hierarchy calls. truncate / release: false when the table is not registered
   // (the caller frees it in its pool).
@@ -122,6 +130,7 @@ class RunnerTiers {
   std::function<int64_t()> clock_;
   int64_t budget_ = TieredKv::kUnlimited;        // device pages per request
   std::unique_ptr<DeviceBudgets> auto_budgets_;  // --kv-device-budget auto
+  double io_share_ = 0.0;                        // --kv-budget-io-share (0: the fixed miss target)
   bool recall_ahead_ = false;                    // --kv-recall ahead (or land)
   bool land_ = false;                            // --kv-recall land
   IoCost io_cost_;

@@ -131,6 +131,8 @@ class StepRunner {
   // the whole step's fitted slope), and the step's fitted fixed part (seconds; < 0: not known).
   virtual double kv_step_page_cost_seconds() const { return 0.0; }
   virtual double kv_step_fixed_seconds() const { return -1.0; }
+  // The cache manager's miss target (RunnerTiers::budget_target_miss; 0 without it).
+  virtual double kv_budget_target_miss() const { return 0.0; }
   // What one more page crossing between the tiers costs a step, in seconds (kv/io_cost.h: fitted
   // from the host's time in the hierarchy and the pages moved; 0 without a hierarchy).
   virtual double kv_page_cost_seconds() const { return 0.0; }

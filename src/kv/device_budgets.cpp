@@ -27,6 +27,10 @@ void DeviceBudgets::observe(int64_t id, int64_t read, int64_t recalled) {
 
 void DeviceBudgets::forget(int64_t id) { st_.erase(id); }
 
+void DeviceBudgets::set_target_miss(double target) {
+  p_.target_miss = std::isfinite(target) ? std::clamp(target, p_.min_target_miss, p_.max_target_miss) : p_.max_target_miss;
+}
+
 DeviceBudgets::State DeviceBudgets::state(int64_t id) const {
   const auto it = st_.find(id);
   return it == st_.end() ? State{} : it->second;

@@ -18,6 +18,11 @@
 //     keeps no budget, and the full pages it holds come off the capacity the others share.
 // A budget below what one layer reads at once is kept softly: TieredKv keeps the pages of the
 // layer being computed resident past it and offloads the excess when the step ends.
+//
+// The miss target follows the link's load where the runner measures it (set_target_miss, from
+// RunnerTiers' link rule: the misses a step may carry within a share of its time at a page's
+// measured price): a loaded or slow link lowers it, so the buffers grow and fewer pages cross;
+// a link with time to spare raises it, so the buffers shrink and leave HBM to other requests.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -31,6 +36,9 @@ struct BudgetParams {
   double min_buffer = 0.1, max_buffer = 4.0;
   double grow = 1.5, shrink = 0.9;
   double target_miss = 0.025;  // pages recalled per page read (docs/hierarchy.md: churn <~ 2.5%)
+  // set_target_miss keeps the target within these (below 0.1%: buffers past any pool; above 10%:
+  // a step mostly misses whatever the link allows)
+  double min_target_miss = 0.001, max_target_miss = 0.1;
   double avg = 0.3;            // weight of the newest step in the averages
   int warmup = 2;              // decode steps observed before a budget applies
 };
@@ -44,6 +52,10 @@ class DeviceBudgets {
   // One decode step of request `id`: pages it read and how many of them were recalled.
   void observe(int64_t id, int64_t read, int64_t recalled);
   void forget(int64_t id);
+  // The miss rate the buffers are sized against from the next observe on, kept within
+  // [min_target_miss, max_target_miss]; target_miss() the one in force.
+  void set_target_miss(double target);
+  double target_miss() const { return p_.target_miss; }
 
   struct Request {
     int64_t id = 0;

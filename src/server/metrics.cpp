@@ -128,6 +128,11 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
           "KV hierarchy: the step's fitted fixed part (ms), which one more running request shares; -1 while not known "
           "(the rows have not varied), which the throughput rule counts as 0.",
           s.kv_step_fixed_ms);
+  w.gauge("dhisparse:kv_budget_target_miss",
+          "KV hierarchy (--kv-device-budget auto): the miss rate the cache manager sizes the buffers against — "
+          "with --kv-budget-io-share, following the link's measured price (pages missed per page read); 0 without "
+          "the manager.",
+          s.kv_budget_target_miss);
   w.counter("dhisparse:kv_tier_late_total",
             "KV hierarchy (--kv-recall ahead): pages a step read in place from the host tier.",
             static_cast<double>(s.tiers.late));

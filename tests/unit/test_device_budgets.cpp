@@ -54,6 +54,37 @@ TEST(DeviceBudgets, AveragesAndBufferAdaptation) {
   EXPECT_EQ(b.state(1).steps, 0);
 }
 
+// The miss target the runner's link rule sets (set_target_miss): kept within [min_target_miss,
+// max_target_miss], and from the next step on it decides the buffer's adaptation: a request
+// missing 5% a step keeps its buffer under a target of 0.1 (0.05 is neither above it nor below a
+// quarter of it), grows it under 0.01, and shrinks it once its average falls below 0.025.
+TEST(DeviceBudgets, TheMissTargetInForceDecidesTheBuffersAdaptation) {
+  BudgetParams p = params();
+  p.min_target_miss = 0.001;
+  p.max_target_miss = 0.1;
+  DeviceBudgets b(p);
+  EXPECT_DOUBLE_EQ(b.target_miss(), 0.02);
+  b.set_target_miss(0.3);
+  EXPECT_DOUBLE_EQ(b.target_miss(), 0.1);
+  b.set_target_miss(1e-9);
+  EXPECT_DOUBLE_EQ(b.target_miss(), 0.001);
+  b.set_target_miss(std::nan(""));  // (no price measured: the loosest target, not a NaN comparison)
+  EXPECT_DOUBLE_EQ(b.target_miss(), 0.1);
+  b.observe(1, 100, 5);  // miss 0.05 < 0.1 and >= 0.025: unchanged
+  EXPECT_DOUBLE_EQ(b.state(1).buffer, 0.5);
+  b.set_target_miss(0.01);
+  b.observe(1, 100, 5);  // 0.05 > 0.01: grows
+  EXPECT_DOUBLE_EQ(b.state(1).buffer, 0.75);
+  b.set_target_miss(0.3);  // (clamped to 0.1)
+  b.observe(1, 100, 5);
+  EXPECT_DOUBLE_EQ(b.state(1).buffer, 0.75);
+  b.set_target_miss(0.1);
+  b.observe(1, 100, 0);  // miss average 0.025: not below 0.025, unchanged
+  EXPECT_DOUBLE_EQ(b.state(1).buffer, 0.75);
+  b.observe(1, 100, 0);  // 0.0125 < 0.025: shrinks
+  EXPECT_DOUBLE_EQ(b.state(1).buffer, 0.75 * 0.9);
+}
+
 // Two observed requests at working sets 100 and 300, two steps each without a miss (buffer
 // 0.5 -> 0.45 -> 0.405: a miss rate of 0 is below a quarter of the target).
 DeviceBudgets two_requests() {

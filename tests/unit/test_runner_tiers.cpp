@@ -335,6 +335,60 @@ TEST(RunnerTiers, ChurnMissesUnderBudgetsThatLeaveRoomAreNotAFullPool) {
   EXPECT_TRUE(tiers.release(u));
 }
 
+// The link rule (--kv-budget-io-share s): the cache manager's miss target is the misses whose
+// crossings take s of the measured decode step at a page's price, over the pages the step's decode
+// rows read: s T / (2 p R) on the recall-ahead schedule. Pages of 1,000 B; t's decode steps read 3
+// pages (2 in place from the host tier), measured at 1 s. At 1,000 B/s (a page: 1 s) with s = 0.01:
+// 0.01 / 6; at 10,000 B/s (0.1 s) ten times that — a faster link allows more misses. Before a
+// decode step is measured, and with s = 0, the fixed target (2.5%) stays; s needs the manager.
+TEST(RunnerTiers, TheLinkRuleSetsTheMissTargetFromThePriceOfAPage) {
+  EngineOptions bad;
+  bad.cpu_kv_gb = 1.0;
+  bad.kv_budget_io_share = 0.1;
+  EXPECT_THROW(RunnerTiers::host_pages(bad, 1024), Error);  // (without --kv-device-budget auto)
+  bad.kv_budget_auto = true;
+  EXPECT_EQ(RunnerTiers::host_pages(bad, 1024), 1 << 20);
+  bad.kv_budget_io_share = 1.5;
+  EXPECT_THROW(RunnerTiers::host_pages(bad, 1024), Error);
+  for (const double gbps : {1e-6, 1e-5, 0.0}) {  // (0: the rule off, share 0)
+    PagePool dev(Tier::Device, 32, kPage, kDim);
+    EngineOptions o;
+    o.cpu_kv_gb = 1.0;
+    o.kv_recall = "ahead";
+    o.kv_budget_auto = true;
+    o.kv_budget_io_share = gbps > 0.0 ? 0.01 : 0.0;
+    int64_t clock = 0;
+    RunnerTiers tiers(dev, std::make_unique<PagePool>(Tier::Host, 64, kPage, kDim), o, kLayers, [&] { return clock; });
+    tiers.set_io_rate(gbps > 0.0 ? gbps : 1e-6, 1000);
+    PageTable t(kLayers, kHeads, kPage), u(kLayers, kHeads, kPage);
+    step_with_misses(tiers, dev, t, u, 8, clock);  // (a step measured as a prefill one: no decode rows)
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    EXPECT_DOUBLE_EQ(tiers.budget_target_miss(), 0.025) << "no decode step measured yet";
+    tiers.end_step_io(1.0, 0.0, /*decode_rows=*/1, 0);
+    const double price = tiers.step_page_seconds();
+    EXPECT_NEAR(price, gbps > 0.0 ? 1e-6 / gbps : 1.0, 1e-9);
+    // The next decode step: t reads the same 3 pages, 2 of them in place.
+    ++clock;
+    static const int32_t tok[1] = {1};
+    const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1}};
+    tiers.before_step(batch);
+    const std::vector<TierStats> before = tiers.stats_of(batch);
+    std::vector<PageId> read;
+    for (int l = 0; l < kLayers && read.size() < 2; ++l)
+      for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
+        if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
+    for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
+      if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+    ASSERT_EQ(read.size(), 3u);
+    EXPECT_EQ(tiers.kv().note_reads(t, read, clock).late, 2);
+    tiers.after_step(batch, before);
+    EXPECT_NEAR(tiers.budget_target_miss(), gbps > 0.0 ? 0.01 * 1.0 / (2.0 * price * 3.0) : 0.025, 1e-12) << gbps;
+    EXPECT_EQ(tiers.check(), "");
+    EXPECT_TRUE(tiers.release(t));
+    EXPECT_TRUE(tiers.release(u));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(RunnerTiers, AdmittingPrices, ::testing::Values("layer", "ahead", "land"));
 
 }  // namespace
