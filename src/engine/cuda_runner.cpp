@@ -64,6 +64,9 @@ class CudaRunner final : public StepRunner {
     // DHS_MIXED_PREFILL=1: a mixed step's decode rows through prefill attention, dense, as before
     // session 35 (the serving A/B of CudaModelOptions::mixed_decode_attention).
     co.mixed_decode_attention = std::getenv("DHS_MIXED_PREFILL") == nullptr;
+    // DHS_LAND_OVERLAP=1: a decode step's landing (or in-place late reads) on a second stream beside
+    // the resident part's attention (CudaModelOptions::overlap_landing; off until measured).
+    co.overlap_landing = host_pages > 0 && std::getenv("DHS_LAND_OVERLAP") != nullptr;
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

@@ -8,6 +8,7 @@
 // manager's budgets over a small pool (prompt chunks and decode rows share steps: prefill reads
 // both tiers too), each equal to its tokens alone; and a prompt longer than the HBM pool.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -145,6 +146,25 @@ void expect_batch_equals_alone(const std::string& recall) {
 // pages read in place and recalled after the step, or landed in the step.
 TEST(CudaTiers, BatchedUnderAutoBudgetsEqualAlone) { expect_batch_equals_alone("ahead"); }
 TEST(CudaTiers, LandingBatchedUnderAutoBudgetsEqualAlone) { expect_batch_equals_alone("land"); }
+
+// The landing (or, on the plain recall-ahead schedule, the in-place reads) on a second stream beside
+// the resident part's attention (CudaModelOptions::overlap_landing, DHS_LAND_OVERLAP=1 in the
+// runner): three parts merged by LSE instead of two, the same records; the same greedy tokens as
+// all-resident, alone and batched under auto budgets, and both tiers' accounting clean.
+struct OverlapLanding {
+  OverlapLanding() { setenv("DHS_LAND_OVERLAP", "1", 1); }
+  ~OverlapLanding() { unsetenv("DHS_LAND_OVERLAP"); }
+};
+TEST(CudaTiers, OverlappedLandingGreedyTokensEqualAllResident) {
+  OverlapLanding on;
+  expect_same_tokens("dense", "land");
+  expect_same_tokens("coverage:0.99", "land");
+  expect_same_tokens("coverage:0.99", "ahead");
+}
+TEST(CudaTiers, OverlappedLandingBatchedUnderAutoBudgetsEqualAlone) {
+  OverlapLanding on;
+  expect_batch_equals_alone("land");
+}
 
 // A prompt whose KV is larger than the HBM pool (~3,000 tokens: two prefill chunks of up to 2,048;
 // a pool of 160 blocks of 16 tokens holds the first chunk and not the prompt): the second chunk's

@@ -159,6 +159,17 @@ TEST(TierSplit, EqualsTheCpuStatement) {
     EXPECT_TRUE(to_host(out.dev_page_pos(), dev.page_pos.size()) == dev.page_pos) << at << ": resident positions";
     EXPECT_TRUE(to_host(out.late_slots(), late.slots.size()) == late.slots) << at << ": late slots";
     EXPECT_TRUE(to_host(out.late_page_pos(), late.page_pos.size()) == late.page_pos) << at << ": late positions";
+    {  // late_keys (a part to be landed, then split again): the late entries as keys, the rest the same
+      dc::TierSplitLists keyed(n_rows, in.nnz());
+      dc::split_lists_by_tier(indptr_d, slots_d, pos_d, n_rows, kDev, keyed, nullptr, {}, /*late_keys=*/true);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<int32_t> want_keys = late.slots;
+      for (int32_t& k : want_keys) k += static_cast<int32_t>(kDev);
+      EXPECT_TRUE(to_host(keyed.late_slots(), late.slots.size()) == want_keys) << at << ": late keys";
+      EXPECT_TRUE(to_host(keyed.late_indptr(), in.indptr.size()) == late.indptr) << at << ": late indptr (keys)";
+      EXPECT_TRUE(to_host(keyed.dev_slots(), dev.slots.size()) == dev.slots) << at << ": resident slots (keys)";
+      EXPECT_TRUE(to_host(keyed.late_page_pos(), late.page_pos.size()) == late.page_pos) << at << ": late positions (keys)";
+    }
     cudaFree(indptr_d);
     cudaFree(slots_d);
     cudaFree(pos_d);

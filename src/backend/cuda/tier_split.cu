@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kRowThreads) tier_scatter_kernel(const __grid_
       const int32_t pos = p.page_pos[k];
       if (late) {
         const int j = late0 + late_before + excl;
-        p.late_slots[j] = s - p.n_device;
+        p.late_slots[j] = p.late_keys ? s : s - p.n_device;
         p.late_page_pos[j] = pos;
         if (p.late_log) {
           const int at = atomicAdd(p.late_log_n, 1);
@@ -170,7 +170,8 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream) {
 }
 
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log) {
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log,
+                         bool late_keys) {
   require(n_rows >= 1 && n_rows <= out.max_rows(),
           "split_lists_by_tier: " + std::to_string(n_rows) + " rows, the buffers hold " + std::to_string(out.max_rows()));
   require(indptr != nullptr && slots != nullptr && page_pos != nullptr, "split_lists_by_tier: null lists");
@@ -201,6 +202,7 @@ void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int3
   p.read_slots = log.read_slots;
   p.read_n = log.read_n;
   p.read_cap = log.read_cap;
+  p.late_keys = late_keys;
   launch_tier_split(p, stream);
 }
 

@@ -73,6 +73,9 @@ struct TierSplitParams {
   int32_t* read_slots = nullptr;    // [read_cap]
   int32_t* read_n = nullptr;        // [1]
   int read_cap = 0;
+  // The late part's entries as keys (n_device + host slot) instead of host slots: a part to be
+  // landed (tier_land.h takes keys) and split again after.
+  bool late_keys = false;
 };
 
 // Where a step's late reads are logged, for the host to recall them after the step
@@ -98,8 +101,10 @@ void launch_tier_split(const TierSplitParams& p, cudaStream_t stream);
 
 // The op: checks n_rows against the buffers, then launches. The lists' nnz (indptr[n_rows], on
 // the device) must be <= out.max_nnz() (the caller sizes the buffers as the lists it splits).
+// late_keys: TierSplitParams::late_keys.
 void split_lists_by_tier(const int32_t* indptr, const int32_t* slots, const int32_t* page_pos, int n_rows,
-                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log = {});
+                         int64_t n_device, TierSplitLists& out, cudaStream_t stream, const TierSplitLog& log = {},
+                         bool late_keys = false);
 
 struct MergeLateParams {
   __half* out = nullptr;             // [n, head_dim] the resident part's output; merged in place

@@ -240,6 +240,16 @@ void LlamaCuda::allocate_kv() {
     DHS_CUDA_CHECK(cudaMemset(land_d_ + kLandMax, 0, 12));
     land_keys_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(split_->max_nnz()) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&land_h_, static_cast<size_t>(kLandMax + 3) * 4));
+    if (o.overlap_landing) {
+      DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+      DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+      DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+      split_landed_ = std::make_unique<cuda::TierSplitLists>(split_->max_rows(), split_->max_nnz());
+      land_att_d_ = static_cast<__half*>(dalloc(static_cast<size_t>(max_tokens_ * Hq * D) * 2));
+      land_lse_d_ = static_cast<float*>(dalloc(static_cast<size_t>(max_tokens_ * Hq) * 4));
+      dws_side_ = std::make_unique<cuda::DecodeAttentionWorkspace>(static_cast<int>(max_attn_), static_cast<int>(Hq),
+                                                                   static_cast<int>(Hkv), static_cast<int>(D), 1);
+    }
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
@@ -509,6 +519,9 @@ LlamaCuda::~LlamaCuda() {
   cudaFreeHost(out_ids_h_);
   if (ev_launch_) cudaEventDestroy(ev_launch_);
   if (ev_kernels_done_) cudaEventDestroy(ev_kernels_done_);
+  if (ev_fork_) cudaEventDestroy(ev_fork_);
+  if (ev_join_) cudaEventDestroy(ev_join_);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -913,11 +926,63 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   }
   for (cuda::DevicePageSummaries* st : {sum_minmax_.get(), sum_meanvar_.get()})
     if (st) follow(st->data_d(), 2 * D * 2);
+  const cuda::TierSplitLog log{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_, stamp_d_, read_d_,
+                               read_d_ + pool_->n_pages(), static_cast<int>(pool_->n_pages())};
+  const int n_heads = n_tok * static_cast<int>(cfg_.n_heads_q), hd = static_cast<int>(cfg_.head_dim);
+  if (side_stream_ && max_q == 1) {  // CudaModelOptions::overlap_landing
+    // The resident part split off (the late part kept as keys, to be landed); its reads stamped,
+    // no late entry logged here: the second split logs those that stay late, and stamps the landed.
+    cuda::TierSplitLog stamps = log;
+    stamps.entries = nullptr;
+    stamps.count = nullptr;
+    stamps.cap = 0;
+    cuda::split_lists_by_tier(lists.indptr, lists.slots, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_, stamps,
+                              /*late_keys=*/true);
+    DHS_CUDA_CHECK(cudaEventRecord(ev_fork_, stream_));
+    DHS_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, ev_fork_, 0));
+    // Second stream: the late part lands and is split again; its landed part attended from HBM,
+    // the rest in place from the host tier, the two merged (its own attention workspace).
+    land.indptr = split_->late_indptr();
+    land.slots = split_->late_slots();
+    land.page_pos = split_->late_page_pos();
+    cuda::launch_land_late(land, side_stream_);
+    cuda::split_lists_by_tier(split_->late_indptr(), land_keys_d_, split_->late_page_pos(), n_rows, pool_->n_pages(),
+                              *split_landed_, side_stream_, log);
+    cuda::DecodeAttentionParams landed = p;
+    landed.ws_o = dws_side_->o_d();
+    landed.ws_state = dws_side_->state_d();
+    landed.ws_q_vecs = dws_side_->q_vecs();
+    landed.n_workers = dws_side_->n_workers();
+    landed.stages = dws_side_->stages();
+    landed.kv_indptr = split_landed_->dev_indptr();
+    landed.kv_slots = split_landed_->dev_slots();
+    landed.kv_page_pos = split_landed_->dev_page_pos();
+    landed.out = land_att_d_;
+    landed.lse = land_lse_d_;
+    cuda::launch_decode_attention(landed, side_stream_);
+    cuda::DecodeAttentionParams late = landed;
+    late.kv_indptr = split_landed_->late_indptr();
+    late.kv_slots = split_landed_->late_slots();
+    late.kv_page_pos = split_landed_->late_page_pos();
+    late.k_pool = host_pool_->k_d();
+    late.v_pool = host_pool_->v_d();
+    late.out = late_att_d_;
+    late.lse = late_lse_d_;
+    cuda::launch_decode_attention(late, side_stream_);
+    cuda::launch_merge_late({land_att_d_, land_lse_d_, late_att_d_, late_lse_d_, n_heads, hd}, side_stream_);
+    DHS_CUDA_CHECK(cudaEventRecord(ev_join_, side_stream_));
+    // This stream: the resident part meanwhile, then the join and the merge.
+    p.kv_indptr = split_->dev_indptr();
+    p.kv_slots = split_->dev_slots();
+    p.kv_page_pos = split_->dev_page_pos();
+    p.lse = lse_d_;
+    cuda::launch_decode_attention(p, stream_);
+    DHS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ev_join_, 0));
+    cuda::launch_merge_late({att_d_, lse_d_, land_att_d_, land_lse_d_, n_heads, hd}, stream_);
+    return;
+  }
   cuda::launch_land_late(land, stream_);
-  cuda::split_lists_by_tier(lists.indptr, land_keys_d_, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_,
-                            cuda::TierSplitLog{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_,
-                                               stamp_d_, read_d_, read_d_ + pool_->n_pages(),
-                                               static_cast<int>(pool_->n_pages())});
+  cuda::split_lists_by_tier(lists.indptr, land_keys_d_, lists.page_pos, n_rows, pool_->n_pages(), *split_, stream_, log);
   p.kv_indptr = split_->dev_indptr();
   p.kv_slots = split_->dev_slots();
   p.kv_page_pos = split_->dev_page_pos();
@@ -932,9 +997,7 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   late.out = late_att_d_;
   late.lse = late_lse_d_;
   cuda::launch_decode_attention(late, stream_);
-  cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_tok * static_cast<int>(cfg_.n_heads_q),
-                           static_cast<int>(cfg_.head_dim)},
-                          stream_);
+  cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_heads, hd}, stream_);
 }
 
 void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step& s) {

@@ -114,6 +114,15 @@ struct CudaModelOptions {
   // verify beside a chunk reads as in a decode-like step too (its verify_selection). forward
   // orders the decode and verify rows first internally; what it returns is in the caller's order.
   bool mixed_decode_attention = true;
+  // With the host tier, a decode step's landing (tier_land.h) beside the attention over the pages
+  // already resident: each layer's lists are split by tier first (the late part kept as keys); on
+  // a second stream the late part lands, is split again, and its landed and still-late parts are
+  // attended and merged, while the first stream attends the resident part; the two outputs are
+  // merged by LSE after the join. The landing reads PCIe with a block per list and the resident
+  // attention reads HBM, so they overlap instead of running in series. Plain decode rows only (a
+  // step with verify rows keeps the serial form); the same records (stamps, late log, landings).
+  // false: landing first, then one attention over the resident and landed pages.
+  bool overlap_landing = false;
 };
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
@@ -415,6 +424,14 @@ class LlamaCuda {
   // and its pinned mirror, and the pinned staging of page moves.
   std::unique_ptr<cuda::HostPagePool> host_pool_;
   std::unique_ptr<cuda::TierSplitLists> split_;
+  // overlap_landing: the second stream with its fork and join events, the split of the landed
+  // late part, its attention output and LSE ([T, Hq]) and the attention workspace it runs with.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
+  std::unique_ptr<cuda::TierSplitLists> split_landed_;
+  __half* land_att_d_ = nullptr;
+  float* land_lse_d_ = nullptr;
+  std::unique_ptr<cuda::DecodeAttentionWorkspace> dws_side_;
   __half* late_att_d_ = nullptr;
   float *lse_d_ = nullptr, *late_lse_d_ = nullptr;
   int32_t* late_log_d_ = nullptr;  // [late_cap_, 3] then the count
