@@ -176,6 +176,28 @@ for stage in "$@"; do
       # The in-step read's speed: attention over late pages in place from pinned DRAM vs HBM.
       run recall_late timeout 200 "$B/recall_bench" --only-late --host-gib 4 --out "$OUT/page_recall.jsonl" --commit "$C"
       grep -E "late_attention" "$OUT/recall_late.log" | cut -c1-220 ;;
+    landoverlap)
+      # The landing beside the resident part's attention (CudaModelOptions::overlap_landing, session
+      # 38): the split's late-keys form against the CPU (and memcheck), then the hierarchy bench with
+      # it off and on (DHS_LAND_OVERLAP), alternated, landing, HBM 32 GiB, host 72 GiB, the SDPA anchor
+      # first; DHS_OVL_BATCHES: which batches (default "3 4"). Rows to hierarchy.jsonl. With the
+      # default model here, test_cuda_tiers (the greedy identity with it on among them).
+      run test_tier_split timeout 120 "$B/test_tier_split"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split" --gtest_filter=*EqualsTheCpu*
+      [ -f $SMOL ] && { run test_cuda_tiers timeout 400 "$B/test_cuda_tiers"; grep -E "^cuda|OK|FAILED" "$OUT/test_cuda_tiers.log" | head -30; }
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      H=(--hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12})
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for b in ${DHS_OVL_BATCHES:-3 4}; do
+        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        for which in ${DHS_OVL_ORDER:-off on}; do
+          if [ $which = on ]; then export DHS_LAND_OVERLAP=1; else unset DHS_LAND_OVERLAP; fi
+          run hier_b${b}_land_ovl_$which timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
+          grep -hE "^ctx" "$OUT/hier_b${b}_land_ovl_$which.log"
+        done
+        unset DHS_LAND_OVERLAP
+      done ;;
     hierarchy)
       # Throughput beyond HBM (issue 23; bench/hierarchy_bench.cpp): the 8B shape at 128k with the
       # HBM KV pool capped at 32 GiB — dense and sparse with every page in HBM (batch 1: a 128k
