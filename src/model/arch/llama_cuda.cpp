@@ -971,7 +971,12 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
     cuda::launch_decode_attention(late, side_stream_);
     cuda::launch_merge_late({land_att_d_, land_lse_d_, late_att_d_, late_lse_d_, n_heads, hd}, side_stream_);
     DHS_CUDA_CHECK(cudaEventRecord(ev_join_, side_stream_));
-    // This stream: the resident part meanwhile, then the join and the merge.
+    // This stream: the resident part meanwhile, then the join and the merge. Its grid is one wave
+    // of the SMs' attention blocks; it leaves two blocks' room per landing block (a list's, 8
+    // warps), so that neither waits for the other's blocks to drain (a wave of either launched first
+    // would otherwise hold the SMs) — unless that would take more than half the grid.
+    const int spare = 2 * n_rows * cuda::kDecodeWarpsPerBlock;
+    if (p.n_workers - spare >= p.n_workers / 2) p.n_workers -= spare;
     p.kv_indptr = split_->dev_indptr();
     p.kv_slots = split_->dev_slots();
     p.kv_page_pos = split_->dev_page_pos();
