@@ -181,10 +181,13 @@ for stage in "$@"; do
       # 38): the split's late-keys form against the CPU (and memcheck), then the hierarchy bench with
       # it off and on (DHS_LAND_OVERLAP), alternated, landing, HBM 32 GiB, host 72 GiB, the SDPA anchor
       # first; DHS_OVL_BATCHES: which batches (default "3 4"). Rows to hierarchy.jsonl. With the
-      # default model here, test_cuda_tiers (the greedy identity with it on among them).
-      run test_tier_split timeout 120 "$B/test_tier_split"
-      DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split" --gtest_filter=*EqualsTheCpu*
-      [ -f $SMOL ] && { run test_cuda_tiers timeout 400 "$B/test_cuda_tiers"; grep -E "^cuda|OK|FAILED" "$OUT/test_cuda_tiers.log" | head -30; }
+      # default model here, test_cuda_tiers (the greedy identity with it on among them). DHS_OVL_TESTS:
+      # "split" (default: the split's test and memcheck), "tiers" (test_cuda_tiers alone), "none".
+      case ${DHS_OVL_TESTS:-split} in
+        split) run test_tier_split timeout 120 "$B/test_tier_split"
+               DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split" --gtest_filter=*EqualsTheCpu* ;;
+      esac
+      [ -f $SMOL ] && [ "${DHS_OVL_TESTS:-split}" != none ] && { run test_cuda_tiers timeout 400 "$B/test_cuda_tiers"; grep -E "^cuda|OK|FAILED" "$OUT/test_cuda_tiers.log" | head -30; }
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       H=(--hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12})
       SP=trace:coverage-0.99@sketch4
