@@ -48,6 +48,10 @@ dhs_test(test_cuda_tiers LABEL cuda
 dhs_test(test_row_union_gpu LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_row_union_gpu.cu
   LIBS dhs_cuda dhs_kv)
+# The landing beside the resident part's attention (overlap_landing) against the serial form, random weights.
+dhs_test(test_land_overlap LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_land_overlap.cpp
+  LIBS dhs_arch_cuda)
 # Landing: a layer's late pages copied into HBM in the step, keys rewritten, against kv/tier_land.h.
 dhs_test(test_tier_land LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land.cu

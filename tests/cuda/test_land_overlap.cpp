@@ -1,0 +1,141 @@
+// The landing beside the resident part's attention (CudaModelOptions::overlap_landing) against the
+// serial form (landing first, one attention over the resident and landed pages), on the same
+// random-weight model (the 8B shape's layer widths, 2 layers, a 4,096-token vocabulary) and the
+// same pages: three requests of 1,504-2,096 tokens whose first pages are in HBM and the rest in
+// the host tier, landing stacks shorter than the late pages (some land, some stay late), two
+// decode steps — the first captures the step's graph, the second replays it (the first step's
+// landings adopted on the device, so it reads them in HBM).
+//  - Which late pages win a slot is a race in both forms (the claims are atomic), so the records
+//    are compared where they are determined: the claims, the counts of landed and late pages, the
+//    set of pages read from the host tier (late or landed), the HBM slots read (resident pages
+//    and the stack's used slots);
+//  - the logits agree within 1e-3 of their range: the overlapped form merges three parts by LSE
+//    (each rounded to f16, 2^-11 relative) where the serial form merges two, and which pages land
+//    moves pages between parts, and two layers of random weights carry that to the logits; a part
+//    lost or read twice moves them by a large fraction of the range.
+// Skips without a GPU. Needs no model file.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_page_pool.h"
+#include "gtest_shim.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/arch/llama_cuda.h"
+#include "model/model_shapes.h"
+
+using namespace dhs;
+
+namespace {
+
+constexpr int kPage = 16;
+
+struct StepRecord {
+  std::vector<float> logits;
+  std::vector<std::tuple<int, int, int, int32_t>> from_host;  // (seq, layer, head, page): late or landed
+  size_t late = 0, landed = 0;
+  std::vector<int32_t> read;  // HBM slots read
+  int64_t claims = 0;
+};
+
+std::vector<StepRecord> run_steps(bool overlap) {
+  ModelConfig cfg = model_shape("llama3-8b");
+  cfg.n_layers = 2;
+  cfg.vocab_size = 4096;
+  const int L = static_cast<int>(cfg.n_layers), Hkv = static_cast<int>(cfg.n_heads_kv), D = static_cast<int>(cfg.head_dim);
+  // (whole pages: the host part ends at a page's end, so each step's token goes to an HBM page)
+  const std::vector<int64_t> ctx = {2096, 1504, 1808};
+  CudaModelOptions o;
+  o.random_weights = "f16";
+  o.max_batch = 4;
+  o.max_step_tokens = 64;
+  o.max_context = 4096;
+  o.n_pages = 4096;
+  o.host_pages = 8192;
+  o.overlap_landing = overlap;
+  LlamaCuda m(cfg, 1234, o);
+  m.kv_pool().fill_random(99, -1.0f, 1.0f, m.stream());
+  cuda::HostPagePool& hp = *m.host_pool();
+  cuda::fill_random_f16(hp.k_d(), static_cast<size_t>(hp.n_pages()) * hp.page_elems(), 96, -1.0f, 1.0f, m.stream());
+  cuda::fill_random_f16(hp.v_d(), static_cast<size_t>(hp.n_pages()) * hp.page_elems(), 95, -1.0f, 1.0f, m.stream());
+  DHS_CUDA_CHECK(cudaStreamSynchronize(m.stream()));
+  PagePool host(Tier::Host, o.host_pages, kPage, D, /*with_storage=*/false);
+  std::vector<std::unique_ptr<PageTable>> ts;
+  std::vector<LlamaCuda::Seq> seqs;
+  static const int32_t tok[3] = {42, 7, 1000};
+  for (size_t r = 0; r < ctx.size(); ++r) {
+    ts.push_back(std::make_unique<PageTable>(L, Hkv, kPage));
+    PageTable& t = *ts.back();
+    const int64_t dev_tokens = 32 * kPage;  // 32 pages a list in HBM (1,536 of the pool's 4,096), the rest in the host tier
+    EXPECT_TRUE(t.reserve(m.allocator(), dev_tokens));
+    t.commit(dev_tokens);
+    EXPECT_TRUE(t.reserve(host, ctx[r] - dev_tokens));
+    t.commit(ctx[r] - dev_tokens);
+    seqs.push_back(LlamaCuda::Seq{&t, static_cast<int>(r), &tok[r], 1});
+  }
+  std::vector<StepRecord> out;
+  for (int step = 0; step < 2; ++step) {
+    for (auto& t : ts) {
+      if (t->capacity_tokens() < t->n_tokens() + 1) {
+        EXPECT_TRUE(t->reserve(m.allocator(), 1));
+      }
+    }
+    // A landing stack of 600 free HBM slots: fewer than a layer's late pages (~1,940), so the
+    // first layer's claims exhaust it and the rest stay late.
+    std::vector<PageRef> stack;
+    EXPECT_TRUE(m.allocator().allocate(600, &stack));
+    std::vector<int32_t> slots;
+    for (const PageRef& p : stack) slots.push_back(p.slot);
+    m.set_landing_slots(slots);
+    StepRecord rec;
+    m.forward(seqs, &rec.logits, /*use_graph=*/true);
+    for (const LlamaCuda::LateRead& x : m.late_reads()) rec.from_host.emplace_back(x.seq, x.layer, x.head, x.page);
+    for (const LlamaCuda::Landing& x : m.landings()) rec.from_host.emplace_back(x.seq, x.layer, x.head, x.page);
+    rec.late = m.late_reads().size();
+    rec.landed = m.landings().size();
+    rec.read = m.read_slots();
+    rec.claims = m.landing_claims();
+    std::sort(rec.from_host.begin(), rec.from_host.end());
+    std::sort(rec.read.begin(), rec.read.end());
+    out.push_back(std::move(rec));
+  }
+  return out;
+}
+
+TEST(LandOverlap, CapturedAndReplayedStepsEqualTheSerialForm) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const std::vector<StepRecord> serial = run_steps(false), overlapped = run_steps(true);
+  ASSERT_EQ(serial.size(), overlapped.size());
+  for (size_t s = 0; s < serial.size(); ++s) {
+    const StepRecord &a = serial[s], &b = overlapped[s];
+    const char* form = s == 0 ? "captured" : "replayed";
+    EXPECT_GT(a.late, 0u) << form << ": no page stayed late";
+    EXPECT_GT(a.landed, 0u) << form << ": no page landed";
+    EXPECT_GT(a.read.size(), 0u) << form << ": no resident page read";
+    EXPECT_EQ(a.claims, b.claims) << form;
+    EXPECT_EQ(a.late, b.late) << form << ": late reads";
+    EXPECT_EQ(a.landed, b.landed) << form << ": landings";
+    EXPECT_TRUE(a.from_host == b.from_host) << form << ": pages read from the host tier " << a.from_host.size() << " vs "
+                                            << b.from_host.size();
+    EXPECT_TRUE(a.read == b.read) << form << ": HBM slots read " << a.read.size() << " vs " << b.read.size();
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    ASSERT_FALSE(a.logits.empty());
+    float lo = a.logits[0], hi = a.logits[0], diff = 0;
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(b.logits[i])) << form << ": logit " << i;
+      lo = std::min(lo, a.logits[i]);
+      hi = std::max(hi, a.logits[i]);
+      diff = std::max(diff, std::fabs(a.logits[i] - b.logits[i]));
+    }
+    std::printf("%s: late %zu, landed %zu, HBM slots read %zu, claims %lld; logits range %.3f, max |overlapped - serial| %.3g\n",
+                form, a.late, a.landed, a.read.size(), static_cast<long long>(a.claims), hi - lo, diff);
+    EXPECT_LE(diff, 1e-3f * (hi - lo)) << form;
+  }
+}
+
+}  // namespace
