@@ -184,7 +184,8 @@ for stage in "$@"; do
       # default model here, test_cuda_tiers (the greedy identity with it on among them). DHS_OVL_TESTS:
       # "split" (default: the split's test and memcheck), "tiers" (test_cuda_tiers alone), "none".
       case ${DHS_OVL_TESTS:-split} in
-        split) run test_tier_split timeout 120 "$B/test_tier_split"
+        split) run test_land_overlap timeout 200 "$B/test_land_overlap"; grep -E "^(captured|replayed)" "$OUT/test_land_overlap.log"
+               run test_tier_split timeout 120 "$B/test_tier_split"
                DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split" --gtest_filter=*EqualsTheCpu* ;;
       esac
       [ -f $SMOL ] && [ "${DHS_OVL_TESTS:-split}" != none ] && { run test_cuda_tiers timeout 400 "$B/test_cuda_tiers"; grep -E "^cuda|OK|FAILED" "$OUT/test_cuda_tiers.log" | head -30; }
