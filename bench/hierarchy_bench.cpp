@@ -116,7 +116,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     if (dev_pages == 0) o.gpu_memory_utilization = 0.92;
     o.host_pages = host_pages;
     // DHS_LAND_OVERLAP=1: the landing beside the resident part's attention (CudaModelOptions::overlap_landing)
-    o.overlap_landing = std::getenv("DHS_LAND_OVERLAP") != nullptr;
+    o.overlap_landing = land_overlap_env();
     o.summaries = needs_minmax(opts.policy) ? "minmax" : "none";
     o.key_sketch = chosen_by_sketch(without_reselect(opts.policy));
     auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
@@ -372,7 +372,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
        << ",\"recall_gb_per_step\":" << recall_gb << ",\"landing\":" << (opts.land ? "true" : "false")
-       << ",\"overlap_landing\":" << (tiers && std::getenv("DHS_LAND_OVERLAP") ? "true" : "false") << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
+       << ",\"overlap_landing\":" << (tiers && land_overlap_env() ? "true" : "false") << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
        << ",\"late_log_overflow_steps\":" << res.late_overflow_steps << ",\"steps\":" << opts.steps << ",\"copy_GBps\":" << copy_gbps
        << ",\"pcie_GBps\":" << pcie_gbps
        << ",\"method\":\"real decode steps (random weights and KV), wall time of forward + after-step recalls, mean over the timed "

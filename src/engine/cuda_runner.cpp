@@ -66,7 +66,7 @@ class CudaRunner final : public StepRunner {
     co.mixed_decode_attention = std::getenv("DHS_MIXED_PREFILL") == nullptr;
     // DHS_LAND_OVERLAP=1: a decode step's landing (or in-place late reads) on a second stream beside
     // the resident part's attention (CudaModelOptions::overlap_landing; off until measured).
-    co.overlap_landing = host_pages > 0 && std::getenv("DHS_LAND_OVERLAP") != nullptr;
+    co.overlap_landing = host_pages > 0 && land_overlap_env();
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

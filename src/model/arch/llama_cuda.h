@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <span>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/decode_attention.h"
@@ -119,11 +121,19 @@ struct CudaModelOptions {
   // a second stream the late part lands, is split again, and its landed and still-late parts are
   // attended and merged, while the first stream attends the resident part; the two outputs are
   // merged by LSE after the join. The landing reads PCIe with a block per list and the resident
-  // attention reads HBM, so they overlap instead of running in series. Plain decode rows only (a
-  // step with verify rows keeps the serial form); the same records (stamps, late log, landings).
+  // attention reads HBM, so they overlap instead of running in series. Attention requests of one
+  // row (decode rows, and verify rows under the per-row selection); a verify whose rows share a
+  // selection keeps the serial form. The same records (stamps, late log, landings).
   // false: landing first, then one attention over the resident and landed pages.
   bool overlap_landing = false;
 };
+
+// DHS_LAND_OVERLAP set to anything but "0": overlap_landing on (the CUDA runner's and the
+// hierarchy bench's A/B switch while it is off by default).
+inline bool land_overlap_env() {
+  const char* v = std::getenv("DHS_LAND_OVERLAP");
+  return v != nullptr && std::string_view(v) != "0";
+}
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
 using CudaSparsityStats = cuda::SparsityStats;
