@@ -243,6 +243,18 @@ TEST(RunnerTiers, AStepThatCountedNoReadsObservesNothing) {
   EXPECT_TRUE(tiers.release(u));
 }
 
+// A decode step's reads of t: its first 2 pages in the host tier and its first device page of
+// layer 1 (fewer where t has fewer).
+std::vector<PageId> two_host_one_device(const PageTable& t) {
+  std::vector<PageId> read;
+  for (int l = 0; l < kLayers && read.size() < 2; ++l)
+    for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
+      if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
+  for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
+    if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+  return read;
+}
+
 // The scene of the two tests below: t holds 16 pages (8 a list), 12 of them offloaded under a
 // budget of 4; u takes u_pages (u_pages / 2 a list); then t's decode step reads 2 pages from the
 // host tier (late reads on the recall-ahead schedule) and 1 in the pool, and the step is measured
@@ -260,12 +272,7 @@ void step_with_misses(RunnerTiers& tiers, PagePool& dev, PageTable& t, PageTable
                                           StepRequest{.table = &u, .slot = 1, .tokens = tok, .n_new = 4}};
   tiers.before_step(batch);
   const std::vector<TierStats> before = tiers.stats_of(batch);
-  std::vector<PageId> read;
-  for (int l = 0; l < kLayers && read.size() < 2; ++l)
-    for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
-      if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
-  for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
-    if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+  const std::vector<PageId> read = two_host_one_device(t);
   ASSERT_EQ(read.size(), 3u);
   EXPECT_EQ(tiers.kv().note_reads(t, read, clock).late, 2);
   tiers.after_step(batch, before);
@@ -373,12 +380,7 @@ TEST(RunnerTiers, TheLinkRuleSetsTheMissTargetFromThePriceOfAPage) {
     const std::vector<StepRequest> batch = {StepRequest{.table = &t, .slot = 0, .tokens = tok, .n_new = 1}};
     tiers.before_step(batch);
     const std::vector<TierStats> before = tiers.stats_of(batch);
-    std::vector<PageId> read;
-    for (int l = 0; l < kLayers && read.size() < 2; ++l)
-      for (int64_t i = 0; i < 8 && read.size() < 2; ++i)
-        if (t.page(l, 0, i).tier == Tier::Host) read.push_back({l, 0, i});
-    for (int64_t i = 0; i < 8 && read.size() < 3; ++i)
-      if (t.page(1, 0, i).tier == Tier::Device) read.push_back({1, 0, i});
+    const std::vector<PageId> read = two_host_one_device(t);
     ASSERT_EQ(read.size(), 3u);
     EXPECT_EQ(tiers.kv().note_reads(t, read, clock).late, 2);
     tiers.after_step(batch, before);
