@@ -71,6 +71,9 @@ summary=()
 # A step's summary line: a sanitizer's verdict where there is one (GTest prints its own verdict, and
 # "Skipped" for cases DHS_TEST_QUICK leaves out, before it), else the first verdict of the log.
 verdict() { grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" || grep -m1 -E 'PASSED|FAILED|passed|failed|Skipped' "$1"; }
+# The hierarchy stages' configuration per batch (HB): batch 3 at buffer 1.0 and the default model's
+# churn there (3%), batch 4 at buffer 0.5 (5.5%).
+hier_batch() { if [ "$1" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi; }
 run() { local name=$1; shift; echo "== $name"; "$@" > "$OUT/$name.log" 2>&1; local rc=$?; summary+=("$(printf '%-34s rc=%s  %s' "$name" "$rc" "$(verdict "$OUT/$name.log" | cut -c1-80)")"); tail -3 "$OUT/$name.log"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 [ -x $B/dhisparse ] || { echo "no binaries: run bench/prebuild.sh and carry .devcarry/bin.tar.xz"; exit 0; }
@@ -194,7 +197,7 @@ for stage in "$@"; do
       SP=trace:coverage-0.99@sketch4
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       for b in ${DHS_OVL_BATCHES:-3 4}; do
-        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        hier_batch "$b"
         for which in ${DHS_OVL_ORDER:-off on}; do
           if [ $which = on ]; then export DHS_LAND_OVERLAP=1; else unset DHS_LAND_OVERLAP; fi
           run hier_b${b}_land_ovl_$which timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
@@ -245,7 +248,7 @@ for stage in "$@"; do
       SP=trace:coverage-0.99@sketch4
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       for b in ${DHS_HIER_BATCHES:-3 4}; do
-        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        hier_batch "$b"
         run hier_b${b}_land_overlap timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
         run hier_b${b}_land_sync timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land --sync-recalls
       done
@@ -260,7 +263,7 @@ for stage in "$@"; do
       SP=trace:coverage-0.99@sketch4
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       for b in ${DHS_HIER_BATCHES:-3 4}; do
-        if [ "$b" = 3 ]; then HB=(--batch 3 --buffer 1.0 --churn 0.03); else HB=(--batch 4 --buffer 0.5 --churn 0.055); fi
+        hier_batch "$b"
         for which in ${DHS_ADOPT_ORDER:-base new base new}; do
           if [ $which = base ]; then BIN=/tmp/dhs/base/bin CC=${DHS_BASE_COMMIT:-base}; else BIN=$B CC=$C; fi
           run hier_b${b}_adopt_$which timeout 240 env LD_LIBRARY_PATH=$BIN "$BIN/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" \
