@@ -180,14 +180,17 @@ for stage in "$@"; do
       run recall_late timeout 200 "$B/recall_bench" --only-late --host-gib 4 --out "$OUT/page_recall.jsonl" --commit "$C"
       grep -E "late_attention" "$OUT/recall_late.log" | cut -c1-220 ;;
     landoverlap)
-      # The landing beside the resident part's attention (CudaModelOptions::overlap_landing, session
-      # 38): the split's late-keys form against the CPU (and memcheck), then the hierarchy bench with
-      # it off and on (DHS_LAND_OVERLAP), alternated, landing, HBM 32 GiB, host 72 GiB, the SDPA anchor
-      # first; DHS_OVL_BATCHES: which batches (default "3 4"). Rows to hierarchy.jsonl. With the
-      # default model here, test_cuda_tiers (the greedy identity with it on among them). DHS_OVL_TESTS:
-      # "split" (default: the split's test and memcheck), "tiers" (test_cuda_tiers alone), "none".
+      # The landing beside the resident part's attention (CudaModelOptions::land_overlap, sessions
+      # 38-39): the overlapped form and the rule's per-step choice against the serial form, the
+      # split's late-keys form against the CPU (and memcheck), then the hierarchy bench with the rule
+      # in each mode of DHS_OVL_ORDER (default "off auto"; DHS_LAND_OVERLAP off | on | auto),
+      # alternated, landing, HBM 32 GiB, host 72 GiB, the SDPA anchor first; DHS_OVL_BATCHES: which
+      # batches (default "3 4"). Rows to hierarchy.jsonl. With the default model here,
+      # test_cuda_tiers (the greedy identity with it on among them). DHS_OVL_TESTS: "split"
+      # (default: the tests above and memcheck), "tiers" (test_cuda_tiers alone), "none".
       case ${DHS_OVL_TESTS:-split} in
-        split) run test_land_overlap timeout 200 "$B/test_land_overlap"; grep -E "^(captured|replayed)" "$OUT/test_land_overlap.log"
+        split) run test_land_overlap timeout 300 "$B/test_land_overlap"; grep -E "^(on|auto|other)" "$OUT/test_land_overlap.log"
+               DHS_TEST_QUICK=1 run sanitizer_memcheck_test_land_overlap timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_land_overlap" --gtest_filter=*Auto*
                run test_tier_split timeout 120 "$B/test_tier_split"
                DHS_TEST_QUICK=1 run sanitizer_memcheck_test_tier_split timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_tier_split" --gtest_filter=*EqualsTheCpu* ;;
       esac
@@ -198,8 +201,8 @@ for stage in "$@"; do
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       for b in ${DHS_OVL_BATCHES:-3 4}; do
         hier_batch "$b"
-        for which in ${DHS_OVL_ORDER:-off on}; do
-          if [ $which = on ]; then export DHS_LAND_OVERLAP=1; else unset DHS_LAND_OVERLAP; fi
+        for which in ${DHS_OVL_ORDER:-off auto}; do
+          export DHS_LAND_OVERLAP=$which
           run hier_b${b}_land_ovl_$which timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
           grep -hE "^ctx" "$OUT/hier_b${b}_land_ovl_$which.log"
         done

@@ -66,6 +66,7 @@ struct BatchResult {
   double read_frac = 0;
   TierStats tiers;  // over the timed steps
   int64_t late_overflow_steps = 0;
+  int64_t overlapped_steps = 0;  // timed steps with the landing beside the resident attention
 };
 
 }  // namespace
@@ -115,8 +116,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     o.n_pages = dev_pages;
     if (dev_pages == 0) o.gpu_memory_utilization = 0.92;
     o.host_pages = host_pages;
-    // DHS_LAND_OVERLAP=1: the landing beside the resident part's attention (CudaModelOptions::overlap_landing)
-    o.overlap_landing = land_overlap_env();
+    // The landing beside the resident part's attention where the rule takes it (the engine's
+    // default, auto; DHS_LAND_OVERLAP=off|on|auto: CudaModelOptions::land_overlap)
+    o.land_overlap = land_overlap_env(LandOverlapRule{LandOverlapRule::Mode::Auto});
     o.summaries = needs_minmax(opts.policy) ? "minmax" : "none";
     o.key_sketch = chosen_by_sketch(without_reselect(opts.policy));
     auto m = std::make_unique<LlamaCuda>(cfg, 1234, o);
@@ -236,6 +238,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       if (timed) landed += static_cast<int64_t>(m->landings().size());
       ++steps_done;
       if (tiers && m->late_log_overflowed()) ++res.late_overflow_steps;
+      if (timed && m->last_step_overlapped()) ++res.overlapped_steps;
       if (tiers && s == 0) {
         // Budgets from the first step's reads: what each request read, times (1 + buffer).
         for (PageTable* t : tables) {
@@ -372,7 +375,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
        << ",\"recall_gb_per_step\":" << recall_gb << ",\"landing\":" << (opts.land ? "true" : "false")
-       << ",\"overlap_landing\":" << (tiers && land_overlap_env() ? "true" : "false") << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
+       << ",\"land_overlap\":\"" << (tiers ? o.land_overlap.name() : "off") << "\",\"overlapped_frac\":"
+       << static_cast<double>(res.overlapped_steps) / n_steps << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
        << ",\"late_log_overflow_steps\":" << res.late_overflow_steps << ",\"steps\":" << opts.steps << ",\"copy_GBps\":" << copy_gbps
        << ",\"pcie_GBps\":" << pcie_gbps
        << ",\"method\":\"real decode steps (random weights and KV), wall time of forward + after-step recalls, mean over the timed "

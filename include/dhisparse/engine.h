@@ -74,6 +74,11 @@ struct EngineOptions {
   // (docs/hierarchy.md "After-step overlap"); false: before the next step is launched.
   // `--kv-sync-recalls` turns it off.
   bool kv_overlap_recalls = true;
+  // CUDA, kv_recall land / ahead: which decode steps land (or read in place) their late pages on
+  // a second stream beside the attention over the resident pages (kv/land_overlap_rule.h): "auto"
+  // (a step after one whose late pages came to at least 2 MiB a layer), "on" (every one), "off"
+  // (in series: landing first, then the attention). `--kv-land-overlap`; the environment's DHS_LAND_OVERLAP overrides it.
+  std::string kv_land_overlap = "auto";
   // With the host tier: the rate of the link between the tiers in GB/s, against which the
   // hierarchy's I/O load is measured (pages moved and read in place per step / what the link
   // moves in the step's time); 0: measured at load (a bulk copy between the tiers' memories).

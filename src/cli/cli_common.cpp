@@ -146,6 +146,12 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
       "--kv-sync-recalls", [&eo](int64_t) { eo.kv_overlap_recalls = false; },
       "With --kv-recall ahead / land on the GPU: plan and issue a step's recalls before the next step is launched "
       "(default: while it runs, their copies queued behind it)");
+  app->add_option("--kv-land-overlap", eo.kv_land_overlap,
+                  "With --kv-recall land or ahead on the GPU: land (or read in place) a decode step's late pages beside "
+                  "the attention over its resident pages (two streams, merged by log-sum-exp): auto = on the steps "
+                  "after one whose late pages came to at least 2 MiB a layer; on = every step; off = in series")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 }
 
 }  // namespace dhs::cli

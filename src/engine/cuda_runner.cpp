@@ -64,9 +64,11 @@ class CudaRunner final : public StepRunner {
     // DHS_MIXED_PREFILL=1: a mixed step's decode rows through prefill attention, dense, as before
     // session 35 (the serving A/B of CudaModelOptions::mixed_decode_attention).
     co.mixed_decode_attention = std::getenv("DHS_MIXED_PREFILL") == nullptr;
-    // DHS_LAND_OVERLAP=1: a decode step's landing (or in-place late reads) on a second stream beside
-    // the resident part's attention (CudaModelOptions::overlap_landing; off until measured).
-    co.overlap_landing = host_pages > 0 && land_overlap_env();
+    // A decode step's landing (and in-place late reads) on a second stream beside the resident
+    // part's attention, where the rule takes it (CudaModelOptions::land_overlap).
+    const std::optional<LandOverlapRule> overlap = LandOverlapRule::parse(o.kv_land_overlap);
+    DHS_CHECK(overlap.has_value(), "--kv-land-overlap must be auto, on or off, got '{}'", o.kv_land_overlap);
+    if (host_pages > 0) co.land_overlap = land_overlap_env(*overlap);
     const GpuPageData pd = gpu_page_data(o);  // only what the estimator reads (eval: all)
     co.summaries = pd.summaries;
     co.key_sketch = pd.key_sketch;

@@ -1,4 +1,4 @@
-// The landing beside the resident part's attention (CudaModelOptions::overlap_landing) against the
+// The landing beside the resident part's attention (CudaModelOptions::land_overlap) against the
 // serial form (landing first, one attention over the resident and landed pages), on the same
 // random-weight model (the 8B shape's layer widths, 2 layers, a 4,096-token vocabulary) and the
 // same pages: three requests of 1,504-2,096 tokens whose first pages are in HBM and the rest in
@@ -16,12 +16,16 @@
 //    moves pages between parts. That bound is shown to be tight enough to see a lost part: the
 //    serial form over host-tier pages of other values (the parts read from it, ~70% of the pages,
 //    changed) moves the logits by more than 10x the bound.
+// The rule's auto mode (kv/land_overlap_rule.h) switches form between steps: the first step (no
+// history) serial, the next ones overlapped (their last step claimed ~16 MB a layer), each form's
+// graph captured apart; it is held to the serial form the same way over three steps.
 // Skips without a GPU. Needs no model file.
 #include <algorithm>
 #include <cmath>
 #include <iterator>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -46,9 +50,18 @@ struct StepRecord {
   size_t late = 0, landed = 0;
   std::vector<int32_t> read;  // HBM slots read
   int64_t claims = 0;
+  bool overlapped = false;
 };
 
-std::vector<StepRecord> run_steps(bool overlap, uint64_t host_seed = 96) {
+LandOverlapRule rule(LandOverlapRule::Mode mode) {
+  LandOverlapRule r;
+  r.mode = mode;
+  return r;
+}
+constexpr LandOverlapRule::Mode kOff = LandOverlapRule::Mode::Off, kOn = LandOverlapRule::Mode::On,
+                                kAuto = LandOverlapRule::Mode::Auto;
+
+std::vector<StepRecord> run_steps(LandOverlapRule overlap, uint64_t host_seed = 96, int n_steps = 2) {
   ModelConfig cfg = model_shape("llama3-8b");
   cfg.n_layers = 2;
   cfg.vocab_size = 4096;
@@ -62,7 +75,7 @@ std::vector<StepRecord> run_steps(bool overlap, uint64_t host_seed = 96) {
   o.max_context = 4096;
   o.n_pages = 4096;
   o.host_pages = 8192;
-  o.overlap_landing = overlap;
+  o.land_overlap = overlap;
   LlamaCuda m(cfg, 1234, o);
   m.kv_pool().fill_random(99, -1.0f, 1.0f, m.stream());
   cuda::HostPagePool& hp = *m.host_pool();
@@ -85,14 +98,15 @@ std::vector<StepRecord> run_steps(bool overlap, uint64_t host_seed = 96) {
     seqs.push_back(LlamaCuda::Seq{&t, static_cast<int>(r), &tok[r], 1});
   }
   std::vector<StepRecord> out;
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < n_steps; ++step) {
     for (auto& t : ts) {
       if (t->capacity_tokens() < t->n_tokens() + 1) {
         EXPECT_TRUE(t->reserve(m.allocator(), 1));
       }
     }
     // A landing stack of 600 free HBM slots: fewer than a layer's late pages (~1,940), so the
-    // first layer's claims exhaust it and the rest stay late.
+    // first layer's claims exhaust it and the rest stay late (each step: 3 x 600 of the pool's
+    // 4,096 slots beside the 1,536 resident).
     std::vector<PageRef> stack;
     EXPECT_TRUE(m.allocator().allocate(600, &stack));
     std::vector<int32_t> slots;
@@ -107,6 +121,7 @@ std::vector<StepRecord> run_steps(bool overlap, uint64_t host_seed = 96) {
     rec.landed = m.landings().size();
     rec.read = m.read_slots();
     rec.claims = m.landing_claims();
+    rec.overlapped = m.last_step_overlapped();
     std::sort(rec.from_host.begin(), rec.from_host.end());
     std::sort(rec.landings.begin(), rec.landings.end());
     std::sort(rec.read.begin(), rec.read.end());
@@ -115,52 +130,67 @@ std::vector<StepRecord> run_steps(bool overlap, uint64_t host_seed = 96) {
   return out;
 }
 
-TEST(LandOverlap, CapturedAndReplayedStepsEqualTheSerialForm) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
-  const std::vector<StepRecord> serial = run_steps(false), overlapped = run_steps(true);
-  ASSERT_EQ(serial.size(), overlapped.size());
-  // Each form's second step: its host-tier reads and the first step's landings apart, together the
-  // first step's host-tier reads.
-  for (const std::vector<StepRecord>* form : {&serial, &overlapped}) {
-    const StepRecord &first = (*form)[0], &second = (*form)[1];
+// A form's steps after the first: their host-tier reads and the step before's landings (adopted:
+// read in HBM now) apart, and together the step before's host-tier reads.
+void expect_landings_adopted(const std::vector<StepRecord>& form, const char* name) {
+  for (size_t s = 1; s < form.size(); ++s) {
+    const StepRecord &first = form[s - 1], &second = form[s];
     std::vector<std::tuple<int, int, int, int32_t>> both;
     std::set_intersection(second.from_host.begin(), second.from_host.end(), first.landings.begin(), first.landings.end(),
                           std::back_inserter(both));
-    EXPECT_TRUE(both.empty()) << both.size() << " pages landed in the first step were read from the host tier after";
+    EXPECT_TRUE(both.empty()) << name << " step " << s << ": " << both.size()
+                              << " pages landed in the step before were read from the host tier after";
     both.clear();
     std::set_union(second.from_host.begin(), second.from_host.end(), first.landings.begin(), first.landings.end(),
                    std::back_inserter(both));
-    EXPECT_TRUE(both == first.from_host) << (form == &serial ? "serial" : "overlapped");
+    EXPECT_TRUE(both == first.from_host) << name << " step " << s;
   }
+}
+
+// b's steps held to the serial form's a, where the race leaves them determined; the logits within
+// 1e-3 of their range.
+void expect_same_steps(const std::vector<StepRecord>& serial, const std::vector<StepRecord>& b, const char* name) {
+  ASSERT_EQ(serial.size(), b.size());
   for (size_t s = 0; s < serial.size(); ++s) {
-    const StepRecord &a = serial[s], &b = overlapped[s];
-    const char* form = s == 0 ? "captured" : "replayed";
+    const StepRecord &a = serial[s], &o = b[s];
+    const std::string form = std::string(name) + (s == 0 ? " captured" : " step " + std::to_string(s));
     EXPECT_GT(a.late, 0u) << form << ": no page stayed late";
     EXPECT_GT(a.landed, 0u) << form << ": no page landed";
     EXPECT_GT(a.read.size(), 0u) << form << ": no resident page read";
-    EXPECT_EQ(a.claims, b.claims) << form;
-    EXPECT_EQ(a.late, b.late) << form << ": late reads";
-    EXPECT_EQ(a.from_host.size(), b.from_host.size()) << form;
+    EXPECT_EQ(a.claims, o.claims) << form;
+    EXPECT_EQ(a.late, o.late) << form << ": late reads";
+    EXPECT_EQ(a.from_host.size(), o.from_host.size()) << form;
     if (s == 0) {
-      EXPECT_TRUE(a.from_host == b.from_host) << form << ": pages read from the host tier";
+      EXPECT_TRUE(a.from_host == o.from_host) << form << ": pages read from the host tier";
     }
-    EXPECT_TRUE(a.read == b.read) << form << ": HBM slots read " << a.read.size() << " vs " << b.read.size();
-    ASSERT_EQ(a.logits.size(), b.logits.size());
+    EXPECT_TRUE(a.read == o.read) << form << ": HBM slots read " << a.read.size() << " vs " << o.read.size();
+    ASSERT_EQ(a.logits.size(), o.logits.size());
     ASSERT_FALSE(a.logits.empty());
     float lo = a.logits[0], hi = a.logits[0], diff = 0;
     for (size_t i = 0; i < a.logits.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(b.logits[i])) << form << ": logit " << i;
+      ASSERT_TRUE(std::isfinite(o.logits[i])) << form << ": logit " << i;
       lo = std::min(lo, a.logits[i]);
       hi = std::max(hi, a.logits[i]);
-      diff = std::max(diff, std::fabs(a.logits[i] - b.logits[i]));
+      diff = std::max(diff, std::fabs(a.logits[i] - o.logits[i]));
     }
-    std::printf("%s: late %zu, landed %zu, HBM slots read %zu, claims %lld; logits range %.3f, max |overlapped - serial| %.3g\n",
-                form, a.late, a.landed, a.read.size(), static_cast<long long>(a.claims), hi - lo, diff);
+    std::printf("%s (%s): late %zu, landed %zu, HBM slots read %zu, claims %lld; logits range %.3f, max |diff| %.3g\n",
+                form.c_str(), o.overlapped ? "overlapped" : "serial", a.late, a.landed, a.read.size(),
+                static_cast<long long>(a.claims), hi - lo, diff);
     EXPECT_LE(diff, 1e-3f * (hi - lo)) << form;
   }
+}
+
+TEST(LandOverlap, CapturedAndReplayedStepsEqualTheSerialForm) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const std::vector<StepRecord> serial = run_steps(rule(kOff)), overlapped = run_steps(rule(kOn));
+  for (const StepRecord& r : serial) EXPECT_FALSE(r.overlapped);
+  for (const StepRecord& r : overlapped) EXPECT_TRUE(r.overlapped);
+  expect_landings_adopted(serial, "serial");
+  expect_landings_adopted(overlapped, "overlapped");
+  expect_same_steps(serial, overlapped, "on");
   // The bound sees a lost part: other values in the host tier move the serial form's logits by
   // more than 10x it.
-  const std::vector<StepRecord> other = run_steps(false, 7);
+  const std::vector<StepRecord> other = run_steps(rule(kOff), 7);
   float lo = serial[0].logits[0], hi = lo, moved = 0;
   for (size_t i = 0; i < serial[0].logits.size(); ++i) {
     lo = std::min(lo, serial[0].logits[i]);
@@ -169,6 +199,28 @@ TEST(LandOverlap, CapturedAndReplayedStepsEqualTheSerialForm) {
   }
   std::printf("other host-tier values: max |logit change| %.3g (bound %.3g)\n", moved, 1e-3f * (hi - lo));
   EXPECT_GT(moved, 1e-2f * (hi - lo)) << "the logits do not see the host tier's part";
+}
+
+// auto: the first step serial (no history), the next two overlapped (each after a step that
+// claimed ~16 MB a layer: 2 layers, ~3,900 claims of 8 KiB), the second of them a replay of the
+// overlapped graph; the same records as the serial form's. With a threshold above that, auto
+// stays serial.
+TEST(LandOverlap, AutoSwitchesFormBetweenStepsAndKeepsTheSerialRecords) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU";
+  const std::vector<StepRecord> serial = run_steps(rule(kOff), 96, 3), autos = run_steps(rule(kAuto), 96, 3);
+  ASSERT_EQ(autos.size(), 3u);
+  EXPECT_FALSE(autos[0].overlapped);
+  EXPECT_TRUE(autos[1].overlapped);
+  EXPECT_TRUE(autos[2].overlapped);
+  // the claims the rule saw: above 2 MiB a layer (2 layers, 8 KiB pages)
+  EXPECT_GE(autos[0].claims * 8192 / 2, int64_t{2} << 20);
+  expect_landings_adopted(autos, "auto");
+  expect_same_steps(serial, autos, "auto");
+  LandOverlapRule high = rule(kAuto);
+  high.min_bytes_per_layer = autos[0].claims * 8192 / 2 + 1;  // just above what the first step claimed
+  const std::vector<StepRecord> stays = run_steps(high, 96, 2);
+  EXPECT_FALSE(stays[0].overlapped);
+  EXPECT_FALSE(stays[1].overlapped) << "claims " << stays[0].claims << " under a threshold of " << high.min_bytes_per_layer;
 }
 
 }  // namespace

@@ -5,3 +5,4 @@ dhs_test(test_device_budgets LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_d
 dhs_test(test_io_cost LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_io_cost.cpp LIBS dhs_kv)
 dhs_test(test_tier_land_cpu LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land_cpu.cpp LIBS dhs_kv)
 dhs_test(test_step_cost LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_step_cost.cpp LIBS dhs_kv)
+dhs_test(test_land_overlap_rule LABEL unit SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_land_overlap_rule.cpp LIBS dhs_kv)

@@ -40,6 +40,15 @@ void* LlamaCuda::dalloc(size_t bytes) {
   return p;
 }
 
+LandOverlapRule land_overlap_env(LandOverlapRule rule) {
+  const char* v = std::getenv("DHS_LAND_OVERLAP");
+  if (v == nullptr) return rule;
+  const std::optional<LandOverlapRule> r = LandOverlapRule::parse(v);
+  DHS_CHECK(r.has_value(), "DHS_LAND_OVERLAP must be off, on or auto (or 0, 1), got '{}'", v);
+  rule.mode = r->mode;
+  return rule;
+}
+
 namespace {
 // Requests per step the backend takes: graphs are captured per power-of-two bucket up to it.
 constexpr int kMaxBatchLimit = 1024;
@@ -240,7 +249,7 @@ void LlamaCuda::allocate_kv() {
     DHS_CUDA_CHECK(cudaMemset(land_d_ + kLandMax, 0, 12));
     land_keys_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(split_->max_nnz()) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&land_h_, static_cast<size_t>(kLandMax + 3) * 4));
-    if (o.overlap_landing) {
+    if (o.land_overlap.enabled()) {
       DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
       DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
       DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
@@ -764,6 +773,7 @@ void LlamaCuda::build_params() {
 void LlamaCuda::run_layers(const Step& s) {
   const int64_t T = s.n_tok;
   const bool log_late = host_pool_ && s.n_dec > 0;  // (the late reads' count starts at 0)
+  overlap_now_ = s.overlap;
   if (log_late) {
     DHS_CUDA_CHECK(cudaMemsetAsync(late_log_d_ + 3 * late_cap_, 0, 4, stream_));
     DHS_CUDA_CHECK(cudaMemsetAsync(read_d_ + pool_->n_pages(), 0, 4, stream_));
@@ -929,7 +939,7 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   const cuda::TierSplitLog log{late_log_d_, late_log_d_ + 3 * late_cap_, late_cap_, layer, last_use_d_, stamp_d_, read_d_,
                                read_d_ + pool_->n_pages(), static_cast<int>(pool_->n_pages())};
   const int n_heads = n_tok * static_cast<int>(cfg_.n_heads_q), hd = static_cast<int>(cfg_.head_dim);
-  if (side_stream_ && max_q == 1) {  // CudaModelOptions::overlap_landing
+  if (overlap_now_ && max_q == 1) {  // CudaModelOptions::land_overlap
     // The resident part split off (the late part kept as keys, to be landed); its reads stamped,
     // no late entry logged here: the second split logs those that stay late, and stamps the landed.
     cuda::TierSplitLog stamps = log;
@@ -1358,6 +1368,9 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   // (a mixed step's selection: its decode rows, the first n_dec requests)
   if (!step.decode && n_dec > 0) reqs.resize(static_cast<size_t>(n_dec));
   step.plan = selector_->begin_step(reqs, step.decode || n_dec > 0, stream_);
+  // The landing beside the resident attention where the rule chose it (one-row attention requests).
+  step.overlap = side_stream_ && step.n_dec > 0 && overlap_next_ && (step.decode ? step.max_q : step.dec_max_q) == 1;
+  n_overlapped_ += step.overlap;
   last_step_ = step;
   int32_t land_avail = 0;
   if (host_pool_ && step.n_dec > 0) {  // this step's stamp for the resident reads' record
@@ -1421,6 +1434,8 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   late_overflow_ = false;
   if (host_pool_ && step.n_dec > 0) {
     land_claims_ = land_h_[kLandMax];
+    // The next decode step's form, from this one's claims (K and V pages of f16).
+    overlap_next_ = opt_.land_overlap.take(land_claims_, 4 * static_cast<int64_t>(pool_->page_elems()), cfg_.n_layers);
     const int64_t n = std::min<int64_t>(land_claims_, land_avail);
     if (n > 0) {
       land_log_h_.resize(static_cast<size_t>(6 * n));
@@ -1482,10 +1497,12 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
 cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
   // A step with verify rows runs other sizes than its bucket's decode step: its tokens and
   // longest request are in the key.
+  // The overlapped landing's form is another graph (CudaModelOptions::land_overlap).
   const std::string key =
-      step.n_union > 0 ? fmt::format("{}/union:{}x{}x{}", selector_->graph_key(step.plan), step.n_tok, step.n_union, step.union_max_q)
-      : step.max_q == 1 ? selector_->graph_key(step.plan)
-                        : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q);
+      (step.n_union > 0 ? fmt::format("{}/union:{}x{}x{}", selector_->graph_key(step.plan), step.n_tok, step.n_union, step.union_max_q)
+       : step.max_q == 1 ? selector_->graph_key(step.plan)
+                         : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q)) +
+      (step.overlap ? "/overlap" : "");
   auto it = graphs_.find({key, step.n_req});
   // Verify steps' graphs are keyed by their sizes; past kMaxVerifyGraphs of them (speculation
   // with many mixes of k) new ones run uncaptured.

@@ -35,6 +35,7 @@
 #include "backend/cuda/row_union.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/tier_split.h"
+#include "kv/land_overlap_rule.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/tier_copy.h"
@@ -124,16 +125,15 @@ struct CudaModelOptions {
   // attention reads HBM, so they overlap instead of running in series. Attention requests of one
   // row (decode rows, and verify rows under the per-row selection); a verify whose rows share a
   // selection keeps the serial form. The same records (stamps, late log, landings).
-  // false: landing first, then one attention over the resident and landed pages.
-  bool overlap_landing = false;
+  // The rule (kv/land_overlap_rule.h) picks the form per step: off (landing first, then one
+  // attention over the resident and landed pages), on, or auto (from the last decode step's
+  // claims); each form's graph is captured apart.
+  LandOverlapRule land_overlap;
 };
 
-// DHS_LAND_OVERLAP set to anything but "0": overlap_landing on (the CUDA runner's and the
-// hierarchy bench's A/B switch while it is off by default).
-inline bool land_overlap_env() {
-  const char* v = std::getenv("DHS_LAND_OVERLAP");
-  return v != nullptr && std::string_view(v) != "0";
-}
+// DHS_LAND_OVERLAP (off | on | auto, or 0 | 1), when set, overrides the rule's mode (the benches'
+// A/B switch); an unknown value is an error.
+LandOverlapRule land_overlap_env(LandOverlapRule rule);
 
 // Pages read by sparse decode since the last reset, per (layer, KV head).
 using CudaSparsityStats = cuda::SparsityStats;
@@ -289,6 +289,10 @@ class LlamaCuda {
   };
   const std::vector<Landing>& landings() const { return landings_; }
   int64_t landing_claims() const { return land_claims_; }
+  // Decode steps (with the host tier) run with the landing beside the resident attention since
+  // construction (CudaModelOptions::land_overlap), and whether the last one did.
+  int64_t overlapped_steps() const { return n_overlapped_; }
+  bool last_step_overlapped() const { return last_step_.overlap; }
   // The last decode step's reads of HBM (or a mixed step's decode rows': mixed_decode_attention):
   // read_stamps()[s] == read_stamp() when it read slot s ([n_pages] of the HBM pool, copied back
   // with the step; read_stamp() is -1 after any other step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
@@ -343,6 +347,8 @@ class LlamaCuda {
     // and their most rows.
     int n_union = 0;
     int union_max_q = 1;
+    // The landing beside the resident attention in this step (CudaModelOptions::land_overlap).
+    bool overlap = false;
     cuda::SelectPlan plan;
   };
   void allocate(const CudaModelOptions& o);
@@ -437,6 +443,9 @@ class LlamaCuda {
   // overlap_landing: the second stream with its fork and join events, the split of the landed
   // late part, its attention output and LSE ([T, Hq]) and the attention workspace it runs with.
   cudaStream_t side_stream_ = nullptr;
+  bool overlap_next_ = false;  // the rule's choice for the next decode step (from the last one's claims)
+  bool overlap_now_ = false;   // run_layers' step's form (attention_decode reads it)
+  int64_t n_overlapped_ = 0;
   cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
   std::unique_ptr<cuda::TierSplitLists> split_landed_;
   __half* land_att_d_ = nullptr;
