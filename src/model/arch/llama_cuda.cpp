@@ -250,6 +250,7 @@ void LlamaCuda::allocate_kv() {
     land_keys_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(split_->max_nnz()) * 4));
     DHS_CUDA_CHECK(cudaMallocHost(&land_h_, static_cast<size_t>(kLandMax + 3) * 4));
     if (o.land_overlap.enabled()) {
+      overlap_next_ = o.land_overlap.mode == LandOverlapRule::Mode::On;  // (auto: the first step has no claims yet)
       DHS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
       DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
       DHS_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
