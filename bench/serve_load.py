@@ -287,6 +287,9 @@ def summarize(args, res: dict) -> dict:
         row["tier_hit_rate"] = round(hits / (hits + late), 4)
         for k in ("late", "recalled", "offloaded", "dropped"):
             row[f"tier_{k}_pages"] = int(delta.get(f"dhisparse:kv_tier_{k}_total", 0))
+        if delta.get("dhisparse:kv_tier_steps_total", 0) > 0:  # (CUDA: steps over the host tier, overlapped landing)
+            row["tier_steps"] = int(delta["dhisparse:kv_tier_steps_total"])
+            row["land_overlapped_steps"] = int(delta.get("dhisparse:kv_land_overlapped_steps_total", 0))
     if row.get("host_kv_gib", 0) > 0 and "dhisparse:kv_page_cost_us" in after:
         # (a gauge: its value at the end; admissions deferred by the link: the run's count)
         row["kv_page_cost_us"] = round(after["dhisparse:kv_page_cost_us"], 4)

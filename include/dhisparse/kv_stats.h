@@ -28,6 +28,10 @@ struct TierCounts {
   uint64_t offloaded = 0;  // device -> host copies
   uint64_t dropped = 0;    // evictions of pages whose host copy was still valid (no copy)
   int64_t host_used = 0;
+  // CUDA: steps with decode rows over the host tier, and of them those whose landing ran beside
+  // the resident attention (--kv-land-overlap).
+  uint64_t tier_steps = 0;
+  uint64_t overlapped_steps = 0;
 };
 
 }  // namespace dhs

@@ -185,7 +185,13 @@ class CudaRunner final : public StepRunner {
     flush_recalls();
     return !tiers_ || tiers_->swap_in(t);
   }
-  TierCounts tier_counts() const override { return tiers_ ? tiers_->counts() : TierCounts{}; }
+  TierCounts tier_counts() const override {
+    if (!tiers_) return {};
+    TierCounts c = tiers_->counts();
+    c.tier_steps = static_cast<uint64_t>(model_->tier_steps());
+    c.overlapped_steps = static_cast<uint64_t>(model_->overlapped_steps());
+    return c;
+  }
   double kv_io_load() const override { return tiers_ ? tiers_->io_load() : 0.0; }
   double kv_io_load_admitting(int64_t pages) const override { return tiers_ ? tiers_->io_load_admitting(pages) : 0.0; }
   bool kv_admitting_pays(int64_t pages, int64_t running) const override {

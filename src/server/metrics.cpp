@@ -144,6 +144,11 @@ std::string render_metrics(const SchedulerStats& s, const std::string& model_nam
             "KV hierarchy: pages evicted whose host copy was still valid (no copy).", static_cast<double>(s.tiers.dropped));
   w.gauge("dhisparse:kv_tier_host_used_pages", "KV hierarchy: pages of the host tier in use.",
           static_cast<double>(s.tiers.host_used));
+  w.counter("dhisparse:kv_tier_steps_total", "KV hierarchy (CUDA): steps with decode rows over the host tier.",
+            static_cast<double>(s.tiers.tier_steps));
+  w.counter("dhisparse:kv_land_overlapped_steps_total",
+            "KV hierarchy (CUDA): of those, the steps whose landing ran beside the resident attention (--kv-land-overlap).",
+            static_cast<double>(s.tiers.overlapped_steps));
   w.counter("dhisparse:http_requests_total", "HTTP requests answered.", static_cast<double>(http.n_http_requests));
   w.counter("dhisparse:http_client_errors_total", "HTTP requests answered with a 4xx.",
             static_cast<double>(http.n_client_errors));

@@ -34,4 +34,6 @@ def test_greedy_text_equals_all_resident(server):
     # IO-aware admission's price of a moved page (kv/io_cost.h): at least its bytes at the link's rate.
     assert PAGE_LINK_US * (1 - 1e-6) <= m["dhisparse:kv_page_cost_us"] < 1e6, m["dhisparse:kv_page_cost_us"]
     assert m["dhisparse:kv_tier_host_used_pages"] == 0
+    # The overlapped landing's counters (CUDA; this server runs on the CPU, which has no second stream).
+    assert m["dhisparse:kv_tier_steps_total"] == 0 and m["dhisparse:kv_land_overlapped_steps_total"] == 0
     assert_pool_clean(m)

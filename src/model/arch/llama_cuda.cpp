@@ -1372,6 +1372,7 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   // The landing beside the resident attention where the rule chose it (one-row attention requests).
   step.overlap = side_stream_ && step.n_dec > 0 && overlap_next_ && (step.decode ? step.max_q : step.dec_max_q) == 1;
   n_overlapped_ += step.overlap;
+  n_tier_steps_ += host_pool_ && step.n_dec > 0;
   last_step_ = step;
   int32_t land_avail = 0;
   if (host_pool_ && step.n_dec > 0) {  // this step's stamp for the resident reads' record

@@ -289,8 +289,10 @@ class LlamaCuda {
   };
   const std::vector<Landing>& landings() const { return landings_; }
   int64_t landing_claims() const { return land_claims_; }
-  // Decode steps (with the host tier) run with the landing beside the resident attention since
-  // construction (CudaModelOptions::land_overlap), and whether the last one did.
+  // Steps with decode rows over the host tier since construction, those of them run with the
+  // landing beside the resident attention (CudaModelOptions::land_overlap), and whether the last
+  // step was.
+  int64_t tier_steps() const { return n_tier_steps_; }
   int64_t overlapped_steps() const { return n_overlapped_; }
   bool last_step_overlapped() const { return last_step_.overlap; }
   // The last decode step's reads of HBM (or a mixed step's decode rows': mixed_decode_attention):
@@ -445,7 +447,7 @@ class LlamaCuda {
   cudaStream_t side_stream_ = nullptr;
   bool overlap_next_ = false;  // the rule's choice for the next decode step (from the last one's claims)
   bool overlap_now_ = false;   // run_layers' step's form (attention_decode reads it)
-  int64_t n_overlapped_ = 0;
+  int64_t n_overlapped_ = 0, n_tier_steps_ = 0;
   cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr;
   std::unique_ptr<cuda::TierSplitLists> split_landed_;
   __half* land_att_d_ = nullptr;
