@@ -8,6 +8,8 @@
 #   weights the 8B shape's TPOT per weight format (f16, FP8, Q8_0, Q4_K), dense and coverage 0.99
 #   tiers  the KV hierarchy on the device: test_tier_split (+ memcheck, racecheck), test_page_recall,
 #          test_cuda_tiers (the engine with a host tier, default model)
+#   lru    the bucketed LRU's victims on the device (test_lru_select against select_many, memcheck,
+#          racecheck, the 4M-slot timing against select_many on the host)
 #   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   hieroverlap the after-step's recalls while the next step runs against before it (--sync-recalls),
@@ -179,6 +181,11 @@ for stage in "$@"; do
       # The in-step read's speed: attention over late pages in place from pinned DRAM vs HBM.
       run recall_late timeout 200 "$B/recall_bench" --only-late --host-gib 4 --out "$OUT/page_recall.jsonl" --commit "$C"
       grep -E "late_attention" "$OUT/recall_late.log" | cut -c1-220 ;;
+    lru)
+      # The bucketed LRU's selection on the device (backend/cuda/lru_select.h) against the CPU's.
+      run test_lru_select timeout 200 env DHS_CUDA_BENCH=1 "$B/test_lru_select"; grep -E "^lru_select" "$OUT/test_lru_select.log"
+      run sanitizer_memcheck_test_lru_select timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=-*Bandwidth*
+      run sanitizer_racecheck_test_lru_select timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=*ManyTiles*:*Refuses* ;;
     landoverlap)
       # The landing beside the resident part's attention (CudaModelOptions::land_overlap, sessions
       # 38-39): the overlapped form and the rule's per-step choice against the serial form, the

@@ -56,3 +56,7 @@ dhs_test(test_land_overlap LABEL cuda
 dhs_test(test_tier_land LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_tier_land.cu
   LIBS dhs_cuda dhs_kv)
+# The bucketed LRU's victims chosen on the device, against kv/bucketed_lru.h's select_many.
+dhs_test(test_lru_select LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lru_select.cu
+  LIBS dhs_cuda dhs_kv)
