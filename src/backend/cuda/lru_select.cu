@@ -59,12 +59,14 @@ __global__ void lru_hist_kernel(Candidates c, Order ord, int32_t n_slots, int n_
     for (int i = threadIdx.x; i < n_keys; i += blockDim.x) sh[i] = 0;
     __syncthreads();
   }
-  for (int32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < n_slots; s += gridDim.x * blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_slots;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t s = static_cast<int32_t>(i);
     const int w = c.want(s);
     if (w < 0) continue;
     const int64_t u = c.last_use[s];
     if (u > ord.now) {
-      atomicCAS(error_slot, -1, s);
+      atomicMin(error_slot, s);  // (the lowest such slot, whatever the schedule)
       continue;
     }
     const int k = w * n_bins + ord.bin(u);
@@ -124,6 +126,8 @@ __global__ void lru_cut_kernel(const int64_t* __restrict__ want_n, int n_bins, i
   }
 }
 
+__global__ void lru_error_reset_kernel(int32_t* error_slot) { *error_slot = kNoError; }
+
 // The wants' first output positions: an exclusive sum of their counts (few wants: one thread).
 __global__ void lru_first_kernel(const int64_t* __restrict__ out_count, int n_wants, int64_t* __restrict__ out_first) {
   int64_t at = 0;
@@ -157,7 +161,7 @@ using SlotIndices = thrust::counting_iterator<int32_t>;
 __global__ void lru_place_kernel(Candidates c, Order ord, int n_bins, const int32_t* __restrict__ list,
                                  const int32_t* __restrict__ list_n, const int32_t* __restrict__ hist,
                                  const int32_t* __restrict__ cut, const int64_t* __restrict__ out_first,
-                                 int32_t* __restrict__ out_slots) {
+                                 const int64_t* __restrict__ out_count, int32_t* __restrict__ out_slots) {
   using Sort = cub::BlockRadixSort<int32_t, kThreads, kItems, int32_t>;
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ union {
@@ -165,21 +169,25 @@ __global__ void lru_place_kernel(Candidates c, Order ord, int n_bins, const int3
     typename Scan::TempStorage scan;
   } tmp;
   __shared__ int32_t key_at[kTile];
+  __shared__ int32_t tile_wrote;
   extern __shared__ int32_t so_far[];  // [n_bins] this want's items placed per bin
   const int w = blockIdx.x;
   const int32_t cut_bin = cut[2 * w], give = cut[2 * w + 1];
-  if (cut_bin < 0) return;
+  const int64_t want_total = out_count[w];
+  if (cut_bin < 0 || want_total == 0) return;
   const int32_t* pos = hist + static_cast<int64_t>(w) * n_bins;
   const int64_t first = out_first[w];
   for (int i = threadIdx.x; i < n_bins; i += blockDim.x) so_far[i] = 0;
   int end_bit = 1;
   while ((1 << end_bit) <= n_bins) ++end_bit;  // keys 0 .. n_bins (n_bins: not this want's)
-  const int32_t n = *list_n;
+  const int64_t n = *list_n;
+  int64_t placed = 0;  // this want's victims written so far: all of them, and the block is done
   __syncthreads();
-  for (int32_t t = 0; t < n; t += kTile) {
+  for (int64_t t = 0; t < n && placed < want_total; t += kTile) {
+    if (threadIdx.x == 0) tile_wrote = 0;  // (read before the last barrier of the round before)
     int32_t key[kItems], slot[kItems];
     for (int j = 0; j < kItems; ++j) {
-      const int32_t i = t + static_cast<int32_t>(threadIdx.x) * kItems + j;  // blocked: list order
+      const int64_t i = t + static_cast<int64_t>(threadIdx.x) * kItems + j;  // blocked: list order
       key[j] = n_bins;
       slot[j] = -1;
       if (i < n) {
@@ -201,14 +209,20 @@ __global__ void lru_place_kernel(Candidates c, Order ord, int n_bins, const int3
       is_start[j] = p == 0 || key_at[p - 1] != key[j] ? p : 0;
     }
     Scan(tmp.scan).InclusiveScan(is_start, start, MaxOp{});
+    int wrote = 0;
     for (int j = 0; j < kItems; ++j) {
       const int p = static_cast<int>(threadIdx.x) * kItems + j;
       const int32_t k = key[j];
       if (k >= n_bins) continue;
       const int32_t in_bin = so_far[k] + (p - start[j]);
-      if (k < cut_bin || in_bin < give) out_slots[first + pos[k] + in_bin] = slot[j];
+      if (k < cut_bin || in_bin < give) {
+        out_slots[first + pos[k] + in_bin] = slot[j];
+        ++wrote;
+      }
     }
+    if (wrote) atomicAdd(&tile_wrote, wrote);
     __syncthreads();
+    placed += tile_wrote;
     for (int j = 0; j < kItems; ++j) {
       const int p = static_cast<int>(threadIdx.x) * kItems + j;
       const int32_t k = key[j];
@@ -226,7 +240,8 @@ void require(bool ok, const std::string& what) {
 
 LruSelectScratch::LruSelectScratch(int32_t max_slots, int max_wants, int n_bins)
     : max_slots_(max_slots), max_wants_(max_wants), n_bins_(n_bins) {
-  require(max_slots >= 0 && max_wants >= 1 && n_bins >= 1 && n_bins <= kMaxBins,
+  require(max_slots >= 0 && max_wants >= 1 && n_bins >= 1 && n_bins <= kMaxBins &&
+              static_cast<int64_t>(max_wants) * n_bins <= INT32_MAX,
           "scratch of " + std::to_string(max_slots) + " slots, " + std::to_string(max_wants) + " wants, " +
               std::to_string(n_bins) + " bins (1 .. " + std::to_string(kMaxBins) + ")");
   DHS_CUDA_CHECK(cudaMalloc(&hist_, static_cast<size_t>(max_wants) * n_bins * 4));
@@ -247,14 +262,21 @@ LruSelectScratch::~LruSelectScratch() {
 }
 
 void launch_lru_select(const LruSelectParams& p, LruSelectScratch& sc, cudaStream_t stream) {
-  const int nb = p.lru.n_buckets * p.lru.bucket_steps, n_keys = p.n_wants * nb;
+  if (p.n_wants <= 0) return;
+  const int nb = p.lru.n_buckets * p.lru.bucket_steps, n_keys = p.n_wants * nb;  // (<= max_wants x n_bins: the scratch's)
   const Candidates c{p.last_use, p.owner, p.pinned, p.want_of_owner, p.n_owners, p.want_n};
   const Order ord{p.now, p.lru.bucket_steps, p.lru.n_buckets, p.lru.cyclic};
   DHS_CUDA_CHECK(cudaMemsetAsync(sc.hist_, 0, static_cast<size_t>(n_keys) * 4, stream));
-  DHS_CUDA_CHECK(cudaMemsetAsync(p.error_slot, 0xff, 4, stream));  // -1
+  lru_error_reset_kernel<<<1, 1, 0, stream>>>(p.error_slot);
   DHS_CUDA_CHECK(cudaMemsetAsync(sc.list_n_, 0, 4, stream));
   const bool smem = n_keys <= kSmemHistInts;
-  const int blocks = std::max(1, std::min((p.n_slots + kThreads - 1) / kThreads, 132 * 8));
+  static const int max_blocks = [] {
+    int dev = 0, sms = 0;
+    DHS_CUDA_CHECK(cudaGetDevice(&dev));
+    DHS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return 8 * std::max(sms, 1);
+  }();
+  const int blocks = static_cast<int>(std::clamp<int64_t>((static_cast<int64_t>(p.n_slots) + kThreads - 1) / kThreads, 1, max_blocks));
   if (p.n_slots > 0)
     lru_hist_kernel<<<blocks, kThreads, smem ? static_cast<size_t>(n_keys) * 4 : 0, stream>>>(c, ord, p.n_slots, nb, n_keys, smem,
                                                                                                sc.hist_, p.error_slot);
@@ -266,7 +288,7 @@ void launch_lru_select(const LruSelectParams& p, LruSelectScratch& sc, cudaStrea
   DHS_CUDA_CHECK(cub::DeviceSelect::If(sc.temp_, bytes, SlotIndices(0), sc.list_, sc.list_n_, p.n_slots, AtOrBeforeCut{c, ord, sc.cut_},
                                        stream));
   lru_place_kernel<<<p.n_wants, kThreads, static_cast<size_t>(nb) * 4, stream>>>(c, ord, nb, sc.list_, sc.list_n_, sc.hist_,
-                                                                                   sc.cut_, p.out_first, p.out_slots);
+                                                                                   sc.cut_, p.out_first, p.out_count, p.out_slots);
 }
 
 std::vector<std::vector<int32_t>> lru_select(const LruSelectParams& p, LruSelectScratch& sc, cudaStream_t stream) {
@@ -282,13 +304,13 @@ std::vector<std::vector<int32_t>> lru_select(const LruSelectParams& p, LruSelect
   require(p.want_n && p.out_first && p.out_count && p.error_slot, "missing outputs");
   launch_lru_select(p, sc, stream);
   DHS_CUDA_CHECK(cudaGetLastError());
-  int32_t err = -1;
+  int32_t err = kNoError;
   DHS_CUDA_CHECK(cudaMemcpyAsync(&err, p.error_slot, 4, cudaMemcpyDeviceToHost, stream));
   std::vector<int64_t> first(static_cast<size_t>(p.n_wants)), count(static_cast<size_t>(p.n_wants));
   DHS_CUDA_CHECK(cudaMemcpyAsync(first.data(), p.out_first, first.size() * 8, cudaMemcpyDeviceToHost, stream));
   DHS_CUDA_CHECK(cudaMemcpyAsync(count.data(), p.out_count, count.size() * 8, cudaMemcpyDeviceToHost, stream));
   DHS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  require(err < 0, "slot " + std::to_string(err) + " was used after step " + std::to_string(p.now));
+  require(err == kNoError, "slot " + std::to_string(err) + " was used after step " + std::to_string(p.now));
   int64_t total = 0;
   for (int64_t n : count) total += n;
   std::vector<int32_t> all(static_cast<size_t>(total));

@@ -14,17 +14,19 @@
 //     at its bin's position plus its rank; the cut bin's past the count are dropped.
 // Every launch is asynchronous and capturable (sizes on the host are the slot count and the
 // wants' count; the counts and positions stay on the device). A candidate used after `now` (the
-// CPU form's error) is reported in error_slot and the result is then undefined. Written by hand:
+// CPU form's error) is reported in error_slot (the lowest such slot; kNoError: none) and the result
+// is then undefined. Written by hand:
 // CUB has the block sort, scans and the compaction, not a bucketed selection.
 //
 //   last_use [n_slots] int64, owner [n_slots] int32 (-1: free), pinned [n_slots] uint8 or null
 //   want_of_owner [n_owners] int32: the want of each owner id, or -1
 //   want_n [n_wants] int64
 //   out: slots [n_slots] int32 (want w's victims at out_first[w], out_count[w] of them, in order),
-//        out_first [n_wants], out_count [n_wants] int64, error_slot [1] int32 (-1: none)
+//        out_first [n_wants], out_count [n_wants] int64, error_slot [1] int32 (kNoError: none)
 #pragma once
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -32,6 +34,8 @@
 #include "kv/bucketed_lru.h"
 
 namespace dhs::cuda {
+
+constexpr int32_t kNoError = INT32_MAX;
 
 struct LruSelectParams {
   const int64_t* last_use = nullptr;
@@ -56,7 +60,7 @@ struct LruSelectParams {
 class LruSelectScratch {
  public:
   // Bins per want (LruParams n_buckets * bucket_steps) up to kMaxBins.
-  static constexpr int kMaxBins = 8192;
+  static constexpr int kMaxBins = 4096;  // (the placing kernel keeps a count per bin in shared memory)
   LruSelectScratch(int32_t max_slots, int max_wants, int n_bins);
   ~LruSelectScratch();
   LruSelectScratch(const LruSelectScratch&) = delete;
