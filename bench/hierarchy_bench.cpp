@@ -67,6 +67,7 @@ struct BatchResult {
   TierStats tiers;  // over the timed steps
   int64_t late_overflow_steps = 0;
   int64_t overlapped_steps = 0;  // timed steps with the landing beside the resident attention
+  double reserve_ms = 0;         // of after_host_ms: the next step's landing slots set aside (reserve_landing)
 };
 
 }  // namespace
@@ -189,6 +190,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     BatchResult res;
     std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, ph_while, aft_host, aft_wait;
     TieredKv::AfterStepTimes kv_times;  // summed over the timed steps
+    double reserve_sum_ms = 0;          // reserve_landing, summed over the timed steps
     // The last step's recalls, not run yet (overlap: they run in the next step's forward, in flight).
     std::unique_ptr<DeferredRecalls> recalls;
     if (tiers) recalls = std::make_unique<DeferredRecalls>(*tiers);
@@ -260,7 +262,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
           const TieredKv::AfterStepTimes& k = tiers->kv().after_step_times();
           kv_times.scan_ms += k.scan_ms, kv_times.adopt_ms += k.adopt_ms, kv_times.budgets_ms += k.budgets_ms;
           kv_times.plan_ms += k.plan_ms, kv_times.victims_ms += k.victims_ms, kv_times.recall_ms += k.recall_ms;
+          kv_times.claim_ms += k.claim_ms;
         }
+        reserve_sum_ms += reserve_ms;
         aft_host.push_back(a_host + reserve_ms);
         aft_wait.push_back(a - a_host);
       }
@@ -313,6 +317,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       const double n = static_cast<double>(step_ms.size());
       res.kv_times = {kv_times.scan_ms / n, kv_times.adopt_ms / n, kv_times.budgets_ms / n,
                       kv_times.plan_ms / n, kv_times.victims_ms / n, kv_times.recall_ms / n};
+      res.kv_times.claim_ms = kv_times.claim_ms / n;
+      res.reserve_ms = reserve_sum_ms / n;
     }
     res.after_host_ms = mean(aft_host);
     res.after_wait_ms = mean(aft_wait);
@@ -359,8 +365,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     const TieredKv::AfterStepTimes& k = res.kv_times;
     // (left of "|": after_step_reads, before the next launch; right: after_step_recalls, in flight
     // with the overlap — the landings' adoption among them since they are adopted on the device)
-    std::printf("  tiers' after-step: scan %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n", k.scan_ms,
-                k.adopt_ms, k.budgets_ms, k.plan_ms, k.victims_ms, k.recall_ms);
+    std::printf("  tiers' after-step: scan %.2f, claim %.2f, reserve %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, "
+                "recalls %.2f ms\n", k.scan_ms, k.claim_ms, res.reserve_ms, k.adopt_ms, k.budgets_ms, k.plan_ms, k.victims_ms,
+                k.recall_ms);
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
        << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
@@ -369,7 +376,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"forward_ms\":" << res.forward_ms << ",\"fwd_before_launch_ms\":" << res.fwd_before_ms << ",\"fwd_gpu_ms\":" << res.fwd_gpu_ms
        << ",\"fwd_after_wait_ms\":" << res.fwd_after_ms << ",\"after_host_ms\":" << res.after_host_ms << ",\"after_wait_ms\":" << res.after_wait_ms
        << ",\"overlap_recalls\":" << (tiers && opts.overlap_recalls ? "true" : "false") << ",\"recalls_in_flight_ms\":" << res.recalls_in_flight_ms
-       << ",\"kv_scan_ms\":" << k.scan_ms << ",\"kv_adopt_ms\":" << k.adopt_ms << ",\"kv_budgets_ms\":" << k.budgets_ms
+       << ",\"kv_scan_ms\":" << k.scan_ms << ",\"kv_claim_ms\":" << k.claim_ms << ",\"kv_reserve_ms\":" << res.reserve_ms
+       << ",\"kv_adopt_ms\":" << k.adopt_ms << ",\"kv_budgets_ms\":" << k.budgets_ms
        << ",\"kv_plan_ms\":" << k.plan_ms << ",\"kv_victims_ms\":" << k.victims_ms << ",\"kv_recall_ms\":" << k.recall_ms
        << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3

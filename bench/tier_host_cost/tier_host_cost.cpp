@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
       const TieredKv::AfterStepTimes& k = kv.after_step_times();  // (by part)
       parts.scan_ms += k.scan_ms, parts.adopt_ms += k.adopt_ms, parts.budgets_ms += k.budgets_ms;
       parts.plan_ms += k.plan_ms, parts.victims_ms += k.victims_ms, parts.recall_ms += k.recall_ms;
+      parts.claim_ms += k.claim_ms;
     }
     // Churn: per list, `churn` of the selection replaced by unselected pages.
     for (auto& v : sel) {
@@ -184,8 +185,8 @@ int main(int argc, char** argv) {
   std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
               sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
               bad.empty() ? "invariants hold" : bad.c_str());
-  std::printf("  after by part: scan %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
-              parts.scan_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
+  std::printf("  after by part: scan %.2f, claim %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
+              parts.scan_ms / steps, parts.claim_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
               parts.victims_ms / steps, parts.recall_ms / steps);
   const std::string shape = L == 32 && H == 8 && D == 128 ? std::string("llama-3.1-8b pages")
                                                          : fmt::format("{} layers x {} kv heads, d {}", L, H, D);

@@ -832,6 +832,7 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
     p.landed.assign(landed.begin(), landed.end());
     p.budgets_due = true;
   }
+  times_.claim_ms = lap(t);
   pending_ = std::move(p);
   return st;
 }

@@ -262,10 +262,11 @@ class TieredKv {
   // io_ms: time inside the mover (the backend's copies: staging and launches), hooks_ms: inside the
   // relocate hook (timed only with set_time_hooks: a clock read per page) — both since the last
   // after_step_recalls began, so they include what runs after it before the next (the budgets'
-  // evictions).
+  // evictions). claim_ms: after_step_reads' claim of the step's landings (after the scan).
   struct AfterStepTimes {
     double scan_ms = 0, adopt_ms = 0, budgets_ms = 0, plan_ms = 0, victims_ms = 0, recall_ms = 0;
     double io_ms = 0, hooks_ms = 0;
+    double claim_ms = 0;
   };
   void set_time_hooks(bool on) { time_hooks_ = on; }
   const AfterStepTimes& after_step_times() const { return times_; }
