@@ -1,6 +1,7 @@
 #include "kv/bucketed_lru.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -9,7 +10,7 @@ namespace dhs {
 
 BucketedLru::BucketedLru(int64_t n_slots, LruParams p)
     : p_(p),
-      last_use_(static_cast<size_t>(n_slots), 0),
+      use_(static_cast<size_t>(n_slots), 0),
       owner_(static_cast<size_t>(n_slots), -1),
       pinned_(static_cast<size_t>(n_slots), 0) {
   DHS_CHECK(n_slots >= 0 && n_slots < (int64_t{1} << 31), "LRU of {} slots", n_slots);
@@ -22,14 +23,19 @@ void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
   DHS_CHECK(s >= 0 && s < n_slots() && owner >= 0, "LRU insert of slot {} owner {}", s, owner);
   DHS_CHECK(owner_[static_cast<size_t>(s)] < 0, "LRU insert: slot {} already holds a page of {}", s,
             owner_[static_cast<size_t>(s)]);
+  advance(now);
+  check_range(now);
   owner_[static_cast<size_t>(s)] = owner;
-  last_use_[static_cast<size_t>(s)] = now;
+  use_[static_cast<size_t>(s)] = static_cast<int32_t>(now - base_);
   pinned_[static_cast<size_t>(s)] = 0;
 }
 
 void BucketedLru::touch(int32_t s, int64_t now) {
   DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU touch of slot {} that holds no page", s);
-  last_use_[static_cast<size_t>(s)] = std::max(last_use_[static_cast<size_t>(s)], now);
+  advance(now);
+  check_range(now);
+  int32_t& u = use_[static_cast<size_t>(s)];
+  u = std::max(u, static_cast<int32_t>(now - base_));
 }
 
 void BucketedLru::erase(int32_t s) {
@@ -45,6 +51,32 @@ void BucketedLru::set_pinned(int32_t s, bool pinned) {
   pinned_[static_cast<size_t>(s)] = pinned ? 1 : 0;
 }
 
+void BucketedLru::touch_stamped(std::span<const int32_t> stamps, int32_t stamp, int64_t now, const uint8_t* skip,
+                                int64_t b, int64_t e, int64_t* counts) {
+  DHS_CHECK(static_cast<int64_t>(stamps.size()) == n_slots() && 0 <= b && b <= e && e <= n_slots(),
+            "LRU touch_stamped: slots [{}, {}) of {} stamps, {} slots", b, e, stamps.size(), n_slots());
+  check_range(now);
+  const int32_t* st = stamps.data();
+  const int32_t* own = owner_.data();
+  int32_t* use = use_.data();
+  const int32_t rel_now = static_cast<int32_t>(now - base_);
+  // Every slot's last use is rewritten (the same value where it was not read): at a step's read
+  // fraction nearly every cache line of use_ holds a read slot, so the stores cost no more
+  // traffic than the conditional ones, and the loop has no data-dependent branch.
+  const auto run = [&](auto with_skip) {
+    for (int64_t s = b; s < e; ++s) {
+      const int32_t o = own[s];
+      bool hit = (st[s] == stamp) & (o >= 0);
+      if constexpr (decltype(with_skip)::value) hit &= skip[s] == 0;
+      const int32_t u = use[s];
+      use[s] = hit && u < rel_now ? rel_now : u;
+      counts[o + 1] += hit;
+    }
+  };
+  if (skip) run(std::true_type{});
+  else run(std::false_type{});
+}
+
 void BucketedLru::unpin_all() {
   std::fill(pinned_.begin(), pinned_.end(), 0);
   n_pinned_ = 0;
@@ -52,7 +84,20 @@ void BucketedLru::unpin_all() {
 
 int64_t BucketedLru::bucket(int32_t s, int64_t now) const {
   const int64_t oldest = now / p_.bucket_steps - (p_.n_buckets - 1);
-  return std::max(last_use_[static_cast<size_t>(s)] / p_.bucket_steps, oldest);
+  return std::max(last_use(s) / p_.bucket_steps, oldest);
+}
+
+void BucketedLru::advance(int64_t now) {
+  if (now - base_ < kRebaseAt) return;
+  const int64_t base = now - kKeepBack, shift = base - base_;
+  for (int32_t& u : use_) u = static_cast<int32_t>(std::max<int64_t>(int64_t{u} - shift, 0));
+  base_ = base;
+  ++rebases_;
+}
+
+void BucketedLru::check_range(int64_t now) const {
+  DHS_CHECK(now >= base_ && now - base_ <= INT32_MAX, "LRU clock at {}: outside the last uses' range from {} (advance first)",
+            now, base_);
 }
 
 int64_t BucketedLru::order_bin_at(int64_t u, int64_t now) const {
@@ -66,7 +111,8 @@ BucketedLru::BinTable BucketedLru::bin_table(int64_t now) const {
   // Both orders are constant in d from d = (B + 1) * P on: cyclic at age B - 1 with key2 P - 1,
   // plain at the oldest bucket (u / P <= now / P - B). The table's entries are order_bin's own.
   const int64_t P = p_.bucket_steps, B = p_.n_buckets, n = (B + 2) * P;
-  BinTable t{std::vector<int32_t>(static_cast<size_t>(std::min(n, now + 1))), now};
+  check_range(now);
+  BinTable t{std::vector<int32_t>(static_cast<size_t>(std::min(n, now + 1))), now - base_};
   for (int64_t d = 0; d < static_cast<int64_t>(t.bin.size()); ++d) {
     const int64_t u = now - d;
     if (!p_.cyclic) {
@@ -94,8 +140,8 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
   std::vector<int64_t> hist(static_cast<size_t>(n_bins), 0);
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
-    DHS_CHECK(last_use_[s] <= now, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[s]);
-    ++hist[static_cast<size_t>(bins.at(last_use_[s]))];
+    DHS_CHECK(use_[s] <= bins.rel_now, "LRU select at step {}: slot {} was used at step {}, later", now, s, base_ + use_[s]);
+    ++hist[static_cast<size_t>(bins.at(use_[s]))];
   }
   // The cut: bins before it go whole; from the cut bin, `take_in_cut` slots.
   int64_t cut = 0, before = 0;
@@ -107,7 +153,7 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
   int64_t taken_in_cut = 0;
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (!candidate(s)) continue;
-    const int64_t b = bins.at(last_use_[s]);
+    const int64_t b = bins.at(use_[s]);
     if (b < cut) by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
     else if (b == cut && taken_in_cut < take_in_cut) {
       by_bin[static_cast<size_t>(b)].push_back(static_cast<int32_t>(s));
@@ -158,15 +204,15 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     for (size_t s = static_cast<size_t>(b); s < static_cast<size_t>(e); ++s) {
       const int32_t i = index(s);
       if (i < 0) continue;
-      if (last_use_[s] > now) {
+      if (use_[s] > bins.rel_now) {
         late_slot[static_cast<size_t>(c)] = static_cast<int64_t>(s);
         return;
       }
-      ++hist[static_cast<size_t>(i) * nb + static_cast<size_t>(bins.at(last_use_[s]))];
+      ++hist[static_cast<size_t>(i) * nb + static_cast<size_t>(bins.at(use_[s]))];
     }
   });
   for (int64_t s : late_slot)
-    DHS_CHECK(s < 0, "LRU select at step {}: slot {} was used at step {}, later", now, s, last_use_[static_cast<size_t>(s)]);
+    DHS_CHECK(s < 0, "LRU select at step {}: slot {} was used at step {}, later", now, s, base_ + use_[static_cast<size_t>(s)]);
   std::vector<int64_t> cut(n_wants, 0), take_in_cut(n_wants, 0);
   for (size_t i = 0; i < n_wants; ++i) {
     const int64_t n = wants[i].second;
@@ -193,7 +239,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
       const int32_t i = index(s);
       if (i < 0) continue;
       const size_t k = static_cast<size_t>(i);
-      const int64_t bin = bins.at(last_use_[s]);
+      const int64_t bin = bins.at(use_[s]);
       if (bin < cut[k] || (bin == cut[k] && static_cast<int64_t>(mine[k][static_cast<size_t>(bin)].size()) < take_in_cut[k]))
         mine[k][static_cast<size_t>(bin)].push_back(static_cast<int32_t>(s));
     }
@@ -219,8 +265,8 @@ std::string BucketedLru::check_invariants(int64_t now) const {
   for (size_t s = 0; s < owner_.size(); ++s) {
     if (owner_[s] < -1) return "slot " + std::to_string(s) + " has owner " + std::to_string(owner_[s]);
     if (owner_[s] < 0 && pinned_[s]) return "free slot " + std::to_string(s) + " is pinned";
-    if (owner_[s] >= 0 && last_use_[s] > now)
-      return "slot " + std::to_string(s) + " last used at step " + std::to_string(last_use_[s]) + ", after " +
+    if (owner_[s] >= 0 && base_ + use_[s] > now)
+      return "slot " + std::to_string(s) + " last used at step " + std::to_string(base_ + use_[s]) + ", after " +
              std::to_string(now);
   }
   return "";

@@ -39,7 +39,7 @@ class BucketedLru {
  public:
   BucketedLru(int64_t n_slots, LruParams p);
 
-  int64_t n_slots() const { return static_cast<int64_t>(last_use_.size()); }
+  int64_t n_slots() const { return static_cast<int64_t>(use_.size()); }
   const LruParams& params() const { return p_; }
 
   // Slot s now holds a page of `owner` (a request's id), used at step `now`.
@@ -50,23 +50,26 @@ class BucketedLru {
   void erase(int32_t s);
   // Pinned slots are never selected (the pages the running step reads).
   void set_pinned(int32_t s, bool pinned);
-  // touch without the check, for a slot the caller knows is resident (the per-step scan).
-  void touch_resident(int32_t s, int64_t now) {
-    int64_t& u = last_use_[static_cast<size_t>(s)];
-    if (u < now) u = now;
-  }
+  // A step's reads recorded as stamps ([n_slots]; stamps[s] == stamp: slot s was read): over the
+  // slots [b, e), each resident one so stamped and not skipped (skip: null, or [n_slots] with
+  // nonzero for a slot to leave out) is touched at `now` and counted in counts[owner + 1]
+  // (counts: [max owner + 2]; counts[0] is never added to). Without a branch on the stamp: a
+  // step's reads are scattered over the slots, and a branch per slot mispredicts on a large part
+  // of them (the host's after-step scan at 128k x 4: docs/hierarchy.md, session 40).
+  void touch_stamped(std::span<const int32_t> stamps, int32_t stamp, int64_t now, const uint8_t* skip, int64_t b,
+                     int64_t e, int64_t* counts);
   void unpin_all();
   // Slots pinned now.
   int64_t n_pinned() const { return n_pinned_; }
 
   bool resident(int32_t s) const { return owner_[static_cast<size_t>(s)] >= 0; }
   int32_t owner(int32_t s) const { return owner_[static_cast<size_t>(s)]; }
-  int64_t last_use(int32_t s) const { return last_use_[static_cast<size_t>(s)]; }
+  int64_t last_use(int32_t s) const { return base_ + use_[static_cast<size_t>(s)]; }
   bool pinned(int32_t s) const { return pinned_[static_cast<size_t>(s)] != 0; }
   int64_t bucket(int32_t s, int64_t now) const;  // (plain: key1)
   // The slot's place in the eviction order at `now` before the slot number: key1 relative to the
   // oldest bucket times bucket_steps, plus key2 (a bin in [0, n_buckets * bucket_steps)).
-  int64_t order_bin(int32_t s, int64_t now) const { return order_bin_at(last_use_[static_cast<size_t>(s)], now); }
+  int64_t order_bin(int32_t s, int64_t now) const { return order_bin_at(last_use(s), now); }
   // The same for a slot last used at u.
   int64_t order_bin_at(int64_t u, int64_t now) const;
 
@@ -81,25 +84,41 @@ class BucketedLru {
   // From this many slots on, select_many's passes run on the thread pool (same result).
   static constexpr int64_t kParallelSlots = int64_t{1} << 16;
 
+  // The clock's range: last uses are kept as 32-bit offsets from a base (half the bytes of the
+  // per-step passes over millions of slots), so the clock may run at most 2^31 - 1 ticks past it.
+  // advance(now) moves the base up to now - 2^29 once now is 2^30 past it, every older last use
+  // then counted as the new base: both are then ages past the order's last bin (n_buckets *
+  // bucket_steps ticks, at most 65,536) for every query within 2^29 ticks before `now` or after
+  // it, so no order changes. insert and touch advance; touch_stamped (parallel over chunks) needs
+  // the caller's advance(now) first. rebases(): how many times the base moved (a last use read
+  // before one may since read otherwise).
+  void advance(int64_t now);
+  int64_t rebases() const { return rebases_; }
+
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.
   std::string check_invariants(int64_t now) const;
 
  private:
   // order_bin at `now` by the slot's distance d = now - last_use: a table over d (no division per
-  // slot), the last entry standing for every larger d (both orders saturate there).
+  // slot), the last entry standing for every larger d (both orders saturate there). `rel_now`:
+  // now - base_, so at(use_[s]) is the slot's bin.
   struct BinTable {
     std::vector<int32_t> bin;
-    int64_t now;
-    int64_t at(int64_t u) const {
-      const int64_t d = now - u;
+    int64_t rel_now;
+    int64_t at(int64_t rel_u) const {
+      const int64_t d = rel_now - rel_u;
       return bin[static_cast<size_t>(std::min<int64_t>(d, static_cast<int64_t>(bin.size()) - 1))];
     }
   };
   BinTable bin_table(int64_t now) const;
 
   LruParams p_;
-  std::vector<int64_t> last_use_;
+  // Throws unless last uses up to `now` fit the offsets (advance(now) makes them fit).
+  void check_range(int64_t now) const;
+  static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
+  int64_t base_ = 0, rebases_ = 0;
+  std::vector<int32_t> use_;  // [n_slots] last use - base_
   std::vector<int32_t> owner_;   // -1: free
   std::vector<uint8_t> pinned_;
   int64_t n_pinned_ = 0;

@@ -339,6 +339,7 @@ TieredKv::AnyVictims TieredKv::take_any_victims(int64_t n, int64_t now) const {
   a.n_slots = lru_.n_slots();
   a.slots = lru_.select(-1, n, now);
   a.cut = static_cast<int64_t>(a.slots.size()) == n;
+  a.rebases = lru_.rebases();
   for (const int32_t s : a.slots) {
     a.last_use.push_back(lru_.last_use(s));
     a.bin.push_back(lru_.order_bin(s, now));
@@ -351,6 +352,7 @@ bool TieredKv::any_victims(const AnyVictims& any, int64_t n, int64_t now, int64_
   // inserted since (at the bin of `now`), in (bin, slot) order.
   out->clear();
   if (n <= 0) return true;
+  if (lru_.rebases() != any.rebases) return false;  // (the prefix's last uses were read before the base moved)
   const auto gone = [&](size_t k) {
     const int32_t s = any.slots[k];
     return !lru_.resident(s) || lru_.last_use(s) != any.last_use[k] || (!any.is_added.empty() && any.is_added[static_cast<size_t>(s)]);
@@ -784,17 +786,13 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   // page changed while the step ran are not its reads (after_step_recalls in flight).
   const int64_t n_slots = lru_.n_slots();
   ThreadPool* pool = n_slots >= BucketedLru::kParallelSlots ? &ThreadPool::global() : nullptr;
+  // (hits_of[c][o + 1]: chunk c's hits of owner o; BucketedLru::touch_stamped)
   std::vector<std::vector<int64_t>> hits_of(static_cast<size_t>(pool ? pool->n_threads() : 1),
-                                            std::vector<int64_t>(static_cast<size_t>(next_owner_), 0));
+                                            std::vector<int64_t>(static_cast<size_t>(next_owner_) + 1, 0));
   const uint8_t* changed = changed_any_ ? changed_in_flight_.data() : nullptr;
+  lru_.advance(now);  // (touch_stamped runs on chunks in parallel: the clock's range first)
   const auto scan = [&](int64_t b, int64_t e, int c) {
-    int64_t* mine = hits_of[static_cast<size_t>(c)].data();
-    for (int32_t s = static_cast<int32_t>(b); s < static_cast<int32_t>(e); ++s) {
-      if (stamps[static_cast<size_t>(s)] != stamp || !lru_.resident(s)) continue;
-      if (changed && changed[s]) continue;
-      lru_.touch_resident(s, now);
-      ++mine[lru_.owner(s)];
-    }
+    lru_.touch_stamped(stamps, stamp, now, changed, b, e, hits_of[static_cast<size_t>(c)].data());
   };
   if (pool) pool->parallel_for(n_slots, scan, 4096);
   else scan(0, n_slots, 0);
@@ -802,7 +800,7 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   changed_any_ = false;
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
   for (const auto& h : hits_of)
-    for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o];
+    for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o + 1];
   for (auto& [id, o] : owners_) {
     o.hits += by_owner[static_cast<size_t>(o.id)];
     st.hits += by_owner[static_cast<size_t>(o.id)];

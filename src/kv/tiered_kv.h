@@ -335,6 +335,7 @@ class TieredKv {
     std::vector<int64_t> bin;       // [slots] its order bin then
     bool cut = false;               // there were more candidates than `slots` holds
     int64_t n_slots = 0;            // the device pool's
+    int64_t rebases = 0;            // the LRU's base moves when taken (BucketedLru::rebases)
     // Slots the recalls inserted since (recall_pages), ascending, and a mark per device slot.
     mutable std::vector<int32_t> added;
     mutable std::vector<uint8_t> is_added;

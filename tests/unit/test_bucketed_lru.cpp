@@ -161,4 +161,114 @@ TEST(BucketedLru, SelectManyOnThreadsEqualsTheDefinition) {
   }
 }
 
+// touch_stamped (the after-step scan's branch-free pass) against touch() on each stamped resident
+// slot not skipped, over the slots split into random ranges: the same last uses everywhere and the
+// same hits per owner; free slots, other stamps, skipped slots and later last uses left alone.
+TEST(BucketedLru, TouchStampedEqualsTouchingEachReadSlot) {
+  std::mt19937_64 rng(17);
+  const int64_t n_slots = 50021;
+  for (const bool with_skip : {false, true}) {
+    BucketedLru lru(n_slots, LruParams{4, 16, true});
+    for (int32_t s = 0; s < n_slots; ++s) {
+      if (rng() % 5 == 0) continue;  // free
+      lru.insert(s, static_cast<int32_t>(rng() % 7), static_cast<int64_t>(rng() % 200));
+      if (rng() % 9 == 0) lru.set_pinned(s, true);  // (pins do not matter to a touch)
+    }
+    const int64_t now = 150;  // (some last uses are later: a touch never moves them back)
+    const int32_t stamp = 41;
+    std::vector<int32_t> stamps(static_cast<size_t>(n_slots));
+    std::vector<uint8_t> skip(static_cast<size_t>(n_slots), 0);
+    for (int32_t s = 0; s < n_slots; ++s) {
+      stamps[static_cast<size_t>(s)] = rng() % 3 == 0 ? stamp : static_cast<int32_t>(rng() % 41);
+      skip[static_cast<size_t>(s)] = with_skip && rng() % 6 == 0;
+    }
+    BucketedLru want = lru;
+    std::vector<int64_t> want_hits(8, 0);
+    for (int32_t s = 0; s < n_slots; ++s)
+      if (stamps[static_cast<size_t>(s)] == stamp && want.resident(s) && !skip[static_cast<size_t>(s)]) {
+        ++want_hits[static_cast<size_t>(want.owner(s)) + 1];
+        want.touch(s, now);
+      }
+    std::vector<int64_t> hits(8, 0);
+    for (int64_t b = 0; b < n_slots;) {
+      const int64_t e = std::min<int64_t>(n_slots, b + 1 + static_cast<int64_t>(rng() % 9000));
+      lru.touch_stamped(stamps, stamp, now, with_skip ? skip.data() : nullptr, b, e, hits.data());
+      b = e;
+    }
+    EXPECT_EQ(hits, want_hits);
+    EXPECT_EQ(hits[0], 0);
+    EXPECT_GT(want_hits[1], 1000);  // (the case reads many slots of each owner)
+    for (int32_t s = 0; s < n_slots; ++s) {
+      ASSERT_EQ(lru.resident(s), want.resident(s));
+      ASSERT_EQ(lru.last_use(s), want.last_use(s)) << "slot " << s;
+    }
+  }
+}
+
+// The clock past 32 bits: last uses are kept as offsets from a base that advance() moves (every
+// 2^30 ticks, to 2^29 ticks back, older uses clamped to it). Selections over a clock that jumps
+// by up to 2^28 ticks a round, through several moves of the base, equal the definition computed
+// from the true 64-bit last uses the test keeps beside the LRU.
+TEST(BucketedLru, ClockPast32BitsKeepsTheOrder) {
+  std::mt19937_64 rng(23);
+  const int64_t n_slots = 3001;
+  for (const LruParams p : {LruParams{4, 16, false}, LruParams{30, 4, true}}) {
+    BucketedLru lru(n_slots, p);
+    std::vector<int64_t> truth(static_cast<size_t>(n_slots), 0);
+    int64_t now = 0;
+    for (int round = 0; round < 40; ++round) {
+      for (int i = 0; i < 800; ++i) {
+        const int32_t s = static_cast<int32_t>(rng() % static_cast<uint64_t>(n_slots));
+        if (!lru.resident(s)) {
+          lru.insert(s, static_cast<int32_t>(rng() % 3), now);
+          truth[static_cast<size_t>(s)] = now;
+        } else if (rng() % 6 == 0) {
+          lru.erase(s);
+        } else {
+          lru.touch(s, now);
+          truth[static_cast<size_t>(s)] = std::max(truth[static_cast<size_t>(s)], now);
+        }
+        now += static_cast<int64_t>(rng() % 3);
+      }
+      // A jump: small (inside the order's bins), or up to 2^28 ticks.
+      now += rng() % 2 == 0 ? static_cast<int64_t>(rng() % 50) : static_cast<int64_t>(rng() % (int64_t{1} << 28));
+      // (a last use is the true one, or one clamped to a base at least 2^29 ticks back)
+      for (int32_t s = 0; s < n_slots; ++s) {
+        if (!lru.resident(s)) continue;
+        const int64_t u = lru.last_use(s), t = truth[static_cast<size_t>(s)];
+        ASSERT_TRUE(u == t || (u > t && now - u >= (int64_t{1} << 29))) << "slot " << s << ": " << u << " for " << t;
+      }
+      // The definition from the true last uses.
+      const auto want = [&](int32_t owner, int64_t n) {
+        const int64_t P = p.bucket_steps, B = p.n_buckets;
+        std::vector<std::tuple<int64_t, int64_t, int32_t>> c;
+        for (int32_t s = 0; s < n_slots; ++s) {
+          if (!lru.resident(s) || (owner >= 0 && lru.owner(s) != owner)) continue;
+          const int64_t u = truth[static_cast<size_t>(s)];
+          if (!p.cyclic) {
+            c.emplace_back(std::max(u / P, now / P - (B - 1)), 0, s);
+          } else {
+            const int64_t age = std::min((now - u) / P, B - 1);
+            c.emplace_back(-age, std::min(now - age * P - u, P - 1), s);
+          }
+        }
+        std::sort(c.begin(), c.end());
+        std::vector<int32_t> out;
+        for (int64_t i = 0; i < std::min<int64_t>(n, static_cast<int64_t>(c.size())); ++i)
+          out.push_back(std::get<2>(c[static_cast<size_t>(i)]));
+        return out;
+      };
+      const int64_t n = static_cast<int64_t>(rng() % 2500);
+      ASSERT_EQ(lru.select(-1, n, now), want(-1, n)) << "round " << round;
+      const std::vector<std::pair<int32_t, int64_t>> wants{{0, n / 2}, {2, n}};
+      const auto many = lru.select_many(wants, now);
+      ASSERT_EQ(many[0], want(0, n / 2)) << "round " << round;
+      ASSERT_EQ(many[1], want(2, n)) << "round " << round;
+      EXPECT_EQ(lru.check_invariants(now), "");
+    }
+    EXPECT_GE(lru.rebases(), 3);  // (the clock passed 2^31 ticks: the base moved several times)
+    EXPECT_GT(now, int64_t{1} << 31);
+  }
+}
+
 }  // namespace dhs
