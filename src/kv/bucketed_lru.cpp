@@ -87,17 +87,15 @@ int64_t BucketedLru::bucket(int32_t s, int64_t now) const {
   return std::max(last_use(s) / p_.bucket_steps, oldest);
 }
 
-void BucketedLru::advance(int64_t now) {
-  if (now - base_ < kRebaseAt) return;
+void BucketedLru::rebase(int64_t now) {
   const int64_t base = now - kKeepBack, shift = base - base_;
   for (int32_t& u : use_) u = static_cast<int32_t>(std::max<int64_t>(int64_t{u} - shift, 0));
   base_ = base;
   ++rebases_;
 }
 
-void BucketedLru::check_range(int64_t now) const {
-  DHS_CHECK(now >= base_ && now - base_ <= INT32_MAX, "LRU clock at {}: outside the last uses' range from {} (advance first)",
-            now, base_);
+void BucketedLru::range_error(int64_t now) const {
+  throw Error(fmt::format("LRU clock at {}: outside the last uses' range from {} (advance first)", now, base_));
 }
 
 int64_t BucketedLru::order_bin_at(int64_t u, int64_t now) const {

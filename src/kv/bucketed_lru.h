@@ -92,7 +92,9 @@ class BucketedLru {
   // it, so no order changes. insert and touch advance; touch_stamped (parallel over chunks) needs
   // the caller's advance(now) first. rebases(): how many times the base moved (a last use read
   // before one may since read otherwise).
-  void advance(int64_t now);
+  void advance(int64_t now) {
+    if (now - base_ >= kRebaseAt) rebase(now);
+  }
   int64_t rebases() const { return rebases_; }
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
@@ -115,7 +117,11 @@ class BucketedLru {
 
   LruParams p_;
   // Throws unless last uses up to `now` fit the offsets (advance(now) makes them fit).
-  void check_range(int64_t now) const;
+  void check_range(int64_t now) const {
+    if (now < base_ || now - base_ > INT32_MAX) range_error(now);
+  }
+  [[noreturn]] void range_error(int64_t now) const;
+  void rebase(int64_t now);
   static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
   int64_t base_ = 0, rebases_ = 0;
   std::vector<int32_t> use_;  // [n_slots] last use - base_
