@@ -10,6 +10,8 @@
 #          test_cuda_tiers (the engine with a host tier, default model)
 #   lru    the bucketed LRU's victims on the device (test_lru_select against select_many, memcheck,
 #          racecheck, the 4M-slot timing against select_many on the host)
+#   hostcost the hierarchy's host bookkeeping per step on this machine's CPUs (tier_host_cost,
+#          128k x 3 and x 4 with landing; A/B with tier_host_cost.base where carried)
 #   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   hieroverlap the after-step's recalls while the next step runs against before it (--sync-recalls),
@@ -186,6 +188,21 @@ for stage in "$@"; do
       run test_lru_select timeout 200 env DHS_CUDA_BENCH=1 "$B/test_lru_select"; grep -E "^lru_select" "$OUT/test_lru_select.log"
       run sanitizer_memcheck_test_lru_select timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=-*Bandwidth*
       run sanitizer_racecheck_test_lru_select timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=*ManyTiles*:*Refuses* ;;
+    hostcost)
+      # The hierarchy's host bookkeeping per step on this machine's CPUs (bench/tier_host_cost: the
+      # 8B shape's pages, 32 GiB of HBM slots, landing), 128k x 3 and x 4; with tier_host_cost.base
+      # (prebuild.sh DHS_HOSTCOST_BASE) the two binaries interleaved, three runs each.
+      for b in 3 4; do
+        for i in 1 2 3; do
+          for bin in tier_host_cost tier_host_cost.base; do
+            [ -x "$B/$bin" ] || continue
+            cm=$C; [ "$bin" = tier_host_cost.base ] && cm=${DHS_HOSTCOST_BASE_COMMIT:-base}
+            run "hostcost_${bin}_b${b}_$i" timeout 300 "$B/$bin" --ctx 131072 --batch $b --land --steps 10 --commit "$cm" \
+              --machine "$GPU host, $(nproc) CPUs" --out "$OUT/hierarchy_host_cost.jsonl"
+            grep -E "after by part" "$OUT/hostcost_${bin}_b${b}_$i.log"
+          done
+        done
+      done ;;
     landoverlap)
       # The landing beside the resident part's attention (CudaModelOptions::land_overlap, sessions
       # 38-39): the overlapped form and the rule's per-step choice against the serial form, the
