@@ -96,6 +96,10 @@ class BucketedLru {
     if (now - base_ >= kRebaseAt) rebase(now);
   }
   int64_t rebases() const { return rebases_; }
+  // The stored form, for a mirror on the device (backend/cuda/lru_select.h): [n_slots] last use −
+  // use_base(), as 32-bit offsets.
+  std::span<const int32_t> use_offsets() const { return use_; }
+  int64_t use_base() const { return base_; }
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.

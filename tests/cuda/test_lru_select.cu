@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -36,7 +37,8 @@ bool have_gpu() { return dc::device_count() > 0; }
 
 // The LRU's state and a selection's wants on the device.
 struct DeviceState {
-  int64_t* last_use = nullptr;
+  int32_t* last_use = nullptr;  // (the LRU's stored offsets from base)
+  int64_t base = 0;
   int32_t* owner = nullptr;
   uint8_t* pinned = nullptr;
   int32_t* want_of = nullptr;
@@ -49,11 +51,12 @@ struct DeviceState {
 
   DeviceState(const BucketedLru& lru, const std::vector<std::pair<int32_t, int64_t>>& wants) {
     n_slots = static_cast<int32_t>(lru.n_slots());
-    std::vector<int64_t> u(static_cast<size_t>(n_slots));
+    const std::span<const int32_t> offsets = lru.use_offsets();
+    std::vector<int32_t> u(offsets.begin(), offsets.end());
+    base = lru.use_base();
     std::vector<int32_t> o(static_cast<size_t>(n_slots));
     std::vector<uint8_t> pin(static_cast<size_t>(n_slots));
     for (int32_t s = 0; s < n_slots; ++s) {
-      u[static_cast<size_t>(s)] = lru.last_use(s);
       o[static_cast<size_t>(s)] = lru.owner(s);
       pin[static_cast<size_t>(s)] = lru.pinned(s) ? 1 : 0;
     }
@@ -93,6 +96,7 @@ struct DeviceState {
   dc::LruSelectParams params(const LruParams& lp, int64_t now) const {
     dc::LruSelectParams p;
     p.last_use = last_use;
+    p.use_base = base;
     p.owner = owner;
     p.pinned = pinned;
     p.n_slots = n_slots;
@@ -111,13 +115,14 @@ struct DeviceState {
 };
 
 // A random LRU: owners 0 .. n_owners - 1 hold ~85% of the slots, last used within `span` ticks
-// before `now` (or any time before it, one in eight), ~5% pinned; then touches and erases.
+// before `now` (or any time before it up to 2^28 ticks back, one in eight), ~5% pinned; then
+// touches and erases.
 BucketedLru random_lru(int32_t n_slots, LruParams lp, int n_owners, int64_t now, int64_t span, std::mt19937& rng) {
   BucketedLru lru(n_slots, lp);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   std::uniform_int_distribution<int> own(0, n_owners - 1);
   const auto when = [&] {
-    const int64_t lo = u01(rng) < 0.125 ? 0 : std::max<int64_t>(0, now - span);
+    const int64_t lo = std::max<int64_t>(0, now - (u01(rng) < 0.125 ? int64_t{1} << 28 : span));
     return std::uniform_int_distribution<int64_t>(lo, now)(rng);
   };
   for (int32_t s = 0; s < n_slots; ++s) {
@@ -173,9 +178,12 @@ TEST(LruSelect, EqualsSelectManyOnRandomStates) {
       {65537, {4, 16, false}, 2, 1000, 200},
       {300001, {3, 3, true}, 7, 77, 77},
       {20000, {64, 64, true}, 5, 100000, 9000},  // 4,096 bins (the most) x 4 wants: the histogram in global atomics
+      {65537, {32, 4, true}, 9, (int64_t{3} << 30) + 12345, 300},  // the clock past 2^31: offsets from a base > 0
+      {4097, {4, 16, false}, 3, (int64_t{3} << 30) + 7, 200},
   };
   for (const Case& c : cases) {
     const BucketedLru lru = random_lru(c.n_slots, c.lp, c.owners, c.now, c.span, rng);
+    if (c.now > (int64_t{1} << 30)) EXPECT_GT(lru.use_base(), 0);
     const std::vector<int64_t> have = candidates_of(lru, c.owners);
     const int nb = c.lp.n_buckets * c.lp.bucket_steps;
     dc::LruSelectScratch sc(c.n_slots, c.owners + 1, nb);
@@ -250,7 +258,8 @@ TEST(LruSelect, CapturedAndReplayedOverNewUses) {
   const BucketedLru b = random_lru(100000, lp, 4, 5000, 900, rng2);
   const std::vector<std::pair<int32_t, int64_t>> wants2 = {{2, 100}, {0, 0}, {1, 40000}, {3, 17}};
   DeviceState fresh(b, wants2);
-  DHS_CUDA_CHECK(cudaMemcpy(d.last_use, fresh.last_use, static_cast<size_t>(b.n_slots()) * 8, cudaMemcpyDeviceToDevice));
+  ASSERT_EQ(fresh.base, d.base);  // (the base is baked into the graph with `now`)
+  DHS_CUDA_CHECK(cudaMemcpy(d.last_use, fresh.last_use, static_cast<size_t>(b.n_slots()) * 4, cudaMemcpyDeviceToDevice));
   DHS_CUDA_CHECK(cudaMemcpy(d.owner, fresh.owner, static_cast<size_t>(b.n_slots()) * 4, cudaMemcpyDeviceToDevice));
   DHS_CUDA_CHECK(cudaMemcpy(d.pinned, fresh.pinned, static_cast<size_t>(b.n_slots()), cudaMemcpyDeviceToDevice));
   DHS_CUDA_CHECK(cudaMemcpy(d.want_n, fresh.want_n, 4 * 8, cudaMemcpyDeviceToDevice));
@@ -278,8 +287,8 @@ TEST(LruSelect, RefusesACandidateUsedAfterNow) {
   BucketedLru lru(100, {4, 16, false});
   for (int32_t s = 0; s < 100; ++s) lru.insert(s, s % 3, 20);
   DeviceState d(lru, {{0, 5}, {1, 5}});
-  const int64_t later = 30;
-  DHS_CUDA_CHECK(cudaMemcpy(d.last_use + 7, &later, 8, cudaMemcpyHostToDevice));  // slot 7: owner 1
+  const int32_t later = static_cast<int32_t>(30 - d.base);
+  DHS_CUDA_CHECK(cudaMemcpy(d.last_use + 7, &later, 4, cudaMemcpyHostToDevice));  // slot 7: owner 1
   dc::LruSelectScratch sc(100, 2, 64);
   bool threw = false;
   try {

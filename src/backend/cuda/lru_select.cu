@@ -36,12 +36,14 @@ struct Order {
 };
 
 struct Candidates {
-  const int64_t* last_use;
+  const int32_t* last_use;  // offsets from base
+  int64_t base;
   const int32_t* owner;
   const uint8_t* pinned;
   const int32_t* want_of_owner;
   int32_t n_owners;
   const int64_t* want_n;
+  __device__ int64_t use(int32_t s) const { return base + last_use[s]; }
   // The want slot s is a candidate of (its owner's, if that wants any), or -1.
   __device__ int want(int32_t s) const {
     const int32_t o = owner[s];
@@ -64,7 +66,7 @@ __global__ void lru_hist_kernel(Candidates c, Order ord, int32_t n_slots, int n_
     const int32_t s = static_cast<int32_t>(i);
     const int w = c.want(s);
     if (w < 0) continue;
-    const int64_t u = c.last_use[s];
+    const int64_t u = c.use(s);
     if (u > ord.now) {
       atomicMin(error_slot, s);  // (the lowest such slot, whatever the schedule)
       continue;
@@ -145,7 +147,7 @@ struct AtOrBeforeCut {
   __device__ bool operator()(int32_t s) const {
     const int w = c.want(s);
     if (w < 0) return false;
-    const int64_t u = c.last_use[s];
+    const int64_t u = c.use(s);
     return u <= ord.now && ord.bin(u) <= cut[2 * w];
   }
 };
@@ -193,7 +195,7 @@ __global__ void lru_place_kernel(Candidates c, Order ord, int n_bins, const int3
       if (i < n) {
         const int32_t s = list[i];
         if (c.want(s) == w) {
-          key[j] = ord.bin(c.last_use[s]);
+          key[j] = ord.bin(c.use(s));
           slot[j] = s;
         }
       }
@@ -264,7 +266,7 @@ LruSelectScratch::~LruSelectScratch() {
 void launch_lru_select(const LruSelectParams& p, LruSelectScratch& sc, cudaStream_t stream) {
   if (p.n_wants <= 0) return;
   const int nb = p.lru.n_buckets * p.lru.bucket_steps, n_keys = p.n_wants * nb;  // (<= max_wants x n_bins: the scratch's)
-  const Candidates c{p.last_use, p.owner, p.pinned, p.want_of_owner, p.n_owners, p.want_n};
+  const Candidates c{p.last_use, p.use_base, p.owner, p.pinned, p.want_of_owner, p.n_owners, p.want_n};
   const Order ord{p.now, p.lru.bucket_steps, p.lru.n_buckets, p.lru.cyclic};
   DHS_CUDA_CHECK(cudaMemsetAsync(sc.hist_, 0, static_cast<size_t>(n_keys) * 4, stream));
   lru_error_reset_kernel<<<1, 1, 0, stream>>>(p.error_slot);

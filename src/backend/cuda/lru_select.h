@@ -18,7 +18,9 @@
 // is then undefined. Written by hand:
 // CUB has the block sort, scans and the compaction, not a bucketed selection.
 //
-//   last_use [n_slots] int64, owner [n_slots] int32 (-1: free), pinned [n_slots] uint8 or null
+//   last_use [n_slots] int32: last use − use_base (the host LRU's stored form, BucketedLru::
+//            use_offsets / use_base, so a mirror is a copy), owner [n_slots] int32 (-1: free),
+//   pinned [n_slots] uint8 or null
 //   want_of_owner [n_owners] int32: the want of each owner id, or -1
 //   want_n [n_wants] int64
 //   out: slots [n_slots] int32 (want w's victims at out_first[w], out_count[w] of them, in order),
@@ -38,7 +40,8 @@ namespace dhs::cuda {
 constexpr int32_t kNoError = INT32_MAX;
 
 struct LruSelectParams {
-  const int64_t* last_use = nullptr;
+  const int32_t* last_use = nullptr;  // offsets from use_base
+  int64_t use_base = 0;
   const int32_t* owner = nullptr;
   const uint8_t* pinned = nullptr;
   int32_t n_slots = 0;
