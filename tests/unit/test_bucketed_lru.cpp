@@ -15,13 +15,15 @@
 namespace dhs {
 namespace {
 
-std::vector<int32_t> brute_force(const BucketedLru& lru, int32_t owner, int64_t n, int64_t now) {
+// uses (optional): each slot's last use as the test knows it (else the LRU's own).
+std::vector<int32_t> brute_force(const BucketedLru& lru, int32_t owner, int64_t n, int64_t now,
+                                 const std::vector<int64_t>* uses = nullptr) {
   const LruParams& p = lru.params();
   const int64_t P = p.bucket_steps, B = p.n_buckets;
   std::vector<std::tuple<int64_t, int64_t, int32_t>> c;
   for (int32_t s = 0; s < lru.n_slots(); ++s) {
     if (!lru.resident(s) || lru.pinned(s) || (owner >= 0 && lru.owner(s) != owner)) continue;
-    const int64_t u = lru.last_use(s);
+    const int64_t u = uses ? (*uses)[static_cast<size_t>(s)] : lru.last_use(s);
     if (!p.cyclic) {
       c.emplace_back(std::max(u / P, now / P - (B - 1)), 0, s);
     } else {
@@ -239,25 +241,7 @@ TEST(BucketedLru, ClockPast32BitsKeepsTheOrder) {
         ASSERT_TRUE(u == t || (u > t && now - u >= (int64_t{1} << 29))) << "slot " << s << ": " << u << " for " << t;
       }
       // The definition from the true last uses.
-      const auto want = [&](int32_t owner, int64_t n) {
-        const int64_t P = p.bucket_steps, B = p.n_buckets;
-        std::vector<std::tuple<int64_t, int64_t, int32_t>> c;
-        for (int32_t s = 0; s < n_slots; ++s) {
-          if (!lru.resident(s) || (owner >= 0 && lru.owner(s) != owner)) continue;
-          const int64_t u = truth[static_cast<size_t>(s)];
-          if (!p.cyclic) {
-            c.emplace_back(std::max(u / P, now / P - (B - 1)), 0, s);
-          } else {
-            const int64_t age = std::min((now - u) / P, B - 1);
-            c.emplace_back(-age, std::min(now - age * P - u, P - 1), s);
-          }
-        }
-        std::sort(c.begin(), c.end());
-        std::vector<int32_t> out;
-        for (int64_t i = 0; i < std::min<int64_t>(n, static_cast<int64_t>(c.size())); ++i)
-          out.push_back(std::get<2>(c[static_cast<size_t>(i)]));
-        return out;
-      };
+      const auto want = [&](int32_t owner, int64_t n) { return brute_force(lru, owner, n, now, &truth); };
       const int64_t n = static_cast<int64_t>(rng() % 2500);
       ASSERT_EQ(lru.select(-1, n, now), want(-1, n)) << "round " << round;
       const std::vector<std::pair<int32_t, int64_t>> wants{{0, n / 2}, {2, n}};
