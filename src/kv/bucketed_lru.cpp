@@ -128,6 +128,18 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
                                          const std::function<bool(int32_t)>& eligible) const {
   std::vector<int32_t> out;
   if (n <= 0) return out;
+  // A large LRU without a filter: the passes on the thread pool (the same result: select_passes
+  // joins its chunks in slot order). The hierarchy's reservation of landing slots takes this path
+  // before every tiered decode step, over millions of slots.
+  if (!eligible && n_slots() >= kParallelSlots) {
+    const int64_t want_n[1] = {n};
+    return std::move(select_passes(
+        [&](size_t s) -> int32_t {
+          const int32_t o = owner_[s];
+          return o >= 0 && (owner < 0 || o == owner) && pinned_[s] == 0 ? 0 : -1;
+        },
+        want_n, now)[0]);
+  }
   const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
   const auto candidate = [&](size_t s) {
     return owner_[s] >= 0 && (owner < 0 || owner_[s] == owner) && pinned_[s] == 0 &&
@@ -164,26 +176,35 @@ std::vector<int32_t> BucketedLru::select(int32_t owner, int64_t n, int64_t now,
 
 std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::pair<int32_t, int64_t>> wants,
                                                           int64_t now) const {
-  const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
-  const size_t n_wants = wants.size(), nb = static_cast<size_t>(n_bins);
-  std::vector<std::vector<int32_t>> out(n_wants);
   int32_t max_owner = -1;
   for (const auto& [o, n] : wants) {
     DHS_CHECK(o >= 0, "LRU select_many: owner {}", o);
     max_owner = std::max(max_owner, o);
   }
   std::vector<int32_t> want_of(static_cast<size_t>(max_owner + 1), -1);  // owner -> index in wants
-  for (size_t i = 0; i < n_wants; ++i) {
+  std::vector<int64_t> want_n(wants.size());
+  for (size_t i = 0; i < wants.size(); ++i) {
     DHS_CHECK(want_of[static_cast<size_t>(wants[i].first)] < 0, "LRU select_many: owner {} twice", wants[i].first);
+    want_n[i] = wants[i].second;
     if (wants[i].second > 0) want_of[static_cast<size_t>(wants[i].first)] = static_cast<int32_t>(i);
   }
+  return select_passes(
+      [&](size_t s) -> int32_t {  // the want a slot is a candidate of, or -1
+        const int32_t o = owner_[s];
+        if (o < 0 || o > max_owner || pinned_[s] != 0) return -1;
+        return want_of[static_cast<size_t>(o)];
+      },
+      want_n, now);
+}
+
+template <class WantOf>
+std::vector<std::vector<int32_t>> BucketedLru::select_passes(const WantOf& index, std::span<const int64_t> want_n,
+                                                            int64_t now) const {
+  const int64_t n_bins = static_cast<int64_t>(p_.n_buckets) * p_.bucket_steps;
+  const size_t n_wants = want_n.size(), nb = static_cast<size_t>(n_bins);
+  std::vector<std::vector<int32_t>> out(n_wants);
   // Nothing wanted (a step whose recalls fit the free slots): no pass over the slots.
-  if (std::none_of(wants.begin(), wants.end(), [](const auto& w) { return w.second > 0; })) return out;
-  const auto index = [&](size_t s) -> int32_t {  // the want a slot is a candidate of, or -1
-    const int32_t o = owner_[s];
-    if (o < 0 || o > max_owner || pinned_[s] != 0) return -1;
-    return want_of[static_cast<size_t>(o)];
-  };
+  if (std::none_of(want_n.begin(), want_n.end(), [](int64_t n) { return n > 0; })) return out;
   const BinTable bins = bin_table(now);
   // Both passes run over contiguous chunks of the slots, one per thread of the pool (large LRUs:
   // the hierarchy's per-step selection over millions of HBM slots), each chunk's results kept
@@ -194,7 +215,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     if (pool) pool->parallel_for(n_slots(), fn, 4096);
     else fn(0, n_slots(), 0);
   };
-  // Pass 1: each owner's histogram over the order's bins; then its cut, as select's.
+  // Pass 1: each want's histogram over the order's bins; then its cut, as select's.
   std::vector<std::vector<int64_t>> hist_of(static_cast<size_t>(n_chunks), std::vector<int64_t>(n_wants * nb, 0));
   std::vector<int64_t> late_slot(static_cast<size_t>(n_chunks), -1);  // a slot used after `now`, by chunk
   over_chunks([&](int64_t b, int64_t e, int c) {
@@ -213,7 +234,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     DHS_CHECK(s < 0, "LRU select at step {}: slot {} was used at step {}, later", now, s, base_ + use_[static_cast<size_t>(s)]);
   std::vector<int64_t> cut(n_wants, 0), take_in_cut(n_wants, 0);
   for (size_t i = 0; i < n_wants; ++i) {
-    const int64_t n = wants[i].second;
+    const int64_t n = want_n[i];
     if (n <= 0) continue;
     std::vector<int64_t> h(nb, 0);
     for (const auto& hc : hist_of)
@@ -230,7 +251,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
       static_cast<size_t>(n_chunks), std::vector<std::vector<std::vector<int32_t>>>(n_wants));
   for (auto& chunk : by_bin)
     for (size_t i = 0; i < n_wants; ++i)
-      if (wants[i].second > 0) chunk[i].resize(static_cast<size_t>(std::min<int64_t>(cut[i] + 1, n_bins)));
+      if (want_n[i] > 0) chunk[i].resize(static_cast<size_t>(std::min<int64_t>(cut[i] + 1, n_bins)));
   over_chunks([&](int64_t b, int64_t e, int c) {
     auto& mine = by_bin[static_cast<size_t>(c)];
     for (size_t s = static_cast<size_t>(b); s < static_cast<size_t>(e); ++s) {
@@ -243,7 +264,7 @@ std::vector<std::vector<int32_t>> BucketedLru::select_many(std::span<const std::
     }
   });
   for (size_t i = 0; i < n_wants; ++i) {
-    if (wants[i].second <= 0) continue;
+    if (want_n[i] <= 0) continue;
     for (int64_t bin = 0; bin < std::min<int64_t>(cut[i] + 1, n_bins); ++bin) {
       int64_t room = bin < cut[i] ? INT64_MAX : take_in_cut[i];
       for (const auto& chunk : by_bin) {

@@ -81,7 +81,8 @@ class BucketedLru {
   // select(owner, n, now) for several owners at once (each owner >= 0, once), in two passes over
   // the slots for all of them: [wants.size()] lists, each what select would return.
   std::vector<std::vector<int32_t>> select_many(std::span<const std::pair<int32_t, int64_t>> wants, int64_t now) const;
-  // From this many slots on, select_many's passes run on the thread pool (same result).
+  // From this many slots on, select_many's passes (and select's without `eligible`) run on the
+  // thread pool (same result).
   static constexpr int64_t kParallelSlots = int64_t{1} << 16;
 
   // The clock's range: last uses are kept as 32-bit offsets from a base (half the bytes of the
@@ -118,6 +119,10 @@ class BucketedLru {
     }
   };
   BinTable bin_table(int64_t now) const;
+  // select_many's two passes for wants given per slot: index(s) is the want slot s is a candidate
+  // of (-1: none), want_n each want's count; on the thread pool from kParallelSlots slots on.
+  template <class WantOf>
+  std::vector<std::vector<int32_t>> select_passes(const WantOf& index, std::span<const int64_t> want_n, int64_t now) const;
 
   LruParams p_;
   // Throws unless last uses up to `now` fit the offsets (advance(now) makes them fit).

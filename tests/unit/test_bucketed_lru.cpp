@@ -135,6 +135,7 @@ TEST(BucketedLru, MatchesTheBruteForceDefinition) {
 // select_many over an LRU past BucketedLru::kParallelSlots: its passes run over chunks of the
 // slots on the thread pool, and the result must still be the definition's, slot order included
 // (candidates of one bin spread over every chunk; the cut bin's take spanning chunks).
+// select_many, and select without a filter, over an LRU large enough for the thread pool.
 TEST(BucketedLru, SelectManyOnThreadsEqualsTheDefinition) {
   std::mt19937_64 rng(5);
   const int64_t n_slots = BucketedLru::kParallelSlots + 12345;
@@ -154,6 +155,10 @@ TEST(BucketedLru, SelectManyOnThreadsEqualsTheDefinition) {
       std::vector<std::pair<int32_t, int64_t>> wants;
       for (int32_t o = 0; o < 5; ++o)
         if (rng() % 5 != 0) wants.emplace_back(o, static_cast<int64_t>(rng() % 30000));
+      // select without a filter takes the same passes at this size: any owner's and one owner's.
+      const int64_t k = static_cast<int64_t>(rng() % 60000);
+      ASSERT_EQ(lru.select(-1, k, now), brute_force(lru, -1, k, now)) << "any owner, n " << k << " round " << round;
+      ASSERT_EQ(lru.select(3, k / 4, now), brute_force(lru, 3, k / 4, now)) << "owner 3, n " << k / 4 << " round " << round;
       const auto many = lru.select_many(wants, now);
       ASSERT_EQ(many.size(), wants.size());
       for (size_t i = 0; i < wants.size(); ++i)
