@@ -396,6 +396,84 @@ TEST(TieredKv, AfterDecodeStepByStampsEqualsTheListForm) {
   expect_stamps_equal_list_form(BucketedLru::kParallelSlots + 100);
 }
 
+// The LRU keeps last uses as 32-bit offsets from a base that moves once the clock is 2^30 past it
+// (kv/bucketed_lru.h): twin hierarchies run the same 40 steps of random reads under tight budgets,
+// one on a clock from 0, the other on the same clock shifted to just below 2^30 (the base moves
+// during the run) or to past 2^32 — every page in the same tier and slot after every step, the
+// same counts, every byte where its table says.
+void expect_shifted_clock_equal(int64_t kDev, int64_t shift) {
+  constexpr int64_t kHost = 256;
+  const LruParams lru{kLayers, 4, true};
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  for (Scenario* s : {&a, &b}) {
+    s->now_ = s == &b ? shift : 0;
+    for (int r = 0; r < 2; ++r) {
+      s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
+      s->kv_.add(*s->reqs_.back().t, s->now_, /*budget=*/14);
+      ASSERT_TRUE(s->append(s->reqs_.back(), 30 + 6 * r));
+    }
+  }
+  std::mt19937 rng(9);
+  std::vector<int32_t> stamps(static_cast<size_t>(kDev), 0);
+  for (int step = 1; step <= 40; ++step) {
+    const int64_t now = int64_t{step} * kLayers + kLayers - 1;
+    a.now_ = now;
+    b.now_ = now + shift;
+    std::vector<std::vector<PageId>> reads(2);
+    for (int r = 0; r < 2; ++r) {
+      const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
+            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
+    }
+    for (Scenario* s : {&a, &b}) {
+      std::vector<TieredKv::LateRead> late;
+      for (int r = 0; r < 2; ++r)
+        for (const PageId& id : reads[static_cast<size_t>(r)]) {
+          const PageRef p = s->reqs_[static_cast<size_t>(r)].t->page(id.layer, id.head, id.idx);
+          if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = step;
+          else late.push_back({r, id});
+        }
+      std::vector<PageTable*> tables = {s->reqs_[0].t.get(), s->reqs_[1].t.get()};
+      s->kv_.after_decode_step(stamps, step, late, tables, s->now_);
+      std::fill(stamps.begin(), stamps.end(), 0);
+    }
+    for (int r = 0; r < 2; ++r) {
+      const PageTable &ta = *a.reqs_[static_cast<size_t>(r)].t, &tb = *b.reqs_[static_cast<size_t>(r)].t;
+      for (int l = 0; l < kLayers; ++l)
+        for (int h = 0; h < kHeads; ++h)
+          for (int64_t i = 0; i < ta.n_pages_per_list(); ++i)
+            ASSERT_EQ(ta.page(l, h, i), tb.page(l, h, i)) << "step " << step << " request " << r << " page " << i;
+      const TierStats sa = a.kv_.request_stats(ta), sb = b.kv_.request_stats(tb);
+      EXPECT_EQ(sa.hits, sb.hits);
+      EXPECT_EQ(sa.late, sb.late);
+      EXPECT_EQ(sa.recalled, sb.recalled);
+    }
+    EXPECT_EQ(a.kv_.totals().offloaded + a.kv_.totals().dropped, b.kv_.totals().offloaded + b.kv_.totals().dropped);
+    a.check();
+    b.check();
+    if (step % 3 == 0) {
+      for (Scenario* s : {&a, &b})
+        for (Req& r : s->reqs_) {
+          ASSERT_TRUE(s->append(r, 1));
+        }
+    }
+  }
+  EXPECT_GT(a.kv_.totals().recalled, 20) << "the scenario should move pages";
+  if (shift < (int64_t{1} << 30)) {
+    EXPECT_EQ(b.kv_.lru().rebases(), 1);  // (the base moved during the run)
+  }
+  EXPECT_EQ(a.kv_.lru().rebases(), 0);
+}
+
+TEST(TieredKv, ClockPast32BitsKeepsEveryPageWhereItWas) {
+  const int64_t below = (int64_t{1} << 30) - 20 * kLayers, past = (int64_t{1} << 32) + 12345;
+  expect_shifted_clock_equal(48, below);
+  expect_shifted_clock_equal(48, past);
+  expect_shifted_clock_equal(BucketedLru::kParallelSlots + 100, below);
+}
+
 // The overlapped order of the CUDA runner (after_step_reads once a step is done; its
 // after_step_recalls while the next step runs, whose lists were taken from the tables before
 // those moves): over 40 steps of random reads under tight budgets, every page stays where its
