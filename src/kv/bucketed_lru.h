@@ -124,7 +124,6 @@ class BucketedLru {
   template <class WantOf>
   std::vector<std::vector<int32_t>> select_passes(const WantOf& index, std::span<const int64_t> want_n, int64_t now) const;
 
-  LruParams p_;
   // Throws unless last uses up to `now` fit the offsets (advance(now) makes them fit).
   void check_range(int64_t now) const {
     if (now < base_ || now - base_ > INT32_MAX) range_error(now);
@@ -132,8 +131,10 @@ class BucketedLru {
   [[noreturn]] void range_error(int64_t now) const;
   void rebase(int64_t now);
   static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
-  int64_t base_ = 0, rebases_ = 0;
+
+  LruParams p_;
   std::vector<int32_t> use_;  // [n_slots] last use - base_
+  int64_t base_ = 0, rebases_ = 0;
   std::vector<int32_t> owner_;   // -1: free
   std::vector<uint8_t> pinned_;
   int64_t n_pinned_ = 0;
