@@ -323,6 +323,20 @@ TEST(TieredKv, RecallAheadKeepsTheBudgetAndTheOrder) {
   EXPECT_EQ(s.dev_.n_used() + s.host_.n_used(), 0);
 }
 
+// A decode step's reads for each request of s: per list, a random third of its pages and the page
+// it appends into.
+std::vector<std::vector<PageId>> random_reads(const Scenario& s, std::mt19937& rng) {
+  std::vector<std::vector<PageId>> reads(s.reqs_.size());
+  for (size_t r = 0; r < s.reqs_.size(); ++r) {
+    const PageTable& t = *s.reqs_[r].t;
+    for (int l = 0; l < kLayers; ++l)
+      for (int h = 0; h < kHeads; ++h)
+        for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
+          if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[r].push_back({l, h, i});
+  }
+  return reads;
+}
+
 // after_decode_step (the GPU's record: a stamp per device slot read, late reads by sequence) does
 // what the list form does — note_reads of every read, then recall_ahead of each request's reads —
 // on twin hierarchies over several steps of random reads under tight budgets: the same pages in
@@ -344,15 +358,7 @@ void expect_stamps_equal_list_form(int64_t kDev) {
   for (int step = 1; step <= 40; ++step) {
     const int64_t now = int64_t{step} * kLayers + kLayers - 1;
     a.now_ = b.now_ = now;
-    // The step's reads: per list, a random third of its pages and the page it appends into.
-    std::vector<std::vector<PageId>> reads(2);
-    for (int r = 0; r < 2; ++r) {
-      const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
-      for (int l = 0; l < kLayers; ++l)
-        for (int h = 0; h < kHeads; ++h)
-          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
-            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
-    }
+    const std::vector<std::vector<PageId>> reads = random_reads(a, rng);
     // a: the list form.
     for (int r = 0; r < 2; ++r) a.kv_.note_reads(*a.reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now);
     for (int r = 0; r < 2; ++r) a.kv_.recall_ahead(*a.reqs_[static_cast<size_t>(r)].t, reads[static_cast<size_t>(r)], now);
@@ -419,14 +425,7 @@ void expect_shifted_clock_equal(int64_t kDev, int64_t shift) {
     const int64_t now = int64_t{step} * kLayers + kLayers - 1;
     a.now_ = now;
     b.now_ = now + shift;
-    std::vector<std::vector<PageId>> reads(2);
-    for (int r = 0; r < 2; ++r) {
-      const PageTable& t = *a.reqs_[static_cast<size_t>(r)].t;
-      for (int l = 0; l < kLayers; ++l)
-        for (int h = 0; h < kHeads; ++h)
-          for (int64_t i = 0; i < t.n_pages_per_list(); ++i)
-            if (i == t.n_pages_per_list() - 1 || rng() % 3 == 0) reads[static_cast<size_t>(r)].push_back({l, h, i});
-    }
+    const std::vector<std::vector<PageId>> reads = random_reads(a, rng);
     for (Scenario* s : {&a, &b}) {
       std::vector<TieredKv::LateRead> late;
       for (int r = 0; r < 2; ++r)
