@@ -192,14 +192,19 @@ for stage in "$@"; do
       # The hierarchy's host bookkeeping per step on this machine's CPUs (bench/tier_host_cost: the
       # 8B shape's pages, 32 GiB of HBM slots, landing), 128k x 3 and x 4; with tier_host_cost.base
       # (prebuild.sh DHS_HOSTCOST_BASE) the two binaries interleaved, three runs each.
+      # Each also with --hook (the CUDA runner's relocate hook emulated, as the engine has it).
       for b in 3 4; do
+        hier_batch $b
         for i in 1 2 3; do
-          for bin in tier_host_cost tier_host_cost.base; do
-            [ -x "$B/$bin" ] || continue
-            cm=$C; [ "$bin" = tier_host_cost.base ] && cm=${DHS_HOSTCOST_BASE_COMMIT:-base}
-            run "hostcost_${bin}_b${b}_$i" timeout 300 "$B/$bin" --ctx 131072 --batch $b --land --steps 10 --commit "$cm" \
-              --machine "$GPU host, $(nproc) CPUs" --out "$OUT/hierarchy_host_cost.jsonl"
-            grep -E "after by part" "$OUT/hostcost_${bin}_b${b}_$i.log"
+          for hook in "" --hook; do
+            for bin in tier_host_cost tier_host_cost.base; do
+              [ -x "$B/$bin" ] || continue
+              cm=$C; [ "$bin" = tier_host_cost.base ] && cm=${DHS_HOSTCOST_BASE_COMMIT:-base}
+              log="hostcost_${bin}_b${b}${hook}_$i"
+              run "$log" timeout 300 "$B/$bin" --ctx 131072 "${HB[@]}" --land $hook --steps 10 --commit "$cm" \
+                --machine "$GPU host, $(nproc) CPUs" --out "$OUT/hierarchy_host_cost.jsonl"
+              grep -E "^mean|after by part" "$OUT/$log.log"
+            done
           done
         done
       done ;;

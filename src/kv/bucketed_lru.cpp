@@ -10,12 +10,32 @@ namespace dhs {
 
 BucketedLru::BucketedLru(int64_t n_slots, LruParams p)
     : p_(p),
-      use_(static_cast<size_t>(n_slots), 0),
+      use_own_(static_cast<size_t>(n_slots), 0),
+      use_(use_own_),
       owner_(static_cast<size_t>(n_slots), -1),
       pinned_(static_cast<size_t>(n_slots), 0) {
   DHS_CHECK(n_slots >= 0 && n_slots < (int64_t{1} << 31), "LRU of {} slots", n_slots);
   DHS_CHECK(p.bucket_steps >= 1 && p.n_buckets >= 1 && int64_t{p.n_buckets} * p.bucket_steps <= (1 << 16),
             "LRU buckets: {} ticks each, {} buckets (need >= 1 each, at most 65,536 bins)", p.bucket_steps, p.n_buckets);
+}
+
+BucketedLru::BucketedLru(const BucketedLru& o) : p_(o.p_) { *this = o; }
+
+BucketedLru& BucketedLru::operator=(const BucketedLru& o) {
+  if (this == &o) return *this;
+  p_ = o.p_;
+  use_own_.assign(o.use_.begin(), o.use_.end());
+  use_ = use_own_;
+  base_ = o.base_, rebases_ = o.rebases_;
+  owner_ = o.owner_;
+  pinned_ = o.pinned_;
+  n_pinned_ = o.n_pinned_;
+  mirrored_ = patch_out_ = full_patch_ = false;
+  changed_.clear();
+  owner_at_patch_.clear();
+  n_changed_ = 0;
+  logged_.clear();
+  return *this;
 }
 
 void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
@@ -25,6 +45,7 @@ void BucketedLru::insert(int32_t s, int32_t owner, int64_t now) {
             owner_[static_cast<size_t>(s)]);
   advance(now);
   check_range(now);
+  log_change(s, true);
   owner_[static_cast<size_t>(s)] = owner;
   use_[static_cast<size_t>(s)] = static_cast<int32_t>(now - base_);
   pinned_[static_cast<size_t>(s)] = 0;
@@ -35,11 +56,14 @@ void BucketedLru::touch(int32_t s, int64_t now) {
   advance(now);
   check_range(now);
   int32_t& u = use_[static_cast<size_t>(s)];
-  u = std::max(u, static_cast<int32_t>(now - base_));
+  if (u >= now - base_) return;
+  log_change(s, false);
+  u = static_cast<int32_t>(now - base_);
 }
 
 void BucketedLru::erase(int32_t s) {
   DHS_CHECK(s >= 0 && s < n_slots() && resident(s), "LRU erase of slot {} that holds no page", s);
+  log_change(s, true);
   owner_[static_cast<size_t>(s)] = -1;
   n_pinned_ -= pinned_[static_cast<size_t>(s)];
   pinned_[static_cast<size_t>(s)] = 0;
@@ -56,6 +80,7 @@ void BucketedLru::touch_stamped(std::span<const int32_t> stamps, int32_t stamp, 
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == n_slots() && 0 <= b && b <= e && e <= n_slots(),
             "LRU touch_stamped: slots [{}, {}) of {} stamps, {} slots", b, e, stamps.size(), n_slots());
   check_range(now);
+  DHS_CHECK(!mirrored_, "LRU touch_stamped on a mirrored LRU (its reads come back with the mirror: take_mirror)");
   const int32_t* st = stamps.data();
   const int32_t* own = owner_.data();
   int32_t* use = use_.data();
@@ -92,6 +117,78 @@ void BucketedLru::rebase(int64_t now) {
   for (int32_t& u : use_) u = static_cast<int32_t>(std::max<int64_t>(int64_t{u} - shift, 0));
   base_ = base;
   ++rebases_;
+  full_patch_ = true;  // (the mirror's offsets are from the old base)
+}
+
+void BucketedLru::mirror_on(std::span<int32_t> storage) {
+  DHS_CHECK(!mirrored_, "LRU mirrored twice");
+  DHS_CHECK(static_cast<int64_t>(storage.size()) == n_slots(), "LRU mirror storage of {} slots for {}", storage.size(),
+            n_slots());
+  std::copy(use_.begin(), use_.end(), storage.begin());
+  use_ = storage;
+  use_own_ = {};
+  mirrored_ = full_patch_ = true;
+  logged_.assign(static_cast<size_t>(n_slots()), 0);
+  changed_.assign(static_cast<size_t>(n_slots()), 0);
+  owner_at_patch_.assign(static_cast<size_t>(n_slots()), 0);
+  n_changed_ = 0;
+}
+
+BucketedLru::Patch BucketedLru::take_patch(int64_t now) {
+  DHS_CHECK(mirrored_, "LRU patch without a mirror (mirror_on)");
+  advance(now);
+  check_range(now);
+  Patch p;
+  p.tick = static_cast<int32_t>(now - base_);
+  p.full = full_patch_ || patch_out_;
+  const auto add = [&](int32_t s) {
+    p.slot.push_back(s);
+    p.use.push_back(use_[static_cast<size_t>(s)]);
+    p.owner.push_back(owner_[static_cast<size_t>(s)]);
+  };
+  if (p.full) {
+    const size_t n = static_cast<size_t>(n_slots());
+    p.slot.resize(n);
+    for (size_t s = 0; s < n; ++s) p.slot[s] = static_cast<int32_t>(s);
+    p.use.assign(use_.begin(), use_.end());
+    p.owner = owner_;
+  } else {
+    const size_t n = static_cast<size_t>(n_changed_);
+    p.slot.reserve(n), p.use.reserve(n), p.owner.reserve(n);
+    for (size_t i = 0; i < n; ++i) add(changed_[i]);
+  }
+  for (int64_t i = 0; i < n_changed_; ++i) logged_[static_cast<size_t>(changed_[static_cast<size_t>(i)])] = 0;
+  n_changed_ = 0;
+  full_patch_ = false;
+  patch_out_ = true;
+  patch_base_ = base_;
+  patch_tick_ = p.tick;
+  return p;
+}
+
+std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* counts) {
+  DHS_CHECK(mirrored_ && patch_out_, "LRU take_mirror without a patch taken before the step (take_patch)");
+  DHS_CHECK(static_cast<int64_t>(from.size()) == n_slots() && from.data() != use_.data(),
+            "LRU take_mirror: {} slots (of {}), or the LRU's own storage", from.size(), n_slots());
+  int64_t tick = patch_tick_;
+  if (base_ != patch_base_) {  // (the base moved since the patch: the mirror's offsets read in the new one)
+    const int64_t shift = base_ - patch_base_;
+    for (int32_t& u : from) u = static_cast<int32_t>(std::max<int64_t>(int64_t{u} - shift, 0));
+    tick -= shift;
+  }
+  for (size_t i = 0; i < static_cast<size_t>(n_changed_); ++i) {
+    const size_t s = static_cast<size_t>(changed_[i]);
+    if (logged_[s] & kReplaced) {
+      const int32_t o = owner_at_patch_[i];
+      if (from[s] == tick && o >= 0) --counts[o + 1];
+      from[s] = use_[s];
+    } else {
+      from[s] = std::max(from[s], use_[s]);
+    }
+  }
+  patch_out_ = false;
+  std::swap(use_, from);
+  return from;
 }
 
 void BucketedLru::range_error(int64_t now) const {

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <span>
 #include <string>
@@ -38,6 +39,12 @@ struct LruParams {
 class BucketedLru {
  public:
   BucketedLru(int64_t n_slots, LruParams p);
+  // A copy keeps its own last uses (a mirrored LRU's copy is not mirrored: its storage stays the
+  // caller's).
+  BucketedLru(const BucketedLru& o);
+  BucketedLru& operator=(const BucketedLru& o);
+  BucketedLru(BucketedLru&&) = default;
+  BucketedLru& operator=(BucketedLru&&) = default;
 
   int64_t n_slots() const { return static_cast<int64_t>(use_.size()); }
   const LruParams& params() const { return p_; }
@@ -101,6 +108,37 @@ class BucketedLru {
   // use_base(), as 32-bit offsets.
   std::span<const int32_t> use_offsets() const { return use_; }
   int64_t use_base() const { return base_; }
+  // [n_slots] each slot's owner (-1: free).
+  std::span<const int32_t> owners() const { return owner_; }
+
+  // A mirror of the last uses and owners elsewhere: the GPU's, where a decode step writes its tick
+  // as the last use of each slot it reads, so that the host takes the last uses back in one copy
+  // instead of scanning the step's read stamps (docs/hierarchy.md "The step's reads written into a
+  // mirror of the LRU"; kv/lru_mirror.h states the mirror's side). mirror_on: the last uses move
+  // into `storage` ([n_slots], the caller's: pinned memory a copy from the device lands in), and
+  // from here each slot whose last use or owner changes is logged until the next patch.
+  void mirror_on(std::span<int32_t> storage);
+  bool mirrored() const { return mirrored_; }
+  // What the mirror lacks: the slots changed since the last patch with their last use (offset from
+  // use_base) and owner now — every slot after mirror_on, after the base moved, and when the last
+  // patch was not followed by take_mirror (it may not have reached the mirror). advance(now) first:
+  // `now` is the step's tick (its offset: tick).
+  struct Patch {
+    std::vector<int32_t> slot, use, owner;
+    int32_t tick = 0;  // now - use_base
+    bool full = false;
+  };
+  Patch take_patch(int64_t now);
+  // The step ran on the mirror (the patch applied first), writing the patch's tick as the last use
+  // of each slot it read; `from` ([n_slots], not the LRU's storage) holds the mirror's last uses
+  // after it, and counts (counts[o + 1], as touch_stamped's) its slots with the tick and an owner o
+  // at the patch. They become the LRU's last uses, the changes made since the patch (while the step
+  // ran: it read the pages before them) kept: a slot whose page was replaced (inserted or erased)
+  // keeps the LRU's last use, and a read of it is taken off its owner at the patch; a slot only
+  // touched keeps the later of the two. So the LRU ends as touch_stamped leaves it with the replaced
+  // slots skipped (free slots aside: their last use is the mirror's, and read by nothing). Returns
+  // the storage given up, for the next copy.
+  std::span<int32_t> take_mirror(std::span<int32_t> from, int64_t* counts);
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.
@@ -132,8 +170,31 @@ class BucketedLru {
   void rebase(int64_t now);
   static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
 
+  // The mirror's log: slot s changed since the last patch (kChanged), its page replaced (kReplaced).
+  // Safe from threads that change distinct slots (the hierarchy's batched recalls: each request's
+  // own slots on the thread pool): a slot's flag is its changer's, the log's end is taken atomically.
+  void log_change(int32_t s, bool replaced) {
+    if (!mirrored_) return;
+    uint8_t& f = logged_[static_cast<size_t>(s)];
+    if (f == 0) {
+      const int64_t i = std::atomic_ref<int64_t>(n_changed_).fetch_add(1, std::memory_order_relaxed);
+      changed_[static_cast<size_t>(i)] = s;
+      owner_at_patch_[static_cast<size_t>(i)] = owner_[static_cast<size_t>(s)];
+    }
+    f |= replaced ? kChanged | kReplaced : kChanged;
+  }
+  static constexpr uint8_t kChanged = 1, kReplaced = 2;
+
   LruParams p_;
-  std::vector<int32_t> use_;  // [n_slots] last use - base_
+  std::vector<int32_t> use_own_;  // the last uses' storage, unless mirrored (the caller's then)
+  std::span<int32_t> use_;        // [n_slots] last use - base_
+  bool mirrored_ = false, patch_out_ = false, full_patch_ = false;
+  int64_t patch_base_ = 0;               // base_ when the last patch was taken
+  int32_t patch_tick_ = 0;
+  std::vector<int32_t> changed_;         // [n_slots] the first n_changed_: slots changed since the last patch, each once
+  std::vector<int32_t> owner_at_patch_;  // [n_slots] theirs: their owners when the patch was taken
+  int64_t n_changed_ = 0;
+  std::vector<uint8_t> logged_;          // [n_slots] kChanged | kReplaced
   int64_t base_ = 0, rebases_ = 0;
   std::vector<int32_t> owner_;   // -1: free
   std::vector<uint8_t> pinned_;

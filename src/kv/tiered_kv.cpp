@@ -779,8 +779,7 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   DHS_CHECK(static_cast<int64_t>(stamps.size()) == lru_.n_slots(), "tiered KV: {} read stamps for {} device slots",
             stamps.size(), lru_.n_slots());
   DHS_CHECK(!pending_, "tiered KV: the last step's recalls were not run (after_step_recalls)");
-  Clock::time_point t = Clock::now();
-  TierStats st;
+  const Clock::time_point t = Clock::now();
   // The hits: touched, counted per owner; over chunks of the slots on the thread pool when the
   // pool of slots is large (each slot touched by one chunk; the counts summed after). Slots whose
   // page changed while the step ran are not its reads (after_step_recalls in flight).
@@ -796,11 +795,67 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   };
   if (pool) pool->parallel_for(n_slots, scan, 4096);
   else scan(0, n_slots, 0);
-  if (changed_any_) std::fill(changed_in_flight_.begin(), changed_in_flight_.end(), uint8_t{0});
-  changed_any_ = false;
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
   for (const auto& h : hits_of)
     for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o + 1];
+  return after_reads(std::move(by_owner), [&](int32_t s) { return stamps[static_cast<size_t>(s)] == stamp; }, tables,
+                     landed, t);
+}
+
+TieredKv::LruPatch TieredKv::take_lru_patch(int64_t now) {
+  // (the last step's recalls may be pending: run while this step runs, their changes come after
+  // its reads — logged since this patch, kept by take_mirror)
+  LruPatch p{lru_.take_patch(now), next_owner_};
+  patch_now_ = now;
+  patch_tick_ = p.patch.tick;
+  return p;
+}
+
+TierStats TieredKv::after_step_reads(std::span<int32_t> mirror, std::span<const int64_t> counts,
+                                     std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed,
+                                     std::span<int32_t>* spare) {
+  DHS_CHECK(!pending_, "tiered KV: the last step's recalls were not run (after_step_recalls)");
+  DHS_CHECK(patch_now_ >= 0 && now == patch_now_, "tiered KV: the mirror's reads of step {}, its patch taken at {}", now,
+            patch_now_);
+  DHS_CHECK(static_cast<int64_t>(mirror.size()) == lru_.n_slots(), "tiered KV: a mirror of {} slots for {} device slots",
+            mirror.size(), lru_.n_slots());
+  const Clock::time_point t = Clock::now();
+  patch_now_ = -1;
+  // What the step read, as the mirror holds it before the LRU takes it (the pages appended into:
+  // what the recalls keep), then the mirror taken: the hits per owner, less the reads of slots
+  // whose page changed while the step ran (BucketedLru::take_mirror).
+  const int32_t tick = patch_tick_;
+  std::vector<uint8_t> read_tail;
+  std::vector<int32_t> tail_slots;
+  for (PageTable* const tp : tables) {
+    const PageTable& tb = *tp;
+    for (int l = 0; l < tb.n_layers(); ++l)
+      for (int h = 0; h < tb.n_heads_kv(); ++h)
+        for (int64_t j = tb.n_tokens() / tb.page_size(); j < tb.n_pages_per_list(); ++j) {
+          const PageRef r = tb.page(l, h, j);
+          if (r.tier != Tier::Device) continue;
+          tail_slots.push_back(r.slot);
+          read_tail.push_back(mirror[static_cast<size_t>(r.slot)] == tick);
+        }
+  }
+  std::vector<int64_t> hits(static_cast<size_t>(next_owner_) + 1, 0);
+  for (size_t i = 0; i < counts.size() && i < hits.size(); ++i) hits[i] = counts[i];
+  *spare = lru_.take_mirror(mirror, hits.data());
+  std::vector<int64_t> by_owner(hits.begin() + 1, hits.end());
+  size_t k = 0;  // (after_reads asks for the tail slots in the order above)
+  return after_reads(std::move(by_owner),
+                     [&](int32_t s) {
+                       DHS_CHECK(k < tail_slots.size() && tail_slots[k] == s, "tiered KV: the mirror's tail reads out of order");
+                       return read_tail[k++] != 0;
+                     },
+                     tables, landed, t);
+}
+
+TierStats TieredKv::after_reads(std::vector<int64_t> by_owner, const std::function<bool(int32_t)>& read,
+                                std::span<PageTable* const> tables, std::span<const Landed> landed, Clock::time_point t) {
+  TierStats st;
+  if (changed_any_) std::fill(changed_in_flight_.begin(), changed_in_flight_.end(), uint8_t{0});
+  changed_any_ = false;
   for (auto& [id, o] : owners_) {
     o.hits += by_owner[static_cast<size_t>(o.id)];
     st.hits += by_owner[static_cast<size_t>(o.id)];
@@ -812,13 +867,13 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   p.tables.assign(tables.begin(), tables.end());
   p.keep.resize(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
-    const PageTable& t = *tables[i];
-    int64_t keep = by_owner[static_cast<size_t>(owner_of(t).id)];
-    for (int l = 0; l < t.n_layers(); ++l)
-      for (int h = 0; h < t.n_heads_kv(); ++h)
-        for (int64_t j = t.n_tokens() / t.page_size(); j < t.n_pages_per_list(); ++j) {
-          const PageRef r = t.page(l, h, j);
-          keep -= r.tier == Tier::Device && stamps[static_cast<size_t>(r.slot)] == stamp;
+    const PageTable& tb = *tables[i];
+    int64_t keep = by_owner[static_cast<size_t>(owner_of(tb).id)];
+    for (int l = 0; l < tb.n_layers(); ++l)
+      for (int h = 0; h < tb.n_heads_kv(); ++h)
+        for (int64_t j = tb.n_tokens() / tb.page_size(); j < tb.n_pages_per_list(); ++j) {
+          const PageRef r = tb.page(l, h, j);
+          if (r.tier == Tier::Device) keep -= read(r.slot);
         }
     p.keep[i] = keep;
   }

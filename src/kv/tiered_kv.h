@@ -19,6 +19,7 @@
 // a layer reads at once stay resident even past it (the budget cannot be below what attention
 // reads), and end_step offloads the excess once they are unpinned.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -155,6 +156,25 @@ class TieredKv {
                              std::span<const Landed> landed = {});
   TierStats after_step_recalls(std::span<const LateRead> late, int64_t now, bool in_flight = false);
   bool recalls_pending() const { return pending_.has_value(); }
+
+  // The LRU mirrored on the device (BucketedLru::mirror_on; kv/lru_mirror.h the mirror's side): a
+  // decode step writes its tick as the last use of each HBM slot it reads, counts its reads per
+  // owner, and copies the last uses back — no stamps to scan on the host. mirror_lru: from here;
+  // storage [device slots] (the caller's pinned memory). take_lru_patch: before each step that
+  // reads (now: the step's tick, its last layer's — after_step_reads' `now`); n_owners sizes the
+  // step's counts. after_step_reads with the mirror: `mirror` ([device slots]) the mirror's last
+  // uses after the step, counts [n_owners + 1] its reads per owner (counts[o + 1]); as the stamps'
+  // form otherwise (the same hits, last uses and records: test_tiered_kv's twin); *spare: the
+  // storage the LRU gave up, where the next step's copy lands.
+  void mirror_lru(std::span<int32_t> storage) { lru_.mirror_on(storage); }
+  bool lru_mirrored() const { return lru_.mirrored(); }
+  struct LruPatch {
+    BucketedLru::Patch patch;
+    int32_t n_owners = 0;
+  };
+  LruPatch take_lru_patch(int64_t now);
+  TierStats after_step_reads(std::span<int32_t> mirror, std::span<const int64_t> counts, std::span<PageTable* const> tables,
+                             int64_t now, std::span<const Landed> landed, std::span<int32_t>* spare);
 
   // Landing (kv/tier_land.h): the step copies its late pages into device slots set aside before
   // it, so a missing page crosses PCIe once instead of being read in place and recalled after.
@@ -427,6 +447,14 @@ class TieredKv {
     bool budgets_due = false;  // landings to adopt: budgets are enforced after them
   };
   std::optional<PendingRecalls> pending_;
+  // after_step_reads' part after the hits are counted (by_owner[o]: owner o's hits; read(slot):
+  // whether the step read the device slot): the hits recorded, what the recalls keep, the landings
+  // claimed; t: when the step's reads began to be counted.
+  TierStats after_reads(std::vector<int64_t> by_owner, const std::function<bool(int32_t)>& read,
+                        std::span<PageTable* const> tables, std::span<const Landed> landed,
+                        std::chrono::steady_clock::time_point t);
+  int64_t patch_now_ = -1;  // the last LRU patch's step (take_lru_patch), until its mirror comes back
+  int32_t patch_tick_ = 0;  // and its tick (the mirror's offset of it)
   // A device slot whose page changed (inserted or erased): marked while after_step_recalls runs
   // in flight, so the next after_step_reads skips it.
   void slot_changed(int32_t s) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kv/lru_mirror.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/tier_copy.h"
@@ -572,6 +573,154 @@ TEST(TieredKv, RecallsInFlightLeaveChangedSlotsOutOfTheNextHits) {
   s.check();
   EXPECT_GT(recalled_in_flight, 20) << "the scenario should recall while steps run";
   EXPECT_GT(skipped_total, 5) << "and change slots the next step read";
+}
+
+// The LRU mirrored on the device (TieredKv::mirror_lru; kv/lru_mirror.h the device's side in CPU
+// form): twin hierarchies run the CUDA runner's overlapped order over 40 steps of random reads
+// under tight budgets — a by the read stamps' scan, b by the mirror (the patch before the launch,
+// the step's tick written for each resident read, the reads counted per owner, the last uses
+// copied back) — with the last step's recalls in flight while each step runs. After every step:
+// every page in the same tier and slot, the same hits, late reads and recalls, every resident
+// slot's last use equal, every byte where its table says. (kDev: the device pool, the stamps'
+// scan on the thread pool from BucketedLru::kParallelSlots; shift: the clock's start, just below
+// 2^30 so that the LRU's base moves during the run.) Fails when a slot changed in flight keeps the
+// mirror's tick or counts its read, or a touch in flight is lost.
+void expect_mirror_equal_stamps(int64_t kDev, int64_t shift) {
+  constexpr int64_t kHost = 300;
+  const LruParams lru{kLayers, 4, true};
+  Scenario a(kDev, kHost, lru), b(kDev, kHost, lru);
+  for (Scenario* s : {&a, &b}) {
+    s->now_ = shift;
+    for (int r = 0; r < 2; ++r) {
+      s->reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s->next_key_++});
+      s->kv_.add(*s->reqs_.back().t, shift, /*budget=*/14);
+      ASSERT_TRUE(s->append(s->reqs_.back(), 30 + 6 * r));
+    }
+  }
+  std::vector<int32_t> store(static_cast<size_t>(kDev)), copy_buf(static_cast<size_t>(kDev));
+  b.kv_.mirror_lru(store);
+  std::span<int32_t> copy_to(copy_buf);  // where the next copy of the mirror lands
+  LruMirror mirror(kDev);
+  std::mt19937 rng(31);
+  std::vector<int32_t> stamps(static_cast<size_t>(kDev), 0);
+  std::vector<TieredKv::LateRead> pending_late;
+  int64_t replaced_reads = 0, full_patches = 0;
+  for (int step = 1; step <= 40; ++step) {
+    const int64_t now = shift + int64_t{step} * kLayers + kLayers - 1;
+    a.now_ = b.now_ = now;
+    // Launch: b's patch reaches the mirror first; the step's lists from the tables as they are now.
+    const TieredKv::LruPatch patch = b.kv_.take_lru_patch(now);
+    full_patches += patch.patch.full;
+    mirror.apply(patch.patch);
+    const std::vector<std::vector<PageId>> reads = random_reads(a, rng);
+    std::vector<TieredKv::LateRead> late;
+    std::vector<int32_t> read_b;
+    // (the page a slot holds: the in-flight recalls may replace it)
+    const auto held = [&](int32_t slot) {
+      const PageTable* t = nullptr;
+      PageId id{-1, -1, -1};
+      const bool in = b.kv_.page_at(slot, &t, &id);
+      return std::tuple{in, t, id.layer, id.head, id.idx};
+    };
+    std::vector<decltype(held(0))> held_at_launch;
+    for (int r = 0; r < 2; ++r)
+      for (const PageId& id : reads[static_cast<size_t>(r)]) {
+        const PageRef pa = a.reqs_[static_cast<size_t>(r)].t->page(id.layer, id.head, id.idx);
+        const PageRef pb = b.reqs_[static_cast<size_t>(r)].t->page(id.layer, id.head, id.idx);
+        ASSERT_EQ(pa, pb);
+        if (pa.tier == Tier::Device) {
+          stamps[static_cast<size_t>(pa.slot)] = step;
+          mirror.read(pb.slot);
+          read_b.push_back(pb.slot);
+          held_at_launch.push_back(held(pb.slot));
+        } else {
+          late.push_back({r, id});
+        }
+      }
+    // While it runs: the last step's recalls in flight (at the step's first layer, as the runner).
+    if (a.kv_.recalls_pending())
+      for (Scenario* s : {&a, &b}) s->kv_.after_step_recalls(pending_late, now - kLayers + 1, /*in_flight=*/true);
+    // Done: a scans the stamps, b takes the mirror's copy and counts.
+    std::vector<PageTable*> ta = {a.reqs_[0].t.get(), a.reqs_[1].t.get()}, tb = {b.reqs_[0].t.get(), b.reqs_[1].t.get()};
+    const TierStats ra = a.kv_.after_step_reads(stamps, step, ta, now);
+    std::copy(mirror.use().begin(), mirror.use().end(), copy_to.begin());
+    const std::vector<int64_t> counts = mirror.counts(patch.n_owners);
+    for (size_t i = 0; i < read_b.size(); ++i) replaced_reads += held(read_b[i]) != held_at_launch[i];
+    const TierStats rb = b.kv_.after_step_reads(copy_to, counts, tb, now, {}, &copy_to);
+    ASSERT_EQ(ra.hits, rb.hits) << "step " << step;
+    ASSERT_EQ(copy_to.data(), step % 2 == 1 ? store.data() : copy_buf.data()) << "the LRU gives up the other buffer";
+    pending_late = late;
+    const auto same = [&](const char* when) {
+      for (int r = 0; r < 2; ++r) {
+        const PageTable &xa = *ta[static_cast<size_t>(r)], &xb = *tb[static_cast<size_t>(r)];
+        for (int l = 0; l < kLayers; ++l)
+          for (int h = 0; h < kHeads; ++h)
+            for (int64_t i = 0; i < xa.n_pages_per_list(); ++i)
+              ASSERT_EQ(xa.page(l, h, i), xb.page(l, h, i)) << when << " step " << step << " request " << r << " page " << i;
+        const TierStats sa = a.kv_.request_stats(xa), sb = b.kv_.request_stats(xb);
+        ASSERT_EQ(sa.hits, sb.hits) << when << " step " << step;
+        ASSERT_EQ(sa.late, sb.late);
+        ASSERT_EQ(sa.recalled, sb.recalled);
+      }
+      for (int32_t slot = 0; slot < kDev; ++slot) {
+        ASSERT_EQ(a.kv_.lru().resident(slot), b.kv_.lru().resident(slot));
+        if (a.kv_.lru().resident(slot))
+          ASSERT_EQ(a.kv_.lru().last_use(slot), b.kv_.lru().last_use(slot)) << when << " step " << step << " slot " << slot;
+      }
+      a.check();
+      b.check();
+    };
+    same("after the reads:");
+    if (step % 3 == 0) {
+      for (Scenario* s : {&a, &b}) {
+        s->kv_.after_step_recalls(pending_late, now);
+        for (Req& r : s->reqs_) ASSERT_TRUE(s->append(r, 1));
+      }
+      pending_late.clear();
+      same("after the appends:");
+    }
+  }
+  for (Scenario* s : {&a, &b})
+    if (s->kv_.recalls_pending()) s->kv_.after_step_recalls(pending_late, shift + 41 * kLayers);
+  EXPECT_GT(a.kv_.totals().recalled, 20) << "the scenario should move pages";
+  EXPECT_GT(replaced_reads, 5) << "and change slots while the step that read them ran";
+  EXPECT_EQ(full_patches, 1 + b.kv_.lru().rebases()) << "the first patch and one after each move of the base";
+  if (shift > 0) EXPECT_EQ(b.kv_.lru().rebases(), 1);
+}
+
+TEST(TieredKv, MirroredLruEqualsTheStampsScan) {
+  expect_mirror_equal_stamps(64, 0);
+  expect_mirror_equal_stamps(64, (int64_t{1} << 30) - 20 * kLayers);
+  expect_mirror_equal_stamps(BucketedLru::kParallelSlots + 100, 0);
+}
+
+// A patch not followed by the mirror's copy (a step that failed before it) is followed by a full
+// one; take_mirror without a patch, a mirror of the LRU's own storage, and reads of another step
+// than the patch's are refused.
+TEST(TieredKv, MirroredLruRefusesWhatItCannotTrust) {
+  Scenario s(32, 64, LruParams{kLayers, 4, true});
+  s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
+  s.kv_.add(*s.reqs_.back().t, 0, TieredKv::kUnlimited);
+  ASSERT_TRUE(s.append(s.reqs_.back(), 20));
+  std::vector<int32_t> store(32), other(32);
+  std::vector<PageTable*> tables = {s.reqs_[0].t.get()};
+  std::span<int32_t> spare(other);
+  const std::vector<int64_t> counts(2, 0);
+  EXPECT_THROW(s.kv_.after_step_reads(spare, counts, tables, 5, {}, &spare), Error);  // (not mirrored)
+  s.kv_.mirror_lru(store);
+  EXPECT_TRUE(s.kv_.take_lru_patch(5).patch.full);
+  EXPECT_TRUE(s.kv_.take_lru_patch(6).patch.full) << "the last patch may not have reached the mirror";
+  EXPECT_THROW(s.kv_.after_step_reads(spare, counts, tables, 5, {}, &spare), Error);  // (the patch was step 6's)
+  std::span<int32_t> own(store);
+  EXPECT_THROW(s.kv_.after_step_reads(own, counts, tables, 6, {}, &own), Error);
+  LruMirror m(32);
+  const TieredKv::LruPatch p = s.kv_.take_lru_patch(6);
+  m.apply(p.patch);
+  std::copy(m.use().begin(), m.use().end(), spare.begin());
+  s.kv_.after_step_reads(spare, m.counts(p.n_owners), tables, 6, {}, &spare);
+  s.kv_.after_step_recalls({}, 6);
+  EXPECT_FALSE(s.kv_.take_lru_patch(7).patch.full);
+  s.check();
 }
 
 // after_decode_step's recalls for all requests at once (recall_batch: the free lists in the serial
