@@ -64,7 +64,14 @@ void TieredKv::add(PageTable& t, int64_t now, int64_t budget) {
   DHS_CHECK(t.page_size() == dev_.page_size(), "tiered KV: table page size {} != the pool's {}", t.page_size(),
             dev_.page_size());
   Owner fresh;
-  fresh.id = next_owner_++;
+  // (a released owner's id is taken again: the per-step counts by owner id, the stamps' scan's
+  // per thread and the device mirror's, stay sized by the requests held at once, not ever seen)
+  if (!free_ids_.empty()) {
+    fresh.id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    fresh.id = next_owner_++;
+  }
   fresh.t = &t;
   fresh.budget = budget;
   Owner& o = owners_.emplace(t.id(), std::move(fresh)).first->second;
@@ -1241,6 +1248,7 @@ void TieredKv::release(PageTable& t) {
   const Owner& o = owner_of(t);
   t.release(free_page_cb, this);
   by_id_[static_cast<size_t>(o.id)] = nullptr;
+  free_ids_.push_back(o.id);
   owners_.erase(t.id());
 }
 

@@ -464,6 +464,7 @@ class TieredKv {
   AfterStepTimes times_;
   std::vector<uint8_t> changed_in_flight_;  // [device slots], allocated on first use
   int32_t next_owner_ = 0;
+  std::vector<int32_t> free_ids_;  // owner ids released, taken again first
   bool batch_recalls_ = true;
   int64_t parallel_evict_from_ = kParallelEvict;
   bool shared_victims_ = true;

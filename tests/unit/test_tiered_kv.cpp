@@ -723,6 +723,30 @@ TEST(TieredKv, MirroredLruRefusesWhatItCannotTrust) {
   s.check();
 }
 
+// Owner ids of released requests are taken again, so what is sized by them (the per-step hit
+// counts, the device mirror's) follows the requests held at once: 100 requests one after another,
+// two at a time, leave the mirror's count of owners at 2; each request's hits stay its own.
+TEST(TieredKv, OwnerIdsOfReleasedRequestsAreTakenAgain) {
+  Scenario s(64, 64, LruParams{kLayers, 4, true});
+  std::vector<int32_t> store(64);
+  s.kv_.mirror_lru(store);
+  Req keep{std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++};
+  s.kv_.add(*keep.t, 0, TieredKv::kUnlimited);
+  ASSERT_TRUE(s.append(keep, 9));
+  for (int i = 0; i < 100; ++i) {
+    Req r{std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++};
+    s.kv_.add(*r.t, i, TieredKv::kUnlimited);
+    ASSERT_TRUE(s.append(r, 5 + i % 7));
+    EXPECT_EQ(s.kv_.request_stats(*r.t).hits, 0);
+    s.kv_.touch_slots(std::vector<int32_t>{r.t->page(0, 0, 0).slot}, i);
+    EXPECT_EQ(s.kv_.request_stats(*r.t).hits, 1);
+    s.kv_.release(*r.t);
+    s.check(false);
+  }
+  EXPECT_EQ(s.kv_.take_lru_patch(200).n_owners, 2);
+  EXPECT_EQ(s.kv_.request_stats(*keep.t).hits, 0);
+}
+
 // after_decode_step's recalls for all requests at once (recall_batch: the free lists in the serial
 // order, evictions then recalls per request on the thread pool, the copies evictions first)
 // against one request at a time: twin hierarchies, three requests under tight budgets, 60 random
