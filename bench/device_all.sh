@@ -9,7 +9,8 @@
 #   tiers  the KV hierarchy on the device: test_tier_split (+ memcheck, racecheck), test_page_recall,
 #          test_cuda_tiers (the engine with a host tier, default model)
 #   lru    the bucketed LRU's victims on the device (test_lru_select against select_many, memcheck,
-#          racecheck, the 4M-slot timing against select_many on the host)
+#          racecheck, the 4M-slot timing against select_many on the host); the LRU's mirror in HBM
+#          (test_lru_mirror against kv/lru_mirror.h, memcheck, racecheck)
 #   hostcost the hierarchy's host bookkeeping per step on this machine's CPUs (tier_host_cost,
 #          128k x 3 and x 4 with landing; A/B with tier_host_cost.base where carried)
 #   hierarchy the KV hierarchy's throughput beyond HBM (8B shape, 128k, HBM KV capped at 32 GiB, host
@@ -187,7 +188,11 @@ for stage in "$@"; do
       # The bucketed LRU's selection on the device (backend/cuda/lru_select.h) against the CPU's.
       run test_lru_select timeout 200 env DHS_CUDA_BENCH=1 "$B/test_lru_select"; grep -E "^lru_select" "$OUT/test_lru_select.log"
       run sanitizer_memcheck_test_lru_select timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=-*Bandwidth*
-      run sanitizer_racecheck_test_lru_select timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=*ManyTiles*:*Refuses* ;;
+      run sanitizer_racecheck_test_lru_select timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_lru_select" --gtest_filter=*ManyTiles*:*Refuses*
+      # The LRU's mirror in HBM (backend/cuda/lru_mirror.h) against kv/lru_mirror.h.
+      run test_lru_mirror timeout 200 "$B/test_lru_mirror"
+      run sanitizer_memcheck_test_lru_mirror timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_lru_mirror" --gtest_filter=*CpuStatement*
+      run sanitizer_racecheck_test_lru_mirror timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_lru_mirror" --gtest_filter=*CpuStatement* ;;
     hostcost)
       # The hierarchy's host bookkeeping per step on this machine's CPUs (bench/tier_host_cost: the
       # 8B shape's pages, 32 GiB of HBM slots, landing), 128k x 3 and x 4; with tier_host_cost.base

@@ -13,35 +13,19 @@
 #include <span>
 #include <vector>
 
-#include "core/error.h"
 #include "kv/bucketed_lru.h"
 
 namespace dhs {
 
 class LruMirror {
  public:
-  explicit LruMirror(int64_t n_slots) : use_(static_cast<size_t>(n_slots), 0), owner_(static_cast<size_t>(n_slots), -1) {}
+  explicit LruMirror(int64_t n_slots);
 
-  void apply(const BucketedLru::Patch& p) {
-    DHS_CHECK(p.slot.size() == p.use.size() && p.slot.size() == p.owner.size(), "LRU mirror: a patch of {} / {} / {} entries",
-              p.slot.size(), p.use.size(), p.owner.size());
-    for (size_t i = 0; i < p.slot.size(); ++i) {
-      const size_t s = static_cast<size_t>(p.slot[i]);
-      DHS_CHECK(s < use_.size(), "LRU mirror: a patch of slot {} of {}", p.slot[i], use_.size());
-      use_[s] = p.use[i];
-      owner_[s] = p.owner[i];
-    }
-    tick_ = p.tick;
-  }
+  void apply(const BucketedLru::Patch& p);
   // The step read slot s.
   void read(int32_t s) { use_[static_cast<size_t>(s)] = tick_; }
   // [n_owners + 1] the step's reads per owner (counts[o + 1]), of owners below n_owners.
-  std::vector<int64_t> counts(int32_t n_owners) const {
-    std::vector<int64_t> c(static_cast<size_t>(n_owners) + 1, 0);
-    for (size_t s = 0; s < use_.size(); ++s)
-      if (use_[s] == tick_ && owner_[s] >= 0 && owner_[s] < n_owners) ++c[static_cast<size_t>(owner_[s]) + 1];
-    return c;
-  }
+  std::vector<int64_t> counts(int32_t n_owners) const;
   std::span<const int32_t> use() const { return use_; }
   int32_t tick() const { return tick_; }
 

@@ -60,3 +60,7 @@ dhs_test(test_tier_land LABEL cuda
 dhs_test(test_lru_select LABEL cuda
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lru_select.cu
   LIBS dhs_cuda dhs_kv)
+# The LRU's mirror in HBM (patches applied, a step's reads counted per owner), against kv/lru_mirror.h.
+dhs_test(test_lru_mirror LABEL cuda
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_lru_mirror.cu
+  LIBS dhs_cuda dhs_kv)
