@@ -68,6 +68,7 @@ struct BatchResult {
   int64_t late_overflow_steps = 0;
   int64_t overlapped_steps = 0;  // timed steps with the landing beside the resident attention
   double reserve_ms = 0;         // of after_host_ms: the next step's landing slots set aside (reserve_landing)
+  double patch_ms = 0;           // of after_host_ms: the LRU mirror's patch staged (DHS_LRU_MIRROR)
 };
 
 }  // namespace
@@ -151,6 +152,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       LlamaCuda* mp = m.get();
       tiers->kv().set_mover([mp](const PagePool& src, PagePool& dst, std::span<const PageMove> mv) { return mp->move_pages(src, dst, mv); });
       tiers->kv().set_relocate_hook([mp](const PageTable& t, int l, int h, int64_t i) { mp->patch_table(t, l, h, i); });
+      // (DHS_LRU_MIRROR=1: the LRU mirrored in HBM, as --kv-lru-mirror on: the A/B of the stamps' scan)
+      if (lru_mirror_env(false)) mirror_lru(tiers->kv(), *m);
     }
     // The requests: ctx tokens of random KV each. With the host tier, as many of each request's
     // first pages in HBM as its share of the pool allows (at most half of it: the rest stays
@@ -191,6 +194,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     std::vector<double> step_ms, fwd_ms, after_ms, resident_ms, ph_before, ph_gpu, ph_after, ph_while, aft_host, aft_wait;
     TieredKv::AfterStepTimes kv_times;  // summed over the timed steps
     double reserve_sum_ms = 0;          // reserve_landing, summed over the timed steps
+    double patch_sum_ms = 0;            // the LRU mirror's patches, summed over the timed steps
     // The last step's recalls, not run yet (overlap: they run in the next step's forward, in flight).
     std::unique_ptr<DeferredRecalls> recalls;
     if (tiers) recalls = std::make_unique<DeferredRecalls>(*tiers);
@@ -219,6 +223,12 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         m->set_landing_slots(stack);
         reserve_ms = ms_since(tr);
       }
+      double patch_ms = 0;  // (the LRU mirror's patch: the host's part of the cycle, as the reservation)
+      if (tiers) {
+        const auto tp = Clock::now();
+        patch_lru(tiers->kv(), *m, tiers->clock() + L - 1);
+        patch_ms = ms_since(tp);
+      }
       DHS_CUDA_CHECK(cudaDeviceSynchronize());
       const auto t0 = Clock::now();
       m->forward(seqs, nullptr, true, recalls ? recalls->in_flight() : std::function<void()>{});
@@ -235,7 +245,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
         a_host = ms_since(t1);
         DHS_CUDA_CHECK(cudaDeviceSynchronize());
       }
-      const double a = ms_since(t1) + reserve_ms;
+      const double a = ms_since(t1) + reserve_ms + patch_ms;
       last_claims = m->landing_claims();
       if (timed) landed += static_cast<int64_t>(m->landings().size());
       ++steps_done;
@@ -265,7 +275,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
           kv_times.claim_ms += k.claim_ms;
         }
         reserve_sum_ms += reserve_ms;
-        aft_host.push_back(a_host + reserve_ms);
+        patch_sum_ms += patch_ms;
+        aft_host.push_back(a_host + reserve_ms + patch_ms);
         aft_wait.push_back(a - a_host);
       }
       // The churn before the next step: a random `churn` of the pages this step read leave HBM,
@@ -319,6 +330,7 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
                       kv_times.plan_ms / n, kv_times.victims_ms / n, kv_times.recall_ms / n};
       res.kv_times.claim_ms = kv_times.claim_ms / n;
       res.reserve_ms = reserve_sum_ms / n;
+      res.patch_ms = patch_sum_ms / n;
     }
     res.after_host_ms = mean(aft_host);
     res.after_wait_ms = mean(aft_wait);
@@ -365,9 +377,9 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
     const TieredKv::AfterStepTimes& k = res.kv_times;
     // (left of "|": after_step_reads, before the next launch; right: after_step_recalls, in flight
     // with the overlap — the landings' adoption among them since they are adopted on the device)
-    std::printf("  tiers' after-step: scan %.2f, claim %.2f, reserve %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, "
-                "recalls %.2f ms\n", k.scan_ms, k.claim_ms, res.reserve_ms, k.adopt_ms, k.budgets_ms, k.plan_ms, k.victims_ms,
-                k.recall_ms);
+    std::printf("  tiers' after-step: scan %.2f, claim %.2f, reserve %.2f, patch %.2f | adopt %.2f, budgets %.2f, plan %.2f, "
+                "victims %.2f, recalls %.2f ms (LRU mirror %s)\n", k.scan_ms, k.claim_ms, res.reserve_ms, res.patch_ms, k.adopt_ms,
+                k.budgets_ms, k.plan_ms, k.victims_ms, k.recall_ms, tiers && tiers->kv().lru_mirrored() ? "on" : "off");
     jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"f16\",\"ctx\":"
        << opts.ctx << ",\"batch\":" << batch << ",\"policy\":\"" << opts.policy << "\",\"budgets\":\"" << bp.budgets
        << "\",\"hbm_kv_gib\":" << static_cast<double>(n_dev) * page_bytes / 1073741824.0
@@ -376,13 +388,14 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
        << ",\"forward_ms\":" << res.forward_ms << ",\"fwd_before_launch_ms\":" << res.fwd_before_ms << ",\"fwd_gpu_ms\":" << res.fwd_gpu_ms
        << ",\"fwd_after_wait_ms\":" << res.fwd_after_ms << ",\"after_host_ms\":" << res.after_host_ms << ",\"after_wait_ms\":" << res.after_wait_ms
        << ",\"overlap_recalls\":" << (tiers && opts.overlap_recalls ? "true" : "false") << ",\"recalls_in_flight_ms\":" << res.recalls_in_flight_ms
-       << ",\"kv_scan_ms\":" << k.scan_ms << ",\"kv_claim_ms\":" << k.claim_ms << ",\"kv_reserve_ms\":" << res.reserve_ms
+       << ",\"kv_scan_ms\":" << k.scan_ms << ",\"kv_claim_ms\":" << k.claim_ms << ",\"kv_reserve_ms\":" << res.reserve_ms << ",\"kv_patch_ms\":" << res.patch_ms
        << ",\"kv_adopt_ms\":" << k.adopt_ms << ",\"kv_budgets_ms\":" << k.budgets_ms
        << ",\"kv_plan_ms\":" << k.plan_ms << ",\"kv_victims_ms\":" << k.victims_ms << ",\"kv_recall_ms\":" << k.recall_ms
        << ",\"after_step_ms\":" << res.after_ms << ",\"resident_step_ms\":" << res.resident_ms
        << ",\"floor_ms\":" << floor_ms << ",\"floor_tok_s\":" << static_cast<double>(batch) / floor_ms * 1e3
        << ",\"floor_overlap_ms\":" << floor_overlap_ms << ",\"hit_rate\":" << hit_rate << ",\"late_gb_per_step\":" << late_gb
        << ",\"recall_gb_per_step\":" << recall_gb << ",\"landing\":" << (opts.land ? "true" : "false")
+       << ",\"lru_mirror\":" << (tiers && tiers->kv().lru_mirrored() ? "true" : "false")
        << ",\"land_overlap\":\"" << (tiers ? o.land_overlap.name() : "off") << "\",\"overlapped_frac\":"
        << static_cast<double>(res.overlapped_steps) / n_steps << ",\"landed_gb_per_step\":" << landed_gb << ",\"stall_frac\":" << stall << ",\"pages_read_frac\":" << res.read_frac
        << ",\"late_log_overflow_steps\":" << res.late_overflow_steps << ",\"steps\":" << opts.steps << ",\"copy_GBps\":" << copy_gbps

@@ -79,6 +79,12 @@ struct EngineOptions {
   // (a step after one whose late pages came to at least 2 MiB a layer), "on" (every one), "off"
   // (in series: landing first, then the attention). `--kv-land-overlap`; the environment's DHS_LAND_OVERLAP overrides it.
   std::string kv_land_overlap = "auto";
+  // CUDA, with the host tier: the LRU's last uses and owners mirrored in HBM, so a decode step
+  // writes its reads as the LRU's own last uses and counts them per request, and the host takes
+  // them back in one copy instead of scanning the step's read stamps (docs/hierarchy.md "The
+  // step's reads written into a mirror of the LRU"). `--kv-lru-mirror on|off`; the environment's
+  // DHS_LRU_MIRROR overrides it. The same tokens, hits and page moves either way (tested).
+  std::string kv_lru_mirror = "off";
   // With the host tier: the rate of the link between the tiers in GB/s, against which the
   // hierarchy's I/O load is measured (pages moved and read in place per step / what the link
   // moves in the step's time); 0: measured at load (a bulk copy between the tiers' memories).

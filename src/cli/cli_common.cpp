@@ -152,6 +152,11 @@ void add_kv_tier_options(CLI::App* app, EngineOptions& eo) {
                   "after one whose late pages came to at least 2 MiB a layer; on = every step; off = in series")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  app->add_option("--kv-lru-mirror", eo.kv_lru_mirror,
+                  "With the host tier on the GPU: the LRU's last uses mirrored in HBM, a decode step's reads written "
+                  "there and copied back in one piece instead of scanned on the host as read stamps")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
 }
 
 }  // namespace dhs::cli

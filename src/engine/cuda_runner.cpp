@@ -108,6 +108,8 @@ class CudaRunner final : public StepRunner {
       tiers_->kv().set_time_hooks(phases_log_);  // (DHS_STEP_PHASES: the hook's share of the after-step)
       tiers_->set_io_rate(o.kv_io_gbps > 0 ? o.kv_io_gbps : measure_pcie_gbps(), 2 * int64_t{o.page_size} * cfg.head_dim * 2);
       recalls_ = std::make_unique<DeferredRecalls>(*tiers_);
+      DHS_CHECK(o.kv_lru_mirror == "on" || o.kv_lru_mirror == "off", "--kv-lru-mirror must be on or off, got '{}'", o.kv_lru_mirror);
+      if (lru_mirror_env(o.kv_lru_mirror == "on")) mirror_lru(tiers_->kv(), *model_);
     }
     overlap_recalls_ = o.kv_overlap_recalls;
     rows_.resize(static_cast<size_t>(max_batch_));
@@ -275,6 +277,9 @@ class CudaRunner final : public StepRunner {
         const int64_t want = std::min<int64_t>(LlamaCuda::kLandMax, last_claims_ + last_claims_ / 4 + 64);
         model_->set_landing_slots(tiers_->kv().reserve_landing(want, tiers_->clock()));
       }
+      // The LRU's changes into its mirror in HBM, at the step's last layer's tick (after the
+      // landing's reservation: what runs in flight from here is after the step's reads).
+      if (decode_reads) patch_lru(tiers_->kv(), *model_, tiers_->clock() + model_->config().n_layers - 1);
     }
     // The host's time in the hierarchy's calls this step (RunnerTiers::end_step_io: the measured
     // cost of a moved page): before the launch, after the step, and the part of the recalls in

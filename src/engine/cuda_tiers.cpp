@@ -1,6 +1,7 @@
 #include "engine/cuda_tiers.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 
 #include "core/error.h"
@@ -16,20 +17,40 @@ std::vector<TieredKv::LateRead> late_reads_of(const LlamaCuda& m) {
   return late;
 }
 
-TierStats reads_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
+void mirror_lru(TieredKv& kv, LlamaCuda& m) { kv.mirror_lru(m.lru_mirror_storage()); }
+
+bool lru_mirror_env(bool on) {
+  const char* v = std::getenv("DHS_LRU_MIRROR");
+  if (v == nullptr) return on;
+  const std::string s(v);
+  DHS_CHECK(s == "on" || s == "off" || s == "1" || s == "0", "DHS_LRU_MIRROR must be on or off (or 1, 0), got '{}'", s);
+  return s == "on" || s == "1";
+}
+
+void patch_lru(TieredKv& kv, LlamaCuda& m, int64_t now) {
+  if (!kv.lru_mirrored()) return;
+  const TieredKv::LruPatch p = kv.take_lru_patch(now);
+  m.set_lru_patch(p.patch, p.n_owners);
+}
+
+TierStats reads_after_decode(TieredKv& kv, LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
   std::vector<TieredKv::Landed> landed;
   landed.reserve(m.landings().size());
   for (const LlamaCuda::Landing& l : m.landings()) landed.push_back({l.seq, PageId{l.layer, l.head, l.page}, l.dev_slot, l.host_slot, l.adopted});
-  return kv.after_step_reads(m.read_stamps(), m.read_stamp(), seq_tables, now, landed);
+  if (!kv.lru_mirrored()) return kv.after_step_reads(m.read_stamps(), m.read_stamp(), seq_tables, now, landed);
+  std::span<int32_t> spare;
+  const TierStats st = kv.after_step_reads(m.lru_mirror_copy(), m.lru_mirror_counts(), seq_tables, now, landed, &spare);
+  m.set_lru_mirror_dst(spare);
+  return st;
 }
 
-TierStats recall_after_decode(TieredKv& kv, const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
+TierStats recall_after_decode(TieredKv& kv, LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
   TierStats st = reads_after_decode(kv, m, seq_tables, now);
   st += kv.after_step_recalls(late_reads_of(m), now);
   return st;
 }
 
-TierStats DeferredRecalls::after_decode(const LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
+TierStats DeferredRecalls::after_decode(LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {
   DHS_CHECK(!kept_, "a decode step's recalls kept while the last step's are still pending");
   const TierStats st = reads_after_decode(tiers_.kv(), m, seq_tables, now);
   kept_ = Kept{late_reads_of(m), now};

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/lru_mirror.h"
 #include "backend/cuda/quant_gemv.h"
 #include "backend/cuda/tier_land.h"
 #include "core/error.h"
@@ -517,6 +518,9 @@ LlamaCuda::~LlamaCuda() {
   if (read_count_h_) cudaFreeHost(read_count_h_);
   if (stamp_h_) cudaFreeHost(stamp_h_);
   if (last_use_h_) cudaFreeHost(last_use_h_);
+  if (mirror_h_) cudaFreeHost(mirror_h_);
+  if (mirror_counts_h_) cudaFreeHost(mirror_counts_h_);
+  if (patch_h_) cudaFreeHost(patch_h_);
   if (land_h_) cudaFreeHost(land_h_);
   if (move_h_) cudaFreeHost(move_h_);
   if (move_d_) cudaFree(move_d_);
@@ -1116,9 +1120,65 @@ void LlamaCuda::check_row_union_layer(const cuda::LayerLists& rows, const Step& 
 std::vector<int32_t> LlamaCuda::read_slots() const {
   std::vector<int32_t> out;
   if (!stamps_valid_) return out;
+  const std::span<const int32_t> st = read_stamps();
   for (int64_t s = 0; s < pool_->n_pages(); ++s)
-    if (last_use_h_[s] == stamp_) out.push_back(static_cast<int32_t>(s));
+    if (st[static_cast<size_t>(s)] == stamp_) out.push_back(static_cast<int32_t>(s));
   return out;
+}
+
+std::span<int32_t> LlamaCuda::lru_mirror_storage() {
+  DHS_CHECK(host_pool_, "the LRU mirror: no host tier");
+  DHS_CHECK(!owner_d_, "the LRU mirror is on already");
+  const int64_t n = pool_->n_pages();
+  owner_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(n) * 4));
+  DHS_CUDA_CHECK(cudaMemset(owner_d_, 0xff, static_cast<size_t>(n) * 4));  // (-1: free, until the first patch)
+  patch_d_ = static_cast<int32_t*>(dalloc(static_cast<size_t>(3 * kPatchChunk) * 4));
+  DHS_CUDA_CHECK(cudaMallocHost(&mirror_h_, static_cast<size_t>(n) * 4));
+  mirror_dst_ = mirror_h_;
+  return {last_use_h_, static_cast<size_t>(n)};
+}
+
+void LlamaCuda::set_lru_patch(const BucketedLru::Patch& p, int32_t n_owners) {
+  DHS_CHECK(owner_d_, "an LRU patch without the mirror (lru_mirror_storage)");
+  const int64_t n = static_cast<int64_t>(p.slot.size()), n_pages = pool_->n_pages();
+  DHS_CHECK(p.use.size() == p.slot.size() && p.owner.size() == p.slot.size() && n_owners >= 0,
+            "an LRU patch of {} / {} / {} entries, {} owners", p.slot.size(), p.use.size(), p.owner.size(), n_owners);
+  // (the step before has been waited for: the staging and the counts are free)
+  if (n > patch_cap_) {
+    if (patch_h_) DHS_CUDA_CHECK(cudaFreeHost(patch_h_));
+    patch_h_ = nullptr;
+    patch_cap_ = std::max<int64_t>(n, 2 * patch_cap_);
+    DHS_CUDA_CHECK(cudaMallocHost(&patch_h_, static_cast<size_t>(3 * patch_cap_) * 4));
+  }
+  // [chunk][3][entries]: each kPatchChunk entries as the apply kernel reads them
+  for (int64_t c0 = 0; c0 < n; c0 += kPatchChunk) {
+    const int64_t m = std::min(kPatchChunk, n - c0);
+    int32_t* h = patch_h_ + 3 * c0;
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t slot = p.slot[static_cast<size_t>(c0 + i)];
+      DHS_CHECK(slot >= 0 && slot < n_pages, "an LRU patch of slot {} of {}", slot, n_pages);
+      h[i] = slot;
+      h[m + i] = p.use[static_cast<size_t>(c0 + i)];
+      h[2 * m + i] = p.owner[static_cast<size_t>(c0 + i)];
+    }
+  }
+  if (n_owners + 1 > mirror_counts_cap_) {
+    if (mirror_counts_h_) DHS_CUDA_CHECK(cudaFreeHost(mirror_counts_h_));
+    mirror_counts_h_ = nullptr;
+    mirror_counts_cap_ = std::max(n_owners + 1, 2 * mirror_counts_cap_);
+    DHS_CUDA_CHECK(cudaMallocHost(&mirror_counts_h_, static_cast<size_t>(mirror_counts_cap_) * 8));
+    // (the device's counts: outside any graph, so grown in place; the old one freed with the rest)
+    mirror_counts_d_ = static_cast<int64_t*>(dalloc(static_cast<size_t>(mirror_counts_cap_) * 8));
+  }
+  patch_n_ = n;
+  patch_tick_ = p.tick;
+  mirror_owners_ = n_owners;
+}
+
+void LlamaCuda::set_lru_mirror_dst(std::span<int32_t> dst) {
+  DHS_CHECK(owner_d_ && dst.size() == static_cast<size_t>(pool_->n_pages()) && (dst.data() == last_use_h_ || dst.data() == mirror_h_),
+            "the LRU mirror's next copy into other memory than its two buffers");
+  mirror_dst_ = dst.data();
 }
 
 int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {
@@ -1375,8 +1435,19 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   n_tier_steps_ += host_pool_ && step.n_dec > 0;
   last_step_ = step;
   int32_t land_avail = 0;
+  const bool patched = patch_n_ >= 0;
+  if (patched) {  // the host LRU's changes into its mirror, before the step's reads
+    for (int64_t c0 = 0; c0 < patch_n_; c0 += kPatchChunk) {
+      const int64_t m = std::min(kPatchChunk, patch_n_ - c0);
+      DHS_CUDA_CHECK(cudaMemcpyAsync(patch_d_, patch_h_ + 3 * c0, static_cast<size_t>(3 * m) * 4, cudaMemcpyHostToDevice, stream_));
+      cuda::launch_lru_mirror_apply(last_use_d_, owner_d_, patch_d_, m, stream_);
+    }
+    patch_n_ = -1;
+  }
   if (host_pool_ && step.n_dec > 0) {  // this step's stamp for the resident reads' record
-    *stamp_h_ = ++stamp_;
+    // (with the LRU mirror, the patch's tick: the last use the split writes is the LRU's own)
+    DHS_CHECK(!owner_d_ || patched, "a decode step over the host tier with the LRU mirror but no patch (set_lru_patch)");
+    *stamp_h_ = owner_d_ ? (stamp_ = patch_tick_) : ++stamp_;
     DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
     // The landing stack's length (set_landing_slots uploaded the slots; 0: nothing lands).
     land_avail = land_avail_next_;
@@ -1419,8 +1490,18 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   // The HBM reads' stamps (a decode step with the host tier): what the hierarchy's after-step
   // reads in one pass (TieredKv::after_decode_step), rather than a list of millions of slots.
   stamps_valid_ = host_pool_ && step.n_dec > 0;
-  if (stamps_valid_)
+  if (stamps_valid_ && owner_d_) {
+    // The mirror: its reads counted per owner, its last uses copied into the buffer the host LRU
+    // gave up (after_step_reads takes it as its own).
+    cuda::launch_lru_mirror_count(last_use_d_, owner_d_, static_cast<int32_t>(pool_->n_pages()), stamp_d_, mirror_owners_,
+                                  mirror_counts_d_, stream_);
+    DHS_CUDA_CHECK(cudaMemcpyAsync(mirror_counts_h_, mirror_counts_d_, static_cast<size_t>(mirror_owners_ + 1) * 8,
+                                   cudaMemcpyDeviceToHost, stream_));
+    DHS_CUDA_CHECK(cudaMemcpyAsync(mirror_dst_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
+    mirror_last_ = mirror_dst_;
+  } else if (stamps_valid_) {
     DHS_CUDA_CHECK(cudaMemcpyAsync(last_use_h_, last_use_d_, static_cast<size_t>(pool_->n_pages()) * 4, cudaMemcpyDeviceToHost, stream_));
+  }
   // The caller's host work while the step runs (the hierarchy's last recalls: what it enqueues
   // on the stream runs after the step).
   const Clock::time_point t_while = Clock::now();

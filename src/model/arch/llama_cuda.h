@@ -35,6 +35,7 @@
 #include "backend/cuda/row_union.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/tier_split.h"
+#include "kv/bucketed_lru.h"
 #include "kv/land_overlap_rule.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
@@ -300,10 +301,30 @@ class LlamaCuda {
   // with the step; read_stamp() is -1 after any other step), and the same as a list of slots, in slot order (a pass over the stamps: for tests and
   // the benches).
   std::span<const int32_t> read_stamps() const {
-    return {last_use_h_, last_use_h_ ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
+    const int32_t* h = mirror_last_ ? mirror_last_ : last_use_h_;
+    return {h, h ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
   }
   int32_t read_stamp() const { return stamps_valid_ ? stamp_ : -1; }
   std::vector<int32_t> read_slots() const;
+
+  // The hierarchy's LRU mirrored in HBM (kv/bucketed_lru.h mirror_on; backend/cuda/lru_mirror.h;
+  // docs/hierarchy.md "The step's reads written into a mirror of the LRU"): lru_mirror_storage()
+  // turns it on and returns the pinned storage for the host LRU's last uses ([n_pages]). Before
+  // each step with decode rows set_lru_patch gives the host's patch: applied in the stream before
+  // the step, its tick the step's stamp (the tier split writes it as the last use of each HBM slot
+  // read). After it, read_stamps() is the mirror's last uses (read_stamp() the tick) and
+  // lru_mirror_counts() the reads per owner ([n_owners + 1]); the host takes the copy
+  // (TieredKv::after_step_reads) and gives back the buffer the next one lands in (set_lru_mirror_dst).
+  std::span<int32_t> lru_mirror_storage();
+  bool lru_mirrored() const { return owner_d_ != nullptr; }
+  void set_lru_patch(const BucketedLru::Patch& p, int32_t n_owners);
+  std::span<int32_t> lru_mirror_copy() const {
+    return {mirror_last_, mirror_last_ && stamps_valid_ ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
+  }
+  std::span<const int64_t> lru_mirror_counts() const {
+    return {mirror_counts_h_, mirror_counts_h_ && stamps_valid_ ? static_cast<size_t>(mirror_owners_) + 1 : size_t{0}};
+  }
+  void set_lru_mirror_dst(std::span<int32_t> dst);
   // The last step logged more late reads than the log holds (those past it were not logged; the
   // log holds every page a step's lists can name, up to kLateLogMax).
   bool late_log_overflowed() const { return late_overflow_; }
@@ -490,6 +511,22 @@ class LlamaCuda {
   int32_t stamp_ = 0;
   int32_t* last_use_h_ = nullptr;  // pinned [n_pages]: last_use_d_ after each decode step
   bool stamps_valid_ = false;      // the last step was a decode step with the host tier
+  // The LRU mirror (lru_mirror_storage): last_use_d_ holds the host LRU's last uses (offsets),
+  // owner_d_ its owners; the host's storage alternates between last_use_h_ and mirror_h_, the copy
+  // after a step lands in mirror_dst_ (mirror_last_: where the last one landed). The patch: its
+  // [3, n] entries staged in patch_h_ (pinned, grown), applied kPatchChunk at a time through patch_d_.
+  static constexpr int64_t kPatchChunk = int64_t{1} << 18;
+  int32_t* owner_d_ = nullptr;
+  int32_t* mirror_h_ = nullptr;
+  int32_t* mirror_dst_ = nullptr;
+  int32_t* mirror_last_ = nullptr;
+  int64_t* mirror_counts_d_ = nullptr;
+  int64_t* mirror_counts_h_ = nullptr;  // pinned
+  int32_t mirror_counts_cap_ = 0, mirror_owners_ = 0;
+  int32_t* patch_h_ = nullptr;  // pinned [patch_cap_ entries x 3]
+  int32_t* patch_d_ = nullptr;  // [kPatchChunk x 3]
+  int64_t patch_cap_ = 0, patch_n_ = -1;  // (-1: no patch for the next step)
+  int32_t patch_tick_ = 0;
   bool late_overflow_ = false;
   int32_t* move_h_ = nullptr;      // pinned [move_cap_]: regions of [n, 2] slot pairs, [n, 2] key pairs, the count
   int32_t* move_d_ = nullptr;
