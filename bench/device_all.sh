@@ -17,6 +17,8 @@
 #          tier, replayed churn; DHS_HIER_UNCAPPED=1: also 128k x 8 uncapped): hierarchy.jsonl
 #   hieroverlap the after-step's recalls while the next step runs against before it (--sync-recalls),
 #          landing, 128k x 3 and x 4 at HBM 32 GiB, with the SDPA anchor: hierarchy.jsonl
+#   hiermirror the LRU mirrored in HBM against the stamps' scan (DHS_LRU_MIRROR=0/1 alternated, landing,
+#          128k x 3 and x 4 at HBM 32 GiB) with the SDPA anchor; test_cuda_tiers' mirror case
 #   hieradopt the landed pages adopted on the device against the binaries before (.devcarry/bin_base.tar.xz),
 #          alternated, landing at 128k x 3 and x 4 (HBM 32 GiB), with the SDPA anchor: hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
@@ -290,6 +292,26 @@ for stage in "$@"; do
         run hier_b${b}_land_sync timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land --sync-recalls
       done
       grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_b*.log ;;
+    hiermirror)
+      # The LRU mirrored in HBM (DHS_LRU_MIRROR=1: the step's reads written as the LRU's last uses
+      # and copied back) against the read stamps' scan, alternated, landing at batch 3 and 4 (HBM 32
+      # GiB, host 72 GiB), the SDPA anchor first; then test_cuda_tiers' mirror case (the default
+      # model, when its parts are joined). Rows to hierarchy.jsonl (lru_mirror true / false).
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for b in ${DHS_HIER_BATCHES:-3 4}; do
+        hier_batch "$b"
+        for mir in ${DHS_MIRROR_ORDER:-0 1 0 1}; do
+          run hier_b${b}_mirror$mir timeout 240 env DHS_LRU_MIRROR=$mir "$B/dhisparse" bench --hierarchy --ctx 131072 --trace "$TRACE" \
+            --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12} --policies $SP \
+            --hbm-kv-gib 32 --host-kv-gib 72 "${HB[@]}" --land
+          grep -hE "^ctx|^  forward|^  tiers|error" "$OUT/hier_b${b}_mirror$mir.log"
+        done
+      done
+      if [ -f "$DHS_MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        run test_cuda_tiers_mirror timeout 300 "$B/test_cuda_tiers" --gtest_filter=*Mirror*
+      fi ;;
     hieradopt)
       # The landed pages adopted on the device (the host's adoption in flight, session 31) against the
       # binaries before it (.devcarry/bin_base.tar.xz, DHS_BASE_COMMIT names them), alternated, landing
