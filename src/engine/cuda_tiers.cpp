@@ -29,8 +29,9 @@ bool lru_mirror_env(bool on) {
 
 void patch_lru(TieredKv& kv, LlamaCuda& m, int64_t now) {
   if (!kv.lru_mirrored()) return;
-  const TieredKv::LruPatch p = kv.take_lru_patch(now);
-  m.set_lru_patch(p.patch, p.n_owners);
+  const TieredKv::LruPatchSize z = kv.begin_lru_patch(now);
+  int32_t* h = m.stage_lru_patch(z.n, z.tick, z.n_owners);
+  kv.fill_lru_patch(h, h + z.n, h + 2 * z.n);
 }
 
 TierStats reads_after_decode(TieredKv& kv, LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {

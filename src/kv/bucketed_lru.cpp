@@ -135,35 +135,47 @@ void BucketedLru::mirror_on(std::span<int32_t> storage) {
 }
 
 BucketedLru::Patch BucketedLru::take_patch(int64_t now) {
+  Patch p;
+  const int64_t n = begin_patch(now, &p.tick, &p.full);
+  p.slot.resize(static_cast<size_t>(n)), p.use.resize(static_cast<size_t>(n)), p.owner.resize(static_cast<size_t>(n));
+  fill_patch(p.slot.data(), p.use.data(), p.owner.data());
+  return p;
+}
+
+int64_t BucketedLru::begin_patch(int64_t now, int32_t* tick, bool* full) {
   DHS_CHECK(mirrored_, "LRU patch without a mirror (mirror_on)");
+  DHS_CHECK(!patch_begun_, "LRU patch begun twice (fill_patch ends it)");
   advance(now);
   check_range(now);
-  Patch p;
-  p.tick = static_cast<int32_t>(now - base_);
-  p.full = full_patch_ || patch_out_;
-  const auto add = [&](int32_t s) {
-    p.slot.push_back(s);
-    p.use.push_back(use_[static_cast<size_t>(s)]);
-    p.owner.push_back(owner_[static_cast<size_t>(s)]);
+  *tick = static_cast<int32_t>(now - base_);
+  *full = full_patch_ || patch_out_;
+  full_patch_ = *full;  // (fill_patch's)
+  patch_begun_ = true;
+  patch_base_ = base_;
+  patch_tick_ = *tick;
+  return *full ? n_slots() : n_changed_;
+}
+
+void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
+  DHS_CHECK(patch_begun_, "LRU fill_patch without begin_patch");
+  const bool full = full_patch_;
+  const int64_t n = full ? n_slots() : n_changed_;
+  // Each entry apart (distinct slots): the gather and the log's reset on the thread pool when large.
+  const auto fill = [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      const size_t s = full ? static_cast<size_t>(i) : static_cast<size_t>(changed_[static_cast<size_t>(i)]);
+      slot[i] = static_cast<int32_t>(s);
+      use[i] = use_[s];
+      owner[i] = owner_[s];
+      logged_[s] = 0;
+    }
   };
-  if (p.full) {
-    const size_t n = static_cast<size_t>(n_slots());
-    p.slot.resize(n);
-    for (size_t s = 0; s < n; ++s) p.slot[s] = static_cast<int32_t>(s);
-    p.use.assign(use_.begin(), use_.end());
-    p.owner = owner_;
-  } else {
-    const size_t n = static_cast<size_t>(n_changed_);
-    p.slot.reserve(n), p.use.reserve(n), p.owner.reserve(n);
-    for (size_t i = 0; i < n; ++i) add(changed_[i]);
-  }
-  for (int64_t i = 0; i < n_changed_; ++i) logged_[static_cast<size_t>(changed_[static_cast<size_t>(i)])] = 0;
+  if (n >= kParallelSlots / 4) ThreadPool::global().parallel_for(n, fill, 4096);
+  else fill(0, n, 0);
   n_changed_ = 0;
   full_patch_ = false;
+  patch_begun_ = false;
   patch_out_ = true;
-  patch_base_ = base_;
-  patch_tick_ = p.tick;
-  return p;
 }
 
 std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* counts) {
@@ -178,11 +190,15 @@ std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* co
   }
   for (size_t i = 0; i < static_cast<size_t>(n_changed_); ++i) {
     const size_t s = static_cast<size_t>(changed_[i]);
+    const int32_t o = owner_at_patch_[i];
     if (logged_[s] & kReplaced) {
-      const int32_t o = owner_at_patch_[i];
       if (from[s] == tick && o >= 0) --counts[o + 1];
       from[s] = use_[s];
     } else {
+      if ((logged_[s] & kSeen) && from[s] == tick) {  // (the read is the new page's: its owner's)
+        if (o >= 0) --counts[o + 1];
+        if (owner_[s] >= 0) ++counts[owner_[s] + 1];
+      }
       from[s] = std::max(from[s], use_[s]);
     }
   }

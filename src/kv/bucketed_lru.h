@@ -129,6 +129,11 @@ class BucketedLru {
     bool full = false;
   };
   Patch take_patch(int64_t now);
+  // take_patch in two parts, for a caller that stages the patch where its copy starts (pinned
+  // memory): begin_patch returns the entries' count (with *tick and *full), fill_patch writes them
+  // ([n] slots, last uses, owners; on the thread pool for large patches) and ends the patch.
+  int64_t begin_patch(int64_t now, int32_t* tick, bool* full);
+  void fill_patch(int32_t* slot, int32_t* use, int32_t* owner);
   // The step ran on the mirror (the patch applied first), writing the patch's tick as the last use
   // of each slot it read; `from` ([n_slots], not the LRU's storage) holds the mirror's last uses
   // after it, and counts (counts[o + 1], as touch_stamped's) its slots with the tick and an owner o
@@ -139,6 +144,11 @@ class BucketedLru {
   // slots skipped (free slots aside: their last use is the mirror's, and read by nothing). Returns
   // the storage given up, for the next copy.
   std::span<int32_t> take_mirror(std::span<int32_t> from, int64_t* counts);
+  // Changes the running step saw already, logged while on: the landings it adopted on the device
+  // before the host does (TieredKv's adoption in flight; its lists named the landing slots). Unless
+  // the slot is replaced after them, a read of such a slot counts for its owner now (not its owner
+  // at the patch) and its last use takes the later of the two, as touch_stamped leaves it.
+  void set_seen_by_step(bool on) { seen_by_step_ = on; }
 
   // Consistency: owners >= -1, pins only on resident slots, last use not in the future of `now`.
   // "" when consistent.
@@ -170,7 +180,8 @@ class BucketedLru {
   void rebase(int64_t now);
   static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
 
-  // The mirror's log: slot s changed since the last patch (kChanged), its page replaced (kReplaced).
+  // The mirror's log: slot s changed since the last patch (kChanged), its page replaced (kReplaced),
+  // or replaced where the running step saw it already (kSeen: set_seen_by_step).
   // Safe from threads that change distinct slots (the hierarchy's batched recalls: each request's
   // own slots on the thread pool): a slot's flag is its changer's, the log's end is taken atomically.
   void log_change(int32_t s, bool replaced) {
@@ -181,14 +192,15 @@ class BucketedLru {
       changed_[static_cast<size_t>(i)] = s;
       owner_at_patch_[static_cast<size_t>(i)] = owner_[static_cast<size_t>(s)];
     }
-    f |= replaced ? kChanged | kReplaced : kChanged;
+    f |= !replaced ? kChanged : seen_by_step_ ? kChanged | kSeen : kChanged | kReplaced;
   }
-  static constexpr uint8_t kChanged = 1, kReplaced = 2;
+  static constexpr uint8_t kChanged = 1, kReplaced = 2, kSeen = 4;
 
   LruParams p_;
   std::vector<int32_t> use_own_;  // the last uses' storage, unless mirrored (the caller's then)
   std::span<int32_t> use_;        // [n_slots] last use - base_
-  bool mirrored_ = false, patch_out_ = false, full_patch_ = false;
+  bool mirrored_ = false, patch_out_ = false, full_patch_ = false, seen_by_step_ = false;
+  bool patch_begun_ = false;             // begin_patch without its fill_patch yet
   int64_t patch_base_ = 0;               // base_ when the last patch was taken
   int32_t patch_tick_ = 0;
   std::vector<int32_t> changed_;         // [n_slots] the first n_changed_: slots changed since the last patch, each once

@@ -818,6 +818,15 @@ TieredKv::LruPatch TieredKv::take_lru_patch(int64_t now) {
   return p;
 }
 
+TieredKv::LruPatchSize TieredKv::begin_lru_patch(int64_t now) {
+  LruPatchSize z;
+  z.n = lru_.begin_patch(now, &z.tick, &z.full);
+  z.n_owners = next_owner_;
+  patch_now_ = now;
+  patch_tick_ = z.tick;
+  return z;
+}
+
 TierStats TieredKv::after_step_reads(std::span<int32_t> mirror, std::span<const int64_t> counts,
                                      std::span<PageTable* const> tables, int64_t now, std::span<const Landed> landed,
                                      std::span<int32_t>* spare) {
@@ -908,7 +917,12 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
   // The landings first, not marked as changed in flight: the running step's table named each
   // adopted page's landing slot already (the device adopted it), so its reads there are reads of
   // that page.
-  if (p.budgets_due) adopt_claimed(p.landed, p.landed_of, tables, now, st, /*reads_noted=*/false);
+  if (p.budgets_due) {
+    // (and with the LRU mirrored, logged as changes the running step saw: BucketedLru::set_seen_by_step)
+    lru_.set_seen_by_step(in_flight);
+    adopt_claimed(p.landed, p.landed_of, tables, now, st, /*reads_noted=*/false);
+    lru_.set_seen_by_step(false);
+  }
   times_.adopt_ms = lap(t);
   if (in_flight) {
     if (changed_in_flight_.empty()) changed_in_flight_.assign(static_cast<size_t>(lru_.n_slots()), 0);

@@ -173,6 +173,15 @@ class TieredKv {
     int32_t n_owners = 0;
   };
   LruPatch take_lru_patch(int64_t now);
+  // The same staged by the caller (BucketedLru::begin_patch / fill_patch): the entries' count, then
+  // they are written into [n] slots, last uses and owners.
+  struct LruPatchSize {
+    int64_t n = 0;
+    int32_t tick = 0, n_owners = 0;
+    bool full = false;
+  };
+  LruPatchSize begin_lru_patch(int64_t now);
+  void fill_lru_patch(int32_t* slot, int32_t* use, int32_t* owner) { lru_.fill_patch(slot, use, owner); }
   TierStats after_step_reads(std::span<int32_t> mirror, std::span<const int64_t> counts, std::span<PageTable* const> tables,
                              int64_t now, std::span<const Landed> landed, std::span<int32_t>* spare);
 

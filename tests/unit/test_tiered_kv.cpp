@@ -985,7 +985,11 @@ TEST(TieredKv, LandingsAreAdoptedAsRecallsWithEveryByteKept) {
 // the landing leaves its key
 // (pages landed the step before included, read from their slots before the host adopted them), the
 // accounting after each half, and whenever nothing is pending the mirror equals the tables.
-TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
+// The scenario of LandingsAdoptedOnTheDeviceRunAheadOfTheHost, by the read stamps' scan or with the
+// LRU mirrored (an LruMirror as the device's: patched before each step, the step's resident and
+// landed reads written into it, counted, copied back); *trace: per step, its hits, late reads,
+// recalls and evictions and where every page lives.
+void landings_ahead_of_the_host(bool mirrored, std::vector<std::string>* trace) {
   constexpr int64_t kDev = 70, kHost = 400, kMaxPages = 40;
   constexpr int kLists = kLayers * kHeads;
   Scenario s(kDev, kHost, LruParams{kLayers, 4, true});
@@ -1050,6 +1054,10 @@ TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
   sync_new_pages();
   std::mt19937 rng(43);
   std::vector<int32_t> stamps(kDev, 0);
+  std::vector<int32_t> store(kDev), copy_buf(kDev);
+  std::span<int32_t> copy_to(copy_buf);
+  LruMirror lru_mirror(kDev);
+  if (mirrored) s.kv_.mirror_lru(store);
   std::optional<std::pair<std::vector<TieredKv::LateRead>, int64_t>> kept;  // the last step's late reads, its clock
   int64_t adopted_total = 0, lost = 0, ahead_of_host = 0;
   for (int step = 1; step <= 60; ++step) {
@@ -1059,6 +1067,11 @@ TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
     const std::vector<int32_t> stack = s.kv_.reserve_landing(want, start);
     ASSERT_EQ(s.kv_.check_invariants(), "") << "after the reservation, step " << step;
     flush_patches();  // (the launch's upload)
+    TieredKv::LruPatch lru_patch;
+    if (mirrored) {
+      lru_patch = s.kv_.take_lru_patch(now);
+      lru_mirror.apply(lru_patch.patch);
+    }
     // The step, from the mirror: per layer, each (request, head) lists random pages and the page it
     // appends into; request 1 lists one of its host pages twice.
     std::vector<TieredKv::Landed> landed;
@@ -1119,8 +1132,12 @@ TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
               ASSERT_EQ(s.pool(p.tier).k_page(p)[(pos - i * kPage) * kDim + e], value(q.key, l, h, pos, e))
                   << "request " << r << " page (" << l << ", " << h << ", " << i << ") in " << dhs::tier_name(p.tier)
                   << " slot " << p.slot << " at step " << step;
-          if (p.tier == Tier::Device) stamps[static_cast<size_t>(p.slot)] = step;
-          else late.push_back({r, PageId{l, h, i}});
+          if (p.tier == Tier::Device) {
+            stamps[static_cast<size_t>(p.slot)] = step;
+            lru_mirror.read(p.slot);
+          } else {
+            late.push_back({r, PageId{l, h, i}});
+          }
         }
       }
     }
@@ -1128,7 +1145,22 @@ TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
     // running step's clock; then this step's reads.
     if (kept) s.kv_.after_step_recalls(kept->first, std::max(kept->second, start), /*in_flight=*/true);
     ASSERT_EQ(s.kv_.check_invariants(), "") << "after the recalls in flight, step " << step;
-    s.kv_.after_step_reads(stamps, step, tables, now, landed);
+    const TierStats reads = [&] {
+      if (!mirrored) return s.kv_.after_step_reads(stamps, step, tables, now, landed);
+      std::copy(lru_mirror.use().begin(), lru_mirror.use().end(), copy_to.begin());
+      return s.kv_.after_step_reads(copy_to, lru_mirror.counts(lru_patch.n_owners), tables, now, landed, &copy_to);
+    }();
+    if (trace) {
+      std::string t = "step " + std::to_string(step) + ": hits " + std::to_string(reads.hits);
+      const TierStats& to = s.kv_.totals();
+      t += ", totals " + std::to_string(to.hits) + " " + std::to_string(to.late) + " " + std::to_string(to.recalled) + " " +
+           std::to_string(to.offloaded) + " " + std::to_string(to.dropped) + ";";
+      for (const PageTable* tb : tables)
+        for (int l = 0; l < kLayers; ++l)
+          for (int h = 0; h < kHeads; ++h)
+            for (int64_t i = 0; i < tb->n_pages_per_list(); ++i) t += " " + std::to_string(dhs::tier_key(tb->page(l, h, i), kDev));
+      trace->push_back(std::move(t));
+    }
     ASSERT_EQ(s.kv_.check_invariants(), "") << "after the reads, step " << step;
     EXPECT_EQ(s.kv_.landing_claimed(), static_cast<int64_t>(landed.size()));
     for (const TieredKv::Landed& l : landed) adopted_total += l.adopted;
@@ -1152,6 +1184,17 @@ TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) {
   EXPECT_GT(lost, 0) << "and land a page twice (one landing takes it)";
   EXPECT_GT(ahead_of_host, 0) << "and read landed pages from the mirror before the host adopted them";
   EXPECT_GT(s.kv_.totals().offloaded + s.kv_.totals().dropped, 40) << "and move pages out for budgets";
+}
+
+TEST(TieredKv, LandingsAdoptedOnTheDeviceRunAheadOfTheHost) { landings_ahead_of_the_host(false, nullptr); }
+
+// The same with the LRU mirrored: every step's hits, counts and every page's place equal the scan's.
+TEST(TieredKv, MirroredLruEqualsTheStampsScanWithLandings) {
+  std::vector<std::string> scan, mirror;
+  landings_ahead_of_the_host(false, &scan);
+  landings_ahead_of_the_host(true, &mirror);
+  ASSERT_EQ(scan.size(), mirror.size());
+  for (size_t i = 0; i < scan.size(); ++i) ASSERT_EQ(scan[i], mirror[i]);
 }
 
 // evict_slots (the hierarchy bench's churn replay): the listed slots holding full, unpinned pages

@@ -1138,29 +1138,16 @@ std::span<int32_t> LlamaCuda::lru_mirror_storage() {
   return {last_use_h_, static_cast<size_t>(n)};
 }
 
-void LlamaCuda::set_lru_patch(const BucketedLru::Patch& p, int32_t n_owners) {
+int32_t* LlamaCuda::stage_lru_patch(int64_t n, int32_t tick, int32_t n_owners) {
   DHS_CHECK(owner_d_, "an LRU patch without the mirror (lru_mirror_storage)");
-  const int64_t n = static_cast<int64_t>(p.slot.size()), n_pages = pool_->n_pages();
-  DHS_CHECK(p.use.size() == p.slot.size() && p.owner.size() == p.slot.size() && n_owners >= 0,
-            "an LRU patch of {} / {} / {} entries, {} owners", p.slot.size(), p.use.size(), p.owner.size(), n_owners);
+  DHS_CHECK(n >= 0 && n <= pool_->n_pages() && n_owners >= 0, "an LRU patch of {} entries ({} slots), {} owners", n,
+            pool_->n_pages(), n_owners);
   // (the step before has been waited for: the staging and the counts are free)
   if (n > patch_cap_) {
     if (patch_h_) DHS_CUDA_CHECK(cudaFreeHost(patch_h_));
     patch_h_ = nullptr;
-    patch_cap_ = std::max<int64_t>(n, 2 * patch_cap_);
-    DHS_CUDA_CHECK(cudaMallocHost(&patch_h_, static_cast<size_t>(3 * patch_cap_) * 4));
-  }
-  // [chunk][3][entries]: each kPatchChunk entries as the apply kernel reads them
-  for (int64_t c0 = 0; c0 < n; c0 += kPatchChunk) {
-    const int64_t m = std::min(kPatchChunk, n - c0);
-    int32_t* h = patch_h_ + 3 * c0;
-    for (int64_t i = 0; i < m; ++i) {
-      const int32_t slot = p.slot[static_cast<size_t>(c0 + i)];
-      DHS_CHECK(slot >= 0 && slot < n_pages, "an LRU patch of slot {} of {}", slot, n_pages);
-      h[i] = slot;
-      h[m + i] = p.use[static_cast<size_t>(c0 + i)];
-      h[2 * m + i] = p.owner[static_cast<size_t>(c0 + i)];
-    }
+    patch_cap_ = std::min(pool_->n_pages(), std::max<int64_t>(n, 2 * patch_cap_));
+    DHS_CUDA_CHECK(cudaMallocHost(&patch_h_, static_cast<size_t>(3 * std::max<int64_t>(patch_cap_, 1)) * 4));
   }
   if (n_owners + 1 > mirror_counts_cap_) {
     if (mirror_counts_h_) DHS_CUDA_CHECK(cudaFreeHost(mirror_counts_h_));
@@ -1171,8 +1158,9 @@ void LlamaCuda::set_lru_patch(const BucketedLru::Patch& p, int32_t n_owners) {
     mirror_counts_d_ = static_cast<int64_t*>(dalloc(static_cast<size_t>(mirror_counts_cap_) * 8));
   }
   patch_n_ = n;
-  patch_tick_ = p.tick;
+  patch_tick_ = tick;
   mirror_owners_ = n_owners;
+  return patch_h_;
 }
 
 void LlamaCuda::set_lru_mirror_dst(std::span<int32_t> dst) {
@@ -1439,7 +1427,9 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   if (patched) {  // the host LRU's changes into its mirror, before the step's reads
     for (int64_t c0 = 0; c0 < patch_n_; c0 += kPatchChunk) {
       const int64_t m = std::min(kPatchChunk, patch_n_ - c0);
-      DHS_CUDA_CHECK(cudaMemcpyAsync(patch_d_, patch_h_ + 3 * c0, static_cast<size_t>(3 * m) * 4, cudaMemcpyHostToDevice, stream_));
+      for (int64_t part = 0; part < 3; ++part)  // (the slots, last uses, owners of entries [c0, c0 + m))
+        DHS_CUDA_CHECK(cudaMemcpyAsync(patch_d_ + part * m, patch_h_ + part * patch_n_ + c0, static_cast<size_t>(m) * 4,
+                                       cudaMemcpyHostToDevice, stream_));
       cuda::launch_lru_mirror_apply(last_use_d_, owner_d_, patch_d_, m, stream_);
     }
     patch_n_ = -1;

@@ -310,14 +310,16 @@ class LlamaCuda {
   // The hierarchy's LRU mirrored in HBM (kv/bucketed_lru.h mirror_on; backend/cuda/lru_mirror.h;
   // docs/hierarchy.md "The step's reads written into a mirror of the LRU"): lru_mirror_storage()
   // turns it on and returns the pinned storage for the host LRU's last uses ([n_pages]). Before
-  // each step with decode rows set_lru_patch gives the host's patch: applied in the stream before
+  // each step with decode rows the host stages its patch: applied in the stream before
   // the step, its tick the step's stamp (the tier split writes it as the last use of each HBM slot
-  // read). After it, read_stamps() is the mirror's last uses (read_stamp() the tick) and
+  // read; stage_lru_patch). After it, read_stamps() is the mirror's last uses (read_stamp() the tick) and
   // lru_mirror_counts() the reads per owner ([n_owners + 1]); the host takes the copy
   // (TieredKv::after_step_reads) and gives back the buffer the next one lands in (set_lru_mirror_dst).
   std::span<int32_t> lru_mirror_storage();
   bool lru_mirrored() const { return owner_d_ != nullptr; }
-  void set_lru_patch(const BucketedLru::Patch& p, int32_t n_owners);
+  // The patch staged in place: [3, n] pinned ints (slots, then last uses, then owners) for the
+  // caller to fill before the next forward.
+  int32_t* stage_lru_patch(int64_t n, int32_t tick, int32_t n_owners);
   std::span<int32_t> lru_mirror_copy() const {
     return {mirror_last_, mirror_last_ && stamps_valid_ ? static_cast<size_t>(pool_->n_pages()) : size_t{0}};
   }
@@ -514,7 +516,8 @@ class LlamaCuda {
   // The LRU mirror (lru_mirror_storage): last_use_d_ holds the host LRU's last uses (offsets),
   // owner_d_ its owners; the host's storage alternates between last_use_h_ and mirror_h_, the copy
   // after a step lands in mirror_dst_ (mirror_last_: where the last one landed). The patch: its
-  // [3, n] entries staged in patch_h_ (pinned, grown), applied kPatchChunk at a time through patch_d_.
+  // [3, n] entries staged in patch_h_ (pinned, grown), applied kPatchChunk at a time through patch_d_
+  // ([3, chunk] each).
   static constexpr int64_t kPatchChunk = int64_t{1} << 18;
   int32_t* owner_d_ = nullptr;
   int32_t* mirror_h_ = nullptr;
