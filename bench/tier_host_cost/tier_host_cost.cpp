@@ -5,7 +5,11 @@
 // them replaced by other pages every step (a real churn: the recalls need victims). Per step:
 // what the runner calls before it (track_new_pages, prepare_append, adopt_new_pages) and after it
 // (after_decode_step: hits by stamp, late reads, recalls ahead), timed apart. The first steps read
-// everything late (warm-up); budgets are then the pages read x (1 + buffer).
+// everything late (warm-up); budgets are then the pages read x (1 + buffer). --mirror: the LRU
+// mirrored on the device (BucketedLru::mirror_on): the patch staged before the step is the host's
+// (timed with "before"), the mirror's own work (kv/lru_mirror.h: the patch applied, the reads
+// written and counted, the copy back) is the GPU's and not timed, and the reads come back through
+// after_step_reads' mirror form instead of the stamps' scan.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "kv/lru_mirror.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "kv/tiered_kv.h"
@@ -46,6 +51,8 @@ int main(int argc, char** argv) {
   bool hook = false, fresh_victims = false;
   app.add_flag("--fresh-victims", fresh_victims, "recalls one request at a time select other requests' victims afresh each (the shared prefix off: the A/B)");
   app.add_flag("--hook", hook, "the CUDA runner's relocate hook emulated (a record per page moved)");
+  bool mirror = false;
+  app.add_flag("--mirror", mirror, "the LRU mirrored on the device: its patch staged before the step (timed), the reads taken back from the mirror (no stamps' scan)");
   app.add_flag("--serial-recalls", serial_recalls, "recalls one request at a time (the batched path off: the A/B)");
   int L = 32, H = 8, D = 128;
   int64_t hbm_blocks = 0;
@@ -105,8 +112,18 @@ int main(int argc, char** argv) {
               static_cast<long long>(ctx), static_cast<long long>(batch), static_cast<long long>(per_list),
               static_cast<long long>(sel_n), read_frac, static_cast<long long>(n_dev), churn, buffer);
   using Clock = std::chrono::steady_clock;
-  double sum_before = 0, sum_after = 0;
+  double sum_before = 0, sum_after = 0, sum_patch = 0;
   std::vector<int32_t> stamps(static_cast<size_t>(n_dev), 0);
+  // --mirror: the LRU's storage and the buffer the copy lands in, the device's side, the staging.
+  std::vector<int32_t> store(mirror ? static_cast<size_t>(n_dev) : 0), copy_buf(store.size()), staging;
+  std::span<int32_t> copy_to(copy_buf);
+  std::unique_ptr<LruMirror> device;
+  if (mirror) {
+    kv.mirror_lru(store);
+    device = std::make_unique<LruMirror>(n_dev);
+    staging.resize(static_cast<size_t>(3 * n_dev));
+  }
+  int32_t n_owners = 0;
   int32_t stamp = 0;
   int64_t last_late = 1 << 16;
   TierStats sum;
@@ -119,7 +136,21 @@ int main(int argc, char** argv) {
     for (PageTable* t : tables) kv.adopt_new_pages(*t, now);
     std::vector<int32_t> stack;
     if (land) stack = kv.reserve_landing(last_late + last_late / 4 + 256, now);
+    double patch_ms = 0;
+    BucketedLru::Patch patch;  // (the device's copy of the staged patch: not timed)
+    if (mirror) {
+      const auto tp = Clock::now();
+      const TieredKv::LruPatchSize z = kv.begin_lru_patch(now + L - 1);
+      kv.fill_lru_patch(staging.data(), staging.data() + z.n, staging.data() + 2 * z.n);
+      patch_ms = std::chrono::duration<double, std::milli>(Clock::now() - tp).count();
+      patch.slot.assign(staging.begin(), staging.begin() + z.n);
+      patch.use.assign(staging.begin() + z.n, staging.begin() + 2 * z.n);
+      patch.owner.assign(staging.begin() + 2 * z.n, staging.begin() + 3 * z.n);
+      patch.tick = z.tick;
+      n_owners = z.n_owners;
+    }
     const double before_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (mirror) device->apply(patch);
     // What the GPU records: a stamp per HBM slot read, the late pages in list order.
     ++stamp;
     std::vector<TieredKv::LateRead> late;
@@ -132,8 +163,10 @@ int main(int argc, char** argv) {
             const PageRef p = tables[static_cast<size_t>(r)]->page(l, h, i);
             if (p.tier == Tier::Device) {
               stamps[static_cast<size_t>(p.slot)] = stamp;
+              if (mirror) device->read(p.slot);
             } else if (used < stack.size()) {  // (the GPU lands it and the split stamps the slot)
               stamps[static_cast<size_t>(stack[used])] = stamp;
+              if (mirror) device->read(stack[used]);
               landed.push_back({static_cast<int>(r), PageId{l, h, i}, stack[used++], p.slot});
             } else {
               late.push_back({static_cast<int>(r), PageId{l, h, i}});
@@ -141,9 +174,21 @@ int main(int argc, char** argv) {
           }
           const PageTable& t = *tables[static_cast<size_t>(r)];  // (and the page it appends into)
           stamps[static_cast<size_t>(t.page(l, h, t.n_pages_per_list() - 1).slot)] = stamp;
+          if (mirror) device->read(t.page(l, h, t.n_pages_per_list() - 1).slot);
         }
+    std::vector<int64_t> counts;
+    if (mirror) {  // (the GPU's: the reads counted, the last uses copied back)
+      counts = device->counts(n_owners);
+      std::copy(device->use().begin(), device->use().end(), copy_to.begin());
+    }
     t0 = Clock::now();
-    const TierStats st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1, landed);
+    TierStats st;
+    if (mirror) {
+      st = kv.after_step_reads(copy_to, counts, tables, now + L - 1, landed, &copy_to);
+      st += kv.after_step_recalls(late, now + L - 1);
+    } else {
+      st = kv.after_decode_step(stamps, stamp, late, tables, now + L - 1, landed);
+    }
     last_late = static_cast<int64_t>(late.size() + landed.size());
     patches.clear();  // (flushed to the device once a step)
     const double after_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -157,6 +202,7 @@ int main(int argc, char** argv) {
     if (s >= warm) {
       sum_before += before_ms;
       sum_after += after_ms;
+      sum_patch += patch_ms;
       sum += st;
       const TieredKv::AfterStepTimes& k = kv.after_step_times();  // (by part)
       parts.scan_ms += k.scan_ms, parts.adopt_ms += k.adopt_ms, parts.budgets_ms += k.budgets_ms;
@@ -185,8 +231,9 @@ int main(int argc, char** argv) {
   std::printf("mean over %d steps: before %.2f ms, after %.2f ms per step; hit rate %.4f; %s\n", steps, sum_before / steps,
               sum_after / steps, static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late),
               bad.empty() ? "invariants hold" : bad.c_str());
-  std::printf("  after by part: scan %.2f, claim %.2f | adopt %.2f, budgets %.2f, plan %.2f, victims %.2f, recalls %.2f ms\n",
-              parts.scan_ms / steps, parts.claim_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
+  std::printf("  before's patch %.2f ms (LRU mirror %s); after by part: scan %.2f, claim %.2f | adopt %.2f, budgets %.2f, plan %.2f, "
+              "victims %.2f, recalls %.2f ms\n",
+              sum_patch / steps, mirror ? "on" : "off", parts.scan_ms / steps, parts.claim_ms / steps, parts.adopt_ms / steps, parts.budgets_ms / steps, parts.plan_ms / steps,
               parts.victims_ms / steps, parts.recall_ms / steps);
   const std::string shape = L == 32 && H == 8 && D == 128 ? std::string("llama-3.1-8b pages")
                                                          : fmt::format("{} layers x {} kv heads, d {}", L, H, D);
@@ -197,12 +244,13 @@ int main(int argc, char** argv) {
                    "{\"commit\":\"%s\",\"machine\":\"%s\",\"shape\":\"%s\",\"ctx\":%lld,\"batch\":%lld,"
                    "\"read_frac\":%g,\"churn\":%g,\"buffer\":%g,\"hbm_kv_gib\":%g,\"steps\":%d,\"before_step_ms\":%.3f,"
                    "\"after_step_ms\":%.3f,\"kv_scan_ms\":%.3f,\"kv_adopt_ms\":%.3f,\"kv_budgets_ms\":%.3f,\"kv_plan_ms\":%.3f,"
-                   "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,"
+                   "\"kv_victims_ms\":%.3f,\"kv_recall_ms\":%.3f,\"kv_claim_ms\":%.3f,\"lru_mirror\":%s,\"kv_patch_ms\":%.3f,"
                    "\"relocate_hook\":%s,\"any_victims\":\"%s\",\"recalls\":\"%s\",\"hit_rate\":%.4f,\"recalled_per_step\":%.0f,\"evicted_per_step\":%.0f,"
                    "\"method\":\"TieredKv alone, storage-less pools, mean host time per step after %d warm-up steps\"}\n",
                    commit.c_str(), machine.c_str(), shape.c_str(), static_cast<long long>(ctx), static_cast<long long>(batch), read_frac, churn, buffer,
                    hbm_gib, steps, sum_before / steps, sum_after / steps, parts.scan_ms / steps, parts.adopt_ms / steps,
-                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps, hook ? "true" : "false", fresh_victims ? "fresh per request" : "shared prefix", land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
+                   parts.budgets_ms / steps, parts.plan_ms / steps, parts.victims_ms / steps, parts.recall_ms / steps,
+                   parts.claim_ms / steps, mirror ? "true" : "false", sum_patch / steps, hook ? "true" : "false", fresh_victims ? "fresh per request" : "shared prefix", land ? "landed in the step" : serial_recalls ? "one request at a time" : "batched",
                    static_cast<double>(sum.hits) / static_cast<double>(sum.hits + sum.late), static_cast<double>(sum.recalled) / steps,
                    static_cast<double>(sum.offloaded + sum.dropped) / steps, warm);
       std::fclose(f);

@@ -1,6 +1,7 @@
 #include "kv/bucketed_lru.h"
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -31,10 +32,9 @@ BucketedLru& BucketedLru::operator=(const BucketedLru& o) {
   pinned_ = o.pinned_;
   n_pinned_ = o.n_pinned_;
   mirrored_ = patch_out_ = full_patch_ = false;
-  changed_.clear();
   owner_at_patch_.clear();
-  n_changed_ = 0;
   logged_.clear();
+  block_first_.clear();
   return *this;
 }
 
@@ -129,9 +129,7 @@ void BucketedLru::mirror_on(std::span<int32_t> storage) {
   use_own_ = {};
   mirrored_ = full_patch_ = true;
   logged_.assign(static_cast<size_t>(n_slots()), 0);
-  changed_.assign(static_cast<size_t>(n_slots()), 0);
-  owner_at_patch_.assign(static_cast<size_t>(n_slots()), 0);
-  n_changed_ = 0;
+  owner_at_patch_.assign(static_cast<size_t>(n_slots()), -1);
 }
 
 BucketedLru::Patch BucketedLru::take_patch(int64_t now) {
@@ -140,6 +138,44 @@ BucketedLru::Patch BucketedLru::take_patch(int64_t now) {
   p.slot.resize(static_cast<size_t>(n)), p.use.resize(static_cast<size_t>(n)), p.owner.resize(static_cast<size_t>(n));
   fill_patch(p.slot.data(), p.use.data(), p.owner.data());
   return p;
+}
+
+namespace {
+// fn(b, e, thread) over the blocks [0, n_blocks): on the thread pool from two blocks on.
+void for_blocks(int64_t n_blocks, const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n_blocks >= 2) ThreadPool::global().parallel_for(n_blocks, fn, 1);
+  else fn(0, n_blocks, 0);
+}
+// fn(s) for each slot of [b, e) whose flag is set, in order: 8 flags read at a time (a step
+// changes a few percent of the slots, so most words are 0).
+template <class Fn>
+void for_flagged(const uint8_t* flags, int64_t b, int64_t e, Fn&& fn) {
+  int64_t s = b;
+  for (; s + 8 <= e; s += 8) {
+    uint64_t w;
+    std::memcpy(&w, flags + s, 8);
+    if (w == 0) continue;
+    for (int k = 0; k < 8; ++k)
+      if (flags[s + k] != 0) fn(s + k);
+  }
+  for (; s < e; ++s)
+    if (flags[s] != 0) fn(s);
+}
+}  // namespace
+
+int64_t BucketedLru::count_logged() {
+  const int64_t n = n_slots(), nb = (n + kLogBlock - 1) / kLogBlock;
+  block_first_.assign(static_cast<size_t>(nb) + 1, 0);
+  for_blocks(nb, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int32_t c = 0;  // (a block's count fits; a branch-free loop)
+      const uint8_t* f = logged_.data();
+      for (int64_t s = b * kLogBlock, e = std::min(n, s + kLogBlock); s < e; ++s) c += f[s] != 0;
+      block_first_[static_cast<size_t>(b) + 1] = c;
+    }
+  });
+  for (size_t b = 1; b < block_first_.size(); ++b) block_first_[b] += block_first_[b - 1];
+  return block_first_.back();
 }
 
 int64_t BucketedLru::begin_patch(int64_t now, int32_t* tick, bool* full) {
@@ -153,26 +189,35 @@ int64_t BucketedLru::begin_patch(int64_t now, int32_t* tick, bool* full) {
   patch_begun_ = true;
   patch_base_ = base_;
   patch_tick_ = *tick;
-  return *full ? n_slots() : n_changed_;
+  return *full ? n_slots() : count_logged();
 }
 
 void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
   DHS_CHECK(patch_begun_, "LRU fill_patch without begin_patch");
   const bool full = full_patch_;
-  const int64_t n = full ? n_slots() : n_changed_;
-  // Each entry apart (distinct slots): the gather and the log's reset on the thread pool when large.
-  const auto fill = [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) {
-      const size_t s = full ? static_cast<size_t>(i) : static_cast<size_t>(changed_[static_cast<size_t>(i)]);
-      slot[i] = static_cast<int32_t>(s);
-      use[i] = use_[s];
-      owner[i] = owner_[s];
-      logged_[s] = 0;
+  const int64_t n = n_slots(), nb = (n + kLogBlock - 1) / kLogBlock;
+  // Each block's logged slots (every slot: full) from its first entry on; the log reset as it goes.
+  for_blocks(nb, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t i = full ? b * kLogBlock : block_first_[static_cast<size_t>(b)];
+      const int64_t s0 = b * kLogBlock, e = std::min(n, s0 + kLogBlock);
+      const auto put = [&](int64_t s) {
+        slot[i] = static_cast<int32_t>(s);
+        use[i] = use_[static_cast<size_t>(s)];
+        owner[i] = owner_[static_cast<size_t>(s)];
+        ++i;
+      };
+      if (full) {
+        for (int64_t s = s0; s < e; ++s) put(s);
+        std::fill(logged_.begin() + s0, logged_.begin() + e, uint8_t{0});
+      } else {
+        for_flagged(logged_.data(), s0, e, [&](int64_t s) {
+          put(s);
+          logged_[static_cast<size_t>(s)] = 0;
+        });
+      }
     }
-  };
-  if (n >= kParallelSlots / 4) ThreadPool::global().parallel_for(n, fill, 4096);
-  else fill(0, n, 0);
-  n_changed_ = 0;
+  });
   full_patch_ = false;
   patch_begun_ = false;
   patch_out_ = true;
@@ -188,20 +233,32 @@ std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* co
     for (int32_t& u : from) u = static_cast<int32_t>(std::max<int64_t>(int64_t{u} - shift, 0));
     tick -= shift;
   }
-  for (size_t i = 0; i < static_cast<size_t>(n_changed_); ++i) {
-    const size_t s = static_cast<size_t>(changed_[i]);
-    const int32_t o = owner_at_patch_[i];
-    if (logged_[s] & kReplaced) {
-      if (from[s] == tick && o >= 0) --counts[o + 1];
-      from[s] = use_[s];
-    } else {
-      if ((logged_[s] & kSeen) && from[s] == tick) {  // (the read is the new page's: its owner's)
-        if (o >= 0) --counts[o + 1];
-        if (owner_[s] >= 0) ++counts[owner_[s] + 1];
-      }
-      from[s] = std::max(from[s], use_[s]);
-    }
-  }
+  // The slots logged since the patch (changed while the step ran), by blocks on the thread pool;
+  // the counts' corrections per thread as (owner, delta), summed after.
+  const int64_t n = n_slots(), nb = (n + kLogBlock - 1) / kLogBlock;
+  const int n_threads = nb >= 2 ? ThreadPool::global().n_threads() : 1;
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> fix(static_cast<size_t>(n_threads));
+  for_blocks(nb, [&](int64_t b0, int64_t b1, int thread) {
+    auto& fx = fix[static_cast<size_t>(thread)];
+    for (int64_t b = b0; b < b1; ++b)
+      for_flagged(logged_.data(), b * kLogBlock, std::min(n, (b + 1) * kLogBlock), [&](int64_t si) {
+        const uint8_t f = logged_[static_cast<size_t>(si)];
+        const size_t s = static_cast<size_t>(si);
+        const int32_t o = owner_at_patch_[s];
+        if (f & kReplaced) {
+          if (from[s] == tick && o >= 0) fx.emplace_back(o, -1);
+          from[s] = use_[s];
+        } else {
+          if ((f & kSeen) && from[s] == tick) {  // (the read is the new page's: its owner's)
+            if (o >= 0) fx.emplace_back(o, -1);
+            if (owner_[s] >= 0) fx.emplace_back(owner_[s], 1);
+          }
+          from[s] = std::max(from[s], use_[s]);
+        }
+      });
+  });
+  for (const auto& fx : fix)
+    for (const auto& [o, d] : fx) counts[o + 1] += d;
   patch_out_ = false;
   std::swap(use_, from);
   return from;

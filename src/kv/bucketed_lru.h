@@ -21,7 +21,6 @@
 #pragma once
 #include <cstdint>
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <span>
 #include <string>
@@ -181,19 +180,20 @@ class BucketedLru {
   static constexpr int64_t kRebaseAt = int64_t{1} << 30, kKeepBack = int64_t{1} << 29;
 
   // The mirror's log: slot s changed since the last patch (kChanged), its page replaced (kReplaced),
-  // or replaced where the running step saw it already (kSeen: set_seen_by_step).
-  // Safe from threads that change distinct slots (the hierarchy's batched recalls: each request's
-  // own slots on the thread pool): a slot's flag is its changer's, the log's end is taken atomically.
+  // or replaced where the running step saw it already (kSeen: set_seen_by_step); its owner when
+  // first logged. A flag and an owner per slot, no shared list: safe from threads that change
+  // distinct slots (the hierarchy's batched recalls and adoptions: each request's own slots on the
+  // thread pool), without an atomic counter they would contend on (it doubled the adoption's time).
   void log_change(int32_t s, bool replaced) {
     if (!mirrored_) return;
     uint8_t& f = logged_[static_cast<size_t>(s)];
-    if (f == 0) {
-      const int64_t i = std::atomic_ref<int64_t>(n_changed_).fetch_add(1, std::memory_order_relaxed);
-      changed_[static_cast<size_t>(i)] = s;
-      owner_at_patch_[static_cast<size_t>(i)] = owner_[static_cast<size_t>(s)];
-    }
+    if (f == 0) owner_at_patch_[static_cast<size_t>(s)] = owner_[static_cast<size_t>(s)];
     f |= !replaced ? kChanged : seen_by_step_ ? kChanged | kSeen : kChanged | kReplaced;
   }
+  // The log's slots in slot order, by blocks of kLogBlock on the thread pool: logged_in(b) counts
+  // block b's, each block's first index kept for fill_patch.
+  static constexpr int64_t kLogBlock = int64_t{1} << 16;
+  int64_t count_logged();
   static constexpr uint8_t kChanged = 1, kReplaced = 2, kSeen = 4;
 
   LruParams p_;
@@ -203,10 +203,9 @@ class BucketedLru {
   bool patch_begun_ = false;             // begin_patch without its fill_patch yet
   int64_t patch_base_ = 0;               // base_ when the last patch was taken
   int32_t patch_tick_ = 0;
-  std::vector<int32_t> changed_;         // [n_slots] the first n_changed_: slots changed since the last patch, each once
-  std::vector<int32_t> owner_at_patch_;  // [n_slots] theirs: their owners when the patch was taken
-  int64_t n_changed_ = 0;
-  std::vector<uint8_t> logged_;          // [n_slots] kChanged | kReplaced
+  std::vector<int32_t> owner_at_patch_;  // [n_slots] a logged slot's owner when the patch was taken
+  std::vector<uint8_t> logged_;          // [n_slots] kChanged | kReplaced | kSeen since the last patch
+  std::vector<int64_t> block_first_;     // [blocks + 1] count_logged's: each block's first entry
   int64_t base_ = 0, rebases_ = 0;
   std::vector<int32_t> owner_;   // -1: free
   std::vector<uint8_t> pinned_;
