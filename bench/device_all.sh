@@ -198,17 +198,19 @@ for stage in "$@"; do
     hostcost)
       # The hierarchy's host bookkeeping per step on this machine's CPUs (bench/tier_host_cost: the
       # 8B shape's pages, 32 GiB of HBM slots, landing), 128k x 3 and x 4; with tier_host_cost.base
-      # (prebuild.sh DHS_HOSTCOST_BASE) the two binaries interleaved, three runs each.
+      # (prebuild.sh DHS_HOSTCOST_BASE) the two binaries interleaved, three runs each; and the current
+      # one with --mirror (the LRU mirrored on the device: its patch instead of the stamps' scan).
       # Each also with --hook (the CUDA runner's relocate hook emulated, as the engine has it).
       for b in 3 4; do
         hier_batch $b
         for i in 1 2 3; do
           for hook in "" --hook; do
-            for bin in tier_host_cost tier_host_cost.base; do
+            for bin in tier_host_cost tier_host_cost.base tier_host_cost+mirror; do
+              mir=; [ "$bin" = tier_host_cost+mirror ] && { bin=tier_host_cost; mir=--mirror; }
               [ -x "$B/$bin" ] || continue
               cm=$C; [ "$bin" = tier_host_cost.base ] && cm=${DHS_HOSTCOST_BASE_COMMIT:-base}
-              log="hostcost_${bin}_b${b}${hook}_$i"
-              run "$log" timeout 300 "$B/$bin" --ctx 131072 "${HB[@]}" --land $hook --steps 10 --commit "$cm" \
+              log="hostcost_${bin}${mir}_b${b}${hook}_$i"
+              run "$log" timeout 300 "$B/$bin" --ctx 131072 "${HB[@]}" --land $hook $mir --steps 10 --commit "$cm" \
                 --machine "$GPU host, $(nproc) CPUs" --out "$OUT/hierarchy_host_cost.jsonl"
               grep -E "^mean|after by part" "$OUT/$log.log"
             done
