@@ -31,7 +31,7 @@ BucketedLru& BucketedLru::operator=(const BucketedLru& o) {
   owner_ = o.owner_;
   pinned_ = o.pinned_;
   n_pinned_ = o.n_pinned_;
-  mirrored_ = patch_out_ = full_patch_ = false;
+  mirrored_ = patch_out_ = full_patch_ = patch_begun_ = seen_by_step_ = false;
   owner_at_patch_.clear();
   logged_.clear();
   block_first_.clear();
