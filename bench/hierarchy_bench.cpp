@@ -235,6 +235,11 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       if (recalls) recalls->rethrow_in_flight();
       const double f = ms_since(t0);
       const LlamaCuda::Phases ph = m->last_phases();
+      // The slots the step read, for the churn below: taken before the tiers take the step's
+      // record (with the LRU mirror its buffer becomes the LRU's, changed by the recalls).
+      const bool churn_next = tiers && s + 1 >= kWarmSteps + kResidentSteps && s + 1 < total_steps && opts.churn > 0.0;
+      std::vector<int32_t> read_now;
+      if (churn_next) read_now = m->read_slots();
       const auto t1 = Clock::now();
       double a_host = 0;
       if (tiers) {
@@ -284,8 +289,8 @@ int run_hierarchy_bench(const HierarchyBenchOptions& opts) {
       // request's budget is full: the next step's recalls must evict, as a real run's do). Not after
       // the last step: its recalls, flushed below at that step's clock, would find pages the replay
       // stamped at the next one (the LRU refuses a use later than its now).
-      if (tiers && s + 1 >= kWarmSteps + kResidentSteps && s + 1 < total_steps && opts.churn > 0.0) {
-        std::vector<int32_t> read = m->read_slots();
+      if (churn_next) {
+        std::vector<int32_t> read = std::move(read_now);
         std::shuffle(read.begin(), read.end(), rng);
         read.resize(static_cast<size_t>(std::llround(opts.churn * static_cast<double>(read.size()))));
         std::vector<int64_t> left(static_cast<size_t>(batch), 0);

@@ -39,10 +39,15 @@ TierStats reads_after_decode(TieredKv& kv, LlamaCuda& m, const std::vector<PageT
   landed.reserve(m.landings().size());
   for (const LlamaCuda::Landing& l : m.landings()) landed.push_back({l.seq, PageId{l.layer, l.head, l.page}, l.dev_slot, l.host_slot, l.adopted});
   if (!kv.lru_mirrored()) return kv.after_step_reads(m.read_stamps(), m.read_stamp(), seq_tables, now, landed);
+  // (the next copy into the buffer the LRU does not hold, however after_step_reads ends: it may
+  // throw before or after taking the copy)
+  struct Dst {
+    const TieredKv& kv;
+    LlamaCuda& m;
+    ~Dst() { m.set_lru_mirror_dst(kv.lru().use_offsets().data()); }
+  } dst{kv, m};
   std::span<int32_t> spare;
-  const TierStats st = kv.after_step_reads(m.lru_mirror_copy(), m.lru_mirror_counts(), seq_tables, now, landed, &spare);
-  m.set_lru_mirror_dst(spare);
-  return st;
+  return kv.after_step_reads(m.lru_mirror_copy(), m.lru_mirror_counts(), seq_tables, now, landed, &spare);
 }
 
 TierStats recall_after_decode(TieredKv& kv, LlamaCuda& m, const std::vector<PageTable*>& seq_tables, int64_t now) {

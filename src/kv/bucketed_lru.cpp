@@ -197,6 +197,10 @@ void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
   const bool full = full_patch_;
   const int64_t n = n_slots(), nb = (n + kLogBlock - 1) / kLogBlock;
   // Each block's logged slots (every slot: full) from its first entry on; the log reset as it goes.
+  // A resident slot's last use at or after the tick would read as the step's (the mirror counts
+  // last use == tick as a read): refused (a clock that does not move between the host's uses and
+  // the step's, as one layer whose before-step inserts share the step's tick).
+  std::vector<uint8_t> late(static_cast<size_t>(std::max<int64_t>(nb, 1)), 0);
   for_blocks(nb, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       int64_t i = full ? b * kLogBlock : block_first_[static_cast<size_t>(b)];
@@ -205,6 +209,7 @@ void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
         slot[i] = static_cast<int32_t>(s);
         use[i] = use_[static_cast<size_t>(s)];
         owner[i] = owner_[static_cast<size_t>(s)];
+        late[static_cast<size_t>(b)] |= owner[i] >= 0 && use[i] >= patch_tick_;
         ++i;
       };
       if (full) {
@@ -221,6 +226,9 @@ void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
   full_patch_ = false;
   patch_begun_ = false;
   patch_out_ = true;
+  DHS_CHECK(std::find(late.begin(), late.end(), uint8_t{1}) == late.end(),
+            "LRU patch: a resident slot last used at or after the step's tick {} (the step's clock must be later than "
+            "every use before it)", int64_t{patch_tick_} + base_);
 }
 
 std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* counts) {

@@ -918,10 +918,14 @@ TierStats TieredKv::after_step_recalls(std::span<const LateRead> late, int64_t n
   // adopted page's landing slot already (the device adopted it), so its reads there are reads of
   // that page.
   if (p.budgets_due) {
-    // (and with the LRU mirrored, logged as changes the running step saw: BucketedLru::set_seen_by_step)
+    // (and with the LRU mirrored, logged as changes the running step saw: BucketedLru::set_seen_by_step,
+    // off again however adopt_claimed ends)
+    struct Seen {
+      BucketedLru& lru;
+      ~Seen() { lru.set_seen_by_step(false); }
+    } seen{lru_};
     lru_.set_seen_by_step(in_flight);
     adopt_claimed(p.landed, p.landed_of, tables, now, st, /*reads_noted=*/false);
-    lru_.set_seen_by_step(false);
   }
   times_.adopt_ms = lap(t);
   if (in_flight) {

@@ -695,8 +695,8 @@ TEST(TieredKv, MirroredLruEqualsTheStampsScan) {
 }
 
 // A patch not followed by the mirror's copy (a step that failed before it) is followed by a full
-// one; take_mirror without a patch, a mirror of the LRU's own storage, and reads of another step
-// than the patch's are refused.
+// one; take_mirror without a patch, a mirror of the LRU's own storage, reads of another step than
+// the patch's, and a patch with a page used at its own tick are refused.
 TEST(TieredKv, MirroredLruRefusesWhatItCannotTrust) {
   Scenario s(32, 64, LruParams{kLayers, 4, true});
   s.reqs_.push_back({std::make_unique<PageTable>(kLayers, kHeads, kPage), s.next_key_++});
@@ -720,6 +720,12 @@ TEST(TieredKv, MirroredLruRefusesWhatItCannotTrust) {
   s.kv_.after_step_reads(spare, m.counts(p.n_owners), tables, 6, {}, &spare);
   s.kv_.after_step_recalls({}, 6);
   EXPECT_FALSE(s.kv_.take_lru_patch(7).patch.full);
+  // A page used at the step's own tick before the step (a clock that did not move) would read as
+  // the step's: the patch is refused.
+  s.now_ = 9;
+  ASSERT_TRUE(s.append(s.reqs_.back(), 16));  // (new pages inserted at 9)
+  EXPECT_THROW(s.kv_.take_lru_patch(9), Error);
+  EXPECT_TRUE(s.kv_.take_lru_patch(10).patch.full) << "the refused patch may not have reached the mirror";
   s.check();
 }
 

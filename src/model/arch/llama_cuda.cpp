@@ -1163,10 +1163,10 @@ int32_t* LlamaCuda::stage_lru_patch(int64_t n, int32_t tick, int32_t n_owners) {
   return patch_h_;
 }
 
-void LlamaCuda::set_lru_mirror_dst(std::span<int32_t> dst) {
-  DHS_CHECK(owner_d_ && dst.size() == static_cast<size_t>(pool_->n_pages()) && (dst.data() == last_use_h_ || dst.data() == mirror_h_),
-            "the LRU mirror's next copy into other memory than its two buffers");
-  mirror_dst_ = dst.data();
+void LlamaCuda::set_lru_mirror_dst(const int32_t* lru_storage) noexcept {
+  // (called while unwinding too: no throw; a storage that is neither buffer leaves the choice as it is)
+  if (lru_storage == last_use_h_) mirror_dst_ = mirror_h_;
+  else if (lru_storage == mirror_h_) mirror_dst_ = last_use_h_;
 }
 
 int64_t LlamaCuda::move_pages(const PagePool& src, PagePool& dst, std::span<const PageMove> moves) {

@@ -314,7 +314,7 @@ class LlamaCuda {
   // the step, its tick the step's stamp (the tier split writes it as the last use of each HBM slot
   // read; stage_lru_patch). After it, read_stamps() is the mirror's last uses (read_stamp() the tick) and
   // lru_mirror_counts() the reads per owner ([n_owners + 1]); the host takes the copy
-  // (TieredKv::after_step_reads) and gives back the buffer the next one lands in (set_lru_mirror_dst).
+  // (TieredKv::after_step_reads) and names the buffer it holds now (set_lru_mirror_dst).
   std::span<int32_t> lru_mirror_storage();
   bool lru_mirrored() const { return owner_d_ != nullptr; }
   // The patch staged in place: [3, n] pinned ints (slots, then last uses, then owners) for the
@@ -326,7 +326,8 @@ class LlamaCuda {
   std::span<const int64_t> lru_mirror_counts() const {
     return {mirror_counts_h_, mirror_counts_h_ && stamps_valid_ ? static_cast<size_t>(mirror_owners_) + 1 : size_t{0}};
   }
-  void set_lru_mirror_dst(std::span<int32_t> dst);
+  // The next copy lands in whichever of the two buffers is not `lru_storage` (the host LRU's now).
+  void set_lru_mirror_dst(const int32_t* lru_storage) noexcept;
   // The last step logged more late reads than the log holds (those past it were not logged; the
   // log holds every page a step's lists can name, up to kLateLogMax).
   bool late_log_overflowed() const { return late_overflow_; }
