@@ -132,14 +132,6 @@ void BucketedLru::mirror_on(std::span<int32_t> storage) {
   owner_at_patch_.assign(static_cast<size_t>(n_slots()), -1);
 }
 
-BucketedLru::Patch BucketedLru::take_patch(int64_t now) {
-  Patch p;
-  const int64_t n = begin_patch(now, &p.tick, &p.full);
-  p.slot.resize(static_cast<size_t>(n)), p.use.resize(static_cast<size_t>(n)), p.owner.resize(static_cast<size_t>(n));
-  fill_patch(p.slot.data(), p.use.data(), p.owner.data());
-  return p;
-}
-
 namespace {
 // fn(b, e, thread) over the blocks [0, n_blocks): on the thread pool from two blocks on.
 void for_blocks(int64_t n_blocks, const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -232,7 +224,7 @@ void BucketedLru::fill_patch(int32_t* slot, int32_t* use, int32_t* owner) {
 }
 
 std::span<int32_t> BucketedLru::take_mirror(std::span<int32_t> from, int64_t* counts) {
-  DHS_CHECK(mirrored_ && patch_out_, "LRU take_mirror without a patch taken before the step (take_patch)");
+  DHS_CHECK(mirrored_ && patch_out_, "LRU take_mirror without a patch taken before the step (begin_patch / fill_patch)");
   DHS_CHECK(static_cast<int64_t>(from.size()) == n_slots() && from.data() != use_.data(),
             "LRU take_mirror: {} slots (of {}), or the LRU's own storage", from.size(), n_slots());
   int64_t tick = patch_tick_;

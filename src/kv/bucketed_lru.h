@@ -107,8 +107,6 @@ class BucketedLru {
   // use_base(), as 32-bit offsets.
   std::span<const int32_t> use_offsets() const { return use_; }
   int64_t use_base() const { return base_; }
-  // [n_slots] each slot's owner (-1: free).
-  std::span<const int32_t> owners() const { return owner_; }
 
   // A mirror of the last uses and owners elsewhere: the GPU's, where a decode step writes its tick
   // as the last use of each slot it reads, so that the host takes the last uses back in one copy
@@ -127,10 +125,9 @@ class BucketedLru {
     int32_t tick = 0;  // now - use_base
     bool full = false;
   };
-  Patch take_patch(int64_t now);
-  // take_patch in two parts, for a caller that stages the patch where its copy starts (pinned
-  // memory): begin_patch returns the entries' count (with *tick and *full), fill_patch writes them
-  // ([n] slots, last uses, owners; on the thread pool for large patches) and ends the patch.
+  // Taken in two parts, so that a caller stages the patch where its copy starts (pinned memory):
+  // begin_patch returns the entries' count (with *tick and *full), fill_patch writes them ([n]
+  // slots, last uses, owners; on the thread pool for large patches) and ends the patch.
   int64_t begin_patch(int64_t now, int32_t* tick, bool* full);
   void fill_patch(int32_t* slot, int32_t* use, int32_t* owner);
   // The step ran on the mirror (the patch applied first), writing the patch's tick as the last use
@@ -190,8 +187,8 @@ class BucketedLru {
     if (f == 0) owner_at_patch_[static_cast<size_t>(s)] = owner_[static_cast<size_t>(s)];
     f |= !replaced ? kChanged : seen_by_step_ ? kChanged | kSeen : kChanged | kReplaced;
   }
-  // The log's slots in slot order, by blocks of kLogBlock on the thread pool: logged_in(b) counts
-  // block b's, each block's first index kept for fill_patch.
+  // The log's slots in slot order, by blocks of kLogBlock on the thread pool: count_logged counts
+  // them, each block's first index kept for fill_patch.
   static constexpr int64_t kLogBlock = int64_t{1} << 16;
   int64_t count_logged();
   static constexpr uint8_t kChanged = 1, kReplaced = 2, kSeen = 4;

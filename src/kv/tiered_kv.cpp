@@ -805,20 +805,39 @@ TierStats TieredKv::after_step_reads(std::span<const int32_t> stamps, int32_t st
   std::vector<int64_t> by_owner(static_cast<size_t>(next_owner_), 0);
   for (const auto& h : hits_of)
     for (size_t o = 0; o < by_owner.size(); ++o) by_owner[o] += h[o + 1];
-  return after_reads(std::move(by_owner), [&](int32_t s) { return stamps[static_cast<size_t>(s)] == stamp; }, tables,
-                     landed, t);
+  const std::vector<int64_t> tail = tail_reads(tables, [&](int32_t s) { return stamps[static_cast<size_t>(s)] == stamp; });
+  return after_reads(std::move(by_owner), tail, tables, landed, t);
+}
+
+std::vector<int64_t> TieredKv::tail_reads(std::span<PageTable* const> tables, const std::function<bool(int32_t)>& read) {
+  std::vector<int64_t> n(tables.size(), 0);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const PageTable& tb = *tables[i];
+    for (int l = 0; l < tb.n_layers(); ++l)
+      for (int h = 0; h < tb.n_heads_kv(); ++h)
+        for (int64_t j = tb.n_tokens() / tb.page_size(); j < tb.n_pages_per_list(); ++j) {
+          const PageRef r = tb.page(l, h, j);
+          if (r.tier == Tier::Device) n[i] += read(r.slot);
+        }
+  }
+  return n;
 }
 
 TieredKv::LruPatch TieredKv::take_lru_patch(int64_t now) {
-  // (the last step's recalls may be pending: run while this step runs, their changes come after
-  // its reads — logged since this patch, kept by take_mirror)
-  LruPatch p{lru_.take_patch(now), next_owner_};
-  patch_now_ = now;
-  patch_tick_ = p.patch.tick;
+  LruPatch p;
+  const LruPatchSize z = begin_lru_patch(now);
+  const size_t n = static_cast<size_t>(z.n);
+  p.patch.slot.resize(n), p.patch.use.resize(n), p.patch.owner.resize(n);
+  fill_lru_patch(p.patch.slot.data(), p.patch.use.data(), p.patch.owner.data());
+  p.patch.tick = z.tick;
+  p.patch.full = z.full;
+  p.n_owners = z.n_owners;
   return p;
 }
 
 TieredKv::LruPatchSize TieredKv::begin_lru_patch(int64_t now) {
+  // (the last step's recalls may be pending: run while this step runs, their changes come after
+  // its reads — logged since this patch, kept by take_mirror)
   LruPatchSize z;
   z.n = lru_.begin_patch(now, &z.tick, &z.full);
   z.n_owners = next_owner_;
@@ -841,33 +860,15 @@ TierStats TieredKv::after_step_reads(std::span<int32_t> mirror, std::span<const 
   // what the recalls keep), then the mirror taken: the hits per owner, less the reads of slots
   // whose page changed while the step ran (BucketedLru::take_mirror).
   const int32_t tick = patch_tick_;
-  std::vector<uint8_t> read_tail;
-  std::vector<int32_t> tail_slots;
-  for (PageTable* const tp : tables) {
-    const PageTable& tb = *tp;
-    for (int l = 0; l < tb.n_layers(); ++l)
-      for (int h = 0; h < tb.n_heads_kv(); ++h)
-        for (int64_t j = tb.n_tokens() / tb.page_size(); j < tb.n_pages_per_list(); ++j) {
-          const PageRef r = tb.page(l, h, j);
-          if (r.tier != Tier::Device) continue;
-          tail_slots.push_back(r.slot);
-          read_tail.push_back(mirror[static_cast<size_t>(r.slot)] == tick);
-        }
-  }
+  const std::vector<int64_t> tail = tail_reads(tables, [&](int32_t s) { return mirror[static_cast<size_t>(s)] == tick; });
   std::vector<int64_t> hits(static_cast<size_t>(next_owner_) + 1, 0);
   for (size_t i = 0; i < counts.size() && i < hits.size(); ++i) hits[i] = counts[i];
   *spare = lru_.take_mirror(mirror, hits.data());
   std::vector<int64_t> by_owner(hits.begin() + 1, hits.end());
-  size_t k = 0;  // (after_reads asks for the tail slots in the order above)
-  return after_reads(std::move(by_owner),
-                     [&](int32_t s) {
-                       DHS_CHECK(k < tail_slots.size() && tail_slots[k] == s, "tiered KV: the mirror's tail reads out of order");
-                       return read_tail[k++] != 0;
-                     },
-                     tables, landed, t);
+  return after_reads(std::move(by_owner), tail, tables, landed, t);
 }
 
-TierStats TieredKv::after_reads(std::vector<int64_t> by_owner, const std::function<bool(int32_t)>& read,
+TierStats TieredKv::after_reads(std::vector<int64_t> by_owner, std::span<const int64_t> tail_reads,
                                 std::span<PageTable* const> tables, std::span<const Landed> landed, Clock::time_point t) {
   TierStats st;
   if (changed_any_) std::fill(changed_in_flight_.begin(), changed_in_flight_.end(), uint8_t{0});
@@ -882,17 +883,7 @@ TierStats TieredKv::after_reads(std::vector<int64_t> by_owner, const std::functi
   PendingRecalls p;
   p.tables.assign(tables.begin(), tables.end());
   p.keep.resize(tables.size());
-  for (size_t i = 0; i < tables.size(); ++i) {
-    const PageTable& tb = *tables[i];
-    int64_t keep = by_owner[static_cast<size_t>(owner_of(tb).id)];
-    for (int l = 0; l < tb.n_layers(); ++l)
-      for (int h = 0; h < tb.n_heads_kv(); ++h)
-        for (int64_t j = tb.n_tokens() / tb.page_size(); j < tb.n_pages_per_list(); ++j) {
-          const PageRef r = tb.page(l, h, j);
-          if (r.tier == Tier::Device) keep -= read(r.slot);
-        }
-    p.keep[i] = keep;
-  }
+  for (size_t i = 0; i < tables.size(); ++i) p.keep[i] = by_owner[static_cast<size_t>(owner_of(*tables[i]).id)] - tail_reads[i];
   times_.scan_ms = lap(t);
   // (the landed slots were stamped by the split but are not resident yet: the scan skipped them;
   // they are adopted by after_step_recalls)

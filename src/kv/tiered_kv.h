@@ -456,12 +456,14 @@ class TieredKv {
     bool budgets_due = false;  // landings to adopt: budgets are enforced after them
   };
   std::optional<PendingRecalls> pending_;
-  // after_step_reads' part after the hits are counted (by_owner[o]: owner o's hits; read(slot):
-  // whether the step read the device slot): the hits recorded, what the recalls keep, the landings
-  // claimed; t: when the step's reads began to be counted.
-  TierStats after_reads(std::vector<int64_t> by_owner, const std::function<bool(int32_t)>& read,
+  // after_step_reads' part after the hits are counted (by_owner[o]: owner o's hits; tail_reads: of
+  // the pages each table appends into, those the step read): the hits recorded, what the recalls
+  // keep, the landings claimed; t: when the step's reads began to be counted.
+  TierStats after_reads(std::vector<int64_t> by_owner, std::span<const int64_t> tail_reads,
                         std::span<PageTable* const> tables, std::span<const Landed> landed,
                         std::chrono::steady_clock::time_point t);
+  // [tables] how many of each table's device pages it appends into the step read (read(slot)).
+  static std::vector<int64_t> tail_reads(std::span<PageTable* const> tables, const std::function<bool(int32_t)>& read);
   int64_t patch_now_ = -1;  // the last LRU patch's step (take_lru_patch), until its mirror comes back
   int32_t patch_tick_ = 0;  // and its tick (the mirror's offset of it)
   // A device slot whose page changed (inserted or erased): marked while after_step_recalls runs

@@ -1436,7 +1436,7 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   }
   if (host_pool_ && step.n_dec > 0) {  // this step's stamp for the resident reads' record
     // (with the LRU mirror, the patch's tick: the last use the split writes is the LRU's own)
-    DHS_CHECK(!owner_d_ || patched, "a decode step over the host tier with the LRU mirror but no patch (set_lru_patch)");
+    DHS_CHECK(!owner_d_ || patched, "a decode step over the host tier with the LRU mirror but no patch (stage_lru_patch)");
     *stamp_h_ = owner_d_ ? (stamp_ = patch_tick_) : ++stamp_;
     DHS_CUDA_CHECK(cudaMemcpyAsync(stamp_d_, stamp_h_, 4, cudaMemcpyHostToDevice, stream_));
     // The landing stack's length (set_landing_slots uploaded the slots; 0: nothing lands).
