@@ -23,6 +23,8 @@
 #          alternated, landing at 128k x 3 and x 4 (HBM 32 GiB), with the SDPA anchor: hierarchy.jsonl
 #   hiertimeline Nsight Compute over the tiered step's graph nodes (128k x 4, HBM 32 GiB, 5.5% churn):
 #          per-kernel time, the late part's attention over mapped DRAM among them
+#   hieruncapped 128k x 8 with no HBM cap over both tiers (landing and recall-ahead), the SDPA anchor
+#          first (an H200: it does not fit an H100's HBM plus the 72 GiB the host pins): hierarchy.jsonl
 #   hierrows the hierarchy's rows at other policies (DHS_HIER_ROWS: POLICY,BATCH,BUFFER,CHURN[,TRACE]),
 #          landing, HBM 32 GiB, host 72 GiB, with the SDPA anchor: hierarchy.jsonl
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
@@ -265,6 +267,20 @@ for stage in "$@"; do
       run hier_tiered_b3_land timeout 240 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 32 --host-kv-gib 72 --batch 3 --buffer 1.0 --churn 0.03 --land
       [ -n "${DHS_HIER_UNCAPPED:-}" ] && run hier_uncapped_b8 timeout 300 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 --host-kv-gib 72 --batch 8 --buffer 0.5 --churn 0.055
       grep -hE "^ctx|^  forward|^gpu|error" "$OUT"/hier_*.log ;;
+    hieruncapped)
+      # 128k x 8 with no HBM cap (issue 23: it cannot fit HBM — 128 GiB of KV beside 16 GB of
+      # weights — and runs over both tiers; an H200), on the recall-ahead schedule and with landing,
+      # the SDPA anchor first. Rows to hierarchy.jsonl.
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      H=(--hierarchy --ctx 131072 --trace "$TRACE" --trace-len 7680 --hierarchy-out "$OUT/hierarchy.jsonl" --commit "$C" --steps ${DHS_HIER_STEPS:-12})
+      SP=trace:coverage-0.99@sketch4
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for mode in ${DHS_UNCAPPED_MODES:-land ahead}; do
+        extra=(); [ "$mode" = land ] && extra=(--land)
+        run hier_uncapped_b8_$mode timeout 280 "$B/dhisparse" bench "${H[@]}" --policies $SP --hbm-kv-gib 0 \
+          --host-kv-gib ${DHS_UNCAPPED_HOST_GIB:-72} --batch 8 --buffer 0.5 --churn 0.055 "${extra[@]}"
+        grep -hE "^ctx|^  forward|^  tiers|^gpu|error|rror" "$OUT/hier_uncapped_b8_$mode.log" | head -8
+      done ;;
     hierrows)
       # Rows of the hierarchy at other policies than coverage 0.99 (issue 23: the same at γ 0.95 and
       # with SoloHead), landing, HBM 32 GiB, host tier 72 GiB, the SDPA anchor first. DHS_HIER_ROWS:

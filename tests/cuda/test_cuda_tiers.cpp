@@ -7,6 +7,7 @@
 // both tiers' accounting is clean afterwards; the same under speculative decoding. Then four requests batched under the cache
 // manager's budgets over a small pool (prompt chunks and decode rows share steps: prefill reads
 // both tiers too), each equal to its tokens alone; and a prompt longer than the HBM pool.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -176,12 +177,17 @@ struct LruMirrorOn {
   LruMirrorOn() { setenv("DHS_LRU_MIRROR", "1", 1); }
   ~LruMirrorOn() { unsetenv("DHS_LRU_MIRROR"); }
 };
-void expect_counts_equal(const TierCounts& a, const TierCounts& b, const std::string& what) {
-  EXPECT_EQ(a.hits, b.hits) << what;
-  EXPECT_EQ(a.late, b.late) << what;
-  EXPECT_EQ(a.recalled, b.recalled) << what;
-  EXPECT_EQ(a.offloaded, b.offloaded) << what;
-  EXPECT_EQ(a.dropped, b.dropped) << what;
+// rel: the relative difference allowed per count (0: equal).
+void expect_counts_equal(const TierCounts& a, const TierCounts& b, const std::string& what, double rel = 0.0) {
+  const auto near = [rel](uint64_t x, uint64_t y) {
+    const double d = x > y ? double(x - y) : double(y - x);
+    return d <= rel * double(std::max(x, y));
+  };
+  EXPECT_PRED2(near, a.hits, b.hits) << what << ": hits";
+  EXPECT_PRED2(near, a.late, b.late) << what << ": late";
+  EXPECT_PRED2(near, a.recalled, b.recalled) << what << ": recalled";
+  EXPECT_PRED2(near, a.offloaded, b.offloaded) << what << ": offloaded";
+  EXPECT_PRED2(near, a.dropped, b.dropped) << what << ": dropped";
 }
 TEST(CudaTiers, MirroredLruEqualsTheStampsScan) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
@@ -193,7 +199,13 @@ TEST(CudaTiers, MirroredLruEqualsTheStampsScan) {
       LruMirrorOn on;
       expect_same_tokens("coverage:0.99", recall, &mirror);
     }
-    expect_counts_equal(scan, mirror, "alone, " + recall);
+    // On the recall-ahead schedule the two are equal count for count (H100, 5c62133: hits 5,999,
+    // late 45,889, recalled 2,950 both ways, every run). With landing, whether a page lands before
+    // the step that reads it is a race with the copy engine, so the scan's own counts differ from
+    // run to run: hits 5,691-5,727 over three runs of the same binary (0.6%), late and recalled
+    // 0.1%. 2% allows that spread and still fails the bug it guards against (adoptions in flight
+    // not counted for their new owner: hits 40% short).
+    expect_counts_equal(scan, mirror, "alone, " + recall, recall == "land" ? 0.02 : 0.0);
   }
   // (batched, admission follows the measured link load — timing — so only the tokens and the
   // accounting are compared, not the counts of two runs)
