@@ -30,6 +30,8 @@
 #   servetiers the KV hierarchy under the serving load generator (default model, KV pool capped at
 #          2,000 blocks; no host tier / landing / recall-ahead / uncapped): serve.jsonl
 #          (DHS_SERVE_CFGS, DHS_SERVE_LOADS: which of "cap land ahead uncapped", "sat rate2")
+#   servespec speculation under the serving load generator: --speculative-k 0 / auto alternated at
+#          saturation, one at a time and Poisson arrivals (default model; the 8B shape, random weights)
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
@@ -629,6 +631,38 @@ for stage in "$@"; do
             --prompt-len 7000 --output-len 128 ${load#*:} --ctx 7k --policy "$pol" --device "$GPU" --note "servetiers $name${DHS_SERVE_NOTE:+ $DHS_SERVE_NOTE}" \
             --results "$OUT/serve.jsonl" --no-tqdm
           tail -10 "$OUT/serve_tiers_${name}_$lname.log"
+        done
+      done ;;
+    servespec)
+      # Speculative decoding under the serving load generator (issue 24: with `--speculative-k
+      # auto` throughput never below 97% of speculation off at any offered load): off and auto
+      # alternated at each load, greedy, dense verification. DHS_SPEC_MODELS: "smol" (the default
+      # model, 7,000 + 128 tokens: real acceptance) and / or "dummy8b" (the 8B shape with random
+      # weights, 32,000 + 256 tokens: its acceptance means nothing — what auto costs where drafting
+      # does not pay). Rows: serve.jsonl, note "servespec MODEL LOAD k=K" (spec_* counters from
+      # /metrics).
+      pyserve || continue
+      for m in ${DHS_SPEC_MODELS:-smol dummy8b}; do
+        case $m in
+          smol) [ -f $SMOL ] || { echo "servespec: default model missing"; continue; }
+            MP=$PWD/$SMOL MARGS="" plen=7000 out=128 ctxl=7k n=16
+            loads=${DHS_SPEC_LOADS_SMOL:-"sat:--concurrency 16 --num-prompts 16|c1:--concurrency 1 --num-prompts 4|rate4:--rate 4 --num-prompts 32"} ;;
+          dummy8b) MP=/tmp/dhs/dummy8b; mkdir -p $MP
+            cp tests/data/tiny_models/llama31_rope_scaled/{config.json,model.safetensors} tests/data/tokenizer/smollm2/tokenizer*.json $MP/
+            MARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-model-len 32768" plen=32000 out=256 ctxl=32k n=8
+            loads=${DHS_SPEC_LOADS_8B:-"sat:--concurrency 8 --num-prompts 8|c1:--concurrency 1 --num-prompts 2|rate0.3:--rate 0.3 --num-prompts 8"} ;;
+          *) echo "servespec: no model $m"; continue ;;
+        esac
+        IFS='|' read -ra LOADS <<< "$loads"
+        for load in "${LOADS[@]}"; do
+          lname=${load%%:*}
+          for k in ${DHS_SPEC_ORDER:-0 auto}; do
+            run "serve_spec_${m}_${lname}_k$k" timeout 240 env PYTHONPATH=$PY DHS_BIN=$B/dhisparse DHS_MODEL=$MP DHS_DEVICE=cuda \
+              python3 bench/serve_load.py --launch --server-args "$MARGS --max-num-seqs $n --speculative-k $k" --dataset synthetic \
+              --prompt-len $plen --output-len $out ${load#*:} --ctx $ctxl --policy dense --device "$GPU" \
+              --note "servespec $m $lname k=$k" --results "$OUT/serve.jsonl" --no-tqdm
+            grep -hE "tok/s|req/s|TPOT|spec|rror" "$OUT/serve_spec_${m}_${lname}_k$k.log" | head -6
+          done
         done
       done ;;
     serveload)
