@@ -639,7 +639,7 @@ for stage in "$@"; do
       # alternated at each load, greedy, dense verification. DHS_SPEC_MODELS: "smol" (the default
       # model, 7,000 + 128 tokens: real acceptance) and / or "dummy8b" (the 8B shape with random
       # weights, 32,000 + 256 tokens: its acceptance means nothing — what auto costs where drafting
-      # does not pay). Rows: serve.jsonl, note "servespec MODEL LOAD k=K" (spec_* counters from
+      # does not pay; DHS_SPEC_8B_CTX=128k: two requests of 130,000 + 256). Rows: serve.jsonl, note "servespec MODEL LOAD k=K" (spec_* counters from
       # /metrics).
       pyserve || continue
       for m in ${DHS_SPEC_MODELS:-smol dummy8b}; do
@@ -649,8 +649,13 @@ for stage in "$@"; do
             loads=${DHS_SPEC_LOADS_SMOL:-"sat:--concurrency 16 --num-prompts 16|c1:--concurrency 1 --num-prompts 4|rate4:--rate 4 --num-prompts 32"} ;;
           dummy8b) MP=/tmp/dhs/dummy8b; mkdir -p $MP
             cp tests/data/tiny_models/llama31_rope_scaled/{config.json,model.safetensors} tests/data/tokenizer/smollm2/tokenizer*.json $MP/
-            MARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-model-len 32768" plen=32000 out=256 ctxl=32k n=8
-            loads=${DHS_SPEC_LOADS_8B:-"sat:--concurrency 8 --num-prompts 8|c1:--concurrency 1 --num-prompts 2|rate0.3:--rate 0.3 --num-prompts 8"} ;;
+            if [ "${DHS_SPEC_8B_CTX:-32k}" = 128k ]; then  # (two 128k requests: 32 GiB of KV beside the weights)
+              MARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-model-len 131072" plen=130000 out=256 ctxl=128k n=2
+              loads=${DHS_SPEC_LOADS_8B:-"c1:--concurrency 1 --num-prompts 2|sat:--concurrency 2 --num-prompts 2"}
+            else
+              MARGS="--load-format dummy --dummy-shape llama3-8b --served-model-name llama3-8b-dummy --max-model-len 32768" plen=32000 out=256 ctxl=32k n=8
+              loads=${DHS_SPEC_LOADS_8B:-"sat:--concurrency 8 --num-prompts 8|c1:--concurrency 1 --num-prompts 2|rate0.3:--rate 0.3 --num-prompts 8"}
+            fi ;;
           *) echo "servespec: no model $m"; continue ;;
         esac
         IFS='|' read -ra LOADS <<< "$loads"

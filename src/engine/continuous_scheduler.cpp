@@ -85,6 +85,7 @@ struct ContinuousScheduler::Request {
   int k_cycle = 0, n_draft = 0;     // drafts this cycle aims for, and has
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0;
   AcceptanceEstimate acceptance;    // (auto) the share of its drafts kept, running
+  SpecProbe probe;                  // (auto) cycles run where the choice is 0 (spec_controller.h)
 
   int64_t remaining() const { return static_cast<int64_t>(history.size()) - table.n_tokens(); }
 };
@@ -369,14 +370,16 @@ bool ContinuousScheduler::reserve_or_preempt(Request& r, int64_t n) {
   return true;
 }
 
-int ContinuousScheduler::cycle_drafts(const Request& r) const {
+int ContinuousScheduler::cycle_drafts(Request& r) const {
   if (r.params.options.speculative_k != kSpeculativeAuto) return r.params.options.speculative_k;
   SpecCostInputs in;
   in.context = r.table.n_tokens() + 1;
   in.draft_context = static_cast<int64_t>(r.draft.budget + r.draft.seed_pages) * runner_.pages().page_size();
   in.batch = std::max<int>(1, static_cast<int>(running_.size()));
   in.verify_reads_once = runner_.verify_reads_kv_once();
-  return choose_speculation(step_cost_, r.acceptance.alpha(), in, std::min(kSpeculativeAutoMaxK, runner_.max_verify_rows() - 1)).k;
+  const int k_max = std::min(kSpeculativeAutoMaxK, runner_.max_verify_rows() - 1);
+  const int k = choose_speculation(step_cost_, r.acceptance.alpha(), in, k_max).k;
+  return k > 0 ? k : r.probe.drafts(step_cost_, in, k_max, steps_since_draft_ < kFitMemorySteps);
 }
 
 bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, int64_t* budget) {
@@ -393,6 +396,7 @@ bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, 
   }
   if (r.spec_base < 0 || r.n_draft < r.k_cycle) {  // a plain decode row (no room to speculate), or a draft
     if (!reserve_or_preempt(r, 1)) return false;
+    if (r.spec_base < 0) r.probe.plain_token();
     rows->push_back({&r, 1, r.spec_base < 0 ? RowKind::Normal : RowKind::Draft});
     --*budget;
     return true;
@@ -688,7 +692,13 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
       else
         kv += n * ctx - n * (n - 1) / 2;  // the table already holds the step's n tokens
     }
-    step_cost_.observe(n_rows, kv, now - t0);
+    // Steps with a prompt chunk are left out: a chunk's rows are compute-bound, a decode row's
+    // bandwidth-bound, and one linear fit of both priced a decode row's KV at a chunk's rate (the
+    // plain steps of a long context then read as weights alone, and auto never drafted).
+    const bool chunk = std::any_of(rows.begin(), rows.end(), [](const Row& x) { return x.kind == RowKind::Normal && x.n > 1; });
+    if (!chunk) step_cost_.observe(n_rows, kv, now - t0);
+    const bool drafted = std::any_of(rows.begin(), rows.end(), [](const Row& x) { return x.kind == RowKind::Draft; });
+    steps_since_draft_ = drafted ? 0 : steps_since_draft_ + 1;
   }
   if (!failure.empty()) {
     // A step that fails (the device, say) ends the requests in it, not the server.

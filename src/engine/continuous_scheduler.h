@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -89,9 +90,14 @@ class ContinuousScheduler final : public Scheduler {
   // Why a request's speculative options cannot run here ("" when they can); the draft's policy.
   std::string check_speculation(const GenerateOptions& o, PolicySpec* draft) const;
   static constexpr int kMaxSpeculativeK = 16;
-  // Drafts of a new cycle: the request's own k, or (auto) the controller's choice.
-  int cycle_drafts(const Request& r) const;
+  // Drafts of a new cycle: the request's own k, or (auto) the controller's choice, or a probe
+  // where that is 0 (SpecProbe: the request's count and gap move).
+  int cycle_drafts(Request& r) const;
   StepCostModel step_cost_;  // every step's time against its rows and context (loop thread)
+  // Steps since one with a draft row; past the fit's memory (forget 0.98: ~50 steps, twice that
+  // here) the fit's price of a draft is a guess, and probes do not ask it (SpecProbe).
+  int64_t steps_since_draft_ = std::numeric_limits<int64_t>::max() / 2;
+  static constexpr int64_t kFitMemorySteps = 100;
   bool reserve_or_preempt(Request& r, int64_t n);
   void preempt_newest();
   void finish(Request& r, const std::string& reason, const std::string& error, double now);

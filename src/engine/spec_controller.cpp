@@ -68,4 +68,13 @@ SpecChoice choose_speculation(const StepCostModel& cost, double alpha, const Spe
   return best;
 }
 
+int SpecProbe::drafts(const StepCostModel& cost, const SpecCostInputs& in, int k_max, bool fit_saw_drafts) {
+  // (A verify that reads the KV once per row never pays in this cost model: no probe.)
+  if (k_max <= 0 || since_ < gap_ || in.context <= 2 * in.draft_context || !in.verify_reads_once) return 0;
+  if (cost.ready() && fit_saw_drafts && choose_speculation(cost, kProbeAlpha, in, k_max).k == 0) return 0;
+  since_ = 0;
+  gap_ = std::min(2 * gap_, kMaxProbeGap);
+  return std::min(kProbeDrafts, k_max);
+}
+
 }  // namespace dhs

@@ -73,4 +73,33 @@ double spec_expected_tokens(double a, int k);
 SpecChoice choose_speculation(const StepCostModel& cost, double alpha, const SpecCostInputs& in, int k_max,
                               double min_gain = 1.03);
 
+// Probing (auto): choose_speculation learns only from cycles that run. A request whose choice is 0
+// may never draft, so its acceptance stays the prior, and the fit of decode steps alone (rows 1,
+// the context a few tokens apart) cannot tell the weights' part from the KV's — on the H100 at
+// 128k x 1 (8B shape, session 42) auto never drafted. So a request that decodes plainly runs, now
+// and then, a cycle of kProbeDrafts drafts: once the plain tokens since its last probe reach its
+// gap, while its context is more than twice the draft's (else a draft reads what a step reads) and
+// the verify reads the KV once for its rows (else no cycle pays, whatever the acceptance),
+// and only where the fit cannot yet say (not ready, or no draft step among the steps it remembers:
+// its split of a plain step into weights and KV is then a guess) or would speculate at an
+// acceptance drafts do reach (kProbeAlpha). The gap doubles with every probe, from kFirstProbeGap to kMaxProbeGap, so a
+// request whose drafts are never kept spends at most kProbeDrafts draft steps per doubling of its
+// output.
+class SpecProbe {
+ public:
+  static constexpr int kProbeDrafts = 2;
+  static constexpr int64_t kFirstProbeGap = 16, kMaxProbeGap = 8192;
+  static constexpr double kProbeAlpha = 0.9;
+  // A plain decode token of the request.
+  void plain_token() { ++since_; }
+  // The drafts of a cycle whose choice was 0: kProbeDrafts (within k_max) when a probe is due,
+  // else 0. A probe restarts the count and doubles the gap.
+  // fit_saw_drafts: a draft step is among the steps the fit remembers.
+  int drafts(const StepCostModel& cost, const SpecCostInputs& in, int k_max, bool fit_saw_drafts);
+  int64_t gap() const { return gap_; }
+
+ private:
+  int64_t since_ = 0, gap_ = kFirstProbeGap;
+};
+
 }  // namespace dhs
