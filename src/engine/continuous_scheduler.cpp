@@ -370,7 +370,7 @@ bool ContinuousScheduler::reserve_or_preempt(Request& r, int64_t n) {
   return true;
 }
 
-int ContinuousScheduler::cycle_drafts(Request& r) const {
+int ContinuousScheduler::next_cycle_drafts(Request& r) {
   if (r.params.options.speculative_k != kSpeculativeAuto) return r.params.options.speculative_k;
   SpecCostInputs in;
   in.context = r.table.n_tokens() + 1;
@@ -388,7 +388,7 @@ bool ContinuousScheduler::place_speculative(Request& r, std::vector<Row>* rows, 
     // tokens), the context holds, and a step's budget holds.
     const int64_t room = std::min({r.params.options.max_tokens - r.n_generated - 1,
                                    opt_.max_model_len - 1 - static_cast<int64_t>(r.history.size()), step_tokens_ - 1});
-    r.k_cycle = static_cast<int>(std::clamp<int64_t>(room, 0, cycle_drafts(r)));
+    r.k_cycle = room > 0 ? static_cast<int>(std::clamp<int64_t>(room, 0, next_cycle_drafts(r))) : 0;
     if (r.k_cycle > 0) {
       r.spec_base = r.table.n_tokens();
       r.n_draft = 0;
@@ -696,9 +696,12 @@ void ContinuousScheduler::run_rows(const std::vector<Row>& rows, std::vector<Own
     // bandwidth-bound, and one linear fit of both priced a decode row's KV at a chunk's rate (the
     // plain steps of a long context then read as weights alone, and auto never drafted).
     const bool chunk = std::any_of(rows.begin(), rows.end(), [](const Row& x) { return x.kind == RowKind::Normal && x.n > 1; });
-    if (!chunk) step_cost_.observe(n_rows, kv, now - t0);
-    const bool drafted = std::any_of(rows.begin(), rows.end(), [](const Row& x) { return x.kind == RowKind::Draft; });
-    steps_since_draft_ = drafted ? 0 : steps_since_draft_ + 1;
+    if (!chunk) {
+      step_cost_.observe(n_rows, kv, now - t0);
+      // (counted over the steps the fit takes: a draft beside a chunk is not one it saw)
+      const bool drafted = std::any_of(rows.begin(), rows.end(), [](const Row& x) { return x.kind == RowKind::Draft; });
+      steps_since_draft_ = drafted ? 0 : std::min(steps_since_draft_ + 1, kFitMemorySteps);
+    }
   }
   if (!failure.empty()) {
     // A step that fails (the device, say) ends the requests in it, not the server.

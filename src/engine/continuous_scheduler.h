@@ -92,12 +92,12 @@ class ContinuousScheduler final : public Scheduler {
   static constexpr int kMaxSpeculativeK = 16;
   // Drafts of a new cycle: the request's own k, or (auto) the controller's choice, or a probe
   // where that is 0 (SpecProbe: the request's count and gap move).
-  int cycle_drafts(Request& r) const;
+  int next_cycle_drafts(Request& r);
   StepCostModel step_cost_;  // every step's time against its rows and context (loop thread)
   // Steps since one with a draft row; past the fit's memory (forget 0.98: ~50 steps, twice that
   // here) the fit's price of a draft is a guess, and probes do not ask it (SpecProbe).
-  int64_t steps_since_draft_ = std::numeric_limits<int64_t>::max() / 2;
   static constexpr int64_t kFitMemorySteps = 100;
+  int64_t steps_since_draft_ = kFitMemorySteps;  // (saturates: see step())
   bool reserve_or_preempt(Request& r, int64_t n);
   void preempt_newest();
   void finish(Request& r, const std::string& reason, const std::string& error, double now);
