@@ -17,7 +17,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -97,7 +96,7 @@ class ContinuousScheduler final : public Scheduler {
   // Steps since one with a draft row; past the fit's memory (forget 0.98: ~50 steps, twice that
   // here) the fit's price of a draft is a guess, and probes do not ask it (SpecProbe).
   static constexpr int64_t kFitMemorySteps = 100;
-  int64_t steps_since_draft_ = kFitMemorySteps;  // (saturates: see step())
+  int64_t steps_since_draft_ = kFitMemorySteps;  // (saturates there: run_rows)
   bool reserve_or_preempt(Request& r, int64_t n);
   void preempt_newest();
   void finish(Request& r, const std::string& reason, const std::string& error, double now);

@@ -82,9 +82,10 @@ SpecChoice choose_speculation(const StepCostModel& cost, double alpha, const Spe
 // the verify reads the KV once for its rows (else no cycle pays, whatever the acceptance),
 // and only where the fit cannot yet say (not ready, or no draft step among the steps it remembers:
 // its split of a plain step into weights and KV is then a guess) or would speculate at an
-// acceptance drafts do reach (kProbeAlpha). The gap doubles with every probe, from kFirstProbeGap to kMaxProbeGap, so a
-// request whose drafts are never kept spends at most kProbeDrafts draft steps per doubling of its
-// output up to ~16k tokens (2 log2(n / 16 + 1) in all), then kProbeDrafts per kMaxProbeGap tokens.
+// acceptance drafts do reach (kProbeAlpha). The gap doubles with every probe, from kFirstProbeGap
+// to kMaxProbeGap, so a request whose drafts are never kept spends at most kProbeDrafts draft
+// steps per doubling of its output up to ~16k tokens (2 log2(n / 16 + 1) in all), then
+// kProbeDrafts per kMaxProbeGap tokens.
 class SpecProbe {
  public:
   static constexpr int kProbeDrafts = 2;
