@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <atomic>
 #include <functional>
@@ -28,6 +29,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -809,6 +811,54 @@ TEST_F(AutoSpeculation, ProbesWhereThePlainStepsCannotTellWeightsFromKv) {
   EXPECT_GT(wrong.out.verifies, 0) << "probed";
   EXPECT_LE(r->n_draft_rows, 24) << "the probes back off";
   EXPECT_LE(wrong.seconds, 1.03 * wrong_plain.seconds);
+}
+
+// Two requests decoding together, then one alone: plain steps of 2 rows and of 1 make the fit ready
+// (rows varied), but a row's KV tokens move with the rows (300 a row), so the fit cannot tell a
+// row's fixed part from its KV read, and here it takes much of the KV for a per-row cost: a draft
+// would cost nearly what a plain step does, and the ready fit says no cycle pays at kProbeAlpha.
+// Probes do not ask a fit that has seen no draft step (steps_since_draft_): the first comes at its
+// gap, its drafts are kept and priced, and speculation pays. (Asking that fit, the first cycle waited
+// until the context's growth had taught it the KV's price: after 31 tokens, not 17; at 128k the
+// growth of a request's output teaches it next to nothing.)
+TEST_F(AutoSpeculation, ProbesUntilTheFitHasSeenADraftThoughPlainStepsMadeItReady) {
+  const auto timed = [&](int k, int64_t* first_verify_at) {
+    runner_ = runner(20000, kNeverWrong);
+    runner_->clock = &clock_;
+    runner_->w = 5e-3;
+    runner_->m = 1e-5;
+    runner_->p = 1e-5;  // 3 ms of KV at 300 tokens: a plain step of one row 8 ms, a draft 5.2 ms
+    runner_->p_prompt = 1e-9;
+    runner_->jitter = 0.03;
+    runner_->reads_once = true;
+    auto s = sched(*runner_);
+    std::array<Outcome, 2> got;
+    int64_t generated = 0;
+    *first_verify_at = -1;
+    const RequestSink a = collect(&got[0]);
+    const RequestSink first = [&](const RequestEvent& e) {
+      if (e.spec_verifies > 0 && *first_verify_at < 0) *first_verify_at = generated;
+      generated += static_cast<int64_t>(e.tokens.size());
+      a(e);
+    };
+    const double t0 = clock_.t.load();
+    EXPECT_EQ(s->submit(req(300, 200, k), first).status, SubmitStatus::Accepted);
+    EXPECT_EQ(s->submit(req(300, 8, k, 400), collect(&got[1])).status, SubmitStatus::Accepted);
+    run_to_idle(*s);
+    expect_pool_clean(*runner_, *s);
+    return std::pair{got, clock_.t.load() - t0};
+  };
+  int64_t at = -1;
+  const auto [plain, plain_s] = timed(0, &at);
+  const auto [aut, aut_s] = timed(kSpeculativeAuto, &at);
+  for (int i = 0; i < 2; ++i) expect_same_output(aut[i], plain[i]);
+  std::printf("two requests: auto %.4f s (%lld verifies, the first after %lld tokens), plain %.4f s\n", aut_s,
+              static_cast<long long>(aut[0].verifies), static_cast<long long>(at), plain_s);
+  // (The gap counts plain decode tokens; the prefill's token and B's 8 steps come before.)
+  EXPECT_GE(at, SpecProbe::kFirstProbeGap);
+  EXPECT_LE(at, SpecProbe::kFirstProbeGap + 2) << "the first probe waited for the fit";
+  EXPECT_GT(aut[0].verifies, 5);
+  EXPECT_LT(aut_s, 0.8 * plain_s);
 }
 
 TEST(SpecProbe, DueAfterItsGapWhereDraftsReadLessAndTheFitAllows) {
