@@ -5,11 +5,14 @@
 // for all the rows, and each row attends exactly its own pages: the output of decoding the rows
 // one at a time (verify_selection "per-row") at the cost of one read of their union.
 //
-// Two kernels, one block per output list: (1) its rows' entries OR their bits into a scratch mask
-// per page position (and leave the page's slot beside it), and the list's distinct pages are
-// counted; (2) the list's offset is the sum of the counts before it, and its entries are written
-// in page order, the scratch cleared behind them for the next call. No host sync, no allocation:
-// capturable (the grid is the output list count, fixed per captured step).
+// A memset and two kernels: (1) kScatterSlices blocks per output list OR its rows' entries' bits
+// into a scratch mask per page position (and leave the page's slot beside it); the entry that finds
+// a position empty counts it for its chunk of 1,024 positions; (2) one block per (list, chunk): its
+// offset is the sum of the counts of the chunks before it, and its entries are written in page
+// order, the scratch cleared behind them for the next call. (Session 28's form ran one block per
+// list in both kernels: 8 blocks at batch 1, and the merge cost what the single read saved.) No
+// host sync, no allocation: capturable (the grids follow the list count and max_pages, fixed per
+// captured step).
 //
 //   in:         the rows' lists, one request per row: [n_in * n_heads_kv + 1] indptr, slots, page_pos
 //   row_indptr: [n_out + 1] output request s merges input requests row_indptr[s] .. row_indptr[s+1]-1
@@ -35,7 +38,7 @@ struct RowUnionParams {
   int max_pages = 0;             // page positions per list the scratch holds (seq_len <= max_pages * page_size)
   uint32_t* scratch_mask = nullptr;  // [n_out * n_heads_kv, max_pages], zero between calls (kept zero)
   int32_t* scratch_slot = nullptr;   // [n_out * n_heads_kv, max_pages]
-  int32_t* counts = nullptr;         // [n_out * n_heads_kv]
+  int32_t* counts = nullptr;         // [n_out * n_heads_kv, chunks of max_pages]
   int32_t* out_indptr = nullptr;
   int32_t* out_slots = nullptr;
   int32_t* out_page_pos = nullptr;
