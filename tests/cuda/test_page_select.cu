@@ -992,4 +992,161 @@ TEST(ProjectedKeySketch, CodesQueriesAndScoresEqualTheCpuDefinition) {
   }
 }
 
+// ---- Scores of another launch (a verify's rows selected each on its own, scored once) -----------
+
+// Each request's q rows as requests of one row (row j of request s: its table, tokens up to its own
+// position), selected with the scores of one score stage over the requests themselves
+// (score_req / score_vec0 / score_indptr), against the same rows scored and selected on their own
+// (what llama_cuda's per-row selection launched before): the same masses up to float rounding
+// (1e-5 relative: the score kernel sums a page's terms in other warps' company) and the same lists
+// but where the masses sit at the cut (a list of the shared scores must still satisfy the rule).
+TEST(PageSelect, RowsSelectedFromOneScoringOfTheirSequenceEqualEachRowScoredAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  std::mt19937 rng(31);
+  for (auto [hq, hkv, d, sketch] : {std::tuple{32, 8, 128, true}, std::tuple{32, 8, 128, false}, std::tuple{9, 3, 64, true}}) {
+    // Verifies of 2-8 rows beside single rows over seq_lens_17's lengths (1-3,000 tokens): a
+    // request's last page is partly visible to its earlier rows, or not at all.
+    std::vector<int> q_len = {1, 4, 1, 2, 5, 1, 3, 8, 4, 1, 2, 1, 6, 1, 3, 5, 7};
+    const std::vector<int> seqs = seq_lens_17();
+    for (size_t i = 0; i < q_len.size(); ++i) q_len[i] = std::min(q_len[i], seqs[i]);
+    Problem pr = make_problem(hq, hkv, d, seqs, q_len, rng);
+    const int n_req = static_cast<int>(pr.seq_len.size());
+    const int group = hq / hkv;
+    const int max_q = *std::max_element(q_len.begin(), q_len.end());
+    dc::DeviceKeySketch sk(pr.pool->n_pages(), kPage, d);
+    std::unique_ptr<dc::DevicePageSummaries> sums;
+    if (sketch) {
+      std::vector<int32_t> dst, pos;
+      all_tokens(pr, &dst, &pos);
+      sketch_step(pr, sk, dst, pos);
+    } else {
+      sums = summarize_on_device(pr, dc::SummaryKind::MinMax);
+    }
+    // The rows as requests.
+    std::vector<const dhs::PageTable*> row_tables;
+    std::vector<int32_t> row_seq, row_q_indptr = {0}, score_req, vec0;
+    for (int s = 0; s < n_req; ++s)
+      for (int j = 0; j < q_len[static_cast<size_t>(s)]; ++j) {
+        row_tables.push_back(pr.table_ptrs[static_cast<size_t>(s)]);
+        row_seq.push_back(pr.seq_len[static_cast<size_t>(s)] - q_len[static_cast<size_t>(s)] + j + 1);
+        row_q_indptr.push_back(row_q_indptr.back() + 1);
+        score_req.push_back(s);
+        vec0.push_back(j * group);
+      }
+    const int n_rows = static_cast<int>(row_seq.size());
+    const dhs::PageLists dense = dhs::dense_page_lists(pr.table_ptrs, 0, pr.seq_len);
+    const dhs::PageLists row_dense = dhs::dense_page_lists(row_tables, 0, row_seq);
+    dc::DevicePageLists dense_d(n_req, hkv, dense.nnz()), row_dense_d(n_rows, hkv, row_dense.nnz());
+    dense_d.upload(dense);
+    row_dense_d.upload(row_dense);
+    std::vector<uint16_t> qb(pr.q.size());
+    for (size_t i = 0; i < qb.size(); ++i) qb[i] = dhs::f32_to_fp16(pr.q[i]);
+    auto* q_d = reinterpret_cast<__half*>(to_device(qb));
+    int32_t* q_indptr_d = to_device(pr.q_indptr);
+    int32_t* row_q_indptr_d = to_device(row_q_indptr);
+    int32_t* score_req_d = to_device(score_req);
+    int32_t* vec0_d = to_device(vec0);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const int64_t nnz = std::max(dense.nnz(), row_dense.nnz());
+    dc::PageSelectWorkspace ws_alone(n_rows * hkv, row_dense.nnz(), group), ws_once(n_rows * hkv, nnz, group * max_q);
+    const size_t n_lists = static_cast<size_t>(n_rows * hkv);
+    struct Out {
+      int32_t *indptr, *slots, *pos;
+      float* mass;
+    };
+    auto out = [&] {
+      return Out{to_device(std::vector<int32_t>(n_lists + 1, -7)), to_device(std::vector<int32_t>(static_cast<size_t>(row_dense.nnz()), -7)),
+                 to_device(std::vector<int32_t>(static_cast<size_t>(row_dense.nnz()), -7)),
+                 to_device(std::vector<float>(static_cast<size_t>(row_dense.nnz()), -1.0f))};
+    };
+    const Out alone_out = out(), once_out = out();
+    for (auto [rule, gamma, budget] : {std::tuple{dc::SelectRule::Coverage, 0.99f, 0}, std::tuple{dc::SelectRule::Coverage, 0.9f, 0},
+                                       std::tuple{dc::SelectRule::TopK, 1.0f, 5}}) {
+      auto rows_params = [&](const dc::PageSelectWorkspace& ws, const Out& o) {
+        dc::PageSelectParams p = dense_params(row_dense_d, q_d, row_q_indptr_d, n_rows, hq, hkv, d, scale, ws);
+        if (sketch) {
+          p.sketch_codes = sk.codes_d();
+          p.sketch_steps = sk.steps_d();
+        } else {
+          p.summaries = sums->data_d();
+          p.kind = dc::SummaryKind::MinMax;
+        }
+        p.rule = rule;
+        p.gamma = gamma;
+        p.budget = budget;
+        p.n_sink = 1;
+        p.n_recent = 2;
+        p.indptr = o.indptr;
+        p.slots = o.slots;
+        p.page_pos = o.pos;
+        p.mass_out = o.mass;
+        return p;
+      };
+      // Each row scored and selected on its own.
+      dc::launch_page_select(rows_params(ws_alone, alone_out), nullptr);
+      // The requests scored once; the rows selected from those scores.
+      dc::PageSelectParams rows = rows_params(ws_once, once_out);
+      dc::PageSelectParams scored = rows;
+      scored.dense_indptr = dense_d.indptr_d();
+      scored.dense_slots = dense_d.slots_d();
+      scored.dense_page_pos = dense_d.page_pos_d();
+      scored.seq_len = dense_d.seq_len_d();
+      scored.q_indptr = q_indptr_d;
+      scored.n_requests = n_req;
+      dc::launch_page_select_stage(scored, 0, nullptr);
+      rows.score_req = score_req_d;
+      rows.score_vec0 = vec0_d;
+      rows.score_indptr = dense_d.indptr_d();
+      dc::launch_page_select_stage(rows, 1, nullptr);
+      dc::launch_page_select_stage(rows, 2, nullptr);
+      DHS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto a_ind = to_host(alone_out.indptr, n_lists + 1), b_ind = to_host(once_out.indptr, n_lists + 1);
+      const auto a_pos = to_host(alone_out.pos, static_cast<size_t>(a_ind[n_lists]));
+      const auto b_pos = to_host(once_out.pos, static_cast<size_t>(b_ind[n_lists]));
+      const auto b_slots = to_host(once_out.slots, static_cast<size_t>(b_ind[n_lists]));
+      const auto a_mass = to_host(alone_out.mass, static_cast<size_t>(row_dense.nnz()));
+      const auto b_mass = to_host(once_out.mass, static_cast<size_t>(row_dense.nnz()));
+      int differ = 0, mass_bad = 0, scored_lists = 0;
+      for (int r = 0; r < n_rows; ++r)
+        for (int h = 0; h < hkv; ++h) {
+          const size_t row = static_cast<size_t>(r * hkv + h);
+          const int b = row_dense.row_begin(r, h), n = row_dense.row_end(r, h) - b;
+          const std::vector<int32_t> ga(a_pos.begin() + a_ind[row], a_pos.begin() + a_ind[row + 1]);
+          const std::vector<int32_t> gb(b_pos.begin() + b_ind[row], b_pos.begin() + b_ind[row + 1]);
+          for (size_t i = 0; i < gb.size(); ++i)
+            EXPECT_EQ(b_slots[static_cast<size_t>(b_ind[row]) + i], row_tables[static_cast<size_t>(r)]->page(0, h, gb[i]).slot);
+          const bool scored_list = n > 3 && !(rule == dc::SelectRule::TopK && budget >= n);
+          scored_lists += scored_list;
+          if (scored_list)
+            for (int i = 0; i < n; ++i) {
+              const double x = a_mass[static_cast<size_t>(b + i)], y = b_mass[static_cast<size_t>(b + i)];
+              mass_bad += !(std::fabs(x - y) <= 1e-5 * std::max(x, y) + 1e-9);
+            }
+          if (ga == gb) continue;
+          ++differ;
+          if (rule == dc::SelectRule::Coverage) {
+            std::vector<double> m(b_mass.begin() + b, b_mass.begin() + b + n);
+            const std::string why = coverage_violation(m, gb, 1, 2, gamma);
+            EXPECT_TRUE(why.empty()) << "row " << r << " head " << h << ": " << why;
+          }
+        }
+      EXPECT_EQ(mass_bad, 0) << "hq " << hq << " d " << d << (sketch ? " sketch4" : " minmax") << ": masses off each row's own";
+      EXPECT_LE(differ, static_cast<int>(n_lists) / 50) << "lists differing from each row's own";
+      EXPECT_GT(scored_lists, static_cast<int>(n_lists) / 2);
+      std::printf("  %s hq %2d d %3d rule %d gamma %.2f: %d rows, %lld pages chosen once / %lld alone, %d lists differ\n",
+                  sketch ? "sketch4" : "minmax ", hq, d, static_cast<int>(rule), gamma, n_rows,
+                  static_cast<long long>(b_ind[n_lists]), static_cast<long long>(a_ind[n_lists]), differ);
+    }
+    for (const Out& o : {alone_out, once_out}) {
+      cudaFree(o.indptr);
+      cudaFree(o.slots);
+      cudaFree(o.pos);
+      cudaFree(o.mass);
+    }
+    for (void* x : {static_cast<void*>(q_d), static_cast<void*>(q_indptr_d), static_cast<void*>(row_q_indptr_d),
+                    static_cast<void*>(score_req_d), static_cast<void*>(vec0_d)})
+      cudaFree(x);
+  }
+}
+
 }  // namespace

@@ -321,8 +321,12 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
     for_owned([&](int, int, float& m) { m = 0.0f; });
     const int h_first = p.share_heads ? 0 : h, h_last = p.share_heads ? p.n_heads_kv - 1 : h;
     const int n_vec = q_len * group;
+    // (Scores of another launch: its list of this request's sequence, from this row's q vectors on.)
+    const bool from = p.score_req != nullptr;
+    const int score_row0 = from ? p.score_req[req] * p.n_heads_kv : req * p.n_heads_kv;
+    const int vec0 = from ? p.score_vec0[req] : 0;
     for (int hh = h_first; hh <= h_last; ++hh) {
-      const int bh = p.dense_indptr[req * p.n_heads_kv + hh];
+      const int bh = (from ? p.score_indptr : p.dense_indptr)[score_row0 + hh];
       for (int j0 = 0; j0 < n_vec; j0 += kVecChunk) {
         // Per q vector j of the chunk: the cluster's (max, sum) of n_i 2^s_i, then the masses.
         int qpos[kVecChunk];
@@ -334,7 +338,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
         auto visible = [&](int tok0, int c) { return min(max(qpos[c] + 1 - tok0, 0), p.page_size); };
         const float* srow[kVecChunk];  // q vector j0 + c's scores of this list (rows past n_vec are never read)
 #pragma unroll
-        for (int c = 0; c < kVecChunk; ++c) srow[c] = p.scores + (j0 + c) * p.score_stride + bh;
+        for (int c = 0; c < kVecChunk; ++c) srow[c] = p.scores + static_cast<int64_t>(vec0 + j0 + c) * p.score_stride + bh;
         auto score = [&](int i, int c) { return srow[c][i]; };
         // Each thread's own (max, sum) of n_i 2^s_i per q vector, then one reduction of the pairs
         // (v10 reduced the max and the sum apart). One pass takes the max and the sum against 2^0:

@@ -84,6 +84,15 @@ struct PageSelectParams {
   // n_recent above (and budget_frac) for its lists; null: the launch's for all. The score
   // kernel runs for every request as the launch's rule says.
   const RowRule* row_rules = nullptr;
+  // Scores from another launch's score stage (all three set, or none): request r's q vector j is q
+  // vector score_vec0[r] + j of list (score_req[r], h) of that launch, whose dense lists are
+  // score_indptr and whose page i is page i of this launch's list (r's own sequence, as long or
+  // longer). A verify whose rows are each selected on their own (llama_cuda's per-row union) scores
+  // its sequence once, all rows' q vectors in one read of the sketch, instead of once per row; the
+  // score kernel's query row j sees the tokens up to its own position either way.
+  const int32_t* score_req = nullptr;     // [n_requests]
+  const int32_t* score_vec0 = nullptr;    // [n_requests]
+  const int32_t* score_indptr = nullptr;  // [n_scored * n_heads_kv + 1]
 
   // Workspace (PageSelectWorkspace).
   float* scores = nullptr;        // [q_stride, score_stride]: q vector j of dense page i at j * score_stride + i

@@ -290,7 +290,7 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
 }
 
 LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream, const __half* q,
-                                const int32_t* q_indptr) const {
+                                const int32_t* q_indptr, const ScoreFrom* from) const {
   if (!plan.runs_policy) return in_.dense;
   const int64_t l = layer, Hkv = sz_.n_heads_kv, B = sz_.max_batch;
   unsigned long long* stats = stats_d_ + l * Hkv * 2;
@@ -343,7 +343,26 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   }
   if (plan.per_request) p.row_rules = row_rules_d_;
   if (record_seeds_) p.mass_out = mass_d_;
-  launch_page_select(p, stream);
+  if (from != nullptr) {
+    // The scored requests' launch writes the scores; this one's select and compact read them.
+    DHS_ASSERT(q == nullptr && from->req && from->vec0 && from->seq_len && from->q_indptr && from->dense.indptr);
+    PageSelectParams s = p;
+    s.dense_indptr = from->dense.indptr;
+    s.dense_slots = from->dense.slots;
+    s.dense_page_pos = from->dense.page_pos;
+    s.seq_len = from->seq_len;
+    s.q_indptr = from->q_indptr;
+    s.n_requests = from->n_scored;
+    s.row_rules = nullptr;  // (the score stage runs the launch's estimator for every request)
+    launch_page_select_stage(s, 0, stream);
+    p.score_req = from->req;
+    p.score_vec0 = from->vec0;
+    p.score_indptr = from->dense.indptr;
+    launch_page_select_stage(p, 1, stream);
+    launch_page_select_stage(p, 2, stream);
+  } else {
+    launch_page_select(p, stream);
+  }
   if (record_seeds_) {
     RecordSeedsParams r{.sel_indptr = p.indptr, .sel_page_pos = p.page_pos, .dense_indptr = p.dense_indptr,
                         .mass = mass_d_, .seq_len = p.seq_len, .q_indptr = p.q_indptr, .req_slot = in_.req_slot,

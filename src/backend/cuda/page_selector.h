@@ -128,13 +128,28 @@ class PageSelector {
   // they read (the next layer's dense lists and selection) and at the end of the step.
   void join(cudaStream_t stream) const;
 
+  // Requests selected from another set of requests' scores (PageSelectParams::score_req): a
+  // verify's rows, each its own request of one query row, scored as their sequence, once. The
+  // scored requests' dense lists of this layer, tokens and query rows (into Inputs' q), and per
+  // selecting request its scored request and first q vector.
+  struct ScoreFrom {
+    LayerLists dense;
+    const int32_t* seq_len = nullptr;   // [n_scored]
+    const int32_t* q_indptr = nullptr;  // [n_scored + 1]
+    int n_scored = 0;
+    const int32_t* req = nullptr;       // [n_req]
+    const int32_t* vec0 = nullptr;      // [n_req]
+  };
+
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention
   // reads: the dense lists (no policy this step), the layer's last selection grown by the pages
   // written since (a reselect step where the layer does not select), or this step's selection.
   // q / q_indptr (optional): the queries to score instead of Inputs' (a verify step scoring one
-  // row per request: [n_req, n_heads_q, head_dim] with q_indptr 0, 1, .., n_req).
+  // row per request: [n_req, n_heads_q, head_dim] with q_indptr 0, 1, .., n_req). from
+  // (optional, not with q): the scores are those of from's requests (their q vectors fit
+  // Sizes::max_q_len rows).
   LayerLists select(int layer, int n_req, const SelectPlan& plan, cudaStream_t stream, const __half* q = nullptr,
-                    const int32_t* q_indptr = nullptr) const;
+                    const int32_t* q_indptr = nullptr, const ScoreFrom* from = nullptr) const;
 
   // Everything a graph captured with `plan` baked in (the rule's parameters, the phase).
   std::string graph_key(const SelectPlan& plan) const;

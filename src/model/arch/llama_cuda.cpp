@@ -132,7 +132,14 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
     union_slots_d_ = ints(R * Hkv * pages_per_seq_);
     union_pos_d_ = ints(R * Hkv * pages_per_seq_);
     union_mask_d_ = static_cast<uint32_t*>(dalloc(static_cast<size_t>(R * Hkv * pages_per_seq_) * 4));
-    DHS_CUDA_CHECK(cudaMallocHost(&union_h_, static_cast<size_t>(2 * R + 1) * 4));
+    union_req_slot_d_ = ints(R);
+    union_score_req_d_ = ints(R);
+    union_vec0_d_ = ints(R);
+    union_dense_indptr_d_ = ints(R * Hkv + 1);
+    union_dense_slots_d_ = ints(R * Hkv * pages_per_seq_);
+    union_dense_pos_d_ = ints(R * Hkv * pages_per_seq_);
+    // (rows and tokens of the merged requests, their table rows, each row's merged request and first q vector)
+    DHS_CUDA_CHECK(cudaMallocHost(&union_h_, static_cast<size_t>(5 * R + 1) * 4));
     if (const char* e = std::getenv("DHS_DEBUG_ROW_UNION"); e != nullptr)  // (the probe, printing)
       union_check_ = RowUnionCheck{true, std::string_view(e) == "split", true};
   }
@@ -185,6 +192,7 @@ void LlamaCuda::allocate_kv() {
   const int64_t D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, L = cfg_.n_layers, B = o.max_batch;
   const bool minmax = o.summaries != "meanspread" && o.summaries != "none";
   const bool meanvar = o.summaries != "minmax" && o.summaries != "none";
+  const bool unite = union_scratch_ != nullptr;  // (allocate: the per-row union)
   int64_t n_pages = o.n_pages;
   if (n_pages <= 0 && o.gpu_memory_utilization > 0.0) {
     // vLLM's rule: the pool takes what utilization x total memory leaves after everything the
@@ -198,7 +206,8 @@ void LlamaCuda::allocate_kv() {
     double to_come = 512.0 * (1 << 20);
     if (minmax || meanvar || o.key_sketch) {
       const double nnz = static_cast<double>(max_attn_ * Hkv * pages_per_seq_);
-      const int64_t scored_rows = o.verify_selection == "all-rows" ? o.max_verify_rows : 1;  // per request
+      // (per request; the per-row union scores a verify's rows as one request: PageSelector::ScoreFrom)
+      const int64_t scored_rows = o.verify_selection == "all-rows" || unite ? o.max_verify_rows : 1;
       to_come += nnz * (4.0 * static_cast<double>(Hq / Hkv * scored_rows) + 4 + 4 + 8);  // scores, mass, stage, lists
     }
     double per_page = 2.0 * o.page_size * static_cast<double>(D) * 2;  // K and V, f16
@@ -264,7 +273,7 @@ void LlamaCuda::allocate_kv() {
   }
   const cuda::PageSelector::Sizes sel_sizes{static_cast<int>(L), static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D),
                                             o.page_size, static_cast<int>(max_attn_), pages_per_seq_,
-                                            o.verify_selection == "all-rows" ? o.max_verify_rows : 1};
+                                            o.verify_selection == "all-rows" || unite ? o.max_verify_rows : 1};
   selector_ = std::make_unique<cuda::PageSelector>(
       sel_sizes, cuda::PageSelector::Inputs{sum_minmax_.get(), sum_meanvar_.get(), sketch_.get(),
                                             cuda::LayerLists{indptr_d_, slots_d_, page_pos_d_}, seq_len_d_, q_d_, q_indptr_d_,
@@ -695,22 +704,37 @@ int LlamaCuda::upload_step(const std::vector<Seq>& batch, int n_rows, bool split
     return 0;
   int32_t* rows = union_h_;
   int32_t* len = union_h_ + max_attn_ + 1;
+  int32_t* slot = len + max_attn_;
+  int32_t* score_req = slot + max_attn_;  // per row
+  int32_t* vec0 = score_req + max_attn_;  // per row
+  const int group = static_cast<int>(cfg_.n_heads_q / cfg_.n_heads_kv);
   int n_union = 0, a0 = 0;
   rows[0] = 0;
   for (const Seq& s : batch) {
     const int n = s.verify ? static_cast<int>(s.n_new) : 1;
+    for (int j = 0; j < n; ++j) {
+      score_req[a0 + j] = n_union;
+      vec0[a0 + j] = j * group;
+    }
     a0 += n;
     rows[n_union + 1] = a0;
     len[n_union] = seq_len[a0 - 1];
+    slot[n_union] = req_slot[a0 - 1];
     ++n_union;
   }
   for (int r = n_attn; r < n_rows; ++r) {
+    score_req[r] = n_union;
+    vec0[r] = 0;
     rows[n_union + 1] = r + 1;
     len[n_union] = 0;
+    slot[n_union] = 0;
     ++n_union;
   }
   cp(union_rows_d_, rows, n_union + 1);
   cp(union_seq_d_, len, n_union);
+  cp(union_req_slot_d_, slot, n_union);
+  cp(union_score_req_d_, score_req, n_rows);
+  cp(union_vec0_d_, vec0, n_rows);
   return n_union;
 }
 
@@ -793,7 +817,8 @@ void LlamaCuda::run_layers(const Step& s) {
     selector_->join(stream_);                                                // (the last layer's seed record)
     if (!s.plan.window_only || s.n_dec < s.n_req) dense_lists(l, s.n_req);  // every page of this layer
     if (s.decode && s.n_union > 0) {
-      attention_decode_united(selector_->select(l, s.n_req, s.plan, stream_), s);  // each row's own pages, read once
+      // Each row's own pages, read once; the rows scored once, as their sequence.
+      attention_decode_united(select_united(l, s), s);
     } else if (s.decode) {
       attention_policy(l, s.n_req, s.max_q, s.n_tok, s.plan);  // the pages the policy keeps
     } else {
@@ -1018,6 +1043,23 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
   late.lse = late_lse_d_;
   cuda::launch_decode_attention(late, stream_);
   cuda::launch_merge_late({att_d_, lse_d_, late_att_d_, late_lse_d_, n_heads, hd}, stream_);
+}
+
+cuda::LayerLists LlamaCuda::select_united(int layer, const Step& s) {
+  if (!s.plan.runs_policy || s.plan.window_only) return selector_->select(layer, s.n_req, s.plan, stream_);
+  // The merged requests' dense lists of this layer (their sequences at their last rows' tokens).
+  cuda::DenseListsParams d = dense_lists_;
+  d.req_slot = union_req_slot_d_;
+  d.seq_len = union_seq_d_;
+  d.indptr = union_dense_indptr_d_;
+  d.slots = union_dense_slots_d_;
+  d.page_pos = union_dense_pos_d_;
+  d.n_requests = s.n_union;
+  d.layer = layer;
+  cuda::launch_dense_lists(d, stream_);
+  const cuda::PageSelector::ScoreFrom from{cuda::LayerLists{union_dense_indptr_d_, union_dense_slots_d_, union_dense_pos_d_},
+                                           union_seq_d_, union_rows_d_, s.n_union, union_score_req_d_, union_vec0_d_};
+  return selector_->select(layer, s.n_req, s.plan, stream_, nullptr, nullptr, &from);
 }
 
 void LlamaCuda::attention_decode_united(const cuda::LayerLists& rows, const Step& s) {

@@ -419,6 +419,9 @@ class LlamaCuda {
   // once, each row over its own pages.
   void attention_decode_united(const cuda::LayerLists& rows, const Step& step);
   void check_row_union_layer(const cuda::LayerLists& rows, const Step& step);
+  // A merged step's per-row selection of `layer`: every row its own lists, from one scoring of
+  // each merged request (its rows' q vectors together; PageSelector::ScoreFrom).
+  cuda::LayerLists select_united(int layer, const Step& s);
   // The first n requests (rows [0, rows), at most max_q each) under the step's policy: the lists
   // select returns (a verify's shared set from its last row's queries under "last-row"), decode
   // attention over them.
@@ -458,6 +461,11 @@ class LlamaCuda {
   int32_t *union_rows_d_ = nullptr, *union_seq_d_ = nullptr, *union_h_ = nullptr;
   int32_t *union_indptr_d_ = nullptr, *union_slots_d_ = nullptr, *union_pos_d_ = nullptr;
   uint32_t* union_mask_d_ = nullptr;
+  // The rows scored once as their sequence (PageSelector::ScoreFrom): each merged request's page
+  // table row and this layer's dense lists, and per selection request (row) its merged request and
+  // first q vector.
+  int32_t *union_req_slot_d_ = nullptr, *union_score_req_d_ = nullptr, *union_vec0_d_ = nullptr;
+  int32_t *union_dense_indptr_d_ = nullptr, *union_dense_slots_d_ = nullptr, *union_dense_pos_d_ = nullptr;
   std::unique_ptr<cuda::DevicePageSummaries> sum_minmax_, sum_meanvar_;
   std::unique_ptr<cuda::DeviceKeySketch> sketch_;
   std::unique_ptr<cuda::PageSelector> selector_;  // what sparse decode steps read (owns the policy)
