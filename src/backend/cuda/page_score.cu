@@ -191,6 +191,11 @@ struct SketchStage {
   static constexpr int kCodes = 0, kSteps = PP * kPageBytes, kPos = kSteps + PP * 64;
   static constexpr int kBytes = kPos + 16;
   static constexpr int kWarpBytes = kSketchStages * kBytes;
+  // One-page passes (PP 1) of lists of 9-32 q vectors (a verify's rows scored as one request):
+  // each tile's B words and column constants per lane, quantized once per list ([tile][word][lane]).
+  static constexpr int kCacheTiles = PP == 1 ? 4 : 0;
+  static constexpr int kTileWords = KS * 2 + 4;
+  static constexpr int kCacheBytes = kCacheTiles * kTileWords * 32 * 4;
 };
 
 // Page ids of pages base .. base + 31 (lane l: page base + l), and the next 32.
@@ -373,6 +378,44 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
   extern __shared__ __align__(16) uint8_t s_sketch[];
   using S = SketchStage<KS, PP>;
   const uint32_t ring = ptx::smem_u32(s_sketch + (threadIdx.x >> 5) * S::kWarpBytes);  // this warp's stages
+  // Lists of 2..kCacheTiles tiles: rebuilding a tile quantizes its q vectors from global memory,
+  // and the passes alternate tiles, so each tile is built once per list into this warp's cache and
+  // read back per pass (rebuilt per pass, 16 vectors cost ~6x the scoring of 4: H100, session 43).
+  uint32_t* const tile_cache = reinterpret_cast<uint32_t*>(s_sketch + (kScoreThreads / 32) * S::kWarpBytes) +
+                               (threadIdx.x >> 5) * (S::kCacheBytes / 4) + lane;
+  int cached_row = -1;  // the list whose tiles the cache holds
+  auto store_tile = [&](int nt) {
+    uint32_t* c = tile_cache + nt * S::kTileWords * 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      c[(2 * ks) * 32] = bq[ks][0];
+      c[(2 * ks + 1) * 32] = bq[ks][1];
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      c[(2 * KS + k) * 32] = __float_as_uint(qf[k]);
+      c[(2 * KS + 2 + k) * 32] = __float_as_uint(qsum8[k]);
+    }
+  };
+  auto load_tile = [&](int nt) {  // (PP 1: this lane's page is lst[0]'s)
+    const uint32_t* c = tile_cache + nt * S::kTileWords * 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      bq[ks][0] = c[(2 * ks) * 32];
+      bq[ks][1] = c[(2 * ks + 1) * 32];
+    }
+    const SketchList le = lst[0];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      qf[k] = __uint_as_float(c[(2 * KS + k) * 32]);
+      qsum8[k] = __uint_as_float(c[(2 * KS + 2 + k) * 32]);
+      const int j = nt * 8 + 2 * tig + k;
+      qpos[k] = j < le.n_vec ? le.qpos0 + j / group : -1;
+      srow[k] = p.scores + static_cast<int64_t>(min(j, max(le.n_vec - 1, 0))) * p.score_stride;
+    }
+    qfirst = le.qpos0;
+    cur_nt = nt;
+  };
   const uint8_t* const codes_lane = p.sketch_codes + 16 * lane;
   const float* const steps_lane = p.sketch_steps + 4 * (lane & 3);
   // The codes stream through L2 once (evict_first); the scores are read back by the select
@@ -461,7 +504,20 @@ __global__ void __launch_bounds__(kScoreThreads, KS <= 4 ? 6 : 1) score_sketch_k
     const int tok0 = pos * p.page_size;
     const bool live = pos >= 0;  // this lane's page exists
     for (int nt = 0; nt < n_tiles; ++nt) {
-      if (nt != cur_nt) rebuild(nt);
+      if (nt != cur_nt) {
+        if (PP == 1 && n_tiles > 1 && n_tiles <= S::kCacheTiles) {
+          if (cached_row != lst[0].row) {  // (warp-uniform: every lane builds and keeps its own words)
+            for (int t = 0; t < n_tiles; ++t) {
+              rebuild(t);
+              store_tile(t);
+            }
+            cached_row = lst[0].row;
+          }
+          load_tile(nt);
+        } else {
+          rebuild(nt);
+        }
+      }
       // Every row sees all of every live page of the pass (all but a request's last pages); after
       // the rebuild, which sets qfirst for a new list.
       const bool full = __all_sync(0xffffffffu, !live || tok0 + p.page_size - 1 <= qfirst);
@@ -569,7 +625,8 @@ void launch_sketch(const detail::PageSelectKernelArgs& p, cudaStream_t stream) {
   if (p.q_stride <= 4)  // at most 4 q vectors per list: two pages per MMA
     launch_resident<score_sketch_kernel<KS, 2>>(p, stream, kWarps * SketchStage<KS, 2>::kWarpBytes);
   else
-    launch_resident<score_sketch_kernel<KS, 1>>(p, stream, kWarps * SketchStage<KS, 1>::kWarpBytes);
+    launch_resident<score_sketch_kernel<KS, 1>>(p, stream,
+                                                kWarps * (SketchStage<KS, 1>::kWarpBytes + SketchStage<KS, 1>::kCacheBytes));
 }
 
 void detail::launch_score_pages(const PageSelectKernelArgs& p, cudaStream_t stream) {
