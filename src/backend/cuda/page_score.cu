@@ -622,7 +622,7 @@ template <int KS>
 void launch_sketch(const detail::PageSelectKernelArgs& p, cudaStream_t stream) {
   if (p.page_size != 16) check(cudaErrorInvalidValue, "page_select: the key sketch needs 16-token pages", __FILE__, __LINE__);
   constexpr int kWarps = kScoreThreads / 32;
-  if (p.q_stride <= 4)  // at most 4 q vectors per list: two pages per MMA
+  if ((p.q_vecs > 0 ? std::min(p.q_vecs, p.q_stride) : p.q_stride) <= 4)  // at most 4 q vectors per list: two pages per MMA
     launch_resident<score_sketch_kernel<KS, 2>>(p, stream, kWarps * SketchStage<KS, 2>::kWarpBytes);
   else
     launch_resident<score_sketch_kernel<KS, 1>>(p, stream,

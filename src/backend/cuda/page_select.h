@@ -93,6 +93,9 @@ struct PageSelectParams {
   const int32_t* score_req = nullptr;     // [n_requests]
   const int32_t* score_vec0 = nullptr;    // [n_requests]
   const int32_t* score_indptr = nullptr;  // [n_scored * n_heads_kv + 1]
+  // q vectors of the launch's longest request, at least (0: q_stride): the score kernel's form
+  // (two pages an MMA up to 4, else one; a graph keeps the form it was captured with).
+  int q_vecs = 0;
 
   // Workspace (PageSelectWorkspace).
   float* scores = nullptr;        // [q_stride, score_stride]: q vector j of dense page i at j * score_stride + i

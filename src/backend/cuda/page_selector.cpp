@@ -181,6 +181,7 @@ SelectPlan PageSelector::begin_step(const std::vector<Request>& batch, bool deco
   SelectPlan plan;
   std::vector<int> req_slots;
   for (const Request& r : batch) req_slots.push_back(r.req_slot);
+  for (const Request& r : batch) plan.max_q = std::max(plan.max_q, static_cast<int>(r.n_new));
   // --dense-below N: a step whose requests are all shorter than N tokens (this step's token
   // included) runs the dense step, and so does one whose requests hold fewer than
   // --sparse-min-tokens in all: the selection would cost more than it saves there
@@ -337,6 +338,8 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   }
   p.stats = stats;
   p.n_requests = n_req;
+  const int group = sz_.n_heads_q / sz_.n_heads_kv;
+  p.q_vecs = group * (q ? 1 : plan.max_q);
   if (q) {
     p.q = q;
     p.q_indptr = q_indptr;
@@ -353,6 +356,7 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
     s.seq_len = from->seq_len;
     s.q_indptr = from->q_indptr;
     s.n_requests = from->n_scored;
+    s.q_vecs = group * from->max_q;
     s.row_rules = nullptr;  // (the score stage runs the launch's estimator for every request)
     launch_page_select_stage(s, 0, stream);
     p.score_req = from->req;

@@ -45,6 +45,7 @@ struct SelectPlan {
   // Every request reads a fixed window (sink + recent pages, or all pages): the lists come from
   // the page table directly (window_lists.h), no score or select kernel, no dense lists.
   bool window_only = false;
+  int max_q = 1;  // query rows of the longest request (the score kernel's form: PageSelectParams::q_vecs)
 };
 
 class PageSelector {
@@ -139,6 +140,7 @@ class PageSelector {
     int n_scored = 0;
     const int32_t* req = nullptr;       // [n_req]
     const int32_t* vec0 = nullptr;      // [n_req]
+    int max_q = 1;                      // query rows of the longest scored request
   };
 
   // Launches on `stream` what `layer` needs at this step and returns the lists its attention

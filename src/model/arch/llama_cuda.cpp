@@ -1058,7 +1058,8 @@ cuda::LayerLists LlamaCuda::select_united(int layer, const Step& s) {
   d.layer = layer;
   cuda::launch_dense_lists(d, stream_);
   const cuda::PageSelector::ScoreFrom from{cuda::LayerLists{union_dense_indptr_d_, union_dense_slots_d_, union_dense_pos_d_},
-                                           union_seq_d_, union_rows_d_, s.n_union, union_score_req_d_, union_vec0_d_};
+                                           union_seq_d_, union_rows_d_, s.n_union, union_score_req_d_, union_vec0_d_,
+                                           s.union_max_q};
   return selector_->select(layer, s.n_req, s.plan, stream_, nullptr, nullptr, &from);
 }
 
