@@ -38,30 +38,18 @@ __global__ void __launch_bounds__(kThreads) row_union_scatter_kernel(const __gri
   // Page positions the request holds: the write kernel reads (and clears) no further.
   const int n_pages = list_pages(p, s);
   const int stride = kThreads * static_cast<int>(gridDim.y);
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   for (int r = r0; r < r1 && r - r0 < 32; ++r) {
     const int in = r * p.n_heads_kv + h;
     const int b = p.in_indptr[in], e = p.in_indptr[in + 1];
     const uint32_t bit = 1u << (r - r0);
-    // Warp-uniform trips (k0 is the warp's first entry), so that the warp counts together: a
-    // row's entries are in page order, so a warp's fresh pages mostly share one chunk, and one
-    // lane adds them (one atomic per chunk a warp touches, not one per page).
-    for (int k0 = b + static_cast<int>(blockIdx.y) * kThreads + (static_cast<int>(threadIdx.x) & ~31); k0 < e; k0 += stride) {
-      const int k = k0 + lane;
-      int32_t pos = k < e ? p.in_page_pos[k] : -1;
-      if (k < e && (pos < 0 || pos >= n_pages)) {
+    for (int k = b + static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x); k < e; k += stride) {
+      const int32_t pos = p.in_page_pos[k];
+      if (pos < 0 || pos >= n_pages) {
         if (p.n_bad) atomicAdd(p.n_bad, 1);  // (past the request's pages: never read, never left behind)
-        pos = -1;
+        continue;
       }
-      bool fresh = false;
-      if (pos >= 0) {
-        fresh = atomicOr(mask + pos, bit) == 0u;
-        slot[pos] = p.in_slots[k];  // (every row that holds the page names the same slot)
-      }
-      const int chunk = pos >= 0 ? pos / kChunk : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, chunk);
-      const int n_fresh = __popc(same & __ballot_sync(0xffffffffu, fresh));
-      if (chunk >= 0 && n_fresh > 0 && lane == __ffs(same) - 1) atomicAdd(counts + chunk, n_fresh);
+      if (atomicOr(mask + pos, bit) == 0u) atomicAdd(counts + pos / kChunk, 1);
+      slot[pos] = p.in_slots[k];  // (every row that holds the page names the same slot)
     }
   }
 }
