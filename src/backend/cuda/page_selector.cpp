@@ -405,10 +405,18 @@ std::string PageSelector::graph_key(const SelectPlan& plan) const {
 }
 
 std::vector<SelectPlan> PageSelector::replay_cycle(const SelectPlan& last) const {
-  if (!last.runs_policy || schedule_.every() == 1)
-    return {SelectPlan{last.runs_policy, ReselectSchedule::kFull, last.per_request, last.window_only}};
+  // (Copies of the last plan, its max_q included: the score kernel's form follows it.)
+  SelectPlan plan = last;
+  if (!last.runs_policy || schedule_.every() == 1) {
+    plan.phase = ReselectSchedule::kFull;
+    return {plan};
+  }
   std::vector<SelectPlan> cycle;
-  for (int ph = 0; ph < schedule_.every(); ++ph) cycle.push_back(SelectPlan{true, ph, last.per_request});
+  plan.window_only = false;
+  for (int ph = 0; ph < schedule_.every(); ++ph) {
+    plan.phase = ph;
+    cycle.push_back(plan);
+  }
   return cycle;
 }
 
