@@ -349,6 +349,8 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
   if (from != nullptr) {
     // The scored requests' launch writes the scores; this one's select and compact read them.
     DHS_ASSERT(q == nullptr && from->req && from->vec0 && from->seq_len && from->q_indptr && from->dense.indptr);
+    DHS_CHECK(group * from->max_q <= ws_->q_stride(), "page select: {} query rows scored as one request, the workspace holds {}",
+              from->max_q, ws_->q_stride() / group);
     PageSelectParams s = p;
     s.dense_indptr = from->dense.indptr;
     s.dense_slots = from->dense.slots;

@@ -125,6 +125,8 @@ void LlamaCuda::allocate(const CudaModelOptions& o) {
   slots_d_ = ints(R * Hkv * pages_per_seq_);
   page_pos_d_ = ints(R * Hkv * pages_per_seq_);
   if (unite) {
+    // (row_union's grid has the lists in y)
+    DHS_CHECK(R * Hkv <= 65535, "per-row union: {} verify rows x {} KV heads exceed the merge's 65,535 lists", R, Hkv);
     union_scratch_ = std::make_unique<cuda::RowUnionScratch>(static_cast<int>(R * Hkv), static_cast<int>(pages_per_seq_));
     union_rows_d_ = ints(R + 1);
     union_seq_d_ = ints(R);
