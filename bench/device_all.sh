@@ -64,7 +64,10 @@
 #          SDPA/FA2 anchor in the same call, the 8B-shape end-to-end bench (dense and sparse
 #          TPOT), prefill with its anchor
 # Model parts travel one per call into ~/dhs (.devcarry/smol.part.a[a-c], .devcarry/qwen/part.??)
-# and are joined and hash-checked here. JSON lines and logs go to $OUT; a table is printed last.
+# and are joined and hash-checked here. The tracked tree is ~19 MiB, so a 32 MiB part fits beside
+# the binaries (8.9 MiB) or the wheels (8 MiB), not both: carry bin + part aa, then wheels + part
+# ab, then part ac alone (the binaries stay unpacked in /tmp/dhs/bin and the wheels installed in
+# /tmp/dhs/py while the machine is warm). JSON lines and logs go to $OUT; a table is printed last.
 #   DHS_COMMIT=abc1234 bash bench/device_all.sh tests model eval bench
 # DHS_EVAL_SECONDS: time budget of an eval stage (samples per task are sized from a calibration
 # run, at most 100); DHS_EVAL_SAMPLES fixes them; DHS_EVAL_POLICIES, DHS_EVAL_LENGTHS override
