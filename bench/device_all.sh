@@ -375,6 +375,7 @@ for stage in "$@"; do
       TRACE=bench/results/budget_trace_smollm2_sketch4.json
       # Per-row selections read as their union: the merge against kv/page_lists.h (+ memcheck,
       # racecheck) and attention with row masks against the CPU.
+      if [ "${DHS_SPEC_TESTS:-1}" = 1 ]; then  # (DHS_SPEC_TESTS=0: the step times only)
       run test_row_union_gpu timeout 120 "$B/test_row_union_gpu"
       run sanitizer_memcheck_test_row_union_gpu timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/test_row_union_gpu"
       run sanitizer_racecheck_test_row_union_gpu timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$B/test_row_union_gpu"
@@ -383,6 +384,7 @@ for stage in "$@"; do
       grep -E "^verify|^decode after|^sparse verify|^engine" "$OUT/test_cuda_verify.log"
       DHS_TEST_QUICK=1 run sanitizer_memcheck_test_cuda_verify timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
         "$B/test_cuda_verify" --gtest_filter='CudaVerify.VerifyRows*:CudaVerify.Sparse*:CudaVerify.Draft*'
+      fi
       run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
       run e2e_spec timeout 300 "$B/dhisparse" bench --ctx ${DHS_SPEC_CTX:-131072} --batch ${DHS_SPEC_BATCH:-1,4} --prefill 0 --no-gemm \
         --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \

@@ -14,6 +14,9 @@
 //  * DraftWindowListsEqualTheSelectKernels: draft rows' sink + recent lists from the page table
 //    equal the select kernel's SinkWindow lists, also on a dense engine;
 //  * MixedStepVerifyRowsReadTheirPolicy: a verify beside a prompt chunk reads its policy's pages;
+//  * SeededDraftReadsTheRecordingStepsPages / SeededDraftBesideScoringRequestsReadsItsSeeds: a
+//    verification-seeded draft reads the pages its recording step chose, in a step of drafts only
+//    and in one where other requests score (the select kernel's sink-window rule with seeds);
 //  * EngineSpeculativeGreedyEqualsPlain: the default model through the engine on the device,
 //    greedy output with --speculative-k 3 / 6 (sink + recent drafts) equal to decoding without
 //    it under dense verification and under coverage 0.99 with per-row selections, drafts both
@@ -423,6 +426,49 @@ TEST(CudaVerify, SeededDraftReadsTheRecordingStepsPages) {
   EXPECT_EQ(step(1, &seeded), recorded) << "the seeded draft did not read the recording step's pages";
   for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
   EXPECT_EQ(step(0, &seeded), window) << "stale seeds (rolled back past their step) were read";
+  for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
+  f.m->set_sparsity(PolicySpec{});
+}
+
+// A seeded draft in a step where other requests score (its row through the select kernel's
+// sink-window rule, beside their coverage selections) reads the pages it reads in a step of
+// drafts only (window_lists.h). Pages read per step, with W a row's window alone, S its seeded
+// list and C its coverage selection: {S, C, S, C} = {S, W, S, W} + {W, C, W, C} - {W, W, W, W},
+// all four steps from the same state (the one after the recording step).
+TEST(CudaVerify, SeededDraftBesideScoringRequestsReadsItsSeeds) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  Fixture f(true);
+  f.m->set_sparsity(PolicySpec::parse("coverage:0.9@sketch4"));
+  f.m->keep_draft_seeds(256);
+  const PolicySpec s = PolicySpec::parse("sinkwindow:2+256"), w = PolicySpec::parse("sinkwindow:2");
+  // One step of the four requests feeding token `fed` (row r's own rule; null: the engine's
+  // coverage); rolled back to before it unless `keep`.
+  auto step = [&](int fed, const std::vector<const PolicySpec*>& own, bool keep) {
+    std::vector<LlamaCuda::Seq> batch;
+    for (int r = 0; r < 4; ++r) {
+      PageTable& t = f.ts[static_cast<size_t>(r)];
+      EXPECT_TRUE(t.reserve(f.m->allocator(), 1));
+      LlamaCuda::Seq q{&t, r, &f.feed[static_cast<size_t>(r)][static_cast<size_t>(fed)], 1};
+      q.policy = own[static_cast<size_t>(r)];
+      batch.push_back(q);
+    }
+    f.m->reset_sparsity_stats();
+    std::vector<float> l;
+    f.m->forward(batch, &l);
+    uint64_t read = 0;
+    for (uint64_t x : f.m->sparsity_stats().read) read += x;
+    if (!keep)
+      for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)] + 1);
+    return read;
+  };
+  step(0, {nullptr, nullptr, nullptr, nullptr}, true);  // records every request's seeds
+  const uint64_t windows = step(1, {&w, &w, &w, &w}, false);
+  const uint64_t seeded_02 = step(1, {&s, &w, &s, &w}, false);  // drafts only: window_lists.h
+  const uint64_t scored_13 = step(1, {&w, nullptr, &w, nullptr}, false);
+  const uint64_t mixed = step(1, {&s, nullptr, &s, nullptr}, false);
+  EXPECT_GT(seeded_02, windows) << "requests 0 and 2 have no seeds beyond their windows: the check is void";
+  EXPECT_GT(scored_13, windows) << "requests 1 and 3 read only their windows under coverage: the step is not mixed";
+  EXPECT_EQ(mixed, seeded_02 + scored_13 - windows) << "a seeded draft beside scoring requests did not read its seeds";
   for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)]);
   f.m->set_sparsity(PolicySpec{});
 }

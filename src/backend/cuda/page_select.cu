@@ -5,6 +5,7 @@
 
 #include "backend/cuda/block_sum.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/draft_seeds.h"
 #include "backend/cuda/pdl_launch.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -292,6 +293,23 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
                              : rr.budget;
     if (k_top >= n) mode = kAll;
   }
+  // A seeded draft's seeds (window_lists.h's rule): the first n_seeds of its store row. Its flag
+  // below is its window or membership here (a seed past the list or inside the window adds
+  // nothing); the histograms are unused in this mode. Every thread of a block takes the same branch.
+  int n_seed = 0;
+  int32_t* const s_seed = reinterpret_cast<int32_t*>(s_hist[0]);
+  static_assert(sizeof(s_hist[0]) >= kMaxSeedPages * sizeof(int32_t));
+  if (mode == kForced && rr.n_seeds > 0 && p.seeds != nullptr && !p.share_heads) {
+    n_seed = min(rr.n_seeds, p.seed_cap);
+    const int32_t* sd = p.seeds + ((static_cast<int64_t>(p.req_slot[req]) * p.n_layers + p.layer) * p.n_heads_kv + h) * p.seed_cap;
+    for (int t = tid; t < n_seed; t += kSelectThreads) s_seed[t] = __ldg(sd + t);
+    __syncthreads();
+  }
+  auto seeded = [&](int i) {
+    for (int j = 0; j < n_seed; ++j)
+      if (s_seed[j] == i) return true;  // (the same word for the whole warp: a broadcast)
+    return false;
+  };
 
   // The thread's masses: registers for rounds < kRegPer, then shared memory (m[(k - kRegPer) *
   // threads + tid]: consecutive threads, consecutive words) or the list's global workspace.
@@ -604,7 +622,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_pages_kernel(const _
   auto flag = [&](int i, float m) -> int {
     if (i >= n) return 0;
     if (mode == kAll) return 1;
-    if (mode == kForced) return forced(i);
+    if (mode == kForced) return forced(i) || seeded(i) ? 1 : 0;
     if (topk_forced_only) return i < k_sink || (i >= recent_from && n - 1 - i < k_recent);
     if (forced(i)) return 1;
     const uint32_t b = __float_as_uint(m);

@@ -46,8 +46,9 @@ struct RowRule {
   float frac = 0.0f;
   int32_t n_sink = 1;
   int32_t n_recent = 1;
-  // SinkWindow from window_lists.h only: also this many of the request's draft seeds
-  // (draft_seeds.h; 0: none, or none recorded).
+  // SinkWindow: also this many of the request's draft seeds (draft_seeds.h; 0: none, or none
+  // recorded), from window_lists.h or from the select kernel (PageSelectParams::seeds) in a step
+  // where other requests score.
   int32_t n_seeds = 0;
 };
 
@@ -84,6 +85,15 @@ struct PageSelectParams {
   // n_recent above (and budget_frac) for its lists; null: the launch's for all. The score
   // kernel runs for every request as the launch's rule says.
   const RowRule* row_rules = nullptr;
+  // Draft seeds (draft_seeds.h) for rows whose rule is SinkWindow with n_seeds > 0: such a row
+  // also reads the first n_seeds of its store row that lie inside its list and outside its window
+  // (window_lists.h's rule, so a seeded draft reads the same pages whether or not other requests
+  // of its step score). Null: windows alone. (Not with share_heads: SoloHead records none.)
+  const int32_t* seeds = nullptr;     // [max_slots, n_layers, n_heads_kv, seed_cap]
+  const int32_t* req_slot = nullptr;  // [n_requests] each request's row of the store
+  int seed_cap = 0;
+  int n_layers = 0;
+  int layer = 0;
   // Scores from another launch's score stage (all three set, or none): request r's q vector j is q
   // vector score_vec0[r] + j of list (score_req[r], h) of that launch, whose dense lists are
   // score_indptr and whose page i is page i of this launch's list (r's own sequence, as long or

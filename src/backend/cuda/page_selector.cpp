@@ -345,6 +345,13 @@ LayerLists PageSelector::select(int layer, int n_req, const SelectPlan& plan, cu
     p.q_indptr = q_indptr;
   }
   if (plan.per_request) p.row_rules = row_rules_d_;
+  if (plan.per_request && seed_cap_ > 0) {  // (seeded drafts beside scoring requests)
+    p.seeds = seeds_d_;
+    p.req_slot = in_.req_slot;
+    p.seed_cap = seed_cap_;
+    p.n_layers = sz_.n_layers;
+    p.layer = layer;
+  }
   if (record_seeds_) p.mass_out = mass_d_;
   if (from != nullptr) {
     // The scored requests' launch writes the scores; this one's select and compact read them.
