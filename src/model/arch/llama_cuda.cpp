@@ -1048,7 +1048,10 @@ void LlamaCuda::attention_decode(const cuda::LayerLists& lists, int n_req, int m
 }
 
 cuda::LayerLists LlamaCuda::select_united(int layer, const Step& s) {
-  if (!s.plan.runs_policy || s.plan.window_only) return selector_->select(layer, s.n_req, s.plan, stream_);
+  // (DHS_UNION_SCORE_ROWS: a study switch — each row scored on its own, as the per-row form
+  // scores, so the merge and masked attention can be told apart from the one scoring's rounding.)
+  static const bool score_rows = std::getenv("DHS_UNION_SCORE_ROWS") != nullptr;
+  if (!s.plan.runs_policy || s.plan.window_only || score_rows) return selector_->select(layer, s.n_req, s.plan, stream_);
   // The merged requests' dense lists of this layer (their sequences at their last rows' tokens).
   cuda::DenseListsParams d = dense_lists_;
   d.req_slot = union_req_slot_d_;
