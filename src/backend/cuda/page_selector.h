@@ -113,9 +113,10 @@ class PageSelector {
   bool sparse() const { return sparse_; }
   // Verification-seeded drafts (draft_seeds.h; the CPU statement sparse/draft_seeds.h): from now
   // on every scoring step records each scored request's m heaviest selected pages per (layer, KV
-  // head), which its seeded drafts (sinkwindow:K+M) read in window-only steps. The largest m
-  // asked stays (<= kMaxSeedPages). A seeded draft in a step where other requests score reads
-  // its window alone (the select kernel's SinkWindow rule).
+  // head), which its seeded drafts (sinkwindow:K+M) read: in window-only steps through
+  // window_lists.h, in steps where other requests score (and under --reselect-every > 1) through
+  // the select kernel's SinkWindow rule, which takes the same seeds. The largest m asked stays
+  // (<= kMaxSeedPages).
   void keep_seeds(int m);
   int seed_cap() const { return seed_cap_; }
   // The runner's rollback (n_tokens: the table's tokens after it) or release (0) of a table: its
