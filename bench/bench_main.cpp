@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   bo.gemv_tc_shapes = {0};
   bool no_gemm = false, no_pdl = false, no_gemv_tc = false, hierarchy = false;
   bool batch_given = false;
+  std::string draft_q = "none";
   dhs::HierarchyBenchOptions ho;
   app.add_option("--ctx", bo.ctx, "Context lengths")->delimiter(',')->check(int_in(1, kMaxTokens))->capture_default_str();
   app.add_option("--batch", bo.batch, "Batch sizes")->delimiter(',')->check(int_in(1, 4096))->capture_default_str();
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   app.add_option("--spec-k", bo.spec_k, "Speculative decoding: drafts per cycle to time (draft and verify steps per policy; none by default)")->delimiter(',')->check(int_in(1, 16));
   app.add_option("--draft-pages", bo.draft_pages, "Speculative decoding: the draft's sink + recent pages per list")->check(int_in(2, 1 << 20))->capture_default_str();
   app.add_option("--spec-trace", bo.spec_traces, "Speculative decoding: acceptance traces (scripts/acceptance_trace.py) whose k and draft policy match a timed one: TPOT replayed, rows in --out")->delimiter(',')->check(CLI::ExistingFile);
+  app.add_option("--draft-quantization", draft_q, "Speculative decoding: fp8 runs the drafts on an FP8 copy of the projections (f16 weights only)")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   app.add_option("--draft-seeds", bo.draft_seeds, "Speculative decoding: the draft also reads the verifier's M heaviest selected pages per list (sinkwindow:PAGES+M; the verify records them)")->check(int_in(0, 256))->capture_default_str();
   app.add_option("--spec-alpha", bo.spec_alpha, "Speculative decoding: per-token acceptance rates the TPOT is computed at (replayed, not measured)")->delimiter(',')->check(CLI::Range(0.0, 0.999))->capture_default_str();
   app.add_option("--verify-selection", bo.verify_selection, "Speculative decoding: what a sparse verify's rows read: last-row (one set, the last row's), all-rows (one set from every row's queries), per-row (each row its own, read once per row), per-row-union (each row its own, their union read once with row masks: experimental)")->check(CLI::IsMember({"last-row", "all-rows", "per-row", "per-row-union"}))->capture_default_str();
@@ -87,6 +91,7 @@ int main(int argc, char** argv) {
     }
   }
   if (no_gemm) bo.gemm_batch.clear();
+  bo.draft_fp8 = draft_q == "fp8";
   bo.pdl = !no_pdl;
   bo.gemv_tc = !no_gemv_tc;
   try {

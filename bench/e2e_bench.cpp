@@ -149,13 +149,14 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
                       double plain_ms, double dense_ms, double copy_gbps, std::ofstream& jl, std::ofstream& decode_jl) {
   const int64_t batch = static_cast<int64_t>(ts.size());
   std::vector<int32_t> tok(static_cast<size_t>(batch) * 17, 42);
-  auto seqs = [&](int n, bool verify) {
+  auto seqs = [&](int n, bool verify, bool draft = false) {
     std::vector<LlamaCuda::Seq> b;
     for (int64_t r = 0; r < batch; ++r) {
       PageTable& t = ts[static_cast<size_t>(r)];
       if (t.capacity_tokens() < t.n_tokens() + n) DHS_CHECK(t.reserve(m.allocator(), n), "bench: no room for {} rows", n);
       LlamaCuda::Seq s{&t, static_cast<int>(r), tok.data() + r * 17, n};
       s.verify = verify;
+      s.draft = draft;  // (with FP8 draft projections the step reads them)
       b.push_back(s);
     }
     return b;
@@ -178,7 +179,8 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
   }
   m.set_sparsity(draft);
   m.reset_sparsity_stats();
-  const double draft_ms = m.time_decode_step(seqs(1, false), 50);
+  const double draft_ms = m.time_decode_step(seqs(1, false, true), 50);
+  const std::string draft_weights = m.draft_weight_bytes() > 0 ? "fp8" : weights;
   const double draft_frac = m.sparsity_stats().read_frac();
   if (seeded)
     for (PageTable& t : ts) t.truncate(m.allocator(), t.n_tokens() - 1);
@@ -201,8 +203,8 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
       const double tpot = (k * draft_ms + verify_ms) / e;
       const double kv = 2.0 * m.config().n_layers * m.config().n_heads_kv * m.config().head_dim * 2 * static_cast<double>(ctx) *
                         static_cast<double>(batch);
-      const double w = static_cast<double>(m.weight_bytes());
-      const double floor_ms = (k * (w + draft_frac * kv) + (w + read_frac * kv)) / e / (copy_gbps * 1e9) * 1e3;
+      const double w = static_cast<double>(m.step_weight_bytes(false)), wd = static_cast<double>(m.step_weight_bytes(true));
+      const double floor_ms = (k * (wd + draft_frac * kv) + (w + read_frac * kv)) / e / (copy_gbps * 1e9) * 1e3;
       const std::string stem = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
       std::printf("  spec k %d, %s, trace %s: %.3f kept per verify -> TPOT %.3f ms (floor %.3f), plain/this %.2f%s\n", k,
                   draft_name.c_str(), stem.c_str(), kept, tpot, floor_ms, plain_ms / tpot,
@@ -210,7 +212,8 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
       decode_jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\""
                 << weights << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec
                 << "\",\"budgets\":\"" << verifier.budgets << "\",\"pages_read_frac\":" << read_frac << ",\"spec_k\":" << k
-                << ",\"draft_budget\":\"" << draft_name << "\",\"verify_select\":\"" << opts.verify_selection
+                << ",\"draft_budget\":\"" << draft_name << "\",\"draft_weights\":\"" << draft_weights
+                << "\",\"verify_select\":\"" << opts.verify_selection
                 << "\",\"accepted_per_verify\":" << kept << ",\"acceptance_trace\":\"" << stem << " ("
                 << t.at("model").get<std::string>() << " at " << t.at("length").get<int>() << " tokens, "
                 << t.at("verifies").get<int>() << " verifies)\",\"draft_ms\":" << draft_ms << ",\"verify_ms\":" << verify_ms
@@ -225,7 +228,8 @@ void time_speculation(const E2eBenchOptions& opts, const cudaDeviceProp& prop, L
                   k, draft_name.c_str(), draft_ms, draft_frac, verify_ms, read_frac, a, e, tpot, plain_ms / tpot);
       jl << "{\"commit\":\"" << opts.commit << "\",\"gpu\":\"" << prop.name << "\",\"model\":\"llama-3.1-8b-shape\",\"weights\":\"" << weights
          << "\",\"ctx\":" << ctx << ",\"batch\":" << batch << ",\"verify_policy\":\"" << pol_spec << "\",\"budgets\":\"" << verifier.budgets
-         << "\",\"verify_select\":\"" << opts.verify_selection << "\",\"k\":" << k << ",\"draft_policy\":\"" << draft_name << "\",\"draft_ms\":" << draft_ms
+         << "\",\"verify_select\":\"" << opts.verify_selection << "\",\"k\":" << k << ",\"draft_policy\":\"" << draft_name << "\",\"draft_weights\":\"" << draft_weights
+         << "\",\"draft_ms\":" << draft_ms
          << ",\"draft_pages_read_frac\":" << draft_frac
          << ",\"verify_ms\":" << verify_ms << ",\"verify_pages_read_frac\":" << read_frac << ",\"plain_tpot_ms\":" << plain_ms
          << ",\"alpha\":" << a << ",\"tokens_per_cycle\":" << e << ",\"tpot_ms\":" << tpot << ",\"copy_GBps\":" << copy_gbps
@@ -265,6 +269,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
       o.max_verify_rows = 1 + max_k;
       o.verify_selection = opts.verify_selection == "per-row-union" ? "per-row" : opts.verify_selection;
       o.per_row_union = opts.verify_selection == "per-row-union";
+      o.draft_fp8 = opts.draft_fp8 && !opts.spec_k.empty() && weights == "f16";
       // Only what the timed policies read: the summary or sketch kernels run in every step that keeps them.
       if (std::any_of(opts.policies.begin(), opts.policies.end(), needs_minmax)) o.summaries = "minmax";
       o.key_sketch = std::any_of(opts.policies.begin(), opts.policies.end(),

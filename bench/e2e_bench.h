@@ -38,6 +38,9 @@ struct E2eBenchOptions {
   // Verification-seeded drafts: the draft also reads the verifier's draft_seeds heaviest selected
   // pages per list (sinkwindow:draft_pages+draft_seeds), the verify records them (0: window only).
   int draft_seeds = 0;
+  // Drafts on an FP8 copy of the projections (CudaModelOptions::draft_fp8; f16 weights only):
+  // the timed draft step reads it, the verify and plain steps the f16 weights.
+  bool draft_fp8 = false;
   // Acceptance traces (scripts/acceptance_trace.py) replayed at their k and draft: decode_e2e rows
   // with spec_k, draft_budget, accepted_per_verify, acceptance_trace.
   std::vector<std::string> spec_traces;

@@ -36,6 +36,14 @@ struct EngineOptions {
   // CUDA: "fp8" quantizes every projection matrix at load to FP8 E4M3 with one fp32 scale per
   // output row (the output head stays f16, as vLLM's --quantization fp8); "none" keeps gpu_weights.
   std::string quantization = "none";
+  // CUDA, speculative decoding: "fp8" keeps an FP8 E4M3 copy of every projection matrix (one
+  // scale per output row, quantized at load as --quantization fp8 quantizes them) that steps of
+  // drafts only read — about half a draft step's weight bytes over f16 projections — while
+  // verify and plain steps keep the model's own weights, so output is unchanged (a draft's KV is
+  // written again by its verify); acceptance is what it may cost. One byte of HBM per projection
+  // weight. Needs f16 projections (--gpu-weights f16, or an f16 / bf16 checkpoint). "none": drafts
+  // read the model's weights.
+  std::string draft_quantization = "none";
   // CUDA, speculative verification under a sparse policy: what a verify's rows read. "last-row"
   // (one page set for all rows: the one the last row selects), "all-rows" (one set scored from
   // every row's queries) or "per-row" (each row the set its decode step would select: greedy output
@@ -130,6 +138,10 @@ class Session {
   virtual void append(const std::vector<int32_t>& ids, std::vector<float>* logits) = 0;
   // Drops tokens past n_tokens.
   virtual void truncate(int64_t n_tokens) = 0;
+  // Whether the one-token appends that follow are speculative drafts (eval's speculation, as the
+  // scheduler marks its draft rows): a backend keeping draft weights (--draft-quantization) runs
+  // them on those. Off at open.
+  virtual void set_drafting(bool on) = 0;
 };
 
 struct GenerateOptions {

@@ -29,6 +29,7 @@ struct EvalOptions {
   std::string trace_out;           // per-(layer, KV head) pages-read fractions per policy and length, JSON
   std::string commit = "unknown", model_name, device;
   std::string gpu_weights, quantization;  // the engine's (EngineOptions), recorded in each row
+  std::string draft_quantization = "none";  // (EngineOptions), recorded in speculative rows
   std::string estimator = "sketch4";  // the engine's: row labels name another one only
   // Speculative decoding's acceptance (issue 24), when speculative_k > 0: each policy's greedy
   // output decoded again as cycles of speculative_k drafts on `draft` (sink + recent pages) and

@@ -88,6 +88,13 @@ void add_gpu_weight_options(CLI::App* app, EngineOptions& eo) {
                   "oracle with --weights f32); none keeps --gpu-weights")
       ->check(CLI::IsMember({"none", "fp8"}))
       ->capture_default_str();
+  app->add_option("--draft-quantization", eo.draft_quantization,
+                  "CUDA speculative decoding: fp8 keeps an FP8 copy of the projections (quantized as --quantization "
+                  "fp8) that steps of drafts only read, about half a draft step's weight bytes over f16 projections "
+                  "(--gpu-weights f16 or an f16 / bf16 checkpoint); verify and plain steps keep the model's weights, "
+                  "so output is unchanged; none: drafts read the model's weights")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   app->add_option("--verify-selection", eo.verify_selection,
                   "CUDA speculative decoding under a sparse policy, what a verify's rows read: last-row (one page set "
                   "for all rows, the last row's), all-rows (one set scored from every row's queries) or per-row (each "

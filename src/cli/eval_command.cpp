@@ -54,6 +54,7 @@ int EvalCommand::run(std::string& oom_while) {
   ev_.device = eo_.device;
   ev_.gpu_weights = eo_.gpu_weights;
   ev_.quantization = eo_.quantization;
+  ev_.draft_quantization = eo_.draft_quantization;
   ev_.estimator = policy_.spec.estimator;
   ev_.model_name = std::filesystem::path(eo_.model_path).filename().string();
   eo_.policy = policy_.spec;  // a scoring policy loads the page summaries every policy needs

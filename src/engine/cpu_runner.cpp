@@ -23,6 +23,8 @@ class CpuRunner final : public StepRunner {
               o.weight_type);
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
+    DHS_CHECK(o.draft_quantization == "none", "draft quantization {}: FP8 draft projections are built on the CUDA backend only",
+              o.draft_quantization);
     DHS_CHECK(o.load_format == "auto", "load format {} (random weights, for speed runs) needs --device cuda",
               o.load_format);
     // (fp8: the CUDA backend's FP8 projections as fp32 values; with --weights f16 they are rounded

@@ -49,6 +49,9 @@ class CudaRunner final : public StepRunner {
     DHS_CHECK(o.quantization == "none" || o.quantization == "fp8", "quantization must be none or fp8, got '{}'",
               o.quantization);
     co.fp8_weights = o.quantization == "fp8";
+    DHS_CHECK(o.draft_quantization == "none" || o.draft_quantization == "fp8",
+              "draft quantization must be none or fp8, got '{}'", o.draft_quantization);
+    co.draft_fp8 = o.draft_quantization == "fp8";
     DHS_CHECK(o.verify_selection == "last-row" || o.verify_selection == "all-rows" || o.verify_selection == "per-row" ||
                   o.verify_selection == "per-row-union",
               "verify selection must be last-row, all-rows, per-row or per-row-union, got '{}'", o.verify_selection);
@@ -243,6 +246,7 @@ class CudaRunner final : public StepRunner {
       LlamaCuda::Seq q{r.table, r.slot, r.tokens, r.n_new};
       q.policy = r.policy;
       q.verify = r.verify;
+      q.draft = r.draft;
       any_verify = any_verify || r.verify;
       if (r.sample) {
         q.sampling = &rows_[s];

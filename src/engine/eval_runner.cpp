@@ -116,12 +116,14 @@ void speculate(Engine& engine, Session& session, int64_t n_prompt, const std::ve
     int32_t feed = target[static_cast<size_t>(p)];
     int kept = 0;
     bool all_right = true;
+    session.set_drafting(true);  // (draft weights, where the backend keeps them)
     for (int j = 1; j <= k; ++j) {
       session.append({feed}, &lg);
       feed = argmax(lg, n_vocab);
       if (all_right && p + j < n && feed == target[static_cast<size_t>(p + j)]) ++kept;
       else all_right = false;
     }
+    session.set_drafting(false);
     a.spec_verifies += 1;
     a.spec_drafted += k;
     a.spec_accepted += kept;
@@ -265,6 +267,7 @@ void report(const Agg& a, eval::TaskKind task, int64_t len, const PolicySpec& po
     if (o.speculative_k > 0) {
       row["spec_k"] = o.speculative_k;
       row["draft_policy"] = o.draft.str();
+      row["draft_quantization"] = o.draft_quantization;
       row["spec_verifies"] = a.spec_verifies;
       row["spec_drafted"] = a.spec_drafted;
       row["spec_accepted"] = a.spec_accepted;

@@ -271,12 +271,13 @@ class LocalEngine final : public Engine {
   // last-row logits ([vocab]) to `logits` when given; samples its next token (returned, -1
   // when not) when `history` is given.
   int32_t step(PageTable& table, const int32_t* ids, int64_t n, std::vector<float>* logits,
-               const std::vector<int32_t>* history = nullptr) {
+               const std::vector<int32_t>* history = nullptr, bool draft = false) {
     PagePool& pool = runner_->pages();
     // With a host tier, cold pages (this request's own earlier chunks among them) make room first.
     if (pool.n_free() < table.pages_needed(n)) runner_->make_room(table.pages_needed(n));
     DHS_CHECK(table.reserve(pool, n), "out of KV pages ({} free, {} needed)", pool.n_free(), table.pages_needed(n));
-    const StepRequest r{&table, kSlot, ids, n, history != nullptr, history};
+    StepRequest r{&table, kSlot, ids, n, history != nullptr, history};
+    r.draft = draft && n == 1;
     runner_->step({r}, &out_, logits != nullptr);
     if (logits) logits->swap(out_.logits);
     return out_.sampled.at(0);
@@ -331,8 +332,13 @@ class LocalSession final : public Session {
               e_.max_ctx_);
     for (const int32_t id : ids)
       DHS_CHECK(id >= 0 && id < e_.runner_->config().vocab_size, "token id {} out of range", id);
+    if (drafting_ && ids.size() == 1) {
+      e_.step(table_, ids.data(), 1, logits, nullptr, /*draft=*/true);
+      return;
+    }
     e_.append_chunks(table_, ids, logits);
   }
+  void set_drafting(bool on) override { drafting_ = on; }
   void truncate(int64_t n_tokens) override {
     DHS_CHECK(n_tokens >= 0 && n_tokens <= table_.n_tokens(), "truncate to {} of {} tokens", n_tokens, table_.n_tokens());
     e_.runner_->truncate(table_, n_tokens);
@@ -341,6 +347,7 @@ class LocalSession final : public Session {
  private:
   LocalEngine& e_;
   PageTable table_;
+  bool drafting_ = false;
 };
 
 std::unique_ptr<Session> LocalEngine::open_session() { return std::make_unique<LocalSession>(*this); }

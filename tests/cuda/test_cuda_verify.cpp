@@ -33,6 +33,7 @@
 #include "dhisparse/engine.h"
 #include "gtest_shim.h"
 #include "model/arch/llama_cuda.h"
+#include "model/gguf_source.h"
 #include "test_paths.h"
 #include "tiny_llama.h"
 
@@ -474,6 +475,62 @@ TEST(CudaVerify, SeededDraftBesideScoringRequestsReadsItsSeeds) {
   f.m->set_sparsity(PolicySpec{});
 }
 
+// Drafts on FP8 copies of the projections (CudaModelOptions::draft_fp8), on the default model
+// with f16 projections: steps whose rows are drafts give bit for bit the logits of the same steps
+// on a model whose projections are FP8 (--quantization fp8: the same quantization from the same
+// f32 values, the same kernels); steps that are not drafts give bit for bit those of the f16
+// model without the copies; and the two differ (the copies are what drafts read). One request fed
+// one token a step from an empty table, so every step is a decode step on every model and the
+// draft run's KV is FP8-computed like the FP8 model's.
+TEST(CudaVerify, DraftStepsOnFp8CopiesEqualAnFp8Model) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  GgufSource src(test::default_model_path());
+  auto opts = [](bool fp8, bool draft_fp8) {
+    CudaModelOptions o;
+    o.max_batch = 2;
+    o.max_step_tokens = 64;
+    o.max_context = 256;
+    o.quantized_weights = false;  // f16 projections
+    o.fp8_weights = fp8;
+    o.draft_fp8 = draft_fp8;
+    return o;
+  };
+  LlamaCuda with_copy(src, opts(false, true)), fp8(src, opts(true, false)), plain(src, opts(false, false));
+  EXPECT_EQ(fp8.draft_weight_bytes(), 0u);
+  EXPECT_GT(with_copy.draft_weight_bytes(), 0u);
+  EXPECT_EQ(with_copy.step_weight_bytes(false), plain.weight_bytes());
+  EXPECT_EQ(with_copy.step_weight_bytes(true), fp8.weight_bytes());  // (the same FP8 matrices beside the same head)
+  EXPECT_THROW(LlamaCuda(src, opts(true, true)), std::exception) << "FP8 drafts over FP8 projections were accepted";
+  CudaModelOptions blocks = opts(false, true);
+  blocks.quantized_weights = true;  // the file's Q4_1 blocks read fewer bytes than FP8
+  EXPECT_THROW(LlamaCuda(src, blocks), std::exception) << "FP8 drafts over block-quantized projections were accepted";
+  const std::vector<int32_t> ids = {1, 504, 3458, 282, 1987, 30, 2, 17, 9, 4231, 88, 615, 7, 12000, 45};
+  const ModelConfig& cfg = src.config();
+  auto run = [&](LlamaCuda& m, bool draft) {
+    PageTable t(static_cast<int>(cfg.n_layers), static_cast<int>(cfg.n_heads_kv), 16);
+    std::vector<std::vector<float>> out;
+    for (const int32_t id : ids) {
+      EXPECT_TRUE(t.reserve(m.allocator(), 1));
+      LlamaCuda::Seq s{&t, 0, &id, 1};
+      s.draft = draft;
+      std::vector<float> l;
+      m.forward({s}, &l);
+      out.push_back(l);
+    }
+    t.release(m.allocator());
+    expect_pool_empty(m.allocator(), "fp8 drafts");
+    return out;
+  };
+  const auto drafts = run(with_copy, true), not_drafts = run(with_copy, false);
+  const auto want_fp8 = run(fp8, false), want_f16 = run(plain, false);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_TRUE(drafts[i] == want_fp8[i]) << "step " << i << ": a draft step's logits differ from the FP8 model's";
+    EXPECT_TRUE(not_drafts[i] == want_f16[i]) << "step " << i << ": a plain step's logits differ from the f16 model's";
+  }
+  EXPECT_FALSE(drafts == want_f16) << "draft steps gave the f16 model's logits: the FP8 copies were not read";
+}
+
 TEST(CudaVerify, EngineSpeculativeGreedyEqualsPlain) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU";
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
@@ -484,16 +541,23 @@ TEST(CudaVerify, EngineSpeculativeGreedyEqualsPlain) {
   struct Config {
     const char* policy;
     const char* selection;
-    bool exact;  // greedy output must equal decoding without speculation
+    bool exact;              // greedy output must equal decoding without speculation
+    bool draft_fp8 = false;  // f16 projections, drafts on their FP8 copies (--draft-quantization fp8)
   };
+  int64_t fp8_drafted = 0, fp8_accepted = 0;
   for (const Config& c : {Config{"dense", "last-row", true}, Config{"coverage:0.99", "last-row", false},
-                          Config{"coverage:0.99", "per-row", true}, Config{"coverage:0.99", "per-row-union", true}}) {
-    SCOPED_TRACE(std::string(c.policy) + " " + c.selection);
+                          Config{"coverage:0.99", "per-row", true}, Config{"coverage:0.99", "per-row-union", true},
+                          Config{"dense", "last-row", true, true}, Config{"coverage:0.99", "per-row", true, true}}) {
+    SCOPED_TRACE(std::string(c.policy) + " " + c.selection + (c.draft_fp8 ? " fp8 drafts" : ""));
     EngineOptions o;
     o.model_path = test::default_model_path();
     o.device = "cuda";
     o.policy = PolicySpec::parse(c.policy);
     o.verify_selection = c.selection;
+    if (c.draft_fp8) {
+      o.gpu_weights = "f16";
+      o.draft_quantization = "fp8";
+    }
     auto e = Engine::load(o);
     const std::vector<std::vector<int32_t>> prompts = {
         e->tokenize(items + "Item 61:"),
@@ -519,6 +583,10 @@ TEST(CudaVerify, EngineSpeculativeGreedyEqualsPlain) {
         EXPECT_GT(spec.spec_verifies, 0);
         drafted += spec.spec_drafted;
         accepted += spec.spec_accepted;
+        if (c.draft_fp8) {
+          fp8_drafted += spec.spec_drafted;
+          fp8_accepted += spec.spec_accepted;
+        }
       }
     }
     EXPECT_EQ(e->kv_stats().n_used, 0);
@@ -527,6 +595,9 @@ TEST(CudaVerify, EngineSpeculativeGreedyEqualsPlain) {
   std::printf("engine on the device: %lld of %lld drafts accepted; coverage 0.99 with one shared (last-row) verify "
               "selection: %d of %d runs equal to plain decoding\n",
               static_cast<long long>(accepted), static_cast<long long>(drafted), same_shared, same_shared + differ_shared);
+  std::printf("engine on the device, drafts on FP8 copies: %lld of %lld drafts accepted\n", static_cast<long long>(fp8_accepted),
+              static_cast<long long>(fp8_drafted));
+  EXPECT_GT(fp8_accepted, 0) << "no FP8 draft accepted";
   EXPECT_GT(accepted, 0) << "no draft accepted: the accepting path was not run";
   EXPECT_LT(accepted, drafted) << "every draft accepted: the rollback path was not run";
 }

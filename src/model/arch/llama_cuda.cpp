@@ -59,6 +59,7 @@ constexpr int kMaxBatchLimit = 1024;
 // sized from the memory left must come last).
 void LlamaCuda::allocate(const CudaModelOptions& o) {
   opt_ = o;
+  DHS_CHECK(!(o.fp8_weights && o.draft_fp8), "--draft-quantization fp8: the model's projections are FP8 already");
   const int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.n_heads_q, Hkv = cfg_.n_heads_kv, F = cfg_.ffn_hidden;
   const int64_t V = cfg_.vocab_size, L = cfg_.n_layers;
   DHS_CHECK(o.max_batch >= 1 && o.max_batch <= kMaxBatchLimit, "CUDA backend: max batch must be in [1, {}], got {}",
@@ -314,6 +315,20 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     L.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D);
     L.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H);
     L.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F);
+    if (opt_.draft_fp8) {
+      // The drafts' FP8 copies (CudaModelOptions::draft_fp8), quantized as --quantization fp8 does.
+      for (const cuda::DeviceWeight* w : {&L.w_qkv, &L.w_o, &L.w_gu, &L.w_down})
+        DHS_CHECK(w->plain_f16(), "--draft-quantization fp8 needs f16 projections (--gpu-weights f16, or an f16 / bf16 "
+                                  "checkpoint): over a block format FP8 would not read fewer bytes");
+      Layer Dl = L;
+      const size_t before = weight_bytes_;
+      Dl.w_qkv = upload_weight(src, {{p + "attn_q.weight", Hq * D}, {p + "attn_k.weight", Hkv * D}, {p + "attn_v.weight", Hkv * D}}, H, true, true);
+      Dl.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D, true, true);
+      Dl.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H, true, true);
+      Dl.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F, true, true);
+      draft_weight_bytes_ += weight_bytes_ - before;
+      draft_layers_.push_back(Dl);
+    }
     if (cfg_.qkv_bias) {
       L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
       L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
@@ -337,13 +352,22 @@ void LlamaCuda::reserve_dequant_scratch() {
     if (!w.plain_f16()) scratch = std::max(scratch, static_cast<size_t>(w.out * w.in));
   };
   need(output_);
-  for (const Layer& L : layers_) {
-    need(L.w_qkv);
-    need(L.w_o);
-    need(L.w_gu);
-    need(L.w_down);
-  }
+  for (const std::vector<Layer>* set : {&layers_, &draft_layers_})
+    for (const Layer& L : *set) {
+      need(L.w_qkv);
+      need(L.w_o);
+      need(L.w_gu);
+      need(L.w_down);
+    }
   if (scratch > 0) gemm_->reserve_dequant(scratch);
+}
+
+size_t LlamaCuda::step_weight_bytes(bool draft) const {
+  const size_t model = weight_bytes_ - draft_weight_bytes_;
+  if (!draft || draft_layers_.empty()) return model;
+  size_t proj = 0;
+  for (const Layer& L : layers_) proj += L.w_qkv.bytes + L.w_o.bytes + L.w_gu.bytes + L.w_down.bytes;
+  return model - proj + draft_weight_bytes_;
 }
 
 cuda::WeightPart LlamaCuda::alloc_packed(PackedFormat f, int64_t rows, int64_t in) {
@@ -378,7 +402,7 @@ cuda::WeightPart LlamaCuda::upload_packed(const PackedMatrix& m) {
 }
 
 cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
-                                            int64_t in, bool projection) {
+                                            int64_t in, bool projection, bool fp8) {
   DHS_CHECK(!parts.empty() && parts.size() <= cuda::DeviceWeight::kMaxParts, "weight of {} parts", parts.size());
   cuda::DeviceWeight w;
   w.in = in;
@@ -394,7 +418,7 @@ cuda::DeviceWeight LlamaCuda::upload_weight(const WeightSource& src, const std::
   bool all_f16 = true;
   for (const auto& [name, rows] : parts) {
     const RawTensor* t = &checked_tensor(src, name, {rows, in});
-    if (projection && opt_.fp8_weights) {
+    if (projection && (opt_.fp8_weights || fp8)) {
       const std::vector<float> f = load_tensor_f32(src, name, {rows, in});
       host.push_back({DType::F16, rows, 0, {}, quantize_fp8_rows(f.data(), rows, in)});
       all_f16 = false;
@@ -492,9 +516,9 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
   const std::string fmt = o.fp8_weights ? "fp8" : o.random_weights;
   DHS_CHECK(fmt == "f16" || fmt == "q8_0" || fmt == "q4_k" || fmt == "fp8",
             "random weights must be f16, q8_0, q4_k or fp8, got '{}'", fmt);
-  auto proj = [&](int64_t rows, int64_t cols) {
-    if (fmt == "f16") return cuda::DeviceWeight::f16_matrix(rnd(rows, cols), rows, cols);
-    const PackedFormat f = fmt == "q8_0" ? PackedFormat::Q8_0 : fmt == "q4_k" ? PackedFormat::Q4_K : PackedFormat::FP8;
+  auto proj = [&](int64_t rows, int64_t cols, const std::string& fm) {
+    if (fm == "f16") return cuda::DeviceWeight::f16_matrix(rnd(rows, cols), rows, cols);
+    const PackedFormat f = fm == "q8_0" ? PackedFormat::Q8_0 : fm == "q4_k" ? PackedFormat::Q4_K : PackedFormat::FP8;
     DHS_CHECK(f != PackedFormat::Q4_K || cols % 256 == 0, "q4_k random weights need widths that are multiples of 256");
     cuda::DeviceWeight w;
     w.out = rows;
@@ -506,6 +530,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     weight_bytes_ += w.bytes;
     return w;
   };
+  DHS_CHECK(!o.draft_fp8 || fmt == "f16", "--draft-quantization fp8 needs f16 projections, the random weights are {}", fmt);
   tok_embd_ = rnd(V, H);
   output_ = cuda::DeviceWeight::f16_matrix(cfg_.tied_embeddings ? tok_embd_ : rnd(V, H), V, H);
   output_norm_ = ones(H);
@@ -513,10 +538,20 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
   for (auto& L : layers_) {
     L.attn_norm = ones(H);
     L.ffn_norm = ones(H);
-    L.w_qkv = proj((Hq + 2 * Hkv) * D, H);
-    L.w_o = proj(H, Hq * D);
-    L.w_gu = proj(2 * F, H);
-    L.w_down = proj(H, F);
+    L.w_qkv = proj((Hq + 2 * Hkv) * D, H, fmt);
+    L.w_o = proj(H, Hq * D, fmt);
+    L.w_gu = proj(2 * F, H, fmt);
+    L.w_down = proj(H, F, fmt);
+    if (o.draft_fp8) {  // (random FP8 codes: what a draft step reads, not a quantization of L's values)
+      Layer Dl = L;
+      const size_t before = weight_bytes_;
+      Dl.w_qkv = proj((Hq + 2 * Hkv) * D, H, "fp8");
+      Dl.w_o = proj(H, Hq * D, "fp8");
+      Dl.w_gu = proj(2 * F, H, "fp8");
+      Dl.w_down = proj(H, F, "fp8");
+      draft_weight_bytes_ += weight_bytes_ - before;
+      draft_layers_.push_back(Dl);
+    }
   }
   reserve_dequant_scratch();
   allocate_kv();
@@ -812,7 +847,7 @@ void LlamaCuda::run_layers(const Step& s) {
   }
   embed(s.n_tok);                                                            // x = tok_embd[ids] (fp32)
   for (int l = 0; l < static_cast<int>(cfg_.n_layers); ++l) {
-    const Layer& w = layers_[static_cast<size_t>(l)];
+    const Layer& w = (s.draft ? draft_layers_ : layers_)[static_cast<size_t>(l)];
     rms_norm(w.attn_norm, s.n_tok);                                          // h = rmsnorm(x)
     gemm_->run(w.w_qkv, h_d_, qkv_d_, T, cuda::GemmOut::F16, stream_);  // [q k v] = h W_qkv^T
     rope_append(l, s.n_tok);                                                 // q, k rotated; k, v into pages
@@ -1381,8 +1416,10 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   const Clock::time_point t_start = Clock::now();
   Step step;
   step.decode = true;
+  step.draft = !draft_layers_.empty() && !given.empty();
   int64_t T = 0, n_out_real = 0;
   for (const Seq& s : given) {
+    step.draft = step.draft && s.draft && s.n_new == 1 && !s.verify;
     // A decode-like step: one token each, or a verify's rows (reads_as_decode). A step with a
     // prompt chunk is not; its decode and verify rows are ordered first below.
     step.decode = step.decode && reads_as_decode(s.n_new, s.verify);
@@ -1623,7 +1660,7 @@ cudaGraphExec_t LlamaCuda::decode_graph(const Step& step) {
       (step.n_union > 0 ? fmt::format("{}/union:{}x{}x{}", selector_->graph_key(step.plan), step.n_tok, step.n_union, step.union_max_q)
        : step.max_q == 1 ? selector_->graph_key(step.plan)
                          : fmt::format("{}/verify:{}x{}", selector_->graph_key(step.plan), step.n_tok, step.max_q)) +
-      (step.overlap ? "/overlap" : "");
+      (step.overlap ? "/overlap" : "") + (step.draft ? "/draft-fp8" : "");
   auto it = graphs_.find({key, step.n_req});
   // Verify steps' graphs are keyed by their sizes; past kMaxVerifyGraphs of them (speculation
   // with many mixes of k) new ones run uncaptured.

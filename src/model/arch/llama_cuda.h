@@ -78,6 +78,14 @@ struct CudaModelOptions {
   // load to FP8 E4M3 with one fp32 scale per output row (model/packed_weight.h), from its f32
   // values. Overrides quantized_weights for those matrices.
   bool fp8_weights = false;
+  // Speculative drafts on FP8 (`--draft-quantization fp8`): a second copy of every projection
+  // matrix, quantized at load as fp8_weights quantizes them, which a step whose every row is a
+  // draft (Seq::draft) reads instead of the model's own: about half a draft step's weight bytes
+  // over f16 projections. Verify and plain steps keep the model's weights, and a draft's KV is
+  // written again by its verify, so output is unchanged; acceptance is what it costs. One byte
+  // per projection weight of HBM. Only over f16 projections (FP8 would not read fewer bytes than
+  // a block format, and over fp8_weights it is the model itself).
+  bool draft_fp8 = false;
   // The random-weight constructor's projection format (the 8B-shape benchmarks): "f16", "q8_0",
   // "q4_k" or "fp8" (random codes with scales that keep activations bounded).
   std::string random_weights = "f16";
@@ -152,6 +160,11 @@ class LlamaCuda {
   const ModelConfig& config() const { return cfg_; }
   PagePool& allocator() { return *alloc_; }   // page accounting of the HBM pool
   size_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of the FP8 draft projections (CudaModelOptions::draft_fp8; 0 without them).
+  size_t draft_weight_bytes() const { return draft_weight_bytes_; }
+  // The weight bytes a decode step reads (every matrix once, as the floors count them): a plain
+  // or verify step's, or (draft) a step of drafts only, which reads the FP8 copies where kept.
+  size_t step_weight_bytes(bool draft) const;
   cuda::DevicePagePool& kv_pool() { return *pool_; }
   // The kept summaries (null where not kept).
   cuda::DeviceKeySketch* key_sketch() { return sketch_.get(); }
@@ -183,6 +196,9 @@ class LlamaCuda {
     // them: the rows share one selection, chosen from all their queries' masses) — and every
     // row's logits come back, not only the last's.
     bool verify = false;
+    // A speculative draft row (one token on the draft's pages): a step whose every row is one
+    // runs the FP8 draft projections when the model keeps them (CudaModelOptions::draft_fp8).
+    bool draft = false;
   };
 
   // Whether a request's rows read as a decode step's: one new token, or a speculative verify of at
@@ -375,6 +391,8 @@ class LlamaCuda {
     int union_max_q = 1;
     // The landing beside the resident attention in this step (CudaModelOptions::land_overlap).
     bool overlap = false;
+    // Every row a draft and the model keeps FP8 draft projections: the step runs them.
+    bool draft = false;
     cuda::SelectPlan plan;
   };
   void allocate(const CudaModelOptions& o);
@@ -382,8 +400,9 @@ class LlamaCuda {
   void allocate_kv();
   // The named [rows_i, in] tensors, stacked by rows into one weight (device_weight.h).
   // `projection` false: the output head, which --quantization fp8 leaves in f16.
+  // `fp8`: FP8 whatever the options say (the draft copy, CudaModelOptions::draft_fp8).
   cuda::DeviceWeight upload_weight(const WeightSource& src, const std::vector<std::pair<std::string, int64_t>>& parts,
-                                   int64_t in, bool projection = true);
+                                   int64_t in, bool projection = true, bool fp8 = false);
   // Gemm's dequantization scratch for the largest matrix that is not plain f16.
   void reserve_dequant_scratch();
   // A packed matrix's planes in one HBM allocation (codes, meta, row scales), unfilled; and
@@ -444,6 +463,8 @@ class LlamaCuda {
   float* output_norm_ = nullptr;       // [hidden]
   float* inv_freq_ = nullptr;          // [head_dim / 2]
   std::vector<Layer> layers_;
+  std::vector<Layer> draft_layers_;  // CudaModelOptions::draft_fp8: the FP8 copies (norms shared), else empty
+  size_t draft_weight_bytes_ = 0;    // their bytes (within weight_bytes_)
 
   std::unique_ptr<PagePool> alloc_;
   std::unique_ptr<cuda::DevicePagePool> pool_;
