@@ -204,6 +204,21 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
   EXPECT_THROW(Engine::load(o), Error);
 }
 
+// FP8 draft projections (--draft-quantization fp8) exist on the CUDA backend only: the CPU
+// backend refuses them at load with a message that says so, and an unknown value is refused too.
+TEST(EngineSpeculative, FP8DraftsAreRefusedOnTheCpu) {
+  if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
+  EngineOptions o;
+  o.model_path = test::default_model_path();
+  o.draft_quantization = "fp8";
+  try {
+    (void)Engine::load(o);
+    ADD_FAILURE() << "FP8 drafts were accepted by the CPU backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA backend only"), std::string::npos) << e.what();
+  }
+}
+
 // Speculative decoding (greedy): every token equals decoding without it, on a dense engine and on
 // coverage 0.99, for chat questions (whose few pages the draft reads all of) and a long list (on
 // which a draft of 2 pages guesses wrong), window drafts and seeded ones, and the draft both hits
