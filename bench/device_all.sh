@@ -34,6 +34,8 @@
 #          saturation, one at a time and Poisson arrivals (default model; the 8B shape, random weights)
 #   spec   speculative decoding: test_cuda_verify (+ memcheck), draft / verify step times of the
 #          8B shape at 128k x 1 / 4 (TPOT at replayed acceptance rates) with the SDPA anchor
+#   fp8draft speculative drafts on FP8 copies of the projections: GPU tests + memcheck, draft / verify
+#          step times with f16 and FP8 drafts (8B shape, SDPA anchor), the default model's acceptance
 #   fp8eval `dhisparse eval` on the default model with f16 and FP8 projections (dense, 4k)
 #   model  (default model present) GPU-vs-CPU model test and `generate --device cuda` dense
 #          and sparse
@@ -400,6 +402,33 @@ for stage in "$@"; do
         --policies trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k ${DHS_SPEC_K:-2,4,7} \
         --draft-pages ${DHS_DRAFT_PAGES:-16} --verify-selection per-row-union --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
       grep -E "alpha 0.9" "$OUT/e2e_spec_per_row_union.log" ;;
+    fp8draft)
+      # Drafts on FP8 copies of the projections (--draft-quantization fp8, session 44): the GPU
+      # tests (bit-equal to an FP8 model on draft steps, to the f16 model elsewhere; the engine's
+      # greedy output with FP8 drafts equal to plain decoding) + memcheck, then step times of the
+      # 8B shape with f16 and FP8 drafts alternated (seeded, k 3, traced coverage 0.99 verify,
+      # replayed acceptance; SDPA anchor first; DHS_SPEC_BATCH: 1 on an H100, 1,4 on an H200),
+      # then the default model's acceptance with both (f16 projections, 7,680 tokens).
+      TRACE=bench/results/budget_trace_smollm2_sketch4.json
+      ST=bench/results/acceptance_trace_smollm2_7680_sinkwindow16p16.json,bench/results/acceptance_trace_qwen05_30720_sinkwindow16p16.json
+      run test_fp8_drafts timeout 200 "$B/test_cuda_verify" --gtest_filter='*Fp8*:*EngineSpeculative*'
+      grep -E "engine on" "$OUT/test_fp8_drafts.log"
+      DHS_TEST_QUICK=1 run sanitizer_memcheck_fp8_drafts timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$B/test_cuda_verify" --gtest_filter='*DraftStepsOnFp8*'
+      run sdpa_anchor timeout 90 python3 bench/anchors/sdpa_anchor.py --quick --out "$OUT/decode_attention.jsonl" --commit "$C"
+      for dq in none fp8 none fp8; do
+        run e2e_draft_$dq timeout 200 "$B/dhisparse" bench --ctx 131072 --batch ${DHS_SPEC_BATCH:-1} --prefill 0 --no-gemm \
+          --policies dense,trace:coverage-0.99@sketch4 --trace "$TRACE" --trace-len 7680 --spec-k 3 --draft-pages 16 --draft-seeds 16 \
+          --spec-trace "$ST" --spec-alpha 0.9 --draft-quantization $dq --out "$OUT/decode_e2e.jsonl" --spec-out "$OUT/spec_e2e.jsonl" --commit "$C"
+        grep -E "spec k" "$OUT/e2e_draft_$dq.log" | head -4
+      done
+      [ -f $SMOL ] || { echo "fp8draft: default model missing (acceptance not run)"; continue; }
+      for dq in none fp8; do
+        run eval_draft_$dq timeout 300 "$B/dhisparse" eval --device cuda -m $SMOL --estimator sketch4 --gpu-weights f16 --lengths 7680 \
+          --samples ${DHS_EVAL_SAMPLES:-10} --policies coverage:0.99 --seed 7 --speculative-k 3 --draft-policy sinkwindow:16+16 \
+          --draft-quantization $dq --out "$OUT/accuracy.jsonl" --commit "$C"
+        tail -9 "$OUT/eval_draft_$dq.log"
+      done ;;
     fp8eval)
       # FP8 accuracy against f16 weights on the default model (dense and coverage 0.99, 4k; DHS_EVAL_SAMPLES per task).
       [ -f $SMOL ] || { echo "fp8eval: default model missing"; continue; }
