@@ -247,7 +247,10 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
   size_t free_b, total_b;
   cudaMemGetInfo(&free_b, &total_b);
   const double kv_per_token = 2.0 * cfg.n_layers * cfg.n_heads_kv * cfg.head_dim * 2;  // bytes
-  const double weights_est = 16.06e9;
+  // (FP8 draft copies: 7 GB more, beside the f16 weights.)
+  const double weights_est = opts.draft_fp8 && !opts.spec_k.empty() ? 23.1e9 : 16.06e9;
+  if (opts.draft_fp8 && (opts.spec_k.empty() || std::find(opts.weights.begin(), opts.weights.end(), "f16") == opts.weights.end()))
+    std::printf("--draft-quantization fp8: only with --spec-k and f16 weights (ignored here)\n");
   std::printf("%-7s %-5s %10s %10s %10s %8s\n", "ctx", "batch", "tpot_ms", "floor_ms", "tok/s", "vs_floor");
   std::ofstream spec_jl;
   if (!opts.spec_k.empty()) spec_jl.open(opts.spec_out, std::ios::app);
@@ -309,7 +312,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
         const double read_frac = pc.dense() ? 1.0 : m->sparsity_stats().read_frac();
         m->reset_sparsity_stats();
         if (bp.dense_label) dense_ms = ms;
-        const double bytes = static_cast<double>(m->weight_bytes()) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
+        const double bytes = static_cast<double>(m->step_weight_bytes(false)) + read_frac * kv_per_token * static_cast<double>(ctx) * static_cast<double>(batch);
         const double floor_ms = bytes / (copy_gbps * 1e9) * 1e3;
         std::printf("%-7lld %-5lld %10.3f %10.3f %10.1f %8.2f  %-5s %-24s pages %.3f%s\n", static_cast<long long>(ctx),
                     static_cast<long long>(batch), ms, floor_ms, static_cast<double>(batch) / ms * 1e3, ms / floor_ms,
@@ -319,7 +322,7 @@ void time_decode_steps(const E2eBenchOptions& opts, const ModelConfig& cfg, cons
            << ",\"batch\":" << batch << ",\"policy\":\"" << pol_spec << "\",\"estimator\":\"" << (pc.dense() ? "" : pc.estimator) << "\",\"gamma\":" << bp.gamma
            << ",\"reselect_every\":" << bp.reselect_every << ",\"budgets\":\"" << bp.budgets
            << "\",\"pages_read_frac\":" << read_frac << ",\"tpot_ms\":" << ms << ",\"floor_ms\":" << floor_ms
-           << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->weight_bytes()
+           << ",\"dense_tpot_ms\":" << dense_ms << ",\"weight_bytes\":" << m->step_weight_bytes(false)
            << ",\"kv_bytes\":" << kv_per_token * ctx * batch << ",\"copy_GBps\":" << copy_gbps << ",\"gemv_max_tok\":" << opts.gemv_max_tok << ",\"gemv_tc\":" << (opts.gemv_tc ? "true" : "false") << ",\"pdl\":" << (opts.pdl ? "true" : "false") << ",\"graph\":true}\n";
         if (!opts.spec_k.empty())
           time_speculation(opts, prop, *m, ts, bp, pol_spec, weights, ctx, ms, bp.dense_label ? ms : dense_ms, copy_gbps, spec_jl, jl);

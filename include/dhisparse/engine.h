@@ -141,7 +141,7 @@ class Session {
   // Whether the one-token appends that follow are speculative drafts (eval's speculation, as the
   // scheduler marks its draft rows): a backend keeping draft weights (--draft-quantization) runs
   // them on those. Off at open.
-  virtual void set_drafting(bool on) = 0;
+  virtual void set_drafting(bool on) { (void)on; }
 };
 
 struct GenerateOptions {

@@ -205,7 +205,7 @@ TEST(EngineSparse, CoverageGammaOneEqualsDenseAndGamma099Answers) {
 }
 
 // FP8 draft projections (--draft-quantization fp8) exist on the CUDA backend only: the CPU
-// backend refuses them at load with a message that says so, and an unknown value is refused too.
+// backend refuses them at load with a message that says so.
 TEST(EngineSpeculative, FP8DraftsAreRefusedOnTheCpu) {
   if (!std::filesystem::exists(test::default_model_path())) GTEST_SKIP() << "default model missing";
   EngineOptions o;

@@ -315,6 +315,15 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     L.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D);
     L.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H);
     L.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F);
+    if (cfg_.qkv_bias) {
+      L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
+      L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
+      L.bv = up_f32(load_tensor_f32(src, p + "attn_v.bias", {Hkv * D}));
+    }
+    if (cfg_.qk_norm) {
+      L.q_norm = up_f32(load_tensor_f32(src, p + "attn_q_norm.weight", {D}));
+      L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
+    }
     if (opt_.draft_fp8) {
       // The drafts' FP8 copies (CudaModelOptions::draft_fp8), quantized as --quantization fp8 does.
       for (const cuda::DeviceWeight* w : {&L.w_qkv, &L.w_o, &L.w_gu, &L.w_down})
@@ -328,15 +337,6 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
       Dl.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F, true, true);
       draft_weight_bytes_ += weight_bytes_ - before;
       draft_layers_.push_back(Dl);
-    }
-    if (cfg_.qkv_bias) {
-      L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
-      L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
-      L.bv = up_f32(load_tensor_f32(src, p + "attn_v.bias", {Hkv * D}));
-    }
-    if (cfg_.qk_norm) {
-      L.q_norm = up_f32(load_tensor_f32(src, p + "attn_q_norm.weight", {D}));
-      L.k_norm = up_f32(load_tensor_f32(src, p + "attn_k_norm.weight", {D}));
     }
   }
   reserve_dequant_scratch();
@@ -531,6 +531,7 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     return w;
   };
   DHS_CHECK(!o.draft_fp8 || fmt == "f16", "--draft-quantization fp8 needs f16 projections, the random weights are {}", fmt);
+  uint64_t draft_seed = seed + (uint64_t{1} << 32);
   tok_embd_ = rnd(V, H);
   output_ = cuda::DeviceWeight::f16_matrix(cfg_.tied_embeddings ? tok_embd_ : rnd(V, H), V, H);
   output_norm_ = ones(H);
@@ -545,10 +546,14 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
     if (o.draft_fp8) {  // (random FP8 codes: what a draft step reads, not a quantization of L's values)
       Layer Dl = L;
       const size_t before = weight_bytes_;
+      const uint64_t main_seed = seed;
+      seed = draft_seed;  // (their own seeds: the model's weights are the same with or without the copies)
       Dl.w_qkv = proj((Hq + 2 * Hkv) * D, H, "fp8");
       Dl.w_o = proj(H, Hq * D, "fp8");
       Dl.w_gu = proj(2 * F, H, "fp8");
       Dl.w_down = proj(H, F, "fp8");
+      draft_seed = seed;
+      seed = main_seed;
       draft_weight_bytes_ += weight_bytes_ - before;
       draft_layers_.push_back(Dl);
     }
@@ -1490,6 +1495,10 @@ void LlamaCuda::forward(const std::vector<Seq>& given, std::vector<float>* logit
   // A graph runs its bucket's rows.
   const int n_rows = !graph ? n_attn : bucket(n_attn, n_attn > opt_.max_batch ? static_cast<int>(max_attn_) : opt_.max_batch);
   step.n_tok = static_cast<int>(T) + (n_rows - n_attn);
+  // FP8 drafts only where the quantized GEMV reads each matrix once (at most kQuantGemvMaxTok
+  // rows, padding included): above it the packed weights are read once per 8 rows or unpacked to
+  // f16 for cuBLASLt, more bytes than the f16 matrix itself.
+  step.draft = step.draft && step.n_tok <= cuda::kQuantGemvMaxTok;
   step.n_req = n_rows;
   step.n_out = static_cast<int>(n_out_real) + (n_rows - n_attn);
   step.n_dec = step.decode ? n_rows : n_dec;
