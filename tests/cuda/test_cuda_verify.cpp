@@ -81,6 +81,24 @@ struct Fixture {
     for (auto& t : ts) t.release(m->allocator());
     expect_pool_empty(m->allocator(), "verify fixture");
   }
+  // One step of the four requests, each feeding its token `fed` under its own rule (own[r]; null:
+  // the engine's): the pages the step read over every (layer, KV head). Not rolled back.
+  uint64_t pages_read_step(int fed, const std::vector<const PolicySpec*>& own) {
+    std::vector<LlamaCuda::Seq> batch;
+    for (int r = 0; r < 4; ++r) {
+      PageTable& t = ts[static_cast<size_t>(r)];
+      EXPECT_TRUE(t.reserve(m->allocator(), 1));
+      LlamaCuda::Seq s{&t, r, &feed[static_cast<size_t>(r)][static_cast<size_t>(fed)], 1};
+      s.policy = own[static_cast<size_t>(r)];
+      batch.push_back(s);
+    }
+    m->reset_sparsity_stats();
+    std::vector<float> l;
+    m->forward(batch, &l);
+    uint64_t read = 0;
+    for (uint64_t x : m->sparsity_stats().read) read += x;
+    return read;
+  }
   // Request r alone, decoding its first n fed tokens one step each: each step's logits. Rolled back.
   std::vector<std::vector<float>> one_by_one(int r, int n) {
     PageTable& t = ts[static_cast<size_t>(r)];
@@ -403,22 +421,7 @@ TEST(CudaVerify, SeededDraftReadsTheRecordingStepsPages) {
   f.m->set_sparsity(PolicySpec::parse("coverage:0.9@sketch4"));
   f.m->keep_draft_seeds(256);
   const PolicySpec seeded = PolicySpec::parse("sinkwindow:2+256");
-  auto step = [&](int fed, const PolicySpec* own) {
-    std::vector<LlamaCuda::Seq> batch;
-    for (int r = 0; r < 4; ++r) {
-      PageTable& t = f.ts[static_cast<size_t>(r)];
-      EXPECT_TRUE(t.reserve(f.m->allocator(), 1));
-      LlamaCuda::Seq s{&t, r, &f.feed[static_cast<size_t>(r)][static_cast<size_t>(fed)], 1};
-      s.policy = own;
-      batch.push_back(s);
-    }
-    f.m->reset_sparsity_stats();
-    std::vector<float> l;
-    f.m->forward(batch, &l);
-    uint64_t read = 0;
-    for (uint64_t x : f.m->sparsity_stats().read) read += x;
-    return read;
-  };
+  auto step = [&](int fed, const PolicySpec* own) { return f.pages_read_step(fed, {own, own, own, own}); };
   uint64_t window = 0;  // sink + last page per list (prompts 13, 40, 75, 130 + 1 or 2 tokens: 1, 3, 5, 9 pages)
   for (const int64_t n : {1, 3, 5, 9}) window += static_cast<uint64_t>(std::min<int64_t>(n, 2));
   window *= static_cast<uint64_t>(f.cfg.n_layers * f.cfg.n_heads_kv);
@@ -447,19 +450,7 @@ TEST(CudaVerify, SeededDraftBesideScoringRequestsReadsItsSeeds) {
   // coverage, so the step scores and every row goes through the select kernel); rolled back to
   // before it unless `keep`.
   auto step = [&](int fed, const std::vector<const PolicySpec*>& own, bool keep) {
-    std::vector<LlamaCuda::Seq> batch;
-    for (int r = 0; r < 4; ++r) {
-      PageTable& t = f.ts[static_cast<size_t>(r)];
-      EXPECT_TRUE(t.reserve(f.m->allocator(), 1));
-      LlamaCuda::Seq q{&t, r, &f.feed[static_cast<size_t>(r)][static_cast<size_t>(fed)], 1};
-      q.policy = own[static_cast<size_t>(r)];
-      batch.push_back(q);
-    }
-    f.m->reset_sparsity_stats();
-    std::vector<float> l;
-    f.m->forward(batch, &l);
-    uint64_t read = 0;
-    for (uint64_t x : f.m->sparsity_stats().read) read += x;
+    const uint64_t read = f.pages_read_step(fed, own);
     if (!keep)
       for (int r = 0; r < 4; ++r) f.ts[static_cast<size_t>(r)].truncate(f.m->allocator(), f.n0[static_cast<size_t>(r)] + 1);
     return read;

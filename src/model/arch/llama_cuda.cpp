@@ -310,11 +310,15 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
     const std::string p = fmt::format("blk.{}.", l);
     L.attn_norm = up_f32(load_tensor_f32(src, p + "attn_norm.weight", {H}));
     L.ffn_norm = up_f32(load_tensor_f32(src, p + "ffn_norm.weight", {H}));
-    // Fused projections: rows [q; k; v] and [gate; up].
-    L.w_qkv = upload_weight(src, {{p + "attn_q.weight", Hq * D}, {p + "attn_k.weight", Hkv * D}, {p + "attn_v.weight", Hkv * D}}, H);
-    L.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D);
-    L.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H);
-    L.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F);
+    // Fused projections: rows [q; k; v] and [gate; up]; fp8: FP8 whatever the options say.
+    const auto projections = [&](Layer& to, bool fp8) {
+      to.w_qkv = upload_weight(src, {{p + "attn_q.weight", Hq * D}, {p + "attn_k.weight", Hkv * D}, {p + "attn_v.weight", Hkv * D}},
+                               H, true, fp8);
+      to.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D, true, fp8);
+      to.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H, true, fp8);
+      to.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F, true, fp8);
+    };
+    projections(L, false);
     if (cfg_.qkv_bias) {
       L.bq = up_f32(load_tensor_f32(src, p + "attn_q.bias", {Hq * D}));
       L.bk = up_f32(load_tensor_f32(src, p + "attn_k.bias", {Hkv * D}));
@@ -331,10 +335,7 @@ LlamaCuda::LlamaCuda(const WeightSource& src, const CudaModelOptions& o) : cfg_(
                                   "checkpoint): over a block format FP8 would not read fewer bytes");
       Layer Dl = L;
       const size_t before = weight_bytes_;
-      Dl.w_qkv = upload_weight(src, {{p + "attn_q.weight", Hq * D}, {p + "attn_k.weight", Hkv * D}, {p + "attn_v.weight", Hkv * D}}, H, true, true);
-      Dl.w_o = upload_weight(src, {{p + "attn_output.weight", H}}, Hq * D, true, true);
-      Dl.w_gu = upload_weight(src, {{p + "ffn_gate.weight", F}, {p + "ffn_up.weight", F}}, H, true, true);
-      Dl.w_down = upload_weight(src, {{p + "ffn_down.weight", H}}, F, true, true);
+      projections(Dl, true);
       draft_weight_bytes_ += weight_bytes_ - before;
       draft_layers_.push_back(Dl);
     }
@@ -539,19 +540,19 @@ LlamaCuda::LlamaCuda(const ModelConfig& cfg, uint64_t seed, const CudaModelOptio
   for (auto& L : layers_) {
     L.attn_norm = ones(H);
     L.ffn_norm = ones(H);
-    L.w_qkv = proj((Hq + 2 * Hkv) * D, H, fmt);
-    L.w_o = proj(H, Hq * D, fmt);
-    L.w_gu = proj(2 * F, H, fmt);
-    L.w_down = proj(H, F, fmt);
+    const auto projections = [&](Layer& to, const std::string& fm) {
+      to.w_qkv = proj((Hq + 2 * Hkv) * D, H, fm);
+      to.w_o = proj(H, Hq * D, fm);
+      to.w_gu = proj(2 * F, H, fm);
+      to.w_down = proj(H, F, fm);
+    };
+    projections(L, fmt);
     if (o.draft_fp8) {  // (random FP8 codes: what a draft step reads, not a quantization of L's values)
       Layer Dl = L;
       const size_t before = weight_bytes_;
       const uint64_t main_seed = seed;
       seed = draft_seed;  // (their own seeds: the model's weights are the same with or without the copies)
-      Dl.w_qkv = proj((Hq + 2 * Hkv) * D, H, "fp8");
-      Dl.w_o = proj(H, Hq * D, "fp8");
-      Dl.w_gu = proj(2 * F, H, "fp8");
-      Dl.w_down = proj(H, F, "fp8");
+      projections(Dl, "fp8");
       draft_seed = seed;
       seed = main_seed;
       draft_weight_bytes_ += weight_bytes_ - before;
